@@ -1,0 +1,366 @@
+"""PyTorch backend (CPU and CUDA): HF transformers for the model, peft for LoRA.
+
+- Generation uses HF `generate` with a logits processor that applies the
+  temperature itself and records each sampled token's log-prob under that
+  tempered distribution: the behaviour log-probs, at no extra forward pass.
+- Training recomputes log-probs with one forward per micro-batch in the same
+  left-padded layout and position ids as generation, keeps only the
+  completion positions' logits (`logits_to_keep`), and applies the loss in
+  `engine.grpo`. bf16 autocast where the device has native bf16.
+- LoRA (default) trains adapters on all linear layers; `full` trains every
+  weight. With kl_beta > 0 the reference is the base model: the adapters
+  switched off for LoRA, a frozen copy for full fine-tuning.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import logging
+import random
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, load_model, save_file, save_model
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    GenerationConfig,
+    LogitsProcessor,
+    LogitsProcessorList,
+    StoppingCriteria,
+    StoppingCriteriaList,
+)
+
+from engine.atomicio import atomic_dir
+from engine.backends import StepCallback
+from engine.config import GRPOConfig
+from engine.device import DeviceInfo
+from engine.errors import CheckpointError, ModelError
+from engine.grpo import clipped_pg_loss
+from engine.rollouts import Completion, TrainItem
+
+log = logging.getLogger(__name__)
+
+ADAPTER_FILE = "adapter.safetensors"
+WEIGHTS_FILE = "model.safetensors"
+OPTIMIZER_FILE = "optimizer.pt"
+RNG_FILE = "rng.pt"
+
+
+class _RecordLogprobs(LogitsProcessor):
+    """Applies 1/temperature and records log p(sampled token) for every step."""
+
+    def __init__(self, temperature: float, prompt_len: int, on_step: StepCallback | None, total: int) -> None:
+        self.temperature = temperature
+        self.prompt_len = prompt_len
+        self.on_step = on_step
+        self.total = total
+        self.previous: torch.Tensor | None = None
+        self.recorded: list[torch.Tensor] = []
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        if self.previous is not None:
+            self.recorded.append(self.previous.gather(1, input_ids[:, -1:]).squeeze(1))
+        scores = scores / self.temperature  # type: ignore[assignment]
+        self.previous = torch.log_softmax(scores.float(), dim=-1)
+        if self.on_step is not None:
+            self.on_step(input_ids.shape[1] - self.prompt_len, self.total)
+        return scores
+
+    def finish(self, sequences: torch.Tensor) -> torch.Tensor:
+        """[batch, generated] log-probs, the last step included."""
+        if self.previous is not None:
+            self.recorded.append(self.previous.gather(1, sequences[:, -1:]).squeeze(1))
+            self.previous = None
+        if not self.recorded:
+            return torch.zeros(sequences.shape[0], 0)
+        return torch.stack(self.recorded, dim=1)
+
+
+class _StepHook(StoppingCriteria):
+    """Reports greedy decoding progress (pause blocks here, stop raises here)."""
+
+    def __init__(self, prompt_len: int, on_step: StepCallback, total: int) -> None:
+        self.prompt_len, self.on_step, self.total = prompt_len, on_step, total
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs: Any) -> torch.BoolTensor:
+        self.on_step(input_ids.shape[1] - self.prompt_len, self.total)
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)  # type: ignore[return-value]
+
+
+class TorchBackend:
+    def __init__(self, model_dir: Path, device: DeviceInfo, grpo: GRPOConfig, seed: int, temperature: float) -> None:
+        self.device = device
+        self.grpo = grpo
+        self.temperature = temperature
+        self.model_dir = Path(model_dir)
+        self._dev = torch.device(device.torch_device)
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+            model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+        except (OSError, ValueError) as exc:
+            raise ModelError(f"Could not load the model in {model_dir}: {exc}") from exc
+        eos = self.tokenizer.eos_token_id
+        if eos is None:
+            raise ModelError(f"The tokenizer in {model_dir} has no end-of-sequence token.")
+        self.eos_token_id = int(eos)
+        self.pad_token_id = int(self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else eos)
+        if grpo.precision == "bf16" and not device.bf16:
+            log.warning("bf16 was asked for but %s has no native bf16; it will be slow.", device.name)
+        self.autocast = grpo.precision == "bf16" or (grpo.precision == "auto" and device.bf16)
+        torch.manual_seed(seed)
+        model.to(self._dev)
+        self.reference: torch.nn.Module | None = None
+        if grpo.finetune == "lora":
+            from peft import LoraConfig, get_peft_model
+
+            lora = LoraConfig(
+                r=grpo.lora_rank,
+                lora_alpha=grpo.lora_alpha,
+                lora_dropout=grpo.lora_dropout,
+                target_modules="all-linear",
+                task_type="CAUSAL_LM",
+            )
+            model = get_peft_model(model, lora)
+        elif grpo.kl_beta > 0:
+            self.reference = copy.deepcopy(model).eval().requires_grad_(False)
+        self.model = model
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(self.params, lr=grpo.learning_rate, weight_decay=grpo.weight_decay)
+        log.info(
+            "model %s: %.1fM params, %.2fM trainable (%s), autocast bf16 %s",
+            self.model_dir.name, sum(p.numel() for p in model.parameters()) / 1e6,
+            sum(p.numel() for p in self.params) / 1e6, grpo.finetune, self.autocast,
+        )
+
+    # -- text <-> tokens -------------------------------------------------------------
+    def encode_prompt(self, messages: list[dict[str, str]]) -> list[int]:
+        enc = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        ids = enc["input_ids"] if not isinstance(enc, list) else enc
+        return [int(t) for t in ids]
+
+    def encode_completion(self, text: str) -> list[int]:
+        ids = self.tokenizer(text, add_special_tokens=False).input_ids
+        return [int(t) for t in ids] + [self.eos_token_id]
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        return str(self.tokenizer.decode(list(token_ids), skip_special_tokens=True))
+
+    # -- sampling ----------------------------------------------------------------------
+    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
+        return torch.autocast(self._dev.type, dtype=torch.bfloat16, enabled=self.autocast)
+
+    def _left_pad(self, prompts: Sequence[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        width = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for row, prompt in enumerate(prompts):
+            ids[row, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
+            mask[row, width - len(prompt) :] = 1
+        return ids.to(self._dev), mask.to(self._dev)
+
+    def _split(self, sequences: torch.Tensor, prompt_len: int) -> list[tuple[list[int], bool]]:
+        out = []
+        for row in sequences[:, prompt_len:].tolist():
+            if self.eos_token_id in row:
+                cut = row.index(self.eos_token_id) + 1
+                out.append((row[:cut], True))
+            else:
+                out.append((row, False))
+        return out
+
+    def generate(
+        self,
+        prompts: Sequence[list[int]],
+        max_new_tokens: int,
+        temperature: float,
+        on_step: StepCallback | None = None,
+    ) -> list[Completion]:
+        ids, mask = self._left_pad(prompts)
+        recorder = _RecordLogprobs(temperature, ids.shape[1], on_step, max_new_tokens)
+        config = GenerationConfig(
+            do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=max_new_tokens,
+            pad_token_id=self.pad_token_id, eos_token_id=self.eos_token_id,
+        )
+        self.model.eval()
+        with torch.no_grad(), self._autocast():
+            sequences = self.model.generate(
+                input_ids=ids, attention_mask=mask, generation_config=config,
+                logits_processor=LogitsProcessorList([recorder]),
+            )
+        logprobs = recorder.finish(sequences).tolist()
+        completions = []
+        for (tokens, finished), lps in zip(self._split(sequences, ids.shape[1]), logprobs, strict=True):
+            completions.append(Completion(self.decode(tokens), tokens, lps[: len(tokens)], finished))
+        return completions
+
+    def greedy(self, prompts: Sequence[list[int]], max_new_tokens: int, on_step: StepCallback | None = None) -> list[str]:
+        ids, mask = self._left_pad(prompts)
+        config = GenerationConfig(
+            do_sample=False, max_new_tokens=max_new_tokens,
+            pad_token_id=self.pad_token_id, eos_token_id=self.eos_token_id,
+        )
+        hooks = StoppingCriteriaList([_StepHook(ids.shape[1], on_step, max_new_tokens)] if on_step else [])
+        self.model.eval()
+        with torch.no_grad(), self._autocast():
+            sequences = self.model.generate(
+                input_ids=ids, attention_mask=mask, generation_config=config, stopping_criteria=hooks
+            )
+        return [self.decode(tokens) for tokens, _ in self._split(sequences, ids.shape[1])]
+
+    # -- log-probs and training --------------------------------------------------------
+    def _batch_logprobs(self, pairs: Sequence[tuple[list[int], list[int]]], temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """Log-probs [n, T] of each completion token, and the completion mask."""
+        prompt_w = max(len(p) for p, _ in pairs)
+        comp_w = max(len(c) for _, c in pairs)
+        n = len(pairs)
+        ids = torch.full((n, prompt_w + comp_w), self.pad_token_id, dtype=torch.long)
+        attn = torch.zeros_like(ids)
+        comp_mask = torch.zeros((n, comp_w), dtype=torch.float32)
+        for row, (prompt, comp) in enumerate(pairs):
+            ids[row, prompt_w - len(prompt) : prompt_w] = torch.tensor(prompt)
+            ids[row, prompt_w : prompt_w + len(comp)] = torch.tensor(comp)
+            attn[row, prompt_w - len(prompt) : prompt_w + len(comp)] = 1
+            comp_mask[row, : len(comp)] = 1.0
+        ids, attn, comp_mask = ids.to(self._dev), attn.to(self._dev), comp_mask.to(self._dev)
+        positions = (attn.cumsum(-1) - 1).clamp(min=0)
+        out = self.model(input_ids=ids, attention_mask=attn, position_ids=positions, logits_to_keep=comp_w + 1)
+        logits = out.logits[:, :-1, :].float() / temperature
+        targets = ids[:, prompt_w:]
+        logp = torch.log_softmax(logits, dim=-1).gather(2, targets.unsqueeze(2)).squeeze(2)
+        return logp, comp_mask
+
+    def behaviour_logprobs(self, items: Sequence[tuple[list[int], list[int]]], temperature: float) -> list[list[float]]:
+        """Log-probs under the current policy for text that this node did not sample (swarm items)."""
+        out: list[list[float]] = []
+        self.model.eval()
+        with torch.no_grad(), self._autocast():
+            for start in range(0, len(items), self.grpo.micro_batch):
+                chunk = items[start : start + self.grpo.micro_batch]
+                logp, _ = self._batch_logprobs(chunk, temperature)
+                out.extend(row[: len(c)] for row, (_, c) in zip(logp.tolist(), chunk, strict=True))
+        return out
+
+    @contextlib.contextmanager
+    def _reference_mode(self) -> Iterator[torch.nn.Module]:
+        if self.reference is not None:
+            yield self.reference
+        else:
+            with self.model.disable_adapter():  # type: ignore[operator]
+                yield self.model
+
+    def train(self, items: Sequence[TrainItem], on_step: StepCallback | None = None) -> dict[str, float]:
+        """`pg_steps` optimiser steps over `items`, micro-batched; returns averaged stats."""
+        g = self.grpo
+        if not items:
+            return {"loss": 0.0, "clip_fraction": 0.0, "kl": 0.0, "grad_norm": 0.0, "train_tokens": 0.0}
+        ordered = sorted(items, key=lambda it: len(it.prompt_ids) + len(it.completion_ids))
+        chunks = [ordered[i : i + g.micro_batch] for i in range(0, len(ordered), g.micro_batch)]
+        total_tokens = float(sum(len(it.completion_ids) for it in items))
+        total_steps = g.pg_steps * len(chunks)
+        sums = {"loss": 0.0, "clip_fraction": 0.0, "kl": 0.0, "grad_norm": 0.0}
+        done = 0
+        self.model.train()
+        for _step in range(g.pg_steps):
+            self.optimizer.zero_grad(set_to_none=True)
+            for chunk in chunks:
+                pairs = [(it.prompt_ids, it.completion_ids) for it in chunk]
+                old = torch.zeros((len(chunk), max(len(it.completion_ids) for it in chunk)))
+                for row, it in enumerate(chunk):
+                    old[row, : len(it.old_logprobs)] = torch.tensor(it.old_logprobs)
+                adv = torch.tensor([it.advantage for it in chunk], dtype=torch.float32, device=self._dev)
+                ref_logp = None
+                with self._autocast():
+                    if g.kl_beta > 0:
+                        with torch.no_grad(), self._reference_mode() as ref_model:
+                            saved, self.model = self.model, ref_model
+                            try:
+                                ref_logp, _ = self._batch_logprobs(pairs, self.temperature)
+                            finally:
+                                self.model = saved
+                    logp, mask = self._batch_logprobs(pairs, self.temperature)
+                    loss, stats = clipped_pg_loss(
+                        logp, old.to(self._dev), adv, mask, g.eps_low, g.eps_high, total_tokens,
+                        ref_logp=ref_logp, kl_beta=g.kl_beta,
+                    )
+                loss.backward()
+                weight = stats.tokens / total_tokens
+                sums["loss"] += stats.loss
+                sums["clip_fraction"] += stats.clip_fraction * weight / g.pg_steps
+                sums["kl"] += stats.kl * weight / g.pg_steps
+                done += 1
+                if on_step is not None:
+                    on_step(done, total_steps)
+            if g.max_grad_norm > 0:
+                norm = torch.nn.utils.clip_grad_norm_(self.params, g.max_grad_norm)
+                sums["grad_norm"] += float(norm) / g.pg_steps
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        sums["loss"] /= g.pg_steps
+        sums["train_tokens"] = total_tokens
+        return sums
+
+    def reseed(self, seed: int) -> None:
+        """Make this round's sampling reproducible (same seed, same round -> same rollouts)."""
+        torch.manual_seed(seed)
+        random.seed(seed)
+
+    def set_learning_rate(self, lr: float) -> None:
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+
+    # -- persistence -------------------------------------------------------------------
+    def _trainable_state(self) -> dict[str, torch.Tensor]:
+        from peft import get_peft_model_state_dict
+
+        return {k: v.detach().cpu().contiguous() for k, v in get_peft_model_state_dict(self.model).items()}
+
+    def save(self, folder: Path) -> list[str]:
+        folder = Path(folder)
+        if self.grpo.finetune == "lora":
+            save_file(self._trainable_state(), str(folder / ADAPTER_FILE))
+            weights = ADAPTER_FILE
+        else:
+            save_model(self.model, str(folder / WEIGHTS_FILE))
+            weights = WEIGHTS_FILE
+        torch.save(self.optimizer.state_dict(), folder / OPTIMIZER_FILE)
+        torch.save(self.rng_state(), folder / RNG_FILE)
+        return [weights, OPTIMIZER_FILE, RNG_FILE]
+
+    def load(self, folder: Path) -> None:
+        folder = Path(folder)
+        try:
+            if self.grpo.finetune == "lora":
+                from peft import set_peft_model_state_dict
+
+                result = set_peft_model_state_dict(self.model, load_file(str(folder / ADAPTER_FILE)))
+                unexpected = getattr(result, "unexpected_keys", [])
+                if unexpected:
+                    raise CheckpointError(f"Checkpoint {folder} holds adapters for a different model.")
+            else:
+                load_model(self.model, str(folder / WEIGHTS_FILE))
+            self.optimizer.load_state_dict(torch.load(folder / OPTIMIZER_FILE, weights_only=True))
+            rng = torch.load(folder / RNG_FILE, weights_only=True)
+        except (OSError, RuntimeError, ValueError, KeyError) as exc:
+            raise CheckpointError(f"Checkpoint {folder} could not be loaded: {exc}") from exc
+        torch.set_rng_state(rng["torch"])
+        random.setstate(rng["python"])
+        if "cuda" in rng and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(rng["cuda"])
+
+    def rng_state(self) -> dict[str, Any]:
+        state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
+        if torch.cuda.is_available():
+            state["cuda"] = torch.cuda.get_rng_state_all()
+        return state
+
+    def export(self, folder: Path) -> None:
+        """Write a merged HF folder (safetensors, tokenizer, chat template). Ends training use."""
+        model = self.model.merge_and_unload() if self.grpo.finetune == "lora" else self.model  # type: ignore[operator]
+        model = model.to("cpu").to(torch.float32)
+        with atomic_dir(Path(folder)) as tmp:
+            model.save_pretrained(tmp, safe_serialization=True)
+            self.tokenizer.save_pretrained(tmp)

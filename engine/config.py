@@ -1,0 +1,305 @@
+"""Typed, validated configuration for a Sapling node.
+
+A `NodeConfig` has four sections, the same as the TOML file
+(``config.toml`` in the platformdirs config dir)::
+
+    [model]  source = "bundled"
+    [tasks]  questions_per_round = 4   specialties = { basic_arithmetic = 2.0, ... }
+    [grpo]   learning_rate = 2e-4      eps_low = 0.2   eps_high = 0.28   kl_beta = 0.0
+    [run]    device = "auto"           seed = 0        run_name = "default"
+
+Precedence: defaults < preset < TOML file < ``--set section.key=value`` flags.
+Every value is checked in ``__post_init__``; a bad one raises `ConfigError`
+with one sentence naming the key and what is allowed (the CLI exits 2).
+
+    python -m engine.config          # print the effective default config as TOML
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import tomllib
+from dataclasses import MISSING, asdict, dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+from engine.errors import ConfigError
+
+SAPO_SPECIALTIES = (
+    "base_conversion",
+    "basic_arithmetic",
+    "arc_1d",
+    "bf",
+    "propositional_logic",
+    "fraction_simplification",
+    "decimal_arithmetic",
+    "calendar_arithmetic",
+    "binary_matrix",
+)
+
+
+def _help(text: str, default: Any = MISSING, factory: Any = MISSING) -> Any:
+    if factory is not MISSING:
+        return field(default_factory=factory, metadata={"help": text})
+    return field(default=default, metadata={"help": text})
+
+
+def _positive_int(section: str, key: str, value: object, upper: int | None = None) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{section}.{key} must be a whole number of at least 1, got {value!r}.")
+    if upper is not None and value > upper:
+        raise ConfigError(f"{section}.{key} must be at most {upper}, got {value}.")
+
+
+def _number(section: str, key: str, value: object, low: float, high: float, *, open_low: bool = False) -> None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if ok and (value < low or value > high or (open_low and value == low)):  # type: ignore[operator]
+        ok = False
+    if not ok:
+        bound = f"greater than {low}" if open_low else f"at least {low}"
+        raise ConfigError(f"{section}.{key} must be a number {bound} and at most {high}, got {value!r}.")
+
+
+def _choice(section: str, key: str, value: object, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ConfigError(f"{section}.{key} must be one of {', '.join(allowed)}; got {value!r}.")
+
+
+@dataclass
+class ModelConfig:
+    source: str = _help("'bundled' (SmolLM2-135M-Instruct), a local HF folder, or a HF hub id.", "bundled")
+    revision: str = _help("Hub revision (branch, tag or commit) for a hub id; empty for the default.", "")
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.source, str) or not self.source.strip():
+            raise ConfigError("model.source must be 'bundled', a folder path or a hub id like org/name.")
+        if not isinstance(self.revision, str):
+            raise ConfigError("model.revision must be a string (a branch, tag or commit).")
+
+
+@dataclass
+class TaskConfig:
+    specialties: dict[str, float] = _help(
+        "ReasoningGYM specialties and their relative weights (0 disables one).",
+        factory=lambda: dict.fromkeys(SAPO_SPECIALTIES, 1.0),
+    )
+    dataset_configs: dict[str, dict[str, Any]] = _help(
+        "Per-specialty ReasoningGYM config overrides, e.g. {basic_arithmetic = {max_terms = 3}}.",
+        factory=dict,
+    )
+    questions_per_round: int = _help("Questions drawn per round (B).", 4)
+    completions_per_question: int = _help("Completions sampled per question (G).", 6)
+    max_new_tokens: int = _help("Cap on completion length, in tokens.", 96)
+    temperature: float = _help("Sampling temperature for rollouts.", 1.0)
+    eval_every: int = _help("Run the held-out evaluation every N rounds (0: never).", 10)
+    eval_questions: int = _help("Size of the fixed held-out evaluation set (greedy pass@1).", 27)
+
+    def __post_init__(self) -> None:
+        s = "tasks"
+        if not isinstance(self.specialties, dict) or not self.specialties:
+            raise ConfigError(f"{s}.specialties must be a table of specialty = weight, e.g. {{basic_arithmetic = 1.0}}.")
+        for name, weight in self.specialties.items():
+            if name not in SAPO_SPECIALTIES:
+                raise ConfigError(
+                    f"{s}.specialties has unknown specialty {name!r}; allowed: {', '.join(SAPO_SPECIALTIES)}."
+                )
+            _number(s, f"specialties.{name}", weight, 0.0, 1e6)
+        if not any(w > 0 for w in self.specialties.values()):
+            raise ConfigError(f"{s}.specialties must give at least one specialty a weight above 0.")
+        if not isinstance(self.dataset_configs, dict):
+            raise ConfigError(f"{s}.dataset_configs must be a table of specialty = {{option = value}}.")
+        for name, cfg in self.dataset_configs.items():
+            if name not in SAPO_SPECIALTIES or not isinstance(cfg, dict):
+                raise ConfigError(
+                    f"{s}.dataset_configs.{name} must be a table for one of: {', '.join(SAPO_SPECIALTIES)}."
+                )
+        _positive_int(s, "questions_per_round", self.questions_per_round, 1024)
+        _positive_int(s, "completions_per_question", self.completions_per_question, 256)
+        if self.completions_per_question < 2:
+            raise ConfigError(f"{s}.completions_per_question must be at least 2: GRPO compares completions.")
+        _positive_int(s, "max_new_tokens", self.max_new_tokens, 8192)
+        _number(s, "temperature", self.temperature, 0.0, 5.0, open_low=True)
+        if isinstance(self.eval_every, bool) or not isinstance(self.eval_every, int) or self.eval_every < 0:
+            raise ConfigError(f"{s}.eval_every must be a whole number of rounds, 0 to turn evaluation off.")
+        _positive_int(s, "eval_questions", self.eval_questions, 10_000)
+
+
+@dataclass
+class GRPOConfig:
+    learning_rate: float = _help("AdamW learning rate.", 2e-4)
+    eps_low: float = _help("Lower clip range of the importance ratio (1 - eps_low).", 0.2)
+    eps_high: float = _help("Upper clip range of the importance ratio (1 + eps_high).", 0.28)
+    kl_beta: float = _help("Weight of the KL penalty to the reference model (0: none, no reference kept).", 0.0)
+    adv_eps: float = _help("Added to the group std in (r - mean) / (std + eps).", 1e-4)
+    pg_steps: int = _help("Policy-gradient steps per round on the same rollouts.", 1)
+    micro_batch: int = _help("Sequences per forward/backward pass (gradient accumulation).", 8)
+    max_grad_norm: float = _help("Gradient clipping norm (0: off).", 1.0)
+    weight_decay: float = _help("AdamW weight decay.", 0.0)
+    finetune: str = _help("'lora' (adapters via peft) or 'full' (all weights).", "lora")
+    lora_rank: int = _help("LoRA rank.", 16)
+    lora_alpha: float = _help("LoRA alpha (scale = alpha / rank).", 32.0)
+    lora_dropout: float = _help("LoRA dropout.", 0.0)
+    precision: str = _help("'auto' (bf16 autocast where the hardware has bf16), 'bf16' or 'fp32'.", "auto")
+
+    def __post_init__(self) -> None:
+        s = "grpo"
+        _number(s, "learning_rate", self.learning_rate, 0.0, 1.0, open_low=True)
+        _number(s, "eps_low", self.eps_low, 0.0, 1.0)
+        _number(s, "eps_high", self.eps_high, 0.0, 10.0)
+        _number(s, "kl_beta", self.kl_beta, 0.0, 100.0)
+        _number(s, "adv_eps", self.adv_eps, 0.0, 1.0, open_low=True)
+        _positive_int(s, "pg_steps", self.pg_steps, 64)
+        _positive_int(s, "micro_batch", self.micro_batch, 4096)
+        _number(s, "max_grad_norm", self.max_grad_norm, 0.0, 1e6)
+        _number(s, "weight_decay", self.weight_decay, 0.0, 1.0)
+        _choice(s, "finetune", self.finetune, ("lora", "full"))
+        _positive_int(s, "lora_rank", self.lora_rank, 1024)
+        _number(s, "lora_alpha", self.lora_alpha, 0.0, 1e4, open_low=True)
+        _number(s, "lora_dropout", self.lora_dropout, 0.0, 0.9)
+        _choice(s, "precision", self.precision, ("auto", "bf16", "fp32"))
+
+
+@dataclass
+class RunConfig:
+    run_name: str = _help("Name of this training run; checkpoints live under checkpoints/<run_name>.", "default")
+    seed: int = _help("Node seed: fixes which questions each round draws and the sampling.", 0)
+    device: str = _help("'auto' (CUDA > MLX > CPU), 'cuda', 'mlx' or 'cpu'.", "auto")
+    threads: int = _help("CPU threads for PyTorch (0: all cores).", 0)
+    max_rounds: int = _help("Stop after this round number (0: train until stopped).", 0)
+    keep_checkpoints: int = _help("How many recent good checkpoints to keep.", 3)
+
+    def __post_init__(self) -> None:
+        s = "run"
+        name = self.run_name
+        if not isinstance(name, str) or not name or len(name) > 64 or not all(c.isalnum() or c in "-_." for c in name) or name.startswith("."):
+            raise ConfigError(f"{s}.run_name must be 1-64 letters, digits, '-', '_' or '.', got {name!r}.")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**31:
+            raise ConfigError(f"{s}.seed must be a whole number from 0 to 2147483647, got {self.seed!r}.")
+        _choice(s, "device", self.device, ("auto", "cuda", "mlx", "cpu"))
+        if isinstance(self.threads, bool) or not isinstance(self.threads, int) or not 0 <= self.threads <= 1024:
+            raise ConfigError(f"{s}.threads must be 0 (all cores) or a number of threads, got {self.threads!r}.")
+        if isinstance(self.max_rounds, bool) or not isinstance(self.max_rounds, int) or self.max_rounds < 0:
+            raise ConfigError(f"{s}.max_rounds must be 0 (no limit) or a positive round number.")
+        _positive_int(s, "keep_checkpoints", self.keep_checkpoints, 1000)
+
+
+SECTIONS: dict[str, type] = {"model": ModelConfig, "tasks": TaskConfig, "grpo": GRPOConfig, "run": RunConfig}
+
+PRESETS: dict[str, dict[str, dict[str, Any]]] = {
+    # Fits a CPU laptop: about 20 s a round on 2 cores, under 4 GB of memory.
+    "default": {},
+    # The SAPO paper's settings: 8 questions x 8 completions, eps 0.2/0.28, no KL.
+    "paper": {
+        "tasks": {"questions_per_round": 8, "completions_per_question": 8},
+        "grpo": {"eps_low": 0.2, "eps_high": 0.28, "kl_beta": 0.0},
+    },
+}
+
+
+@dataclass
+class NodeConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    tasks: TaskConfig = field(default_factory=TaskConfig)
+    grpo: GRPOConfig = field(default_factory=GRPOConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def structure_hash(self) -> str:
+        """What a checkpoint's tensors depend on: model and adapter shape."""
+        g = self.grpo
+        key = {"model": asdict(self.model), "finetune": g.finetune}
+        if g.finetune == "lora":
+            key.update(rank=g.lora_rank, alpha=g.lora_alpha)
+        return _digest(key)
+
+    def config_hash(self) -> str:
+        return _digest(self.to_dict())
+
+    def to_toml(self) -> str:
+        lines: list[str] = []
+        for section in SECTIONS:
+            lines.append(f"[{section}]")
+            for f in fields(getattr(self, section)):
+                lines.append(f"# {f.metadata.get('help', '')}")
+                lines.append(f"{f.name} = {_toml_value(getattr(getattr(self, section), f.name))}")
+            lines.append("")
+        return "\n".join(lines)
+
+
+def _digest(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{k} = {_toml_value(v)}" for k, v in value.items()) + " }"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    return json.dumps(value)
+
+
+def _merge(base: dict[str, dict[str, Any]], extra: dict[str, Any], origin: str) -> None:
+    for section, values in extra.items():
+        if section not in SECTIONS:
+            raise ConfigError(f"{origin}: unknown section [{section}]; allowed: {', '.join(SECTIONS)}.")
+        if not isinstance(values, dict):
+            raise ConfigError(f"{origin}: [{section}] must be a table of key = value.")
+        known = {f.name for f in fields(SECTIONS[section])}
+        for key, value in values.items():
+            if key not in known:
+                raise ConfigError(f"{origin}: unknown key {section}.{key}; allowed: {', '.join(sorted(known))}.")
+            base.setdefault(section, {})[key] = value
+
+
+def parse_override(text: str) -> tuple[str, str, Any]:
+    """Parse ``section.key=value``; the value is TOML (numbers, strings, tables), else a bare string."""
+    if "=" not in text or "." not in text.split("=", 1)[0]:
+        raise ConfigError(f"--set takes section.key=value (for example grpo.learning_rate=1e-4), got {text!r}.")
+    dotted, raw = text.split("=", 1)
+    section, key = dotted.strip().split(".", 1)
+    try:
+        value = tomllib.loads(f"v = {raw.strip()}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw.strip()
+    return section, key, value
+
+
+def build_config(
+    preset: str = "default",
+    toml_path: Path | None = None,
+    overrides: list[str] | None = None,
+) -> NodeConfig:
+    """Defaults < preset < TOML file < overrides, validated."""
+    if preset not in PRESETS:
+        raise ConfigError(f"--preset must be one of {', '.join(PRESETS)}, got {preset!r}.")
+    merged: dict[str, dict[str, Any]] = {}
+    _merge(merged, PRESETS[preset], f"preset {preset}")
+    if toml_path is not None and Path(toml_path).is_file():
+        try:
+            data = tomllib.loads(Path(toml_path).read_text(encoding="utf-8"))
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"{toml_path} is not valid TOML: {exc}.") from exc
+        _merge(merged, data, str(toml_path))
+    for text in overrides or []:
+        section, key, value = parse_override(text)
+        _merge(merged, {section: {key: value}}, f"--set {text}")
+    try:
+        return NodeConfig(**{name: cls(**merged.get(name, {})) for name, cls in SECTIONS.items()})
+    except TypeError as exc:  # a value of the wrong shape for a dataclass field
+        raise ConfigError(f"Invalid configuration: {exc}.") from exc
+
+
+def with_changes(config: NodeConfig, **sections: dict[str, Any]) -> NodeConfig:
+    """A copy with some fields of some sections changed, validated again."""
+    updated = {name: replace(getattr(config, name), **sections.get(name, {})) for name in SECTIONS}
+    return NodeConfig(**updated)
+
+
+if __name__ == "__main__":
+    print(NodeConfig().to_toml())

@@ -1,0 +1,132 @@
+"""The engine <-> app channel: JSON lines, one schema, stdlib only.
+
+`sapling-node serve` writes one JSON object per line on stdout (events) and
+reads one per line on stdin (commands). The app imports only this module of
+the engine. Full reference with examples: docs/engine-events.md.
+
+Every event has ``type`` (str), ``v`` (schema version, int) and ``ts`` (unix
+seconds, float), plus the fields below. Readers ignore unknown types (with a
+log line) and extra fields; a malformed line is reported, never fatal.
+
+Event types and their required fields:
+
+    status      state, message, device, model, run, round
+    progress    phase, done, total, round
+    round       round, metrics
+    eval        round, accuracy, reward_mean, questions, by_specialty
+    peers       online, received, accepted, rejected
+    log         level, logger, message
+    error       kind, message, fatal
+    checkpoint  round, path
+
+Commands: ``{"cmd": "pause" | "resume" | "stop" | "reload", "v": 1}``.
+``stop`` finishes at the next safe point with a checkpoint; ``reload`` re-reads
+config.toml and applies it at the next round boundary.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from engine.errors import EventError
+
+log = logging.getLogger(__name__)
+
+EVENT_VERSION = 1
+MAX_LINE_CHARS = 1 << 20
+
+EVENT_FIELDS: Mapping[str, tuple[str, ...]] = {
+    "status": ("state", "message", "device", "model", "run", "round"),
+    "progress": ("phase", "done", "total", "round"),
+    "round": ("round", "metrics"),
+    "eval": ("round", "accuracy", "reward_mean", "questions", "by_specialty"),
+    "peers": ("online", "received", "accepted", "rejected"),
+    "log": ("level", "logger", "message"),
+    "error": ("kind", "message", "fatal"),
+    "checkpoint": ("round", "path"),
+}
+STATES = ("starting", "loading", "training", "paused", "stopping", "stopped")
+PHASES = ("loading", "generating", "scoring", "training", "evaluating", "checkpointing")
+COMMANDS = ("pause", "resume", "stop", "reload")
+
+Event = dict[str, Any]
+
+
+def _clean(value: Any) -> Any:
+    """JSON has no NaN/inf: send them as null so every reader can parse the line."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    return value
+
+
+def make_event(type_: str, **fields: Any) -> Event:
+    """Build an event, checking its required fields (a missing one is a bug)."""
+    required = EVENT_FIELDS.get(type_)
+    if required is None:
+        raise ValueError(f"unknown event type {type_!r}")
+    missing = [name for name in required if name not in fields]
+    if missing:
+        raise ValueError(f"event {type_!r} is missing {missing}")
+    return {"type": type_, "v": EVENT_VERSION, "ts": time.time(), **_clean(fields)}
+
+
+def encode(message: Mapping[str, Any]) -> str:
+    """One line of compact JSON, without a trailing newline."""
+    return json.dumps(message, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def _load_object(line: str | bytes) -> dict[str, Any]:
+    if isinstance(line, bytes):
+        try:
+            line = line.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise EventError("line is not UTF-8") from exc
+    if len(line) > MAX_LINE_CHARS:
+        raise EventError(f"line is longer than {MAX_LINE_CHARS} characters")
+    try:
+        obj = json.loads(line)
+    except ValueError as exc:
+        raise EventError(f"line is not JSON: {exc}") from exc
+    if not isinstance(obj, dict):
+        raise EventError("line is not a JSON object")
+    return obj
+
+
+def parse_event(line: str | bytes) -> Event | None:
+    """A validated event; None for a well-formed event of a type we don't know."""
+    obj = _load_object(line)
+    type_ = obj.get("type")
+    if not isinstance(type_, str):
+        raise EventError("event has no 'type'")
+    if not isinstance(obj.get("v"), int) or isinstance(obj.get("v"), bool):
+        raise EventError(f"{type_} event has no integer 'v'")
+    if type_ not in EVENT_FIELDS:
+        log.info("ignoring unknown event type %r (v%s)", type_, obj.get("v"))
+        return None
+    missing = [name for name in EVENT_FIELDS[type_] if name not in obj]
+    if missing:
+        raise EventError(f"{type_} event is missing {', '.join(missing)}")
+    return obj
+
+
+def make_command(cmd: str, **fields: Any) -> dict[str, Any]:
+    if cmd not in COMMANDS:
+        raise ValueError(f"unknown command {cmd!r}")
+    return {"cmd": cmd, "v": EVENT_VERSION, **fields}
+
+
+def parse_command(line: str | bytes) -> dict[str, Any]:
+    obj = _load_object(line)
+    cmd = obj.get("cmd")
+    if cmd not in COMMANDS:
+        raise EventError(f"unknown command {cmd!r}; expected one of {', '.join(COMMANDS)}")
+    return obj

@@ -1,0 +1,62 @@
+"""Where Sapling keeps things on disk, from platformdirs (see DESIGN.md).
+
+`Paths.default()` gives the per-user folders; `Paths.under(root)` puts all four
+under one folder, which is what `--home` and the tests use.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+APP_NAME = "sapling"
+HOME_ENV = "SAPLING_HOME"
+
+
+@dataclass(frozen=True)
+class Paths:
+    config_dir: Path
+    data_dir: Path
+    cache_dir: Path
+    log_dir: Path
+
+    @classmethod
+    def default(cls) -> Paths:
+        """Per-user platform folders, or all under $SAPLING_HOME when it is set."""
+        home = os.environ.get(HOME_ENV)
+        if home:
+            return cls.under(Path(home))
+        import platformdirs
+
+        dirs = platformdirs.PlatformDirs(APP_NAME, appauthor=False)
+        return cls(
+            config_dir=Path(dirs.user_config_dir),
+            data_dir=Path(dirs.user_data_dir),
+            cache_dir=Path(dirs.user_cache_dir),
+            log_dir=Path(dirs.user_log_dir),
+        )
+
+    @classmethod
+    def under(cls, root: Path) -> Paths:
+        root = Path(root).expanduser()
+        return cls(root / "config", root / "data", root / "cache", root / "logs")
+
+    @property
+    def config_file(self) -> Path:
+        return self.config_dir / "config.toml"
+
+    @property
+    def metrics_file(self) -> Path:
+        return self.data_dir / "metrics.jsonl"
+
+    @property
+    def models_cache(self) -> Path:
+        return self.cache_dir / "models"
+
+    @property
+    def exports_dir(self) -> Path:
+        return self.data_dir / "exports"
+
+    def checkpoints(self, run: str) -> Path:
+        return self.data_dir / "checkpoints" / run

@@ -1,0 +1,358 @@
+"""The SAPO round loop: sample, score, (share), train, checkpoint, report.
+
+One `Node` owns a policy backend, a task set and a run folder. Each round:
+
+1. draw B questions, deterministic from (node seed, round);
+2. sample G completions each with the current policy (behaviour log-probs kept);
+3. score every completion locally with the task's verifier;
+4. group advantages (r - mean) / (std + eps);
+5. publish the groups to the swarm and take J external groups, re-verified
+   and re-scored here (`RolloutExchange`; solo when there is no swarm);
+6. one GRPO update on local + external groups;
+7. checkpoint atomically, append to metrics.jsonl, emit the round event, and
+   every `eval_every` rounds run the held-out evaluation.
+
+Everything the node does is reported through `emit(event)` (see
+engine/events.py); `Control` carries pause/resume/stop/reload requests in.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+from engine.backends import PolicyBackend, load_backend
+from engine.checkpoint import latest_good, save_checkpoint
+from engine.config import NodeConfig
+from engine.device import DeviceInfo, pick_device
+from engine.errors import ConfigError
+from engine.events import Event, make_event
+from engine.metrics import MetricsLog
+from engine.models import resolve_model_dir
+from engine.paths import Paths
+from engine.rollouts import Group, group_advantages, train_items
+from engine.tasks import TaskSet
+
+log = logging.getLogger(__name__)
+
+Emit = Callable[[Event], None]
+
+
+class RoundAborted(Exception):
+    """A stop request arrived before the round changed any weights."""
+
+
+class Control:
+    """Pause/resume/stop/reload requests from another thread (serve mode, Ctrl-C)."""
+
+    def __init__(self) -> None:
+        self._running = threading.Event()
+        self._running.set()
+        self._stop = threading.Event()
+        self._reload = threading.Event()
+
+    def pause(self) -> None:
+        self._running.clear()
+
+    def resume(self) -> None:
+        self._running.set()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._running.set()
+
+    def request_reload(self) -> None:
+        self._reload.set()
+
+    @property
+    def paused(self) -> bool:
+        return not self._running.is_set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    def take_reload(self) -> bool:
+        if self._reload.is_set():
+            self._reload.clear()
+            return True
+        return False
+
+    def wait_while_paused(self) -> None:
+        self._running.wait()
+
+
+class RolloutExchange(Protocol):
+    """The training loop's whole view of the swarm."""
+
+    def publish(self, round_index: int, groups: Sequence[Group]) -> None: ...
+
+    def sample(self, round_index: int, n: int, taskset: TaskSet, backend: PolicyBackend) -> list[Group]:
+        """Up to n external groups, verified and re-scored by this node."""
+        ...
+
+
+def derive_seed(*parts: int) -> int:
+    """A stable 63-bit seed from integers (Python's hash() is salted per process)."""
+    digest = hashlib.sha256(":".join(str(p) for p in parts).encode()).digest()
+    return int.from_bytes(digest[:8], "big") >> 1
+
+
+class Node:
+    def __init__(
+        self,
+        config: NodeConfig,
+        paths: Paths,
+        emit: Emit,
+        control: Control | None = None,
+        exchange: RolloutExchange | None = None,
+        reload_config: Callable[[], NodeConfig] | None = None,
+    ) -> None:
+        self.config = config
+        self.paths = paths
+        self.emit = emit
+        self.control = control or Control()
+        self.exchange = exchange
+        self.reload_config = reload_config
+        self.metrics = MetricsLog(paths.metrics_file)
+        self.taskset = self._taskset(config)
+        self.device: DeviceInfo | None = None
+        self.backend: PolicyBackend | None = None
+        self.round = 0  # last completed round
+        self._state = "starting"
+
+    # -- set-up ------------------------------------------------------------------------
+    @staticmethod
+    def _taskset(config: NodeConfig) -> TaskSet:
+        t = config.tasks
+        return TaskSet(t.specialties, t.dataset_configs, seed=config.run.seed)
+
+    @property
+    def checkpoint_root(self) -> Path:
+        return self.paths.checkpoints(self.config.run.run_name)
+
+    def status(self, state: str, message: str) -> None:
+        self._state = state
+        device = self.device.to_json() if self.device else None
+        self.emit(make_event(
+            "status", state=state, message=message, device=device,
+            model=self.config.model.source, run=self.config.run.run_name, round=self.round,
+        ))
+
+    def progress(self, phase: str, done: int, total: int) -> None:
+        self.emit(make_event("progress", phase=phase, done=done, total=total, round=self.round + 1))
+
+    def setup(self) -> None:
+        """Pick the device, load the model, resume from the newest good checkpoint."""
+        run = self.config.run
+        if run.threads:
+            import torch
+
+            torch.set_num_threads(run.threads)
+        self.device = pick_device(run.device)
+        self.status("loading", f"Loading {self.config.model.source} on {self.device.describe()}")
+        model_dir = resolve_model_dir(self.config.model.source, self.paths.models_cache, self.config.model.revision or None)
+        self.backend = load_backend(model_dir, self.device, self.config.grpo, run.seed, self.config.tasks.temperature)
+        found = latest_good(self.checkpoint_root, self.config.structure_hash(), self.backend.load)
+        if found is None:
+            self.round = 0
+            self.status("loading", "No checkpoint yet: starting a new run.")
+            return
+        self.round = found.round
+        if found.state.get("config_hash") != self.config.config_hash():
+            log.warning("Settings changed since round %d; continuing with the new ones.", found.round)
+        metrics = found.state.get("metrics")
+        if isinstance(metrics, dict) and not self.metrics.has(run.run_name, "round", found.round):
+            self.metrics.append(metrics)  # the line lost to a crash between checkpoint and append
+        self.emit(make_event("checkpoint", round=found.round, path=str(found.path)))
+        self.status("loading", f"Resumed from round {found.round}.")
+
+    # -- control -----------------------------------------------------------------------
+    def _step(self, phase: str) -> Callable[[int, int], None]:
+        """Progress callback for an abortable phase: reports, honours pause and stop."""
+        last = [0.0]
+
+        def on_step(done: int, total: int) -> None:
+            if self.control.paused:
+                self.status("paused", "Paused.")
+                self.control.wait_while_paused()
+                self.status("training", "Resumed.")
+            if self.control.stopping:
+                raise RoundAborted(phase)
+            now = time.monotonic()
+            if done >= total or now - last[0] > 0.2:
+                last[0] = now
+                self.progress(phase, done, total)
+
+        return on_step
+
+    def _training_step(self, done: int, total: int) -> None:
+        self.progress("training", done, total)
+
+    def apply_reload(self) -> None:
+        if self.reload_config is None:
+            return
+        try:
+            new = self.reload_config()
+        except ConfigError as exc:
+            self.emit(make_event("error", kind="ConfigError", message=f"Settings not applied: {exc}", fatal=False))
+            return
+        if new.structure_hash() != self.config.structure_hash() or new.run.device != self.config.run.device \
+                or new.run.run_name != self.config.run.run_name or new.grpo.kl_beta != self.config.grpo.kl_beta:
+            self.emit(make_event(
+                "error", kind="ConfigError", fatal=False,
+                message="Settings saved; the model, device, run name or KL setting change on the next start.",
+            ))
+            return
+        self.config = new
+        self.taskset = self._taskset(new)
+        if self.backend is not None:
+            self.backend.grpo = new.grpo  # type: ignore[attr-defined]
+            self.backend.temperature = new.tasks.temperature  # type: ignore[attr-defined]
+            self.backend.set_learning_rate(new.grpo.learning_rate)
+        self.status(self._state, "Settings reloaded.")
+
+    # -- the loop ----------------------------------------------------------------------
+    def run(self) -> int:
+        """Train until max_rounds or a stop request; returns the last completed round."""
+        if self.backend is None:
+            self.setup()
+        max_rounds = self.config.run.max_rounds
+        try:
+            if self.round == 0 and self.config.tasks.eval_every > 0:
+                self.evaluate()
+            self.status("training", f"Training from round {self.round + 1}.")
+            while not self.control.stopping and (max_rounds == 0 or self.round < max_rounds):
+                if self.control.take_reload():
+                    self.apply_reload()
+                if self.control.paused:
+                    self.status("paused", "Paused.")
+                    self.control.wait_while_paused()
+                    if self.control.stopping:
+                        break
+                    self.status("training", "Resumed.")
+                self.run_round()
+                every = self.config.tasks.eval_every
+                if every and self.round % every == 0:
+                    self.evaluate()
+        except RoundAborted:
+            log.info("Stop requested: round %d abandoned before any weight changed.", self.round + 1)
+        self.status("stopped", f"Stopped after round {self.round}; the last checkpoint holds it.")
+        return self.round
+
+    def run_round(self) -> dict[str, Any]:
+        if self.backend is None:
+            raise RuntimeError("setup() must run before run_round()")
+        backend = self.backend
+        cfg = self.config
+        t0 = time.perf_counter()
+        round_index = self.round + 1
+        backend.reseed(derive_seed(cfg.run.seed, round_index))
+        questions = self.taskset.draw(round_index, cfg.tasks.questions_per_round)
+        G = cfg.tasks.completions_per_question
+        prompt_ids = [backend.encode_prompt(q.messages()) for q in questions]
+        flat_prompts = [p for p in prompt_ids for _ in range(G)]
+        completions = backend.generate(flat_prompts, cfg.tasks.max_new_tokens, cfg.tasks.temperature, self._step("generating"))
+        gen_seconds = time.perf_counter() - t0
+
+        scoring = self._step("scoring")
+        groups: list[Group] = []
+        for i, (question, prompt) in enumerate(zip(questions, prompt_ids, strict=True)):
+            own = completions[i * G : (i + 1) * G]
+            rewards = [self.taskset.reward(question, c.text) for c in own]
+            groups.append(Group(question, prompt, own, rewards, group_advantages(rewards, cfg.grpo.adv_eps)))
+            scoring(i + 1, len(questions))
+
+        external: list[Group] = []
+        if self.exchange is not None:
+            self.exchange.publish(round_index, groups)
+            external = self.exchange.sample(round_index, cfg.tasks.questions_per_round, self.taskset, backend)
+
+        t1 = time.perf_counter()
+        stats = backend.train(train_items(groups + external), self._training_step)
+        train_seconds = time.perf_counter() - t1
+        self.round = round_index
+
+        metrics = self._round_metrics(groups, external, stats, gen_seconds, train_seconds, time.perf_counter() - t0)
+        self.progress("checkpointing", 0, 1)
+        state = {
+            "config_hash": cfg.config_hash(),
+            "structure_hash": cfg.structure_hash(),
+            "metrics": metrics,
+            "device": self.device.to_json() if self.device else None,
+        }
+        path = save_checkpoint(self.checkpoint_root, round_index, backend.save, state, cfg.run.keep_checkpoints)
+        self.metrics.append(metrics)
+        self.emit(make_event("checkpoint", round=round_index, path=str(path)))
+        self.emit(make_event("round", round=round_index, metrics=metrics))
+        return metrics
+
+    def _round_metrics(
+        self, groups: list[Group], external: list[Group], stats: dict[str, float],
+        gen_seconds: float, train_seconds: float, seconds: float,
+    ) -> dict[str, Any]:
+        rewards = [r for g in groups for r in g.rewards]
+        lengths = [len(c.token_ids) for g in groups for c in g.completions]
+        by_specialty: dict[str, list[float]] = defaultdict(list)
+        for g in groups:
+            by_specialty[g.question.ref.dataset].extend(g.rewards)
+        ext_rewards = [r for g in external for r in g.rewards]
+        return {
+            "kind": "round",
+            "run": self.config.run.run_name,
+            "round": self.round,
+            "ts": time.time(),
+            "reward_mean": sum(rewards) / len(rewards),
+            "accuracy": sum(1 for r in rewards if r >= 1.0) / len(rewards),
+            "swarm_reward_mean": sum(ext_rewards) / len(ext_rewards) if ext_rewards else None,
+            "reward_by_specialty": {k: sum(v) / len(v) for k, v in sorted(by_specialty.items())},
+            "completions": len(rewards),
+            "local_groups": len(groups),
+            "external_groups": len(external),
+            "informative_groups": sum(1 for g in groups + external if g.informative),
+            "completion_tokens_mean": sum(lengths) / len(lengths),
+            "truncated_fraction": sum(1 for g in groups for c in g.completions if not c.finished) / len(lengths),
+            "tokens_per_second": sum(lengths) / gen_seconds if gen_seconds > 0 else 0.0,
+            "generate_seconds": gen_seconds,
+            "train_seconds": train_seconds,
+            "seconds": seconds,
+            **{k: v for k, v in stats.items()},
+        }
+
+    def evaluate(self) -> dict[str, Any]:
+        """Greedy pass@1 on the fixed held-out set."""
+        if self.backend is None:
+            raise RuntimeError("setup() must run before evaluate()")
+        t0 = time.perf_counter()
+        questions = self.taskset.eval_set(self.config.tasks.eval_questions)
+        prompts = [self.backend.encode_prompt(q.messages()) for q in questions]
+        answers = self.backend.greedy(prompts, self.config.tasks.max_new_tokens, self._step("evaluating"))
+        rewards = [self.taskset.reward(q, a) for q, a in zip(questions, answers, strict=True)]
+        per: dict[str, list[float]] = defaultdict(list)
+        for q, r in zip(questions, rewards, strict=True):
+            per[q.ref.dataset].append(r)
+        solved = Counter(q.ref.dataset for q, r in zip(questions, rewards, strict=True) if r >= 1.0)
+        record = {
+            "kind": "eval",
+            "run": self.config.run.run_name,
+            "round": self.round,
+            "ts": time.time(),
+            "accuracy": sum(1 for r in rewards if r >= 1.0) / len(rewards),
+            "reward_mean": sum(rewards) / len(rewards),
+            "questions": len(rewards),
+            "by_specialty": {k: solved[k] / len(v) for k, v in sorted(per.items())},
+            "seconds": time.perf_counter() - t0,
+        }
+        if not self.metrics.has(self.config.run.run_name, "eval", self.round):
+            self.metrics.append(record)
+        self.emit(make_event(
+            "eval", round=self.round, accuracy=record["accuracy"], reward_mean=record["reward_mean"],
+            questions=record["questions"], by_specialty=record["by_specialty"],
+        ))
+        return record

@@ -1,0 +1,34 @@
+"""Shared fixtures: tiny random models (built once per session), isolated Sapling homes."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+# Never reach for the network from tests; never print HF progress bars.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from tests.tiny import make_tiny_model
+
+    return make_tiny_model(tmp_path_factory.mktemp("tiny-llama"), arch="llama")
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from tests.tiny import make_tiny_model
+
+    return make_tiny_model(tmp_path_factory.mktemp("tiny-qwen"), arch="qwen2", seed=1)
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Path:
+    """A private SAPLING_HOME for one test."""
+    return tmp_path / "home"

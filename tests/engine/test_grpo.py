@@ -1,0 +1,87 @@
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from engine.grpo import clipped_pg_loss
+from engine.rollouts import Completion, Group, group_advantages, train_items
+
+
+def test_advantages_hand_computed() -> None:
+    # rewards 1,0,0,1: mean .5, population std .5
+    adv = group_advantages([1.0, 0.0, 0.0, 1.0], eps=1e-4)
+    assert adv == pytest.approx([0.5 / 0.5001, -0.5 / 0.5001, -0.5 / 0.5001, 0.5 / 0.5001])
+    adv = group_advantages([1.0, 0.0, 0.0], eps=0.0)
+    mean, std = 1 / 3, math.sqrt(2 / 9)
+    assert adv == pytest.approx([(1 - mean) / std, -mean / std, -mean / std])
+
+
+def test_equal_rewards_give_zero_advantage() -> None:
+    assert group_advantages([0.3, 0.3, 0.3], eps=1e-4) == [0.0, 0.0, 0.0]
+    assert group_advantages([], eps=1e-4) == []
+
+
+def test_train_items_skip_zero_advantage() -> None:
+    c = Completion("x", [5, 6], [-1.0, -1.0], True)
+    flat = Group(question=None, prompt_ids=[1], completions=[c, c], rewards=[0.0, 0.0], advantages=[0.0, 0.0])  # type: ignore[arg-type]
+    live = Group(question=None, prompt_ids=[1], completions=[c, c], rewards=[1.0, 0.0], advantages=[1.0, -1.0])  # type: ignore[arg-type]
+    assert not flat.informative and live.informative
+    items = train_items([flat, live])
+    assert [it.advantage for it in items] == [1.0, -1.0]
+
+
+def _loss(ratios: list[float], adv: float, eps_low: float = 0.2, eps_high: float = 0.28) -> tuple[float, float]:
+    old = torch.zeros(1, len(ratios))
+    logp = torch.log(torch.tensor([ratios]))
+    mask = torch.ones(1, len(ratios))
+    loss, stats = clipped_pg_loss(logp, old, torch.tensor([adv]), mask, eps_low, eps_high, normaliser=len(ratios))
+    return float(loss), stats.clip_fraction
+
+
+def test_clipping_positive_advantage_caps_at_one_plus_eps_high() -> None:
+    # A>0: per-token -min(r*A, clip(r)*A). r=1.5 -> clipped to 1.28; r=0.5 -> unclipped 0.5 (min picks it).
+    loss, clip = _loss([1.5, 0.5, 1.0], adv=2.0)
+    assert loss == pytest.approx(-(1.28 * 2 + 0.5 * 2 + 1.0 * 2) / 3)
+    assert clip == pytest.approx(1 / 3)
+
+
+def test_clipping_negative_advantage_caps_at_one_minus_eps_low() -> None:
+    # A<0: r=0.5 -> clip to 0.8 gives -0.8*A... min(r*A, clip*A) with A=-1: min(-0.5, -0.8) = -0.8
+    # r=1.5 -> min(-1.5, -1.28) = -1.5 (unclipped: a bad action made likelier is punished fully)
+    loss, clip = _loss([0.5, 1.5], adv=-1.0)
+    assert loss == pytest.approx(-(-0.8 + -1.5) / 2)
+    assert clip == pytest.approx(1 / 2)
+
+
+def test_asymmetric_eps_are_used() -> None:
+    loss_hi, _ = _loss([2.0], adv=1.0, eps_low=0.2, eps_high=0.28)
+    loss_sym, _ = _loss([2.0], adv=1.0, eps_low=0.2, eps_high=0.2)
+    assert loss_hi == pytest.approx(-1.28) and loss_sym == pytest.approx(-1.2)
+
+
+def test_gradient_is_zero_where_clipped() -> None:
+    logp = torch.log(torch.tensor([[1.5, 1.1]])).requires_grad_(True)
+    loss, _ = clipped_pg_loss(logp, torch.zeros(1, 2), torch.tensor([1.0]), torch.ones(1, 2), 0.2, 0.28, 2.0)
+    loss.backward()
+    assert logp.grad is not None
+    assert logp.grad[0, 0] == 0.0 and logp.grad[0, 1] != 0.0
+
+
+def test_mask_and_normaliser_make_loss_token_level() -> None:
+    # Two sequences of 1 and 3 tokens: every token weighs the same.
+    logp = torch.zeros(2, 3)
+    mask = torch.tensor([[1.0, 0.0, 0.0], [1.0, 1.0, 1.0]])
+    loss, stats = clipped_pg_loss(logp, torch.zeros(2, 3), torch.tensor([4.0, 0.0]), mask, 0.2, 0.28, 4.0)
+    assert float(loss) == pytest.approx(-4.0 / 4)
+    assert stats.tokens == 4
+
+
+def test_kl_term_is_zero_at_reference_and_positive_away() -> None:
+    logp = torch.log(torch.tensor([[0.5, 0.5]]))
+    args = (torch.zeros(1, 2) + logp, torch.tensor([0.0]), torch.ones(1, 2), 0.2, 0.28, 2.0)
+    loss_same, stats_same = clipped_pg_loss(logp, *args, ref_logp=logp.clone(), kl_beta=0.1)
+    loss_far, stats_far = clipped_pg_loss(logp, *args, ref_logp=torch.log(torch.tensor([[0.9, 0.1]])), kl_beta=0.1)
+    assert float(loss_same) == pytest.approx(0.0) and stats_same.kl == pytest.approx(0.0)
+    assert float(loss_far) > 0.0 and stats_far.kl > 0.0
