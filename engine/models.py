@@ -18,7 +18,6 @@ import hashlib
 import importlib.util
 import json
 import logging
-import os
 from pathlib import Path
 
 from engine.atomicio import atomic_dir
@@ -88,7 +87,7 @@ def convert_gguf(gguf: Path, target: Path, fingerprint: str) -> None:
     except (OSError, ValueError) as exc:
         raise ModelError(f"Could not read the bundled model {gguf}: {exc}") from exc
     # save_pretrained refuses GGUF-loaded models; the weights are plain fp32 now.
-    model.hf_quantizer = None
+    setattr(model, "hf_quantizer", None)  # noqa: B010 - typed as a module attribute by HF
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     # mlx-lm ignores transformers-v5 rope_parameters; keep a top-level rope_theta too.
@@ -143,7 +142,7 @@ def _hub_snapshot(repo_id: str, revision: str | None) -> Path:
         log.debug("not in the HF cache: %s (%s)", repo_id, exc)
     try:
         return Path(snapshot_download(repo_id, revision=revision, allow_patterns=patterns, etag_timeout=10))
-    except Exception as exc:  # noqa: BLE001 - offline, gated, missing: all end in the same advice
+    except Exception as exc:
         raise ModelError(
             f"Model {repo_id!r} is not in the Hugging Face cache and could not be downloaded "
             f"({type(exc).__name__}). On a connected machine run `hf download {repo_id}`, "

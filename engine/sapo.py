@@ -146,7 +146,9 @@ class Node:
         ))
 
     def progress(self, phase: str, done: int, total: int) -> None:
-        self.emit(make_event("progress", phase=phase, done=done, total=total, round=self.round + 1))
+        # Evaluation scores the model as of the last completed round; the rest works on the next.
+        shown = self.round if phase == "evaluating" else self.round + 1
+        self.emit(make_event("progress", phase=phase, done=done, total=total, round=shown))
 
     def setup(self) -> None:
         """Pick the device, load the model, resume from the newest good checkpoint."""
@@ -256,7 +258,7 @@ class Node:
         backend.reseed(derive_seed(cfg.run.seed, round_index))
         questions = self.taskset.draw(round_index, cfg.tasks.questions_per_round)
         G = cfg.tasks.completions_per_question
-        prompt_ids = [backend.encode_prompt(q.messages()) for q in questions]
+        prompt_ids = [backend.encode_prompt(self.taskset.messages(q)) for q in questions]
         flat_prompts = [p for p in prompt_ids for _ in range(G)]
         completions = backend.generate(flat_prompts, cfg.tasks.max_new_tokens, cfg.tasks.temperature, self._step("generating"))
         gen_seconds = time.perf_counter() - t0
@@ -331,7 +333,7 @@ class Node:
             raise RuntimeError("setup() must run before evaluate()")
         t0 = time.perf_counter()
         questions = self.taskset.eval_set(self.config.tasks.eval_questions)
-        prompts = [self.backend.encode_prompt(q.messages()) for q in questions]
+        prompts = [self.backend.encode_prompt(self.taskset.messages(q)) for q in questions]
         answers = self.backend.greedy(prompts, self.config.tasks.max_new_tokens, self._step("evaluating"))
         rewards = [self.taskset.reward(q, a) for q, a in zip(questions, answers, strict=True)]
         per: dict[str, list[float]] = defaultdict(list)

@@ -112,7 +112,7 @@ def serve(args: argparse.Namespace, paths: Paths) -> int:
     except SaplingError as exc:
         emit(make_event("error", kind=type(exc).__name__, message=str(exc), fatal=True))
         return exc.exit_code
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - a bug: tell the app, log the traceback, exit 1
         log.error("engine crashed:\n%s", traceback.format_exc())
         emit(make_event("error", kind=type(exc).__name__, message=f"Internal error: {exc}", fatal=True))
         return 1

@@ -14,6 +14,14 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _one_thread() -> None:
+    """Deterministic and polite on a 2-core machine: in-process torch uses one thread."""
+    import torch
+
+    torch.set_num_threads(1)
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from tests.tiny import make_tiny_model

@@ -1,0 +1,608 @@
+"""ReasoningGYM behind a small, deterministic interface: refs, questions, rewards.
+
+A question is *named* by a `TaskRef` (dataset, config, seed, index). Any node can
+rebuild exactly the same question text and answer from that name and score a
+completion itself, so a node never has to trust a peer's reward: it re-scores.
+
+    taskset = TaskSet({"basic_arithmetic": 1.0, "bf": 0.5}, seed=0)
+    questions = taskset.draw(round_index=1, n=4)          # training questions
+    reward = taskset.reward(questions[0], "<answer>7</answer>")
+    same = TaskSet({"bf": 1.0}).rebuild(questions[0].ref)  # identical question
+
+Peers are not trusted, so a ref is validated before anything is built from it:
+only the nine SAPO specialties, only known config keys, and every size-driving
+value capped (`_CONFIG_RULES`) so that one rebuild stays well under a second and
+no value can reach code that reasoning-gym evaluates. Scoring caps the
+completion length and screens answers for datasets whose scorer calls eval().
+
+What is not covered: nodes running different reasoning-gym versions may build
+different text from the same ref (the ref names the question, not the version).
+
+Tests: .venv/bin/python -m pytest tests/engine/test_tasks.py -q
+"""
+
+from __future__ import annotations
+
+import contextlib
+import decimal
+import hashlib
+import io
+import json
+import logging
+import math
+import random
+import re
+import threading
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+import reasoning_gym
+from reasoning_gym.dataset import ProceduralDataset
+from reasoning_gym.factory import DATASETS as _RG_REGISTRY
+from reasoning_gym.utils import extract_answer
+
+from engine.config import SAPO_SPECIALTIES
+from engine.errors import TaskError
+
+log = logging.getLogger(__name__)
+
+
+MAX_TASK_INDEX = 10**9
+"""Refs name items 0 .. MAX_TASK_INDEX - 1; also the virtual size handed to reasoning-gym."""
+MAX_SEED = 2**63 - 1
+EVAL_SEED_OFFSET = 1_000_000_007
+"""Added to the train seed for the held-out set; >= MAX_TASK_INDEX, see `TaskSet.eval_set`."""
+MAX_DRAW_SIZE = 1024
+"""Most questions one `draw()` may return; also the index stride between rounds."""
+MAX_EVAL_SIZE = 100_000
+MAX_CONFIG_KEYS = 32
+MAX_CONFIG_STRING = 64
+MAX_COMPLETION_CHARS = 8192
+"""Longer completions score 0.0 (rejected, not truncated): cutting one could change
+which <answer> tag is last, and answer extraction is quadratic in the worst case."""
+DATASET_CACHE_SIZE = 64
+
+SYSTEM_PROMPT = "Give only the final answer inside <answer></answer> tags."
+# One worked example of the same specialty precedes each question (see TaskSet.messages).
+EXAMPLE_SEED_OFFSET = 2 * EVAL_SEED_OFFSET
+EXAMPLE_POOL = 64
+
+# The easiest sensible settings of each specialty: the default model (SmolLM2-135M) is
+# weak, and GRPO learns nothing from a group whose rewards are all zero. Every key is
+# explicit so that refs do not depend on reasoning-gym's own defaults.
+DEFAULT_DATASET_CONFIGS: Mapping[str, Mapping[str, Any]] = MappingProxyType(
+    {
+        "base_conversion": MappingProxyType(
+            # min_value 1: reasoning-gym renders 0 in bases other than 2/16 as "" (unanswerable).
+            {"min_base": 2, "max_base": 10, "min_value": 1, "max_value": 32}
+        ),
+        "basic_arithmetic": MappingProxyType(
+            {
+                "min_terms": 2,
+                "max_terms": 2,
+                "min_digits": 1,
+                "max_digits": 1,
+                "operators": ("+", "-"),
+                "allow_parentheses": False,
+                "allow_negation": False,
+                "format_style": "simple",
+                "whitespace": "single",
+            }
+        ),
+        "arc_1d": MappingProxyType({"min_size": 8, "max_size": 10, "num_train": 3}),
+        "bf": MappingProxyType({"difficulty": 1}),
+        "propositional_logic": MappingProxyType(
+            {
+                "min_vars": 2,
+                "max_vars": 2,
+                "min_statements": 2,
+                "max_statements": 2,
+                "min_complexity": 1,
+                "max_complexity": 2,
+            }
+        ),
+        "fraction_simplification": MappingProxyType(
+            {"min_value": 1, "max_value": 10, "min_factor": 2, "max_factor": 5, "styles": ("plain",)}
+        ),
+        "decimal_arithmetic": MappingProxyType(
+            {
+                "min_num_decimal_places": 1,
+                "max_num_decimal_places": 1,
+                "min_terms": 2,
+                "max_terms": 2,
+                "precision": 6,
+            }
+        ),
+        "calendar_arithmetic": MappingProxyType(
+            {
+                "year": 2022,
+                "tasks": ("is_leap_year", "weekday_offset", "weekday_of_date"),
+                "offset_upper_bound": 30,
+                "leap_year_range": 200,
+            }
+        ),
+        "binary_matrix": MappingProxyType({"min_n": 2, "max_n": 3, "p_zero": 0.5}),
+    }
+)
+
+
+# -- config rules: what a ref's config may contain -------------------------------------
+
+
+@dataclass(frozen=True)
+class _Int:
+    lo: int
+    hi: int
+
+    def problem(self, value: object) -> str | None:
+        if isinstance(value, bool) or not isinstance(value, int):
+            return "must be a whole number"
+        if not self.lo <= value <= self.hi:
+            return f"must be between {self.lo} and {self.hi}"
+        return None
+
+
+@dataclass(frozen=True)
+class _Fraction:
+    """A number in (0, 1]."""
+
+    def problem(self, value: object) -> str | None:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return "must be a number"
+        if not 0.0 < value <= 1.0:
+            return "must be above 0 and at most 1"
+        return None
+
+
+@dataclass(frozen=True)
+class _Bool:
+    def problem(self, value: object) -> str | None:
+        return None if isinstance(value, bool) else "must be true or false"
+
+
+@dataclass(frozen=True)
+class _Choice:
+    options: tuple[str, ...]
+
+    def problem(self, value: object) -> str | None:
+        return None if value in self.options else f"must be one of {', '.join(self.options)}"
+
+
+@dataclass(frozen=True)
+class _Subset:
+    options: tuple[str, ...]
+
+    def problem(self, value: object) -> str | None:
+        if not isinstance(value, tuple) or not value or any(v not in self.options for v in value):
+            return f"must be a non-empty list drawn from {', '.join(self.options)}"
+        return None
+
+
+_Rule = _Int | _Fraction | _Bool | _Choice | _Subset
+
+_CALENDAR_TASKS = (
+    "weekday_offset",
+    "weekday_of_date",
+    "weekday_of_date_from_first_date",
+    "recurring_event_day",
+    "count_days",
+    "count_business_days",
+    "is_leap_year",
+)
+
+# Caps are measured, not guessed: at these limits the slowest of thousands of items
+# builds in under ~0.3 s. Beyond them reasoning-gym can take minutes (basic_arithmetic
+# at 6 terms x 4 digits: 118 s for one item; bf difficulty 3: ~2 s per item).
+# String options are whitelisted because basic_arithmetic eval()s its operators and
+# its own check is an `assert`, which `python -O` removes.
+_CONFIG_RULES: Mapping[str, Mapping[str, _Rule]] = MappingProxyType(
+    {
+        "base_conversion": {
+            "min_base": _Int(2, 36),
+            "max_base": _Int(2, 36),
+            "min_value": _Int(0, 10**6),
+            "max_value": _Int(1, 10**6),
+        },
+        "basic_arithmetic": {
+            "min_terms": _Int(1, 5),
+            "max_terms": _Int(1, 5),
+            "min_digits": _Int(1, 3),
+            "max_digits": _Int(1, 3),
+            "operators": _Subset(("+", "-", "*", "/")),
+            "allow_parentheses": _Bool(),
+            "allow_negation": _Bool(),
+            "format_style": _Choice(("simple", "natural")),
+            "whitespace": _Choice(("no_space", "single", "random")),
+        },
+        "arc_1d": {"min_size": _Int(8, 100), "max_size": _Int(8, 100), "num_train": _Int(1, 10)},
+        "bf": {"difficulty": _Int(1, 2)},
+        "propositional_logic": {
+            "min_vars": _Int(1, 8),
+            "max_vars": _Int(1, 8),
+            "min_statements": _Int(1, 8),
+            "max_statements": _Int(1, 8),
+            "min_complexity": _Int(1, 4),
+            "max_complexity": _Int(1, 4),
+        },
+        "fraction_simplification": {
+            "min_value": _Int(1, 10_000),
+            "max_value": _Int(1, 10_000),
+            "min_factor": _Int(1, 1000),
+            "max_factor": _Int(1, 1000),
+            "styles": _Subset(("plain", "latex_inline", "latex_frac", "latex_dfrac")),
+        },
+        "decimal_arithmetic": {
+            "min_num_decimal_places": _Int(1, 8),
+            "max_num_decimal_places": _Int(1, 8),
+            "min_terms": _Int(2, 10),
+            "max_terms": _Int(2, 10),
+            "precision": _Int(3, 28),
+        },
+        "calendar_arithmetic": {
+            "year": _Int(1, 9000),
+            "tasks": _Subset(_CALENDAR_TASKS),
+            "offset_upper_bound": _Int(1, 365),
+            "leap_year_range": _Int(0, 2000),
+        },
+        "binary_matrix": {"min_n": _Int(1, 100), "max_n": _Int(1, 100), "p_zero": _Fraction()},
+    }
+)
+
+# binary_matrix's scorer eval()s the answer to accept a Python list of lists. Answers
+# reach it only if made of digits, whitespace, brackets and commas: nothing callable
+# can be spelled with those. Any other answer cannot equal its oracle and scores 0.0.
+_ANSWER_GUARDS: Mapping[str, re.Pattern[str]] = MappingProxyType({"binary_matrix": re.compile(r"[0-9\s\[\],]*")})
+
+# What reasoning-gym raises when a config or an answer is one it cannot handle.
+_RG_CONFIG_ERRORS = (AssertionError, TypeError, ValueError)
+_RG_ITEM_ERRORS = (ArithmeticError, AssertionError, IndexError, KeyError, OverflowError, TypeError, ValueError)
+_RG_SCORE_ERRORS = (ArithmeticError, AttributeError, IndexError, KeyError, RecursionError, TypeError, ValueError)
+
+# reasoning-gym keeps process-wide state while it builds items (bf's compiler keeps
+# module-level tables and prints to sys.stdout, which we swap for a buffer). This lock
+# serialises that across every TaskSet and thread; it guards *their* globals, and holds
+# no state of ours.
+_RG_PROCESS_LOCK = threading.Lock()
+
+
+def _check_config(dataset: str, config: tuple[tuple[str, Any], ...]) -> None:
+    """Raise TaskError unless `config` is a canonical, allowed config for `dataset`."""
+    rules = _CONFIG_RULES[dataset]
+    if not isinstance(config, tuple):
+        raise TaskError(f"The config of a {dataset} task must be a tuple of (key, value) pairs.")
+    if len(config) > MAX_CONFIG_KEYS:
+        raise TaskError(
+            f"The config of a {dataset} task has {len(config)} keys; at most {MAX_CONFIG_KEYS} are allowed."
+        )
+    keys: list[str] = []
+    for pair in config:
+        if not isinstance(pair, tuple) or len(pair) != 2 or not isinstance(pair[0], str):
+            raise TaskError(f"The config of a {dataset} task must be a tuple of (key, value) pairs.")
+        key, value = pair
+        if key not in rules:
+            allowed = ", ".join(rules)
+            raise TaskError(f"Config key {key[:MAX_CONFIG_STRING]!r} is not allowed for {dataset}; allowed: {allowed}.")
+        problem = rules[key].problem(value)
+        if problem is not None:
+            raise TaskError(f"Config value {dataset}.{key} = {value!r:.{MAX_CONFIG_STRING}} {problem}.")
+        keys.append(key)
+    if keys != sorted(set(keys)):
+        raise TaskError(f"The config keys of a {dataset} task must be unique and sorted.")
+    values = dict(config)
+    for key in keys:
+        upper = "max_" + key[4:]
+        if key.startswith("min_") and upper in values and values[key] > values[upper]:
+            raise TaskError(f"Config value {dataset}.{key} must not exceed {dataset}.{upper}.")
+
+
+def _canonical_config(dataset: str, config: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
+    """Sorted (key, value) pairs with lists turned into tuples, then validated."""
+    if not isinstance(config, Mapping):
+        raise TaskError(f"The config of a {dataset} task must be a table of option = value.")
+    if len(config) > MAX_CONFIG_KEYS:
+        raise TaskError(
+            f"The config of a {dataset} task has {len(config)} keys; at most {MAX_CONFIG_KEYS} are allowed."
+        )
+    if not all(isinstance(key, str) for key in config):
+        raise TaskError(f"The config keys of a {dataset} task must be strings.")
+    pairs = tuple(sorted((key, tuple(v) if isinstance(v, list) else v) for key, v in config.items()))
+    _check_config(dataset, pairs)
+    return pairs
+
+
+def _check_whole(what: str, value: object, hi: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TaskError(f"The {what} must be a whole number, not {type(value).__name__}.")
+    if not 0 <= value <= hi:
+        raise TaskError(f"The {what} must be between 0 and {hi}; got {value}.")
+    return value
+
+
+def _stable_seed(*parts: int | str) -> int:
+    """A 64-bit seed that is the same in every process (Python's hash() is salted)."""
+    digest = hashlib.sha256(":".join(str(p) for p in parts).encode()).digest()
+    return int.from_bytes(digest[:8], "big")
+
+
+# -- names and questions -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TaskRef:
+    """The name of one question; valid by construction (raises TaskError otherwise)."""
+
+    dataset: str
+    config: tuple[tuple[str, Any], ...]
+    seed: int
+    index: int
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.dataset, str) or self.dataset not in SAPO_SPECIALTIES:
+            raise TaskError(
+                f"Unknown dataset {str(self.dataset)[:MAX_CONFIG_STRING]!r}; allowed: {', '.join(SAPO_SPECIALTIES)}."
+            )
+        _check_config(self.dataset, self.config)
+        _check_whole("task seed", self.seed, MAX_SEED)
+        _check_whole("task index", self.index, MAX_TASK_INDEX - 1)
+
+    @classmethod
+    def create(cls, dataset: str, config: Mapping[str, Any], seed: int, index: int) -> TaskRef:
+        """Build a ref from a plain config mapping (lists allowed; sorted here)."""
+        if not isinstance(dataset, str) or dataset not in SAPO_SPECIALTIES:
+            raise TaskError(
+                f"Unknown dataset {str(dataset)[:MAX_CONFIG_STRING]!r}; allowed: {', '.join(SAPO_SPECIALTIES)}."
+            )
+        return cls(dataset, _canonical_config(dataset, config), seed, index)
+
+    def to_json(self) -> dict[str, Any]:
+        config = {key: list(value) if isinstance(value, tuple) else value for key, value in self.config}
+        return {"dataset": self.dataset, "config": config, "seed": self.seed, "index": self.index}
+
+    @classmethod
+    def from_json(cls, data: object) -> TaskRef:
+        """Parse a ref received from anywhere; anything malformed raises TaskError."""
+        if not isinstance(data, dict):
+            raise TaskError(f"A task ref must be a JSON object, not {type(data).__name__}.")
+        expected = {"dataset", "config", "seed", "index"}
+        if set(data) != expected:
+            raise TaskError(f"A task ref must have exactly the fields {', '.join(sorted(expected))}.")
+        dataset, config = data["dataset"], data["config"]
+        if not isinstance(dataset, str):
+            raise TaskError("A task ref's dataset must be a string.")
+        if not isinstance(config, dict):
+            raise TaskError("A task ref's config must be a JSON object.")
+        return cls.create(dataset, config, data["seed"], data["index"])
+
+    def key(self) -> str:
+        """Canonical compact id, equal for equal refs: use it for dedup and logs."""
+        return json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"), allow_nan=False)
+
+
+@dataclass(frozen=True)
+class Question:
+    """One rebuilt question. `entry` is reasoning-gym's raw item; treat it as read-only."""
+
+    ref: TaskRef
+    text: str
+    answer: str | None
+    entry: Mapping[str, Any] = field(compare=False, repr=False)
+
+    def messages(self) -> list[dict[str, str]]:
+        """The bare prompt: instructions and the question (no worked example)."""
+        return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": self.text}]
+
+    @property
+    def reference_answer(self) -> str | None:
+        """An answer that scores 1.0: the dataset's, or its stored example (propositional_logic)."""
+        if self.answer is not None:
+            return self.answer
+        example = (self.entry.get("metadata") or {}).get("example_answer")
+        return example if isinstance(example, str) else None
+
+
+# -- the task set ------------------------------------------------------------------------
+
+
+class TaskSet:
+    """The specialties a node trains on, their configs, and local scoring."""
+
+    def __init__(
+        self,
+        weights: Mapping[str, float],
+        configs: Mapping[str, Mapping[str, Any]] | None = None,
+        seed: int = 0,
+    ) -> None:
+        allowed = ", ".join(SAPO_SPECIALTIES)
+        if not isinstance(weights, Mapping):
+            raise TaskError(f"Specialty weights must be a table of name = weight; allowed names: {allowed}.")
+        for name, weight in weights.items():
+            if name not in SAPO_SPECIALTIES:
+                raise TaskError(f"Unknown specialty {str(name)[:MAX_CONFIG_STRING]!r}; allowed: {allowed}.")
+            if (
+                isinstance(weight, bool)
+                or not isinstance(weight, int | float)
+                or not math.isfinite(weight)
+                or weight < 0
+            ):
+                raise TaskError(f"The weight of specialty {name} must be a number of 0 or more; got {weight!r}.")
+        enabled = tuple(name for name in SAPO_SPECIALTIES if weights.get(name, 0) > 0)
+        if not enabled:
+            raise TaskError(f"At least one specialty needs a weight above 0; allowed: {allowed}.")
+        overrides = configs if configs is not None else {}
+        if not isinstance(overrides, Mapping):
+            raise TaskError("Dataset configs must be a table of specialty = {option = value}.")
+        for name in overrides:
+            if name not in SAPO_SPECIALTIES:
+                raise TaskError(
+                    f"Config given for unknown specialty {str(name)[:MAX_CONFIG_STRING]!r}; allowed: {allowed}."
+                )
+        self.seed = _check_whole("train seed", seed, MAX_SEED - EVAL_SEED_OFFSET)
+        self._specialties = enabled
+        self._weights = tuple(float(weights[name]) for name in enabled)
+        self._configs: dict[str, tuple[tuple[str, Any], ...]] = {}
+        for name in sorted(set(enabled) | set(overrides)):
+            merged = {**DEFAULT_DATASET_CONFIGS[name], **overrides.get(name, {})}
+            config = _canonical_config(name, merged)
+            _validate_with_rg(name, config)
+            if name in enabled:
+                self._configs[name] = config
+        self._datasets: OrderedDict[tuple[str, tuple[tuple[str, Any], ...], int], ProceduralDataset] = OrderedDict()
+        self._cache_lock = threading.Lock()
+
+    @property
+    def specialties(self) -> tuple[str, ...]:
+        """Enabled specialties (weight > 0), in SAPO_SPECIALTIES order."""
+        return self._specialties
+
+    def config(self, specialty: str) -> Mapping[str, Any]:
+        """The merged reasoning-gym config this node uses for an enabled specialty."""
+        if specialty not in self._configs:
+            raise TaskError(f"Specialty {specialty!r} is not enabled here; enabled: {', '.join(self._specialties)}.")
+        return MappingProxyType(dict(self._configs[specialty]))
+
+    def rebuild(self, ref: TaskRef) -> Question:
+        """The question a ref names: same text and answer on every node, every time."""
+        if not isinstance(ref, TaskRef):
+            raise TaskError(f"Expected a TaskRef, got {type(ref).__name__}.")
+        dataset = self._dataset(ref)
+        captured = io.StringIO()
+        with _RG_PROCESS_LOCK, decimal.localcontext(decimal.Context()), contextlib.redirect_stdout(captured):
+            try:
+                entry = dataset[ref.index]
+            except _RG_ITEM_ERRORS as exc:
+                raise TaskError(f"reasoning-gym could not build {ref.dataset} item {ref.index}: {exc}") from exc
+        if captured.getvalue():
+            log.debug("reasoning-gym printed %d characters while building %s", len(captured.getvalue()), ref.key())
+        answer = entry["answer"]
+        return Question(
+            ref=ref, text=str(entry["question"]), answer=None if answer is None else str(answer), entry=entry
+        )
+
+    def draw(self, round_index: int, n: int) -> list[Question]:
+        """n training questions for a round; the same (seed, round, n) always gives the same list.
+
+        Slot s of round r picks its specialty by weight with an RNG seeded from a stable
+        hash of (seed, r, s), and takes index r * MAX_DRAW_SIZE + s, so no two rounds
+        share an index whatever n is.
+        """
+        _check_whole("number of questions to draw", n, MAX_DRAW_SIZE)
+        last_round = (MAX_TASK_INDEX - 1) // MAX_DRAW_SIZE - 1
+        _check_whole("round index", round_index, last_round)
+        questions = []
+        for slot in range(n):
+            rng = random.Random(_stable_seed("draw", self.seed, round_index, slot))
+            name = rng.choices(self._specialties, weights=self._weights)[0]
+            ref = TaskRef(name, self._configs[name], self.seed, round_index * MAX_DRAW_SIZE + slot)
+            questions.append(self.rebuild(ref))
+        return questions
+
+    def messages(self, question: Question) -> list[dict[str, str]]:
+        """The chat prompt this node uses: one solved example of the same specialty, then the question.
+
+        Small models (the bundled 135M) rarely use the <answer> format from an
+        instruction alone; a worked example of the same task raises the share
+        of well-formed answers about threefold (docs/results.md). The example
+        is drawn from its own seed stream, so it is never a training or
+        held-out item. The prompt is local: peers see only the question.
+        """
+        ref = question.ref
+        example = self.rebuild(TaskRef(ref.dataset, ref.config, self.seed + EXAMPLE_SEED_OFFSET, ref.index % EXAMPLE_POOL))
+        answer = example.reference_answer
+        if answer is None:
+            return question.messages()
+        system, user = question.messages()
+        return [
+            system,
+            {"role": "user", "content": example.text},
+            {"role": "assistant", "content": f"<answer>{answer}</answer>"},
+            user,
+        ]
+
+    def eval_set(self, n: int) -> list[Question]:
+        """A fixed held-out set: item i is specialty i % k at index i // k (k enabled specialties).
+
+        It uses seed `self.seed + EVAL_SEED_OFFSET`. reasoning-gym builds item (seed, index)
+        from Random(seed + index); training items use Random(self.seed + index) with
+        index < MAX_TASK_INDEX <= EVAL_SEED_OFFSET, so no held-out item can share its
+        random stream with a training item of this seed.
+        """
+        _check_whole("number of held-out questions", n, MAX_EVAL_SIZE)
+        seed = self.seed + EVAL_SEED_OFFSET
+        k = len(self._specialties)
+        refs = [
+            TaskRef(self._specialties[i % k], self._configs[self._specialties[i % k]], seed, i // k) for i in range(n)
+        ]
+        return [self.rebuild(ref) for ref in refs]
+
+    def reward(self, question: Question, completion: str) -> float:
+        """The dataset's own score of the last <answer>...</answer>, in [0, 1].
+
+        No tag, or a completion over MAX_COMPLETION_CHARS, scores 0.0. An answer the
+        dataset's scorer raises on is the dataset rejecting it: 0.0, logged at debug.
+        """
+        if len(completion) > MAX_COMPLETION_CHARS:
+            log.debug("completion of %d characters scores 0.0 (limit %d)", len(completion), MAX_COMPLETION_CHARS)
+            return 0.0
+        answer = extract_answer(completion)
+        if answer is None:
+            return 0.0
+        ref = question.ref
+        guard = _ANSWER_GUARDS.get(ref.dataset)
+        if guard is not None and guard.fullmatch(answer) is None:
+            return 0.0
+        dataset = self._dataset(ref)
+        entry = dict(question.entry)
+        with decimal.localcontext(decimal.Context()):
+            try:
+                score = dataset.score_answer(answer, entry)
+            except _RG_SCORE_ERRORS as exc:
+                log.debug("%s rejected an answer to %s: %r", ref.dataset, ref.key(), exc)
+                return 0.0
+        value = float(score)
+        if not value >= 0.0:  # also catches NaN
+            return 0.0
+        return min(value, 1.0)
+
+    def _dataset(self, ref: TaskRef) -> ProceduralDataset:
+        """The reasoning-gym dataset for (dataset, config, seed), created on first use."""
+        key = (ref.dataset, ref.config, ref.seed)
+        with self._cache_lock:
+            cached = self._datasets.get(key)
+            if cached is not None:
+                self._datasets.move_to_end(key)
+                return cached
+        kwargs = _rg_kwargs(ref.config)
+        with _RG_PROCESS_LOCK:
+            try:
+                created = reasoning_gym.create_dataset(ref.dataset, seed=ref.seed, size=MAX_TASK_INDEX, **kwargs)
+            except _RG_CONFIG_ERRORS as exc:
+                raise TaskError(f"reasoning-gym rejected the config for {ref.dataset}: {exc}") from exc
+        with self._cache_lock:
+            self._datasets[key] = created
+            while len(self._datasets) > DATASET_CACHE_SIZE:
+                self._datasets.popitem(last=False)
+        return created
+
+
+def reward_many(taskset: TaskSet, question: Question, completions: Sequence[str]) -> list[float]:
+    """`TaskSet.reward` for each completion of one question."""
+    return [taskset.reward(question, completion) for completion in completions]
+
+
+def _rg_kwargs(config: tuple[tuple[str, Any], ...]) -> dict[str, Any]:
+    """reasoning-gym expects lists where refs hold tuples."""
+    return {key: list(value) if isinstance(value, tuple) else value for key, value in config}
+
+
+def _validate_with_rg(dataset: str, config: tuple[tuple[str, Any], ...]) -> None:
+    """Run reasoning-gym's own config checks without building the dataset."""
+    _, config_cls = _RG_REGISTRY[dataset]
+    try:
+        rg_config = config_cls(**_rg_kwargs(config), seed=0, size=MAX_TASK_INDEX)
+        if hasattr(rg_config, "validate"):
+            rg_config.validate()
+    except _RG_CONFIG_ERRORS as exc:
+        raise TaskError(f"reasoning-gym rejected the config for {dataset}: {exc or type(exc).__name__}") from exc

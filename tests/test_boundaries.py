@@ -1,0 +1,42 @@
+"""The house's two walls: engine/ never imports Qt or app/; app/ never imports training libraries."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _imports(folder: Path) -> set[tuple[str, str]]:
+    found = set()
+    for path in folder.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                found |= {(str(path), alias.name.split(".")[0]) for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                found.add((str(path), node.module.split(".")[0]))
+    return found
+
+
+def test_engine_never_imports_qt_or_app() -> None:
+    bad = {(p, m) for p, m in _imports(ROOT / "engine") if m in {"PySide6", "PyQt5", "PyQt6", "app"}}
+    assert not bad
+
+
+def test_app_never_imports_training_libraries() -> None:
+    heavy = {"torch", "transformers", "peft", "mlx", "llama_cpp", "reasoning_gym"}
+    bad = {(p, m) for p, m in _imports(ROOT / "app") if m in heavy}
+    assert not bad
+
+
+def test_import_engine_is_cheap() -> None:
+    code = (
+        "import sys, engine, engine.events, engine.config, engine.errors, engine.paths\n"
+        "heavy = [m for m in ('torch', 'transformers', 'PySide6', 'reasoning_gym') if m in sys.modules]\n"
+        "print(','.join(heavy))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert out.stdout.strip() == ""
