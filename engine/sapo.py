@@ -259,8 +259,7 @@ class Node:
         questions = self.taskset.draw(round_index, cfg.tasks.questions_per_round)
         G = cfg.tasks.completions_per_question
         prompt_ids = [backend.encode_prompt(self.taskset.messages(q)) for q in questions]
-        flat_prompts = [p for p in prompt_ids for _ in range(G)]
-        completions = backend.generate(flat_prompts, cfg.tasks.max_new_tokens, cfg.tasks.temperature, self._step("generating"))
+        completions = backend.generate(prompt_ids, G, cfg.tasks.max_new_tokens, cfg.tasks.temperature, self._step("generating"))
         gen_seconds = time.perf_counter() - t0
 
         scoring = self._step("scoring")
@@ -279,10 +278,10 @@ class Node:
         t1 = time.perf_counter()
         stats = backend.train(train_items(groups + external), self._training_step)
         train_seconds = time.perf_counter() - t1
+        self.progress("checkpointing", 0, 1)
         self.round = round_index
 
         metrics = self._round_metrics(groups, external, stats, gen_seconds, train_seconds, time.perf_counter() - t0)
-        self.progress("checkpointing", 0, 1)
         state = {
             "config_hash": cfg.config_hash(),
             "structure_hash": cfg.structure_hash(),

@@ -69,6 +69,9 @@ SYSTEM_PROMPT = "Give only the final answer inside <answer></answer> tags."
 # One worked example of the same specialty precedes each question (see TaskSet.messages).
 EXAMPLE_SEED_OFFSET = 2 * EVAL_SEED_OFFSET
 EXAMPLE_POOL = 64
+# Questions longer than this carry their own worked examples (arc_1d) or are long
+# enough that a second copy would double the round's cost; they get no extra example.
+EXAMPLE_MAX_QUESTION_CHARS = 520
 
 # The easiest sensible settings of each specialty: the default model (SmolLM2-135M) is
 # weak, and GRPO learns nothing from a group whose rewards are all zero. Every key is
@@ -509,6 +512,8 @@ class TaskSet:
         held-out item. The prompt is local: peers see only the question.
         """
         ref = question.ref
+        if len(question.text) > EXAMPLE_MAX_QUESTION_CHARS:
+            return question.messages()
         example = self.rebuild(TaskRef(ref.dataset, ref.config, self.seed + EXAMPLE_SEED_OFFSET, ref.index % EXAMPLE_POOL))
         answer = example.reference_answer
         if answer is None:

@@ -35,6 +35,7 @@ class PolicyBackend(Protocol):
     def generate(
         self,
         prompts: Sequence[list[int]],
+        n: int,
         max_new_tokens: int,
         temperature: float,
         on_step: StepCallback | None = None,

@@ -48,6 +48,7 @@ ADAPTER_FILE = "adapter.safetensors"
 WEIGHTS_FILE = "model.safetensors"
 OPTIMIZER_FILE = "optimizer.pt"
 RNG_FILE = "rng.pt"
+GREEDY_CHUNK = 8
 
 
 class _RecordLogprobs(LogitsProcessor):
@@ -64,8 +65,8 @@ class _RecordLogprobs(LogitsProcessor):
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         if self.previous is not None:
             self.recorded.append(self.previous.gather(1, input_ids[:, -1:]).squeeze(1))
-        scores = scores / self.temperature  # type: ignore[assignment]
-        self.previous = torch.log_softmax(scores.float(), dim=-1)
+        scores = scores.float() / self.temperature  # type: ignore[assignment]
+        self.previous = torch.log_softmax(scores, dim=-1)
         if self.on_step is not None:
             self.on_step(input_ids.shape[1] - self.prompt_len, self.total)
         return scores
@@ -83,12 +84,35 @@ class _RecordLogprobs(LogitsProcessor):
 class _StepHook(StoppingCriteria):
     """Reports greedy decoding progress (pause blocks here, stop raises here)."""
 
-    def __init__(self, prompt_len: int, on_step: StepCallback, total: int) -> None:
-        self.prompt_len, self.on_step, self.total = prompt_len, on_step, total
+    def __init__(self, prompt_len: int, on_step: StepCallback, total: int, offset: int = 0) -> None:
+        self.prompt_len, self.on_step, self.total, self.offset = prompt_len, on_step, total, offset
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs: Any) -> torch.BoolTensor:
-        self.on_step(input_ids.shape[1] - self.prompt_len, self.total)
+        self.on_step(self.offset + input_ids.shape[1] - self.prompt_len, self.total)
         return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)  # type: ignore[return-value]
+
+
+def micro_batches(items: Sequence[TrainItem], max_rows: int, max_tokens: int) -> list[list[TrainItem]]:
+    """Length-sorted chunks of at most `max_rows` sequences and `max_tokens` padded tokens.
+
+    Activation memory grows with padded tokens, so the token budget (not the
+    row count) is what keeps long prompts from blowing the memory target.
+    A single sequence longer than the budget still gets a chunk of its own.
+    """
+    ordered = sorted(items, key=lambda it: len(it.prompt_ids) + len(it.completion_ids))
+    chunks: list[list[TrainItem]] = []
+    current: list[TrainItem] = []
+    prompt_w = comp_w = 0
+    for item in ordered:
+        p, c = max(prompt_w, len(item.prompt_ids)), max(comp_w, len(item.completion_ids))
+        if current and (len(current) >= max_rows or (len(current) + 1) * (p + c) > max_tokens):
+            chunks.append(current)
+            current, p, c = [], len(item.prompt_ids), len(item.completion_ids)
+        current.append(item)
+        prompt_w, comp_w = p, c
+    if current:
+        chunks.append(current)
+    return chunks
 
 
 class TorchBackend:
@@ -155,32 +179,33 @@ class TorchBackend:
 
     @contextlib.contextmanager
     def _inference(self) -> Iterator[None]:
-        """No-grad inference with LoRA merged into the base weights.
+        """No-grad inference on a temporary copy of the weights: LoRA merged, bf16 where native.
 
         peft's per-layer adapter path costs about 3x in token-by-token decoding
-        on a CPU, so sampling runs on merged weights. The base weights are
-        restored bit-exactly afterwards (merging then unmerging in floating
-        point would drift a little every round).
+        on a CPU, and autocast re-casts every frozen fp32 weight at every
+        step. So sampling runs on weights that are merged and, where the
+        device has bf16, already cast. The training weights are put back
+        untouched afterwards: the fp32 tensors are kept aside, not
+        round-tripped through arithmetic.
         """
         self.model.eval()
-        originals: list[tuple[torch.Tensor, torch.Tensor]] = []
-        if self.grpo.finetune == "lora":
-            from peft.tuners.lora import LoraLayer
-
-            for module in self.model.modules():
-                if isinstance(module, LoraLayer):
-                    weight = module.get_base_layer().weight
-                    originals.append((weight, weight.data.clone()))
-            self.model.merge_adapter()
+        originals = [(param, param.data) for param in self.model.parameters()]
+        lora = self.grpo.finetune == "lora"
         try:
-            with torch.no_grad(), self._autocast():
+            with torch.no_grad():
+                for param, data in originals:
+                    if self.autocast:
+                        param.data = data.to(torch.bfloat16)
+                    elif lora:
+                        param.data = data.clone()  # merge_adapter writes in place
+                if lora:
+                    self.model.merge_adapter()
                 yield
         finally:
-            if originals:
-                self.model.unmerge_adapter()
-                with torch.no_grad():
-                    for weight, original in originals:
-                        weight.data.copy_(original)
+            if lora:
+                self.model.unmerge_adapter()  # resets peft's merged flags; the data is discarded next
+            for param, data in originals:
+                param.data = data
 
     def _left_pad(self, prompts: Sequence[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         width = max(len(p) for p in prompts)
@@ -204,20 +229,35 @@ class TorchBackend:
     def generate(
         self,
         prompts: Sequence[list[int]],
+        n: int,
         max_new_tokens: int,
         temperature: float,
         on_step: StepCallback | None = None,
     ) -> list[Completion]:
+        """`n` sampled completions of each prompt, grouped by prompt, with behaviour log-probs.
+
+        Each prompt is run through the model once (its KV cache is then
+        copied n times), so a round pays the prompt cost per question, not
+        per completion: with long few-shot prompts that is most of the time.
+        """
         ids, mask = self._left_pad(prompts)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
         recorder = _RecordLogprobs(temperature, ids.shape[1], on_step, max_new_tokens)
         config = GenerationConfig(
             do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=max_new_tokens,
             pad_token_id=self.pad_token_id, eos_token_id=self.eos_token_id,
         )
         with self._inference():
+            extra: dict[str, Any] = {}
+            if ids.shape[1] > 1:
+                prefix = self.model(
+                    input_ids=ids[:, :-1], attention_mask=mask[:, :-1], position_ids=positions[:, :-1], use_cache=True
+                )
+                prefix.cache.batch_repeat_interleave(n)
+                extra["cache"] = prefix.cache
             sequences = self.model.generate(
-                input_ids=ids, attention_mask=mask, generation_config=config,
-                logits_processor=LogitsProcessorList([recorder]),
+                input_ids=ids.repeat_interleave(n, dim=0), attention_mask=mask.repeat_interleave(n, dim=0),
+                generation_config=config, logits_processor=LogitsProcessorList([recorder]), **extra,
             )
         logprobs = recorder.finish(sequences).tolist()
         completions = []
@@ -226,17 +266,27 @@ class TorchBackend:
         return completions
 
     def greedy(self, prompts: Sequence[list[int]], max_new_tokens: int, on_step: StepCallback | None = None) -> list[str]:
-        ids, mask = self._left_pad(prompts)
+        """Greedy answers, in chunks of similar prompt length so padding costs little."""
+        order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+        chunks = [order[i : i + GREEDY_CHUNK] for i in range(0, len(order), GREEDY_CHUNK)]
+        answers: dict[int, str] = {}
         config = GenerationConfig(
             do_sample=False, max_new_tokens=max_new_tokens,
             pad_token_id=self.pad_token_id, eos_token_id=self.eos_token_id,
         )
-        hooks = StoppingCriteriaList([_StepHook(ids.shape[1], on_step, max_new_tokens)] if on_step else [])
-        with self._inference():
-            sequences = self.model.generate(
-                input_ids=ids, attention_mask=mask, generation_config=config, stopping_criteria=hooks
-            )
-        return [self.decode(tokens) for tokens, _ in self._split(sequences, ids.shape[1])]
+        for number, chunk in enumerate(chunks):
+            ids, mask = self._left_pad([prompts[i] for i in chunk])
+            hooks: list[StoppingCriteria] = []
+            if on_step is not None:
+                hooks.append(_StepHook(ids.shape[1], on_step, max_new_tokens * len(chunks), number * max_new_tokens))
+            with self._inference():
+                sequences = self.model.generate(
+                    input_ids=ids, attention_mask=mask, generation_config=config,
+                    stopping_criteria=StoppingCriteriaList(hooks),
+                )
+            for i, (tokens, _) in zip(chunk, self._split(sequences, ids.shape[1]), strict=True):
+                answers[i] = self.decode(tokens)
+        return [answers[i] for i in range(len(prompts))]
 
     # -- log-probs and training --------------------------------------------------------
     def _batch_logprobs(self, pairs: Sequence[tuple[list[int], list[int]]], temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -283,8 +333,7 @@ class TorchBackend:
         g = self.grpo
         if not items:
             return {"loss": 0.0, "clip_fraction": 0.0, "kl": 0.0, "grad_norm": 0.0, "train_tokens": 0.0}
-        ordered = sorted(items, key=lambda it: len(it.prompt_ids) + len(it.completion_ids))
-        chunks = [ordered[i : i + g.micro_batch] for i in range(0, len(ordered), g.micro_batch)]
+        chunks = micro_batches(items, g.micro_batch, g.micro_batch_tokens)
         total_tokens = float(sum(len(it.completion_ids) for it in items))
         total_steps = g.pg_steps * len(chunks)
         sums = {"loss": 0.0, "clip_fraction": 0.0, "kl": 0.0, "grad_norm": 0.0}

@@ -85,3 +85,17 @@ def test_kl_term_is_zero_at_reference_and_positive_away() -> None:
     loss_far, stats_far = clipped_pg_loss(logp, *args, ref_logp=torch.log(torch.tensor([[0.9, 0.1]])), kl_beta=0.1)
     assert float(loss_same) == pytest.approx(0.0) and stats_same.kl == pytest.approx(0.0)
     assert float(loss_far) > 0.0 and stats_far.kl > 0.0
+
+
+def test_micro_batches_respect_rows_and_token_budget() -> None:
+    from engine.backends.torch_backend import micro_batches
+    from engine.rollouts import TrainItem
+
+    items = [TrainItem([1] * p, [2] * c, [0.0] * c, 1.0) for p, c in [(10, 5), (300, 20), (12, 5), (50, 10), (900, 40)]]
+    chunks = micro_batches(items, max_rows=2, max_tokens=400)
+    assert sorted(id(it) for ch in chunks for it in ch) == sorted(id(it) for it in items)  # each exactly once
+    for chunk in chunks:
+        width = max(len(it.prompt_ids) for it in chunk) + max(len(it.completion_ids) for it in chunk)
+        assert len(chunk) <= 2
+        assert len(chunk) == 1 or len(chunk) * width <= 400
+    assert [len(ch) for ch in chunks] == [2, 1, 1, 1]  # 940-token item alone; 320 + 60 can't pair
