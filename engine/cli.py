@@ -136,7 +136,8 @@ class TerminalView:
             m = event["metrics"]
             self._tqdm.write(
                 f"round {m['round']:>4} | reward {m['reward_mean']:.3f} | acc {100 * m['accuracy']:5.1f}% | "
-                f"{m['tokens_per_second']:6.1f} tok/s | {m['seconds']:6.1f} s | loss {m['loss']:+.4f}",
+                f"{m['tokens_per_second']:6.1f} tok/s | {m['seconds']:6.1f} s | {m['rss_bytes'] / 2**30:4.1f} GB | "
+                f"loss {m['loss']:+.4f}",
                 file=sys.stdout,
             )
         elif kind == "eval":

@@ -40,19 +40,21 @@ SAPO_SPECIALTIES = (
 )
 
 
-# The bundled 135M model earns reward mostly on these specialties; weighting
-# them up gives GRPO groups with a signal on a CPU laptop (docs/results.md).
-# The paper preset uses uniform weights.
+# Tuned for the bundled 135M model on a CPU (docs/results.md): GRPO learns only
+# from groups whose rewards differ, and in a 40-round run the model never
+# earned any reward on bf, decimal_arithmetic or arc_1d and was already near 1.0
+# on propositional_logic. Those keep a small weight so every specialty stays in
+# the mix; the paper preset uses uniform weights.
 DEFAULT_WEIGHTS: dict[str, float] = {
-    "base_conversion": 1.0,
+    "base_conversion": 2.0,
     "basic_arithmetic": 2.0,
-    "arc_1d": 0.5,
-    "bf": 1.0,
-    "propositional_logic": 2.0,
-    "fraction_simplification": 2.0,
-    "decimal_arithmetic": 1.0,
+    "arc_1d": 0.25,
+    "bf": 0.25,
+    "propositional_logic": 0.5,
+    "fraction_simplification": 1.0,
+    "decimal_arithmetic": 0.25,
     "calendar_arithmetic": 2.0,
-    "binary_matrix": 1.0,
+    "binary_matrix": 0.5,
 }
 
 
@@ -144,14 +146,14 @@ class TaskConfig:
 
 @dataclass
 class GRPOConfig:
-    learning_rate: float = _help("AdamW learning rate.", 5e-4)
+    learning_rate: float = _help("AdamW learning rate.", 1e-3)
     eps_low: float = _help("Lower clip range of the importance ratio (1 - eps_low).", 0.2)
     eps_high: float = _help("Upper clip range of the importance ratio (1 + eps_high).", 0.28)
     kl_beta: float = _help("Weight of the KL penalty to the reference model (0: none, no reference kept).", 0.0)
     adv_eps: float = _help("Added to the group std in (r - mean) / (std + eps).", 1e-4)
     pg_steps: int = _help("Policy-gradient steps per round on the same rollouts.", 1)
     micro_batch: int = _help("Most sequences per forward/backward pass (gradient accumulation).", 8)
-    micro_batch_tokens: int = _help("Most padded tokens per forward/backward pass; bounds activation memory.", 4096)
+    micro_batch_tokens: int = _help("Most padded tokens per forward/backward pass; bounds activation memory.", 2048)
     max_grad_norm: float = _help("Gradient clipping norm (0: off).", 1.0)
     weight_decay: float = _help("AdamW weight decay.", 0.0)
     finetune: str = _help("'lora' (adapters via peft) or 'full' (all weights).", "lora")

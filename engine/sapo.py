@@ -98,6 +98,13 @@ class RolloutExchange(Protocol):
         ...
 
 
+def _rss_bytes() -> int:
+    """This process's resident memory, reported every round so creeping growth is visible."""
+    import psutil
+
+    return int(psutil.Process().memory_info().rss)
+
+
 def derive_seed(*parts: int) -> int:
     """A stable 63-bit seed from integers (Python's hash() is salted per process)."""
     digest = hashlib.sha256(":".join(str(p) for p in parts).encode()).digest()
@@ -323,6 +330,7 @@ class Node:
             "generate_seconds": gen_seconds,
             "train_seconds": train_seconds,
             "seconds": seconds,
+            "rss_bytes": _rss_bytes(),
             **{k: v for k, v in stats.items()},
         }
 
