@@ -251,7 +251,7 @@ def run_trl(args: argparse.Namespace, workdir: Path) -> SideResult:
         for question in taskset.draw(round_index, args.questions):
             key = question.ref.key()
             by_key[key] = question
-            rows.append({"prompt": question.messages(), "ref_key": key})
+            rows.append({"prompt": taskset.messages(question), "ref_key": key})  # the prompt ours uses
     dataset = Dataset.from_list(rows)
 
     lengths: list[float] = []

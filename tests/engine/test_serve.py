@@ -139,6 +139,7 @@ def test_reload_with_a_bad_file_is_not_fatal(tiny_model_dir: Path, tmp_path: Pat
     engine = Engine(node_cmd("serve", home, tiny_model_dir), tmp_path / "stderr.txt")
     engine.wait_for(lambda e: e["type"] == "round")
     config = home / "config" / "config.toml"
+    config.parent.mkdir(parents=True, exist_ok=True)
     config.write_text("[grpo]\nlearning_rate = -5\n")
     engine.send("reload")
     error = engine.wait_for(lambda e: e["type"] == "error")
