@@ -20,8 +20,11 @@ What one "round" is on each side:
   generation, scoring and update (it saves nothing: ``save_strategy="no"``).
 
 TRL is set up to match the engine's update: clip range 0.2 / 0.28, token-level ("dapo") loss, gradient
-norm clipped at 1.0, plain AdamW at a constant learning rate, prompts in draw order (no shuffling). It runs
-with ``gradient_checkpointing=False`` (its default is True) so that neither side recomputes activations: the
+norm clipped at 1.0, plain AdamW at a constant learning rate, prompts in draw order (no shuffling), and
+forward/backward on micro-batches of the engine's ``grpo.micro_batch`` (8) sequences, accumulated into the
+one optimizer step (``--trl-micro-batch`` changes that; ``--trl-micro-batch 32`` is one batch of 32 with no
+accumulation, which measured here peaks near 24 GB and runs several times slower). It runs with
+``gradient_checkpointing=False`` (its default is True) so that neither side recomputes activations: the
 peer is not slowed down by a memory-saving choice ours does not make. Our engine skips
 completions whose group advantage is zero (all rewards in a group tie), TRL computes their (zero) loss anyway;
 the report prints how many groups were informative per round on each side so that difference is visible.
@@ -154,6 +157,16 @@ def engine_overrides(args: argparse.Namespace) -> list[str]:
     ]
 
 
+def trl_batching(sequences: int, micro_batch: int) -> tuple[int, int]:
+    """(micro-batch, accumulation steps) for TRL: one generation of `sequences` makes exactly one optimizer step.
+
+    The micro-batch is the largest divisor of `sequences` that is at most `micro_batch` (the engine's
+    `grpo.micro_batch`), so both sides run forward/backward on the same number of sequences at a time.
+    """
+    micro = max(d for d in range(1, min(micro_batch, sequences) + 1) if sequences % d == 0)
+    return micro, sequences // micro
+
+
 def _informative(rewards: Sequence[float], group_size: int) -> int:
     """Groups of consecutive `group_size` rewards that do not all tie."""
     groups = [rewards[i : i + group_size] for i in range(0, len(rewards), group_size)]
@@ -195,11 +208,13 @@ def run_ours(args: argparse.Namespace, workdir: Path) -> SideResult:
         raise BenchError(f"the bench run folder {workdir} already held a checkpoint; it must start empty.")
     seconds: list[float] = []
     metrics: list[dict[str, Any]] = []
+    rss: list[int] = []
     for index in range(args.rounds):
         start = time.perf_counter()
         m = node.run_round()
         seconds.append(time.perf_counter() - start)
         metrics.append(m)
+        rss.append(peak_rss_bytes())
         log.info("ours round %d: %.1f s (%s)", index + 1, seconds[-1], _phase_text(m))
     backend = node.backend
     return SideResult(
@@ -211,6 +226,7 @@ def run_ours(args: argparse.Namespace, workdir: Path) -> SideResult:
         threads=torch.get_num_threads(),
         bf16=bool(getattr(backend, "autocast", False)),
         details={
+            "peak_rss_after_round": rss,
             "generate_seconds": [float(m["generate_seconds"]) for m in metrics],
             "train_seconds": [float(m["train_seconds"]) for m in metrics],
             "engine_seconds": [float(m["seconds"]) for m in metrics],
@@ -277,25 +293,28 @@ def run_trl(args: argparse.Namespace, workdir: Path) -> SideResult:
         def __init__(self) -> None:
             self.started = 0.0
             self.seconds: list[float] = []
+            self.rss: list[int] = []
 
         def on_step_begin(self, *_: Any, **__: Any) -> None:
             self.started = time.perf_counter()
 
         def on_step_end(self, *_: Any, **__: Any) -> None:
             self.seconds.append(time.perf_counter() - self.started)
+            self.rss.append(peak_rss_bytes())
             log.info("trl round %d: %.1f s, %.1f tokens", len(self.seconds), self.seconds[-1], lengths[-1])
 
     bf16 = bf16_supported()
-    group = args.questions * args.completions
+    micro, accumulation = trl_batching(args.questions * args.completions, args.trl_micro_batch or cfg.grpo.micro_batch)
+    log.info("trl: micro-batches of %d sequences, %d accumulated per optimizer step", micro, accumulation)
     config = GRPOConfig(
         output_dir=str(workdir / "trl"),
         use_cpu=True,
         seed=cfg.run.seed,
         max_steps=args.rounds,
         num_generations=args.completions,
-        per_device_train_batch_size=group,
-        steps_per_generation=1,
-        gradient_accumulation_steps=1,
+        per_device_train_batch_size=micro,
+        steps_per_generation=accumulation,
+        gradient_accumulation_steps=accumulation,
         shuffle_dataset=False,
         max_completion_length=args.max_new_tokens,
         temperature=TEMPERATURE,
@@ -347,7 +366,12 @@ def run_trl(args: argparse.Namespace, workdir: Path) -> SideResult:
         peak_rss_bytes=peak_rss_bytes(),
         threads=torch.get_num_threads(),
         bf16=bf16,
-        details={"reward_mean": rewards_seen},
+        details={
+            "peak_rss_after_round": timer.rss,
+            "reward_mean": rewards_seen,
+            "micro_batch": micro,
+            "gradient_accumulation_steps": accumulation,
+        },
     )
 
 
@@ -356,25 +380,9 @@ def run_trl(args: argparse.Namespace, workdir: Path) -> SideResult:
 
 def _child(side: str, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     """Run one side in a fresh interpreter and return its JSON result line."""
-    command = [
-        sys.executable,
-        "-m",
-        MODULE,
-        "--side",
-        side,
-        "--workdir",
-        str(workdir),
-        "--rounds",
-        str(args.rounds),
-        "--threads",
-        str(args.threads),
-        "--questions",
-        str(args.questions),
-        "--completions",
-        str(args.completions),
-        "--max-new-tokens",
-        str(args.max_new_tokens),
-    ]
+    command = [sys.executable, "-m", MODULE, "--side", side, "--workdir", str(workdir)]
+    for name in ("rounds", "threads", "questions", "completions", "max_new_tokens", "trl_micro_batch"):
+        command += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
     if args.full:
         command.append("--full")
     env = dict(os.environ)
@@ -492,7 +500,7 @@ def _reproduce(args: argparse.Namespace) -> str:
     parts = [".venv/bin/python -m bench.grpo_vs_trl", f"--rounds {args.rounds}"]
     if args.full:
         parts.append("--full")
-    defaults = {"questions": 8, "completions": 4, "max_new_tokens": 64}
+    defaults = {"questions": 8, "completions": 4, "max_new_tokens": 64, "trl_micro_batch": 0}
     for name, default in defaults.items():
         if getattr(args, name) != default:
             parts.append(f"--{name.replace('_', '-')} {getattr(args, name)}")
@@ -539,6 +547,16 @@ def format_report(report: dict[str, Any], ours: SideResult, trl: SideResult) -> 
             + ", ".join(f"{s:.1f}" for s in train)
             + "] s, the rest is scoring and the checkpoint"
         )
+    micro, accumulation = trl.details.get("micro_batch"), trl.details.get("gradient_accumulation_steps")
+    if micro is not None:
+        lines.append(
+            f"trl: micro-batches of {micro} sequences, {accumulation} accumulated into each optimizer step, "
+            "no gradient checkpointing"
+        )
+    rss_rounds = {r.side: r.details.get("peak_rss_after_round") for r in (ours, trl)}
+    if all(rss_rounds.values()):
+        shown = "; ".join(f"{k} [{', '.join(f'{v / 1e9:.1f}' for v in vs)}]" for k, vs in rss_rounds.items() if vs)
+        lines.append(f"peak RSS so far after each round, GB: {shown}")
     lines.append(
         f"informative groups per round (of {report['questions']}; tied groups train nothing in ours): "
         f"ours {ours.informative_groups}, trl {trl.informative_groups}"
@@ -574,6 +592,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--questions", type=int, default=8, help="questions per round")
     parser.add_argument("--completions", type=int, default=4, help="completions per question")
     parser.add_argument("--max-new-tokens", type=int, default=64, help="completion length cap, in tokens")
+    parser.add_argument(
+        "--trl-micro-batch",
+        type=int,
+        default=0,
+        metavar="N",
+        help="sequences per TRL forward/backward (0: the engine's grpo.micro_batch, as ours); "
+        "a whole round in one batch is --trl-micro-batch B*G",
+    )
     parser.add_argument("--json", type=Path, default=None, metavar="OUT", help="also write the report as JSON here")
     parser.add_argument("--side", choices=(*SIDES, "prepare"), default=None, help=argparse.SUPPRESS)
     parser.add_argument("--workdir", type=Path, default=None, help=argparse.SUPPRESS)
@@ -581,6 +607,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     for name in ("rounds", "threads", "questions", "max_new_tokens"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
+    if args.trl_micro_batch < 0:
+        parser.error("--trl-micro-batch must be 0 (as ours) or a number of sequences")
     if args.completions < 2:
         parser.error("--completions must be at least 2: GRPO compares completions")
     return args
