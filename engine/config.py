@@ -153,7 +153,7 @@ class GRPOConfig:
     adv_eps: float = _help("Added to the group std in (r - mean) / (std + eps).", 1e-4)
     pg_steps: int = _help("Policy-gradient steps per round on the same rollouts.", 1)
     micro_batch: int = _help("Most sequences per forward/backward pass (gradient accumulation).", 8)
-    micro_batch_tokens: int = _help("Most padded tokens per forward/backward pass; bounds activation memory.", 2048)
+    micro_batch_tokens: int = _help("Most padded tokens per forward/backward pass; bounds activation memory.", 1024)
     max_grad_norm: float = _help("Gradient clipping norm (0: off).", 1.0)
     weight_decay: float = _help("AdamW weight decay.", 0.0)
     finetune: str = _help("'lora' (adapters via peft) or 'full' (all weights).", "lora")

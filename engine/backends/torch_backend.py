@@ -269,7 +269,8 @@ class TorchBackend:
             extra: dict[str, Any] = {}
             if ids.shape[1] > 1:
                 prefix = self.model(
-                    input_ids=ids[:, :-1], attention_mask=mask[:, :-1], position_ids=positions[:, :-1], use_cache=True
+                    input_ids=ids[:, :-1], attention_mask=mask[:, :-1], position_ids=positions[:, :-1],
+                    use_cache=True, logits_to_keep=1,  # only the cache is wanted, not prompt logits
                 )
                 prefix.cache.batch_repeat_interleave(n)
                 extra["cache"] = prefix.cache
