@@ -203,3 +203,13 @@ def test_first_ctrl_c_stops_gracefully(tiny_model_dir: Path, tmp_path: Path) -> 
     assert proc.returncode == 130
     assert "Stopping after this step" in err and "Traceback" not in err
     assert "[stopped]" in err
+
+
+def test_export_without_a_checkpoint_says_what_to_do(tiny_model_dir: Path, tmp_path: Path) -> None:
+    out = subprocess.run(
+        node_cmd("export", tmp_path / "home", tiny_model_dir, "--out", str(tmp_path / "out")),
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )
+    assert out.returncode == 1
+    assert "no checkpoint yet" in out.stderr and "Traceback" not in out.stderr
+    assert not (tmp_path / "out").exists()
