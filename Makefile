@@ -5,8 +5,9 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.sapling-installed
-# Debian/Ubuntu packages needed to build reasoning-gym's C extensions.
-APT_PACKAGES := gcc g++ python3-dev
+# Debian/Ubuntu packages: compilers for reasoning-gym's C extensions, redis-server
+# for the shared-broker tests (started by the tests on loopback, never as a service).
+APT_PACKAGES := gcc g++ python3-dev redis-server
 
 .PHONY: run test lint typecheck pytest system-deps clean help
 

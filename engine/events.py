@@ -14,7 +14,8 @@ Event types and their required fields:
     progress    phase, done, total, round
     round       round, metrics
     eval        round, accuracy, reward_mean, questions, by_specialty
-    peers       online, received, accepted, rejected
+    peers       online, received, accepted, rejected  (+ rejected_by_reason, by_peer)
+    swarm       peer_id, name, relay, connected, message
     log         level, logger, message
     error       kind, message, fatal
     checkpoint  round, path
@@ -46,6 +47,7 @@ EVENT_FIELDS: Mapping[str, tuple[str, ...]] = {
     "round": ("round", "metrics"),
     "eval": ("round", "accuracy", "reward_mean", "questions", "by_specialty"),
     "peers": ("online", "received", "accepted", "rejected"),
+    "swarm": ("peer_id", "name", "relay", "connected", "message"),
     "log": ("level", "logger", "message"),
     "error": ("kind", "message", "fatal"),
     "checkpoint": ("round", "path"),

@@ -487,17 +487,35 @@ class TaskSet:
     def draw(self, round_index: int, n: int) -> list[Question]:
         """n training questions for a round; the same (seed, round, n) always gives the same list.
 
-        Slot s of round r picks its specialty by weight with an RNG seeded from a stable
-        hash of (seed, r, s), and takes index r * MAX_DRAW_SIZE + s, so no two rounds
-        share an index whatever n is.
+        The specialties are drawn by systematic (stratified) sampling: slot s takes the
+        specialty at position (u + s) / n of the cumulative weights, with u drawn from a
+        stable hash of (seed, round). Every round then holds each specialty within one
+        slot of its weighted share, so round rewards are comparable across rounds
+        instead of swinging with the mix (docs/results.md). Slot s takes index
+        r * MAX_DRAW_SIZE + s, so no two rounds share an index whatever n is.
         """
         _check_whole("number of questions to draw", n, MAX_DRAW_SIZE)
         last_round = (MAX_TASK_INDEX - 1) // MAX_DRAW_SIZE - 1
         _check_whole("round index", round_index, last_round)
-        questions = []
+        if n == 0:
+            return []
+        rng = random.Random(_stable_seed("draw", self.seed, round_index))
+        total = sum(self._weights)
+        offset = rng.random()
+        names = []
         for slot in range(n):
-            rng = random.Random(_stable_seed("draw", self.seed, round_index, slot))
-            name = rng.choices(self._specialties, weights=self._weights)[0]
+            target = (offset + slot) / n * total
+            acc = 0.0
+            pick = self._specialties[-1]
+            for name, weight in zip(self._specialties, self._weights, strict=True):
+                acc += weight
+                if target < acc:
+                    pick = name
+                    break
+            names.append(pick)
+        rng.shuffle(names)
+        questions = []
+        for slot, name in enumerate(names):
             ref = TaskRef(name, self._configs[name], self.seed, round_index * MAX_DRAW_SIZE + slot)
             questions.append(self.rebuild(ref))
         return questions

@@ -243,6 +243,15 @@ def test_draw_follows_the_weights() -> None:
     assert 0.65 < seen["bf"] / 400 < 0.85
 
 
+def test_every_round_holds_each_specialty_within_one_of_its_share() -> None:
+    weights = {"bf": 3.0, "basic_arithmetic": 1.0, "calendar_arithmetic": 4.0}
+    ts = TaskSet(weights)
+    for r in range(30):
+        seen = Counter(q.ref.dataset for q in ts.draw(r, 8))
+        for name, weight in weights.items():
+            assert abs(seen[name] - 8 * weight / 8.0) < 1.0 + 1e-9, (r, seen)
+
+
 def test_draw_uses_the_merged_config() -> None:
     ts = TaskSet({"basic_arithmetic": 1.0}, configs={"basic_arithmetic": {"max_terms": 3}})
     config = dict(ts.draw(1, 1)[0].ref.config)
