@@ -207,7 +207,47 @@ class RunConfig:
         _positive_int(s, "keep_checkpoints", self.keep_checkpoints, 1000)
 
 
-SECTIONS: dict[str, type] = {"model": ModelConfig, "tasks": TaskConfig, "grpo": GRPOConfig, "run": RunConfig}
+@dataclass
+class SwarmConfig:
+    mode: str = _help(
+        "'embedded' (start a relay in this process that local nodes can join), 'relay' (join relay_url) or 'solo'.",
+        "embedded",
+    )
+    relay_url: str = _help("Relay websocket URL for mode 'relay', e.g. ws://relay.example:8765/ws or an invite.", "")
+    join_token: str = _help("Join token of a private swarm (empty for an open swarm).", "")
+    embedded_host: str = _help("Address the embedded relay listens on ('127.0.0.1': this computer only).", "127.0.0.1")
+    embedded_port: int = _help("Port of the embedded relay (0: pick a free one).", 8765)
+    local_groups: int = _help(
+        "I: own rollouts (a question with its G completions) in each round's training batch, at most tasks.questions_per_round.",
+        4,
+    )
+    external_groups: int = _help("J: rollouts sampled from the swarm for each round's training batch (0: solo).", 4)
+
+    def __post_init__(self) -> None:
+        s = "swarm"
+        _choice(s, "mode", self.mode, ("embedded", "relay", "solo"))
+        if not isinstance(self.relay_url, str) or len(self.relay_url) > 2048:
+            raise ConfigError(f"{s}.relay_url must be a ws:// or wss:// URL (or an invite), got {self.relay_url!r}.")
+        if self.mode == "relay" and not self.relay_url.strip():
+            raise ConfigError(f"{s}.relay_url must be set when swarm.mode is 'relay'.")
+        if not isinstance(self.join_token, str) or len(self.join_token) > 256:
+            raise ConfigError(f"{s}.join_token must be a string of at most 256 characters.")
+        if not isinstance(self.embedded_host, str) or not self.embedded_host:
+            raise ConfigError(f"{s}.embedded_host must be an address such as 127.0.0.1.")
+        if isinstance(self.embedded_port, bool) or not isinstance(self.embedded_port, int) or not 0 <= self.embedded_port <= 65535:
+            raise ConfigError(f"{s}.embedded_port must be a port number from 0 to 65535, got {self.embedded_port!r}.")
+        _positive_int(s, "local_groups", self.local_groups, 256)
+        if isinstance(self.external_groups, bool) or not isinstance(self.external_groups, int) or not 0 <= self.external_groups <= 256:
+            raise ConfigError(f"{s}.external_groups must be a whole number from 0 (solo) to 256, got {self.external_groups!r}.")
+
+
+SECTIONS: dict[str, type] = {
+    "model": ModelConfig,
+    "tasks": TaskConfig,
+    "grpo": GRPOConfig,
+    "run": RunConfig,
+    "swarm": SwarmConfig,
+}
 
 PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     # Fits a CPU laptop: about 20 s a round on 2 cores, under 4 GB of memory.
@@ -230,6 +270,7 @@ class NodeConfig:
     tasks: TaskConfig = field(default_factory=TaskConfig)
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
     run: RunConfig = field(default_factory=RunConfig)
+    swarm: SwarmConfig = field(default_factory=SwarmConfig)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
