@@ -45,6 +45,8 @@ def _common(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--seed", type=int, help="node seed (run.seed)")
     g.add_argument("--rounds", type=int, help="stop after this round number; 0 trains until stopped (run.max_rounds)")
     g.add_argument("--threads", type=int, help="CPU threads, 0 for all (run.threads)")
+    g.add_argument("--relay", metavar="URL", help="join this relay (ws://host:port/ws, or an invite with ?token=) (swarm.mode=relay)")
+    g.add_argument("--solo", action="store_true", default=None, help="train alone, share nothing (swarm.mode=solo)")
     parser.add_argument("-v", "--verbose", action="store_true", help="show debug logs")
 
 
@@ -72,6 +74,10 @@ def config_from_args(args: argparse.Namespace, paths: Paths) -> NodeConfig:
         value = getattr(args, attr)
         if value is not None:
             overrides.append(f"{key}={value}" if isinstance(value, int) else f"{key}={_quote(str(value))}")
+    if getattr(args, "relay", None):
+        overrides += ["swarm.mode=relay", f"swarm.relay_url={_quote(args.relay)}"]
+    if getattr(args, "solo", None):
+        overrides.append("swarm.mode=solo")
     toml_path = args.config if args.config is not None else paths.config_file
     if args.config is not None and not args.config.is_file():
         raise ConfigError(f"Config file {args.config} does not exist.")
@@ -147,6 +153,17 @@ class TerminalView:
                 f"({event['questions']} questions, greedy pass@1) | reward {event['reward_mean']:.3f}",
                 file=sys.stdout,
             )
+        elif kind == "swarm":
+            self._close_bar()
+            self._tqdm.write(f"[swarm] {event['name']} ({event['peer_id'][:8]}): {event['message']}", file=sys.stderr)
+        elif kind == "peers":
+            self._close_bar()
+            reasons = ", ".join(f"{k} {v}" for k, v in sorted(event.get("rejected_by_reason", {}).items()))
+            self._tqdm.write(
+                f"[swarm] {event['online']} peers online | received {event['received']} | accepted {event['accepted']} "
+                f"| rejected {event['rejected']}" + (f" ({reasons})" if reasons else ""),
+                file=sys.stderr,
+            )
         elif kind == "status":
             self._close_bar()
             self._tqdm.write(f"[{event['state']}] {event['message']}", file=sys.stderr)
@@ -178,9 +195,16 @@ def cmd_run(args: argparse.Namespace, paths: Paths, config: NodeConfig) -> int:
 
     signal.signal(signal.SIGINT, on_sigint)
     signal.signal(signal.SIGTERM, lambda s, f: control.stop())
-    node = Node(config, paths, TerminalView(), control,
-                reload_config=lambda: config_from_args(args, paths))
-    node.run()
+    from engine.exchange import open_swarm
+
+    view = TerminalView()
+    swarm = open_swarm(config, paths.identity_file, view)
+    try:
+        node = Node(config, paths, view, control, exchange=swarm.exchange,
+                    reload_config=lambda: config_from_args(args, paths))
+        node.run()
+    finally:
+        swarm.close()
     return EXIT_INTERRUPTED if interrupts[0] else 0
 
 

@@ -55,6 +55,10 @@ class Paths:
         return self.cache_dir / "models"
 
     @property
+    def identity_file(self) -> Path:
+        return self.data_dir / "identity.key"
+
+    @property
     def exports_dir(self) -> Path:
         return self.data_dir / "exports"
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import random
 import threading
 import time
 from collections import Counter, defaultdict
@@ -93,8 +94,15 @@ class RolloutExchange(Protocol):
 
     def publish(self, round_index: int, groups: Sequence[Group]) -> None: ...
 
-    def sample(self, round_index: int, n: int, taskset: TaskSet, backend: PolicyBackend) -> list[Group]:
-        """Up to n external groups, verified and re-scored by this node."""
+    def sample(
+        self, round_index: int, n: int, taskset: TaskSet, backend: PolicyBackend, config: NodeConfig,
+        local: Sequence[Group] = (),
+    ) -> list[Group]:
+        """Up to n external groups, verified and re-scored by this node (never repeating a local question)."""
+        ...
+
+    def report(self) -> dict[str, Any]:
+        """This round's swarm figures (received, accepted, rejected by reason, per peer)."""
         ...
 
 
@@ -277,13 +285,20 @@ class Node:
             groups.append(Group(question, prompt, own, rewards, group_advantages(rewards, cfg.grpo.adv_eps)))
             scoring(i + 1, len(questions))
 
+        # SAPO's mix: I of this node's groups and J verified groups from the swarm.
+        mine = groups
+        if cfg.swarm.local_groups < len(groups):
+            pick = random.Random(derive_seed(cfg.run.seed, round_index, 1)).sample(range(len(groups)), cfg.swarm.local_groups)
+            mine = [groups[i] for i in sorted(pick)]
         external: list[Group] = []
         if self.exchange is not None:
             self.exchange.publish(round_index, groups)
-            external = self.exchange.sample(round_index, cfg.tasks.questions_per_round, self.taskset, backend)
+            external = self.exchange.sample(
+                round_index, cfg.swarm.external_groups, self.taskset, backend, cfg, local=groups
+            )
 
         t1 = time.perf_counter()
-        stats = backend.train(train_items(groups + external), self._training_step)
+        stats = backend.train(train_items(mine + external), self._training_step)
         train_seconds = time.perf_counter() - t1
         self.progress("checkpointing", 0, 1)
         self.round = round_index
@@ -332,6 +347,7 @@ class Node:
             "seconds": seconds,
             "rss_bytes": _rss_bytes(),
             **{k: v for k, v in stats.items()},
+            **({"swarm": self.exchange.report()} if self.exchange is not None else {}),
         }
 
     def evaluate(self) -> dict[str, Any]:

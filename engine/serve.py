@@ -100,14 +100,20 @@ def serve(args: argparse.Namespace, paths: Paths) -> int:
     setup_logging(paths, args.verbose, EventLogHandler(emit))
     try:
         config = config_from_args(args, paths)
+        from engine.exchange import open_swarm
         from engine.sapo import Control, Node
 
         control = Control()
+        reader = threading.Thread(target=read_commands, args=(sys.stdin, control, emit), daemon=True, name="commands")
         node = Node(config, paths, emit, control, reload_config=lambda: config_from_args(args, paths))
         node.status("starting", "Engine started.")
-        reader = threading.Thread(target=read_commands, args=(sys.stdin, control, emit), daemon=True, name="commands")
-        reader.start()
-        node.run()
+        swarm = open_swarm(config, paths.identity_file, emit)
+        try:
+            node.exchange = swarm.exchange
+            reader.start()
+            node.run()
+        finally:
+            swarm.close()
         return 0
     except SaplingError as exc:
         emit(make_event("error", kind=type(exc).__name__, message=str(exc), fatal=True))

@@ -21,6 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 FAST = [
     "--set", "tasks.questions_per_round=2", "--set", "tasks.completions_per_question=2",
     "--set", "tasks.max_new_tokens=8", "--set", "tasks.eval_every=0", "--device", "cpu", "--threads", "1",
+    "--set", "swarm.embedded_port=0",
 ]
 
 

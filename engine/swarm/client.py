@@ -1,0 +1,249 @@
+"""The node's side of the relay link, on a background thread with its own event loop.
+
+The training loop is synchronous; it calls `publish` after each round and
+`sample` before training. Both return promptly: when the relay is down,
+`publish` drops the batch and `sample` returns nothing, so the node trains
+solo and says so. The connection is kept up in the background, reconnecting
+with exponential backoff and full jitter, and resumes by itself. Sequence
+numbers are at least the current time in milliseconds, so they keep rising
+across reconnects and restarts without being stored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import random
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from engine.swarm import protocol as p
+from engine.swarm.identity import Identity
+
+log = logging.getLogger(__name__)
+
+BACKOFF_START_S = 0.5
+BACKOFF_CAP_S = 30.0
+CONNECT_TIMEOUT_S = 10.0
+SOFTWARE = "sapling/0.1"
+
+
+@dataclass
+class LinkState:
+    """What the node shows about its relay link."""
+
+    connected: bool = False
+    online: int = 0
+    window: int = 0
+    last_error: str = ""
+    since: float = field(default_factory=time.time)  # when `connected` last changed
+    published: int = 0
+    publish_errors: Counter[str] = field(default_factory=Counter)
+
+
+class SwarmClient:
+    def __init__(
+        self,
+        url: str,
+        identity: Identity,
+        token: str = "",
+        on_change: Callable[[LinkState], None] | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.url = url
+        self.identity = identity
+        self.token = token
+        self.on_change = on_change
+        self.state = LinkState()
+        self._rng = rng or random.Random()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run, name="swarm-client", daemon=True)
+        self._ws: aiohttp.ClientWebSocketResponse | None = None
+        self._pending: dict[int, asyncio.Future[list[p.Signed]]] = {}
+        self._ids = itertools.count(1)
+        self._seq = 0
+        self._stop = threading.Event()
+        self._task: Future[None] | None = None
+        self._main: asyncio.Task[None] | None = None
+        self._fatal_code = ""
+
+    # -- lifecycle ----------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread.start()
+        self._task = asyncio.run_coroutine_threadsafe(self._main_task(), self._loop)
+
+    async def _main_task(self) -> None:
+        self._main = asyncio.current_task()
+        await self._connect_forever()
+
+    async def _shutdown(self) -> None:
+        if self._main is not None:
+            self._main.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._main
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        self._loop.run_forever()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._loop.is_running():
+            with contextlib.suppress(Exception):
+                asyncio.run_coroutine_threadsafe(self._shutdown(), self._loop).result(timeout=10)
+            self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)
+        if not self._thread.is_alive() and not self._loop.is_closed():
+            self._loop.close()
+
+    def wait_connected(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.state.connected:
+                return True
+            time.sleep(0.05)
+        return self.state.connected
+
+    def _set(self, **changes: Any) -> None:
+        was = self.state.connected
+        for key, value in changes.items():
+            setattr(self.state, key, value)
+        if "connected" in changes and changes["connected"] != was:
+            self.state.since = time.time()
+            if self.on_change is not None:
+                try:
+                    self.on_change(self.state)
+                except Exception:  # a listener's bug must not kill the link
+                    log.exception("swarm state listener failed")
+
+    async def _connect_forever(self) -> None:
+        attempt = 0
+        async with aiohttp.ClientSession() as session:
+            while not self._stop.is_set():
+                try:
+                    await self._session(session)
+                    attempt = 0  # a clean session that ended: start the backoff again
+                except asyncio.CancelledError:
+                    raise
+                except (aiohttp.ClientError, OSError, TimeoutError, p.ProtocolError, ConnectionError) as exc:
+                    self._set(connected=False, last_error=str(exc) or type(exc).__name__)
+                finally:
+                    self._ws = None
+                    for future in self._pending.values():
+                        if not future.done():
+                            future.set_result([])
+                    self._pending.clear()
+                if self._stop.is_set():
+                    break
+                if self.state.connected:
+                    self._set(connected=False)
+                delay = self._rng.uniform(0, min(BACKOFF_CAP_S, BACKOFF_START_S * 2**attempt))
+                if self._fatal_code in (p.E_BANNED, p.E_FORBIDDEN):
+                    delay = max(delay, BACKOFF_CAP_S)  # refused on purpose: retry rarely
+                attempt = min(attempt + 1, 16)
+                log.debug("relay link down (%s); retrying in %.1f s", self.state.last_error, delay)
+                await asyncio.sleep(delay)
+
+    async def _session(self, session: aiohttp.ClientSession) -> None:
+        async with session.ws_connect(
+            self.url, heartbeat=p.HEARTBEAT_S, max_msg_size=p.MAX_RESPONSE_BYTES,
+            timeout=aiohttp.ClientWSTimeout(ws_close=5.0), autoping=True,
+        ) as ws:
+            first = await asyncio.wait_for(ws.receive(), timeout=CONNECT_TIMEOUT_S)
+            if first.type != aiohttp.WSMsgType.TEXT:
+                raise ConnectionError("relay closed before its challenge")
+            challenge = p.decode_relay(first.data)
+            if challenge["type"] != "challenge":
+                raise p.ProtocolError(p.E_AUTH, f"expected a challenge, got {challenge['type']}")
+            payload = p.hello_payload(self.identity.public_key, challenge["nonce"], time.time(), self.token, SOFTWARE)
+            await ws.send_str(p.encode(p.msg_hello(self.identity.signed(payload))))
+            welcome = p.decode_relay((await asyncio.wait_for(ws.receive(), timeout=CONNECT_TIMEOUT_S)).data)
+            if welcome["type"] == "error":
+                self._fatal_code = welcome["code"]
+                raise ConnectionError(f"relay refused the handshake: {welcome['code']}: {welcome['message']}")
+            if welcome["type"] != "welcome":
+                raise p.ProtocolError(p.E_AUTH, f"expected a welcome, got {welcome['type']}")
+            self._fatal_code = ""
+            self._ws = ws
+            self._set(connected=True, online=welcome["online"], last_error="")
+            log.info("joined the swarm at %s as %s (%d peers online)", self.url, self.identity.name, welcome["online"])
+            async for msg in ws:
+                if msg.type != aiohttp.WSMsgType.TEXT:
+                    break
+                try:
+                    self._dispatch(p.decode_relay(msg.data))
+                except p.ProtocolError as exc:
+                    log.warning("ignored a bad message from the relay: %s", exc)
+            reason = ws.close_code
+            raise ConnectionError(f"relay closed the connection (code {reason})")
+
+    def _dispatch(self, msg: dict[str, Any]) -> None:
+        type_ = msg["type"]
+        if type_ == "batches":
+            future = self._pending.pop(msg["id"], None)
+            if future is not None and not future.done():
+                future.set_result(msg["batches"])
+        elif type_ == "stats":
+            self._set(online=msg["online"], window=msg["window"])
+        elif type_ == "published":
+            self.state.published += 1
+        elif type_ == "error":
+            self.state.publish_errors[msg["code"]] += 1
+            log.warning("relay error %s: %s", msg["code"], msg["message"])
+            future = self._pending.pop(msg["id"], None) if msg.get("id") is not None else None
+            if future is not None and not future.done():
+                future.set_result([])
+            if msg["code"] in p.FATAL_CODES:
+                self._fatal_code = msg["code"]
+
+    # -- what the node calls (any thread) ------------------------------------------------
+    def next_seq(self) -> int:
+        self._seq = max(self._seq + 1, int(time.time() * 1000))
+        return self._seq
+
+    def publish(self, payload: str) -> bool:
+        """Sign and send a batch payload; False when the relay is not connected."""
+        ws = self._ws
+        if ws is None or not self.state.connected:
+            return False
+        message = p.encode(p.msg_publish(self.identity.signed(payload)))
+        future = asyncio.run_coroutine_threadsafe(ws.send_str(message), self._loop)
+        try:
+            future.result(timeout=CONNECT_TIMEOUT_S)
+        except (FutureTimeout, ConnectionError, RuntimeError, aiohttp.ClientError) as exc:
+            self._set(last_error=f"publish failed: {exc}")
+            return False
+        return True
+
+    def sample(self, n: int, timeout: float = 10.0) -> list[p.Signed]:
+        """Up to n batches from other peers, unverified; [] when the relay is down or slow."""
+        ws = self._ws
+        if ws is None or not self.state.connected or n <= 0:
+            return []
+        n = min(n, p.MAX_SAMPLE_BATCHES)
+
+        async def ask() -> list[p.Signed]:
+            request_id = next(self._ids)
+            future: asyncio.Future[list[p.Signed]] = self._loop.create_future()
+            self._pending[request_id] = future
+            try:
+                await ws.send_str(p.encode(p.msg_sample(request_id, n)))
+                return await asyncio.wait_for(future, timeout)
+            finally:
+                self._pending.pop(request_id, None)
+
+        try:
+            return asyncio.run_coroutine_threadsafe(ask(), self._loop).result(timeout=timeout + 1)
+        except (FutureTimeout, TimeoutError, ConnectionError, RuntimeError, aiohttp.ClientError) as exc:
+            self._set(last_error=f"sample failed: {exc}")
+            return []

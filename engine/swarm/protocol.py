@@ -1,0 +1,449 @@
+"""The swarm wire protocol, version 1: message shapes, limits and validation.
+
+Pure code: no I/O, no crypto, no training. Every message is one JSON object
+in one websocket text frame, with ``type`` and ``v``. Signed content travels
+as a JSON *string* (``payload``) next to its Ed25519 signature (``sig``), so
+every receiver verifies the exact bytes that were signed and parses them
+only afterwards. The full description, written so that a compatible client
+can be built from it alone, is docs/protocol.md.
+
+Decoding never raises anything but `ProtocolError`, whose ``code`` is one of
+the ``E_*`` constants; the relay sends that code back in an ``error`` message.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import json
+import math
+from dataclasses import dataclass
+from typing import Any
+
+VERSION = 1
+
+# -- limits (every one is part of the protocol; docs/protocol.md lists them) ----------------
+MAX_FRAME_BYTES = 256 * 1024  # one client->relay websocket message
+MAX_PAYLOAD_CHARS = 240 * 1024  # the signed payload string inside a publish
+MAX_ITEMS_PER_BATCH = 16  # question groups in one publish
+MAX_COMPLETIONS_PER_ITEM = 16  # completions per question group
+MAX_COMPLETION_CHARS = 8192  # characters in one completion
+MAX_QUESTION_CHARS = 8192  # characters in one question text
+MAX_TASK_KEYS = 8  # keys in an item's task reference object
+MAX_TASK_CHARS = 4096  # the task reference, serialized
+MAX_MODEL_CHARS = 128  # the sender's model label
+MAX_SOFTWARE_CHARS = 64  # the client's software label in the handshake
+MAX_TOKEN_CHARS = 256  # a private swarm's join token
+MAX_SAMPLE_BATCHES = 16  # batches one sample request may ask for
+MAX_REQUEST_ID = 2**53 - 1  # request ids and sequence numbers fit a JSON double exactly
+MAX_SEQ = 2**53 - 1
+NONCE_BYTES = 32  # handshake challenge
+PUBLIC_KEY_BYTES = 32  # raw Ed25519 public key
+SIGNATURE_BYTES = 64  # raw Ed25519 signature
+TIMESTAMP_WINDOW_S = 300.0  # a publish or hello more than this far from the receiver's clock is stale
+HANDSHAKE_TIMEOUT_S = 10.0  # the relay closes a connection that has not said hello by then
+HEARTBEAT_S = 20.0  # websocket ping interval; a peer silent for 2 intervals is dropped
+MAX_RESPONSE_BYTES = MAX_SAMPLE_BATCHES * (MAX_FRAME_BYTES + 512) + 4096  # one relay->client message
+PEER_ID_HEX = 20  # characters of sha256(public key) that name a peer
+# Defaults of relay-side limits (the relay's flags can change them).
+DEFAULT_RATE_PER_S = 2.0  # requests (publish + sample) per peer per second, token-bucket refill
+DEFAULT_BURST = 10.0  # token-bucket capacity
+DEFAULT_MAX_CONN_PER_IP = 16
+DEFAULT_WINDOW_BATCHES = 1024  # recent batches the relay keeps for sampling
+DEFAULT_SEND_QUEUE = 32  # messages queued to one connection before it counts as a slow consumer
+
+# -- error codes ---------------------------------------------------------------------------
+E_BAD_JSON = "bad_json"
+E_BAD_SCHEMA = "bad_schema"
+E_VERSION = "unsupported_version"
+E_TOO_LARGE = "too_large"
+E_TOO_MANY_ITEMS = "too_many_items"
+E_TOO_LONG = "completion_too_long"
+E_BAD_SIGNATURE = "bad_signature"
+E_REPLAY = "replayed_sequence"
+E_STALE = "stale_timestamp"
+E_RATE = "rate_limited"
+E_AUTH = "not_authenticated"
+E_FORBIDDEN = "forbidden"
+E_BANNED = "banned"
+E_CONN_LIMIT = "too_many_connections"
+E_SLOW = "slow_consumer"
+E_SHUTDOWN = "shutting_down"
+E_INTERNAL = "internal"
+ERROR_CODES = (
+    E_BAD_JSON, E_BAD_SCHEMA, E_VERSION, E_TOO_LARGE, E_TOO_MANY_ITEMS, E_TOO_LONG, E_BAD_SIGNATURE,
+    E_REPLAY, E_STALE, E_RATE, E_AUTH, E_FORBIDDEN, E_BANNED, E_CONN_LIMIT, E_SLOW, E_SHUTDOWN, E_INTERNAL,
+)
+# Codes after which the relay closes the connection (the rest only reject one message).
+FATAL_CODES = frozenset({E_VERSION, E_AUTH, E_FORBIDDEN, E_BANNED, E_CONN_LIMIT, E_SLOW, E_SHUTDOWN})
+
+CLIENT_TYPES = ("hello", "publish", "sample", "stats")
+RELAY_TYPES = ("challenge", "welcome", "published", "batches", "stats", "error")
+
+
+class ProtocolError(Exception):
+    """A message that breaks the protocol; ``code`` is one of ERROR_CODES."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+    def __str__(self) -> str:
+        return f"{self.code}: {self.message}"
+
+
+# -- small checks ----------------------------------------------------------------------------
+def _fail(code: str, message: str) -> ProtocolError:
+    return ProtocolError(code, message)
+
+
+def _str(obj: dict[str, Any], key: str, limit: int, *, code: str = E_BAD_SCHEMA, allow_empty: bool = True) -> str:
+    value = obj.get(key)
+    if not isinstance(value, str):
+        raise _fail(E_BAD_SCHEMA, f"'{key}' must be a string")
+    if len(value) > limit:
+        raise _fail(code, f"'{key}' is longer than {limit} characters")
+    if not allow_empty and not value:
+        raise _fail(E_BAD_SCHEMA, f"'{key}' must not be empty")
+    _check_unicode(value, key)
+    return value
+
+
+def _check_unicode(value: str, what: str) -> None:
+    """JSON escapes can smuggle lone surrogates, which no tokenizer or UTF-8 encoder accepts."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise _fail(E_BAD_SCHEMA, f"'{what}' is not valid Unicode text") from exc
+
+
+def _int(obj: dict[str, Any], key: str, low: int, high: int) -> int:
+    value = obj.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise _fail(E_BAD_SCHEMA, f"'{key}' must be a whole number from {low} to {high}")
+    return value
+
+
+def _float(obj: dict[str, Any], key: str) -> float:
+    value = obj.get(key)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise _fail(E_BAD_SCHEMA, f"'{key}' must be a finite number")
+    return float(value)
+
+
+def _b64(obj: dict[str, Any], key: str, size: int) -> bytes:
+    text = _str(obj, key, 4 * size)
+    try:
+        raw = base64.b64decode(text.encode("ascii"), validate=True)
+    except (binascii.Error, UnicodeEncodeError, ValueError) as exc:
+        raise _fail(E_BAD_SCHEMA, f"'{key}' is not base64") from exc
+    if len(raw) != size:
+        raise _fail(E_BAD_SCHEMA, f"'{key}' must decode to {size} bytes")
+    return raw
+
+
+def _hex(obj: dict[str, Any], key: str, size: int) -> str:
+    text = _str(obj, key, 2 * size)
+    if len(text) != 2 * size or any(c not in "0123456789abcdef" for c in text):
+        raise _fail(E_BAD_SCHEMA, f"'{key}' must be {2 * size} lowercase hex characters")
+    return text
+
+
+def b64encode(raw: bytes) -> str:
+    return base64.b64encode(raw).decode("ascii")
+
+
+def peer_id(public_key: bytes) -> str:
+    """A peer's id: the first PEER_ID_HEX hex characters of sha256(raw public key)."""
+    return hashlib.sha256(public_key).hexdigest()[:PEER_ID_HEX]
+
+
+def encode(message: dict[str, Any]) -> str:
+    """Compact JSON for one frame (no NaN, no infinities)."""
+    return json.dumps(message, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def _reject_constant(name: str) -> None:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def _loads(text: str | bytes, limit: int) -> Any:
+    if isinstance(text, (bytes, bytearray)):
+        if len(text) > limit:
+            raise _fail(E_TOO_LARGE, f"message is larger than {limit} bytes")
+        try:
+            text = bytes(text).decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise _fail(E_BAD_JSON, "message is not UTF-8") from exc
+    if not isinstance(text, str):
+        raise _fail(E_BAD_JSON, "message is not text")
+    if len(text) > limit or len(text.encode("utf-8", "surrogatepass")) > limit:
+        raise _fail(E_TOO_LARGE, f"message is larger than {limit} bytes")
+    try:
+        return json.loads(text, parse_constant=_reject_constant)
+    except (ValueError, RecursionError) as exc:
+        raise _fail(E_BAD_JSON, f"message is not JSON: {str(exc)[:120]}") from exc
+
+
+def _envelope(text: str | bytes, limit: int, allowed: tuple[str, ...]) -> dict[str, Any]:
+    obj = _loads(text, limit)
+    if not isinstance(obj, dict):
+        raise _fail(E_BAD_SCHEMA, "message must be a JSON object")
+    v = obj.get("v")
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise _fail(E_BAD_SCHEMA, "message has no integer 'v'")
+    if v != VERSION:
+        raise _fail(E_VERSION, f"protocol version {v} is not supported; this side speaks {VERSION}")
+    type_ = obj.get("type")
+    if type_ not in allowed:
+        raise _fail(E_BAD_SCHEMA, f"unknown message type {str(type_)[:40]!r}; expected one of {', '.join(allowed)}")
+    return obj
+
+
+# -- signed payloads --------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Item:
+    """One question group as shared: the task reference, its text and the sender's completions."""
+
+    task: dict[str, Any]
+    question: str
+    completions: tuple[str, ...]
+    rewards: tuple[float | None, ...]  # the sender's own scores: information only, never trusted
+
+
+@dataclass(frozen=True)
+class Batch:
+    """A verified-shape publish payload (the signature is checked separately)."""
+
+    key: bytes  # raw Ed25519 public key of the sender
+    seq: int
+    ts: float
+    model: str
+    items: tuple[Item, ...]
+
+    @property
+    def peer(self) -> str:
+        return peer_id(self.key)
+
+
+@dataclass(frozen=True)
+class Hello:
+    key: bytes
+    nonce: str
+    ts: float
+    token: str
+    software: str
+
+    @property
+    def peer(self) -> str:
+        return peer_id(self.key)
+
+
+def _payload_object(payload: str, kind: str) -> dict[str, Any]:
+    obj = _loads(payload, MAX_PAYLOAD_CHARS)
+    if not isinstance(obj, dict):
+        raise _fail(E_BAD_SCHEMA, "payload must be a JSON object")
+    if obj.get("kind") != kind:
+        raise _fail(E_BAD_SCHEMA, f"payload kind must be {kind!r}")
+    return obj
+
+
+def _item(raw: object, index: int) -> Item:
+    if not isinstance(raw, dict):
+        raise _fail(E_BAD_SCHEMA, f"item {index} must be an object")
+    task = raw.get("task")
+    if not isinstance(task, dict) or len(task) > MAX_TASK_KEYS:
+        raise _fail(E_BAD_SCHEMA, f"item {index}: 'task' must be an object of at most {MAX_TASK_KEYS} keys")
+    try:
+        task_chars = len(encode(task).encode("utf-8"))
+    except (UnicodeEncodeError, ValueError) as exc:
+        raise _fail(E_BAD_SCHEMA, f"item {index}: 'task' is not valid text") from exc
+    if task_chars > MAX_TASK_CHARS:
+        raise _fail(E_TOO_LARGE, f"item {index}: 'task' is longer than {MAX_TASK_CHARS} characters")
+    question = _str(raw, "question", MAX_QUESTION_CHARS, code=E_TOO_LARGE)
+    completions = raw.get("completions")
+    if not isinstance(completions, list) or not completions:
+        raise _fail(E_BAD_SCHEMA, f"item {index}: 'completions' must be a non-empty list")
+    if len(completions) > MAX_COMPLETIONS_PER_ITEM:
+        raise _fail(E_TOO_MANY_ITEMS, f"item {index} has more than {MAX_COMPLETIONS_PER_ITEM} completions")
+    for text in completions:
+        if not isinstance(text, str):
+            raise _fail(E_BAD_SCHEMA, f"item {index}: every completion must be a string")
+        if len(text) > MAX_COMPLETION_CHARS:
+            raise _fail(E_TOO_LONG, f"item {index}: a completion is longer than {MAX_COMPLETION_CHARS} characters")
+        _check_unicode(text, f"item {index} completion")
+    rewards = raw.get("rewards")
+    if not isinstance(rewards, list) or len(rewards) != len(completions):
+        raise _fail(E_BAD_SCHEMA, f"item {index}: 'rewards' must list one number or null per completion")
+    for r in rewards:
+        if r is not None and (isinstance(r, bool) or not isinstance(r, (int, float)) or not math.isfinite(r)):
+            raise _fail(E_BAD_SCHEMA, f"item {index}: rewards must be finite numbers or null")
+    return Item(dict(task), question, tuple(completions), tuple(None if r is None else float(r) for r in rewards))
+
+
+def decode_batch(payload: str) -> Batch:
+    """Parse and check a publish payload string (signature not checked here)."""
+    obj = _payload_object(payload, "batch")
+    key = _b64(obj, "key", PUBLIC_KEY_BYTES)
+    seq = _int(obj, "seq", 1, MAX_SEQ)
+    ts = _float(obj, "ts")
+    model = _str(obj, "model", MAX_MODEL_CHARS)
+    items = obj.get("items")
+    if not isinstance(items, list) or not items:
+        raise _fail(E_BAD_SCHEMA, "'items' must be a non-empty list")
+    if len(items) > MAX_ITEMS_PER_BATCH:
+        raise _fail(E_TOO_MANY_ITEMS, f"a batch holds at most {MAX_ITEMS_PER_BATCH} items, got {len(items)}")
+    return Batch(key, seq, ts, model, tuple(_item(raw, i) for i, raw in enumerate(items)))
+
+
+def batch_payload(key: bytes, seq: int, ts: float, model: str, items: list[Item]) -> str:
+    """The payload string a node signs and publishes; checked against the limits before it leaves."""
+    payload = encode({
+        "kind": "batch",
+        "key": b64encode(key),
+        "seq": seq,
+        "ts": ts,
+        "model": model[:MAX_MODEL_CHARS],
+        "items": [
+            {"task": it.task, "question": it.question, "completions": list(it.completions), "rewards": list(it.rewards)}
+            for it in items
+        ],
+    })
+    decode_batch(payload)
+    return payload
+
+
+def decode_hello_payload(payload: str) -> Hello:
+    obj = _payload_object(payload, "hello")
+    return Hello(
+        key=_b64(obj, "key", PUBLIC_KEY_BYTES),
+        nonce=_hex(obj, "nonce", NONCE_BYTES),
+        ts=_float(obj, "ts"),
+        token=_str(obj, "token", MAX_TOKEN_CHARS),
+        software=_str(obj, "software", MAX_SOFTWARE_CHARS),
+    )
+
+
+def hello_payload(key: bytes, nonce: str, ts: float, token: str, software: str) -> str:
+    return encode({"kind": "hello", "key": b64encode(key), "nonce": nonce, "ts": ts, "token": token, "software": software})
+
+
+def check_timestamp(ts: float, now: float) -> None:
+    if abs(ts - now) > TIMESTAMP_WINDOW_S:
+        raise _fail(E_STALE, f"timestamp is {ts - now:+.0f} s from this side's clock (window ±{TIMESTAMP_WINDOW_S:.0f} s)")
+
+
+# -- messages -----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Signed:
+    """A payload string and the signature over its UTF-8 bytes."""
+
+    payload: str
+    sig: bytes
+
+    def to_json(self) -> dict[str, str]:
+        return {"payload": self.payload, "sig": b64encode(self.sig)}
+
+
+def _signed(obj: dict[str, Any]) -> Signed:
+    payload = _str(obj, "payload", MAX_PAYLOAD_CHARS, code=E_TOO_LARGE)
+    return Signed(payload, _b64(obj, "sig", SIGNATURE_BYTES))
+
+
+def decode_client(text: str | bytes) -> dict[str, Any]:
+    """A client->relay message, its shape checked. Signed parts come back as `Signed` under 'signed'."""
+    obj = _envelope(text, MAX_FRAME_BYTES, CLIENT_TYPES)
+    type_ = obj["type"]
+    if type_ in ("hello", "publish"):
+        return {"type": type_, "signed": _signed(obj)}
+    if type_ == "sample":
+        return {"type": type_, "id": _int(obj, "id", 0, MAX_REQUEST_ID), "n": _int(obj, "n", 1, MAX_SAMPLE_BATCHES)}
+    return {"type": type_}
+
+
+def decode_relay(text: str | bytes) -> dict[str, Any]:
+    """A relay->client message, its shape checked."""
+    obj = _envelope(text, MAX_RESPONSE_BYTES, RELAY_TYPES)
+    type_ = obj["type"]
+    if type_ == "challenge":
+        return {"type": type_, "nonce": _hex(obj, "nonce", NONCE_BYTES), "relay": _str(obj, "relay", 128),
+                "time": _float(obj, "time")}
+    if type_ == "welcome":
+        return {"type": type_, "peer": _str(obj, "peer", PEER_ID_HEX), "online": _int(obj, "online", 0, 10**9),
+                "limits": obj.get("limits") if isinstance(obj.get("limits"), dict) else {}}
+    if type_ == "published":
+        return {"type": type_, "seq": _int(obj, "seq", 1, MAX_SEQ)}
+    if type_ == "batches":
+        raw = obj.get("batches")
+        if not isinstance(raw, list) or len(raw) > MAX_SAMPLE_BATCHES:
+            raise _fail(E_BAD_SCHEMA, f"'batches' must be a list of at most {MAX_SAMPLE_BATCHES}")
+        batches = []
+        for entry in raw:
+            if not isinstance(entry, dict):
+                raise _fail(E_BAD_SCHEMA, "each batch must be an object")
+            batches.append(_signed(entry))
+        return {"type": type_, "id": _int(obj, "id", 0, MAX_REQUEST_ID), "batches": batches}
+    if type_ == "stats":
+        return {"type": type_, "online": _int(obj, "online", 0, 10**9), "window": _int(obj, "window", 0, 10**9)}
+    code = obj.get("code")
+    return {
+        "type": "error",
+        "code": code if code in ERROR_CODES else E_INTERNAL,
+        "message": _str(obj, "message", 1024),
+        "id": obj.get("id") if isinstance(obj.get("id"), int) else None,
+    }
+
+
+# -- builders (the relay's and the client's outgoing messages) ----------------------------------
+def msg_challenge(nonce: str, relay: str, now: float) -> dict[str, Any]:
+    return {"type": "challenge", "v": VERSION, "nonce": nonce, "relay": relay, "time": now}
+
+
+def msg_hello(signed: Signed) -> dict[str, Any]:
+    return {"type": "hello", "v": VERSION, **signed.to_json()}
+
+
+def msg_welcome(peer: str, online: int, limits: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "welcome", "v": VERSION, "peer": peer, "online": online, "limits": limits}
+
+
+def msg_publish(signed: Signed) -> dict[str, Any]:
+    return {"type": "publish", "v": VERSION, **signed.to_json()}
+
+
+def msg_published(seq: int) -> dict[str, Any]:
+    return {"type": "published", "v": VERSION, "seq": seq}
+
+
+def msg_sample(request_id: int, n: int) -> dict[str, Any]:
+    return {"type": "sample", "v": VERSION, "id": request_id, "n": n}
+
+
+def msg_batches(request_id: int, batches: list[dict[str, str]]) -> dict[str, Any]:
+    return {"type": "batches", "v": VERSION, "id": request_id, "batches": batches}
+
+
+def msg_stats(online: int, window: int) -> dict[str, Any]:
+    return {"type": "stats", "v": VERSION, "online": online, "window": window}
+
+
+def msg_error(code: str, message: str, request_id: int | None = None) -> dict[str, Any]:
+    out: dict[str, Any] = {"type": "error", "v": VERSION, "code": code, "message": message[:1024]}
+    if request_id is not None:
+        out["id"] = request_id
+    return out
+
+
+def limits() -> dict[str, Any]:
+    """The limits a relay announces in its welcome."""
+    return {
+        "max_frame_bytes": MAX_FRAME_BYTES,
+        "max_items_per_batch": MAX_ITEMS_PER_BATCH,
+        "max_completions_per_item": MAX_COMPLETIONS_PER_ITEM,
+        "max_completion_chars": MAX_COMPLETION_CHARS,
+        "max_question_chars": MAX_QUESTION_CHARS,
+        "max_sample_batches": MAX_SAMPLE_BATCHES,
+        "timestamp_window_s": TIMESTAMP_WINDOW_S,
+    }

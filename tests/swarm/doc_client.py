@@ -1,0 +1,111 @@
+"""A relay client written from docs/protocol.md alone, used to test the relay.
+
+It imports nothing from engine.swarm on purpose: if the relay and the
+document drift apart, these tests notice. It is deliberately low level, so
+tests can also send what an honest client never would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import json
+import time
+from typing import Any
+
+import aiohttp
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+
+def b64(raw: bytes) -> str:
+    return base64.b64encode(raw).decode("ascii")
+
+
+class DocPeer:
+    def __init__(self, url: str, token: str = "", key: Ed25519PrivateKey | None = None) -> None:
+        self.url = url
+        self.token = token
+        self.key = key or Ed25519PrivateKey.generate()
+        self.public = self.key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+        self.peer_id = hashlib.sha256(self.public).hexdigest()[:20]
+        self.session: aiohttp.ClientSession | None = None
+        self.ws: aiohttp.ClientWebSocketResponse | None = None
+        self.seq = 0
+        self.inbox: list[dict[str, Any]] = []
+
+    def sign(self, payload: str) -> str:
+        return b64(self.key.sign(payload.encode("utf-8")))
+
+    async def connect(self, *, hello: bool = True, nonce: str | None = None, ts: float | None = None,
+                      bad_sig: bool = False) -> dict[str, Any]:
+        """Open the socket and (optionally) do the handshake; returns the relay's answer to hello."""
+        self.session = aiohttp.ClientSession()
+        self.ws = await self.session.ws_connect(self.url, max_msg_size=0)
+        challenge = await self.recv()
+        assert challenge["type"] == "challenge", challenge
+        if not hello:
+            return challenge
+        payload = json.dumps({
+            "kind": "hello", "key": b64(self.public), "nonce": nonce or challenge["nonce"],
+            "ts": time.time() if ts is None else ts, "token": self.token, "software": "doc-client/1",
+        })
+        sig = self.sign(payload if not bad_sig else payload + " ")
+        await self.send({"type": "hello", "v": 1, "payload": payload, "sig": sig})
+        return await self.recv()
+
+    async def send(self, message: dict[str, Any]) -> None:
+        assert self.ws is not None
+        await self.ws.send_str(json.dumps(message))
+
+    async def send_raw(self, text: str) -> None:
+        assert self.ws is not None
+        await self.ws.send_str(text)
+
+    async def recv(self, timeout: float = 10.0, skip_stats: bool = True) -> dict[str, Any]:
+        """The next message (stats pushes skipped); {'type': 'closed'} once the socket is closed."""
+        assert self.ws is not None
+        while True:
+            msg = await asyncio.wait_for(self.ws.receive(), timeout)
+            if msg.type != aiohttp.WSMsgType.TEXT:
+                return {"type": "closed", "code": self.ws.close_code}
+            data = json.loads(msg.data)
+            if skip_stats and data.get("type") == "stats":
+                continue
+            return data
+
+    def batch_payload(self, items: list[dict[str, Any]], *, seq: int | None = None, ts: float | None = None,
+                      key: bytes | None = None) -> str:
+        if seq is None:
+            self.seq = max(self.seq + 1, int(time.time() * 1000))
+            seq = self.seq
+        return json.dumps({
+            "kind": "batch", "key": b64(key or self.public), "seq": seq, "ts": time.time() if ts is None else ts,
+            "model": "doc-client", "items": items,
+        })
+
+    async def publish(self, items: list[dict[str, Any]], **kw: Any) -> dict[str, Any]:
+        payload = self.batch_payload(items, **kw)
+        await self.send({"type": "publish", "v": 1, "payload": payload, "sig": self.sign(payload)})
+        return await self.recv()
+
+    async def sample(self, n: int, request_id: int = 1) -> dict[str, Any]:
+        await self.send({"type": "sample", "v": 1, "id": request_id, "n": n})
+        return await self.recv()
+
+    async def close(self) -> None:
+        if self.ws is not None:
+            await self.ws.close()
+        if self.session is not None:
+            await self.session.close()
+
+
+def item(question: str = "What is 1 + 1?", completions: tuple[str, ...] = ("<answer>2</answer>", "<answer>3</answer>"),
+         task: dict[str, Any] | None = None, rewards: list[float | None] | None = None) -> dict[str, Any]:
+    return {
+        "task": task or {"dataset": "basic_arithmetic", "config": {}, "seed": 0, "index": 0},
+        "question": question,
+        "completions": list(completions),
+        "rewards": rewards if rewards is not None else [None] * len(completions),
+    }

@@ -1,0 +1,277 @@
+"""SAPO's mix on loopback: three nodes (two architectures) and a relay; every forgery is caught."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from engine.config import NodeConfig, build_config
+from engine.events import Event
+from engine.exchange import (
+    R_DUPLICATE,
+    R_FORGED_REWARD,
+    R_QUESTION,
+    R_SIGNATURE,
+    R_TOO_LONG,
+    R_UNKNOWN_TASK,
+    SwarmExchange,
+    open_swarm,
+    split_invite,
+)
+from engine.paths import Paths
+from engine.sapo import Node
+from engine.swarm import protocol as p
+from engine.swarm.client import LinkState
+from engine.swarm.identity import Identity
+from engine.swarm.relay import EmbeddedRelay, RelaySettings
+from tests.swarm.conftest import StartRelay
+
+FAST = [
+    "tasks.questions_per_round=2",
+    "tasks.completions_per_question=4",
+    "tasks.max_new_tokens=10",
+    "tasks.eval_every=0",
+    "grpo.micro_batch=8",
+    "run.device='cpu'",
+    "swarm.local_groups=2",
+    "swarm.external_groups=2",
+]
+
+
+def parity_reward(question: Any, completion: str) -> float:
+    """A verifier a random model can satisfy half the time, so groups carry a gradient."""
+    return float(len(completion) % 2)
+
+
+def config(model_dir: Path, *extra: str) -> NodeConfig:
+    return build_config("default", None, [*FAST, f"model.source='{model_dir}'", *extra])
+
+
+def swarm_node(model_dir: Path, home: Path, url: str, seed: int, events: list[Event]) -> tuple[Node, Any]:
+    cfg = config(model_dir, "swarm.mode='relay'", f"swarm.relay_url='{url}'", f"run.seed={seed}")
+    paths = Paths.under(home)
+    session = open_swarm(cfg, paths.identity_file, events.append)
+    node = Node(cfg, paths, events.append, exchange=session.exchange)
+    node.taskset.reward = parity_reward  # type: ignore[method-assign]
+    node.setup()
+    return node, session
+
+
+def trainable(node: Node) -> dict[str, torch.Tensor]:
+    assert node.backend is not None
+    return {k: v.clone() for k, v in node.backend._trainable_state().items()}  # type: ignore[attr-defined]
+
+
+def test_three_nodes_two_architectures_share_and_train_on_external_items(
+    tiny_model_dir: Path, tiny_qwen_dir: Path, tmp_path: Path, start_relay: StartRelay
+) -> None:
+    relay = start_relay()
+    events: dict[str, list[Event]] = {"a": [], "b": [], "c": []}
+    nodes = {
+        "a": swarm_node(tiny_model_dir, tmp_path / "a", relay.url, 1, events["a"]),
+        "b": swarm_node(tiny_qwen_dir, tmp_path / "b", relay.url, 2, events["b"]),
+        "c": swarm_node(tiny_model_dir, tmp_path / "c", relay.url, 3, events["c"]),
+    }
+    try:
+        for _name, (_node, session) in nodes.items():
+            assert session.exchange.client.wait_connected(10)
+        before = trainable(nodes["b"][0])
+        metrics: dict[str, list[dict[str, Any]]] = {k: [] for k in nodes}
+        for _ in range(3):
+            for name, (node, _session) in nodes.items():
+                metrics[name].append(node.run_round())
+        assert any(not torch.equal(before[k], v) for k, v in trainable(nodes["b"][0]).items())
+        for name in nodes:
+            external = sum(m["external_groups"] for m in metrics[name])
+            assert external > 0, (name, [m["swarm"] for m in metrics[name]])
+            assert all(m["swarm"]["connected"] for m in metrics[name])
+        # the qwen node learned from llama nodes' text, and knows who sent what
+        by_peer = metrics["b"][-1]["swarm"]["by_peer"]
+        ids = {n: s.exchange.identity.peer_id for n, (_node, s) in nodes.items()}
+        assert set(by_peer) <= {ids["a"], ids["c"]} and sum(v["accepted"] for v in by_peer.values()) > 0
+        assert metrics["b"][-1]["swarm_reward_mean"] is not None
+        peers_events = [e for e in events["b"] if e["type"] == "peers"]
+        assert peers_events and peers_events[-1]["accepted"] > 0
+        swarm_events = [e for e in events["b"] if e["type"] == "swarm"]
+        assert swarm_events[-1]["connected"] is True and swarm_events[-1]["name"] == nodes["b"][1].exchange.identity.name
+    finally:
+        for _node, session in nodes.values():
+            session.close()
+
+
+# -- the receiver's checks, fed directly -------------------------------------------------------
+class RelayDouble:
+    """Stands in for the transport only: hands the exchange whatever batches a test (or a bad relay) sends."""
+
+    def __init__(self) -> None:
+        self.state = LinkState(connected=True, online=3)
+        self.batches: list[p.Signed] = []
+        self.published: list[str] = []
+
+    def sample(self, n: int, timeout: float = 10.0) -> list[p.Signed]:
+        return self.batches[:n]
+
+    def publish(self, payload: str) -> bool:
+        self.published.append(payload)
+        return True
+
+    def next_seq(self) -> int:
+        return int(time.time() * 1000)
+
+    def close(self) -> None:
+        return None
+
+
+@pytest.fixture
+def receiver(tiny_model_dir: Path, tmp_path: Path) -> tuple[Node, SwarmExchange, RelayDouble, list[Event]]:
+    events: list[Event] = []
+    relay = RelayDouble()
+    exchange = SwarmExchange(relay, Identity.generate(), "tiny", events.append, "test")  # type: ignore[arg-type]
+    node = Node(config(tiny_model_dir), Paths.under(tmp_path / "r"), events.append, exchange=exchange)
+    node.taskset.reward = parity_reward  # type: ignore[method-assign]
+    node.setup()
+    return node, exchange, relay, events
+
+
+def honest_batch(node: Node, sender: Identity, *, seq: int = 1, completions: tuple[str, ...] = ("ab", "abc"),
+                 question: str | None = None, rewards: tuple[float | None, ...] | None = None,
+                 task: dict[str, Any] | None = None, index: int = 7) -> p.Signed:
+    q = node.taskset.draw(50 + index, 1)[0]
+    item = p.Item(task or q.ref.to_json(), question if question is not None else q.text, completions,
+                  rewards if rewards is not None else tuple(parity_reward(q, c) for c in completions))
+    return sender.signed(p.batch_payload(sender.public_key, seq, time.time(), "peer-model", [item]))
+
+
+def sample(node: Node, exchange: SwarmExchange) -> list[Any]:
+    assert node.backend is not None
+    return exchange.sample(1, 4, node.taskset, node.backend, node.config)
+
+
+def test_an_honest_item_is_rescored_retokenised_and_given_local_logprobs(receiver: Any) -> None:
+    node, exchange, relay, _events = receiver
+    sender = Identity.generate()
+    relay.batches = [honest_batch(node, sender)]
+    groups = sample(node, exchange)
+    assert len(groups) == 1
+    g = groups[0]
+    assert g.source == sender.peer_id and g.rewards == [0.0, 1.0] and g.informative
+    assert [c.token_ids for c in g.completions] == [node.backend.encode_completion(t) for t in ("ab", "abc")]
+    assert all(len(c.logprobs) == len(c.token_ids) for c in g.completions)
+    assert exchange.peers[sender.peer_id].accepted == 1
+
+
+@pytest.mark.parametrize(
+    ("forge", "reason"),
+    [
+        ({"rewards": (1.0, 1.0)}, R_FORGED_REWARD),
+        ({"question": "What is 2 + 2? Answer: 5"}, R_QUESTION),
+        ({"task": {"dataset": "no_such_dataset", "config": {}, "seed": 0, "index": 0}}, R_UNKNOWN_TASK),
+        ({"completions": ("x" * 200, "y" * 201)}, R_TOO_LONG),
+    ],
+)
+def test_forged_items_are_rejected_with_their_reason(receiver: Any, forge: dict[str, Any], reason: str) -> None:
+    node, exchange, relay, events = receiver
+    sender = Identity.generate()
+    relay.batches = [honest_batch(node, sender, **forge)]
+    assert sample(node, exchange) == []
+    counts = exchange.peers[sender.peer_id]
+    assert counts.rejected == 1 and counts.reasons[reason] == 1
+    peers = [e for e in events if e["type"] == "peers"][-1]
+    assert peers["rejected_by_reason"] == {reason: 1}
+    assert peers["by_peer"][sender.peer_id]["reasons"] == {reason: 1}
+
+
+def test_a_bad_signature_from_a_lying_relay_is_rejected(receiver: Any) -> None:
+    node, exchange, relay, _events = receiver
+    sender, impostor = Identity.generate(), Identity.generate()
+    good = honest_batch(node, sender)
+    tampered = p.Signed(good.payload.replace('"peer-model"', '"peer-modem"'), good.sig)
+    forged_by_other = p.Signed(good.payload, impostor.sign(good.payload.encode()))
+    relay.batches = [tampered, forged_by_other]
+    assert sample(node, exchange) == []
+    assert exchange.peers[sender.peer_id].reasons[R_SIGNATURE] == 2
+
+
+def test_replayed_batches_and_repeated_questions_are_dropped(receiver: Any) -> None:
+    node, exchange, relay, _events = receiver
+    sender = Identity.generate()
+    batch = honest_batch(node, sender, seq=5)
+    relay.batches = [batch]
+    assert len(sample(node, exchange)) == 1
+    assert sample(node, exchange) == []  # the same (peer, seq) again
+    assert exchange.peers[sender.peer_id].reasons[R_DUPLICATE] == 1
+    other = Identity.generate()
+    relay.batches = [honest_batch(node, sender, seq=6), honest_batch(node, other, seq=1)]  # same question twice
+    assert len(sample(node, exchange)) == 1
+    total_dupes = exchange.peers[sender.peer_id].reasons[R_DUPLICATE] + exchange.peers[other.peer_id].reasons[R_DUPLICATE]
+    assert total_dupes == 2
+
+
+def test_publish_shares_text_only_and_respects_limits(receiver: Any) -> None:
+    node, _exchange, relay, _events = receiver
+    node.run_round()
+    payload = json.loads(relay.published[-1])
+    assert payload["kind"] == "batch" and len(payload["items"]) == 2
+    first = payload["items"][0]
+    assert set(first) == {"task", "question", "completions", "rewards"}
+    assert all(isinstance(c, str) for c in first["completions"])
+
+
+def test_relay_restart_mid_run_solo_fallback_then_rejoin(tiny_model_dir: Path, tmp_path: Path) -> None:
+    settings = RelaySettings(host="127.0.0.1", port=0)
+    relay = EmbeddedRelay(settings)
+    relay.start()
+    port = relay.port
+    events: list[Event] = []
+    node, session = swarm_node(tiny_model_dir, tmp_path / "n", relay.url, 1, events)
+    try:
+        assert session.exchange.client.wait_connected(10)
+        assert node.run_round()["swarm"]["connected"]
+        relay.stop()
+        deadline = time.monotonic() + 10
+        while session.exchange.client.state.connected and time.monotonic() < deadline:
+            time.sleep(0.05)
+        solo = node.run_round()  # the relay is gone: the node keeps training on its own rollouts
+        assert solo["swarm"]["connected"] is False and solo["external_groups"] == 0 and solo["round"] == 2
+        down = [e for e in events if e["type"] == "swarm" and not e["connected"]]
+        assert down and "local rollouts" in down[-1]["message"]
+        again = EmbeddedRelay(RelaySettings(host="127.0.0.1", port=port))
+        again.start()
+        try:
+            assert session.exchange.client.wait_connected(40)
+            back = node.run_round()
+            assert back["swarm"]["connected"] is True
+            assert again.relay.metrics["publishes"] == 1
+        finally:
+            again.stop()
+    finally:
+        session.close()
+
+
+def test_invites_carry_the_join_token() -> None:
+    assert split_invite("wss://relay.example/ws?token=abc") == ("wss://relay.example/ws", "abc")
+    assert split_invite("ws://10.0.0.2:8765/ws") == ("ws://10.0.0.2:8765/ws", "")
+
+
+def test_a_second_local_node_joins_the_first_ones_embedded_relay(tiny_model_dir: Path, tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    sessions = []
+    try:
+        for name in ("first", "second"):
+            cfg = config(tiny_model_dir, f"swarm.embedded_port={port}")
+            sessions.append(open_swarm(cfg, Paths.under(tmp_path / name).identity_file, lambda e: None))
+        assert sessions[0].relay is not None and sessions[1].relay is None
+        assert all(s.exchange.client.wait_connected(10) for s in sessions)
+        assert sessions[1].exchange.relay_label == f"ws://127.0.0.1:{port}/ws"
+    finally:
+        for s in reversed(sessions):
+            s.close()

@@ -1,0 +1,276 @@
+"""The relay against a client written from docs/protocol.md: every check, every limit, on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from engine.swarm import protocol as p
+from tests.swarm.conftest import StartRelay
+from tests.swarm.doc_client import DocPeer, b64, item
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+async def joined(url: str, **kw: object) -> DocPeer:
+    peer = DocPeer(url, **kw)  # type: ignore[arg-type]
+    welcome = await peer.connect()
+    assert welcome["type"] == "welcome", welcome
+    assert welcome["peer"] == peer.peer_id
+    return peer
+
+
+async def test_publish_then_another_peer_samples_it(start_relay: StartRelay) -> None:
+    relay = start_relay()
+    a, b = await joined(relay.url), await joined(relay.url)
+    ack = await a.publish([item()])
+    assert ack == {"type": "published", "v": 1, "seq": a.seq}
+    got = await b.sample(4, request_id=7)
+    assert got["type"] == "batches" and got["id"] == 7 and len(got["batches"]) == 1
+    assert json.loads(got["batches"][0]["payload"])["key"] == b64(a.public)
+    own = await a.sample(4, request_id=8)
+    assert own["batches"] == []  # never your own batches
+    await a.close()
+    await b.close()
+
+
+async def test_handshake_refuses_bad_signature_wrong_nonce_and_stale_time(start_relay: StartRelay) -> None:
+    relay = start_relay()
+    for kw, code in (({"bad_sig": True}, p.E_BAD_SIGNATURE), ({"nonce": "ab" * 32}, p.E_AUTH),
+                     ({"ts": time.time() - 3600}, p.E_STALE)):
+        peer = DocPeer(relay.url)
+        answer = await peer.connect(**kw)  # type: ignore[arg-type]
+        assert answer["type"] == "error" and answer["code"] == code, (kw, answer)
+        assert (await peer.recv())["type"] == "closed"
+        await peer.close()
+    honest = await joined(relay.url)
+    assert (await honest.publish([item()]))["type"] == "published"
+    await honest.close()
+
+
+async def test_first_message_must_be_hello(start_relay: StartRelay) -> None:
+    relay = start_relay()
+    peer = DocPeer(relay.url)
+    await peer.connect(hello=False)
+    await peer.send({"type": "sample", "v": 1, "id": 1, "n": 1})
+    answer = await peer.recv()
+    assert answer["code"] == p.E_AUTH
+    await peer.close()
+
+
+async def test_every_bad_publish_gets_its_named_error_and_the_relay_keeps_serving(start_relay: StartRelay) -> None:
+    relay = start_relay(rate=1000.0, burst=1000.0)
+    bad, good = await joined(relay.url), await joined(relay.url)
+    other = DocPeer(relay.url)
+
+    # a signature that does not verify
+    payload = bad.batch_payload([item()])
+    await bad.send({"type": "publish", "v": 1, "payload": payload, "sig": b64(b"\0" * 64)})
+    assert (await bad.recv())["code"] == p.E_BAD_SIGNATURE
+    # a batch signed by (and naming) another key than the connection's
+    payload = bad.batch_payload([item()], key=other.public)
+    await bad.send({"type": "publish", "v": 1, "payload": payload, "sig": other.sign(payload)})
+    assert (await bad.recv())["code"] == p.E_BAD_SIGNATURE
+    # replay: the same sequence number again, then a lower one
+    assert (await bad.publish([item()], seq=10))["type"] == "published"
+    assert (await bad.publish([item()], seq=10))["code"] == p.E_REPLAY
+    assert (await bad.publish([item()], seq=9))["code"] == p.E_REPLAY
+    # stale timestamp
+    assert (await bad.publish([item()], ts=time.time() - 10_000))["code"] == p.E_STALE
+    # too many items, too many completions, an over-long completion
+    assert (await bad.publish([item()] * (p.MAX_ITEMS_PER_BATCH + 1)))["code"] == p.E_TOO_MANY_ITEMS
+    many = item(completions=tuple(f"<answer>{i}</answer>" for i in range(p.MAX_COMPLETIONS_PER_ITEM + 1)))
+    assert (await bad.publish([many]))["code"] == p.E_TOO_MANY_ITEMS
+    long = item(completions=("x" * (p.MAX_COMPLETION_CHARS + 1),))
+    assert (await bad.publish([long]))["code"] == p.E_TOO_LONG
+    # an oversize frame (under the hard cut-off): rejected, connection kept
+    await bad.send_raw(json.dumps({"type": "publish", "v": 1, "payload": "x" * (p.MAX_FRAME_BYTES + 10), "sig": ""}))
+    assert (await bad.recv())["code"] == p.E_TOO_LARGE
+    # garbage and schema errors
+    await bad.send_raw("{not json")
+    assert (await bad.recv())["code"] == p.E_BAD_JSON
+    await bad.send({"type": "sample", "v": 1, "id": 3, "n": 999})
+    assert (await bad.recv())["code"] == p.E_BAD_SCHEMA
+    await bad.send({"type": "sample", "v": 2, "id": 3, "n": 1})
+    assert (await bad.recv())["code"] == p.E_VERSION  # and the relay closes: wrong protocol
+    assert (await bad.recv())["type"] == "closed"
+
+    # the honest peer saw none of it and still gets exactly the one good batch
+    assert (await good.publish([item()]))["type"] == "published"
+    got = await good.sample(16)
+    assert len(got["batches"]) == 1 and json.loads(got["batches"][0]["payload"])["seq"] == 10
+    metrics = urllib.request.urlopen(relay.url.replace("ws://", "http://").replace("/ws", "/metrics")).read().decode()
+    assert f'sapling_relay_rejections_total{{code="{p.E_REPLAY}"}} 2' in metrics
+    assert "sapling_relay_publishes_total 2" in metrics
+    await good.close()
+    await bad.close()
+
+
+async def test_a_flood_is_rate_limited_without_slowing_honest_peers(start_relay: StartRelay) -> None:
+    relay = start_relay(rate=2.0, burst=5.0)
+    flood, honest = await joined(relay.url), await joined(relay.url)
+    for i in range(40):
+        await flood.send({"type": "sample", "v": 1, "id": i, "n": 1})
+    answers = [await flood.recv() for _ in range(40)]
+    limited = [a for a in answers if a["type"] == "error" and a["code"] == p.E_RATE]
+    assert len(limited) >= 30
+    assert all(a["id"] is not None for a in limited)
+    started = time.monotonic()
+    assert (await honest.publish([item()]))["type"] == "published"
+    assert (await honest.sample(1))["type"] == "batches"
+    assert time.monotonic() - started < 5.0
+    await flood.close()
+    await honest.close()
+
+
+async def test_a_slow_consumer_is_dropped_and_others_are_unaffected(start_relay: StartRelay) -> None:
+    relay = start_relay(send_queue=4, rate=10_000.0, burst=10_000.0)
+    publisher, slow, fast = await joined(relay.url), await joined(relay.url), await joined(relay.url)
+    big = item(completions=tuple("y" * 8000 for _ in range(12)))
+    assert (await publisher.publish([big] * 2))["type"] == "published"
+    # `slow` asks for far more than it reads: its socket buffers fill, then its queue.
+    assert slow.ws is not None
+    for i in range(400):
+        try:
+            await slow.send({"type": "sample", "v": 1, "id": i, "n": 16})
+        except (ConnectionError, RuntimeError):
+            break
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and any(c.peer == slow.peer_id for c in relay.relay.connections):
+        await asyncio.sleep(0.1)
+    assert not any(c.peer == slow.peer_id for c in relay.relay.connections)
+    assert relay.relay.rejections[p.E_SLOW] >= 1
+    got = await fast.sample(1)
+    assert got["type"] == "batches" and len(got["batches"]) == 1
+    await slow.close()
+    await fast.close()
+    await publisher.close()
+
+
+async def test_connections_per_ip_are_capped(start_relay: StartRelay) -> None:
+    relay = start_relay(max_conn_per_ip=2)
+    a, b = await joined(relay.url), await joined(relay.url)
+    c = DocPeer(relay.url)
+    assert c.session is None
+    import aiohttp
+
+    c.session = aiohttp.ClientSession()
+    c.ws = await c.session.ws_connect(relay.url)
+    answer = await c.recv()
+    assert answer["type"] == "error" and answer["code"] == p.E_CONN_LIMIT
+    await c.close()
+    await a.close()
+    d = await joined(relay.url)  # a slot freed up
+    await b.close()
+    await d.close()
+
+
+async def test_private_swarm_token_allow_list_and_ban_list(start_relay: StartRelay) -> None:
+    relay = start_relay(join_token="s3cret")
+    assert (await DocPeer(relay.url).connect())["code"] == p.E_FORBIDDEN
+    ok = await joined(relay.url, token="s3cret")
+    await ok.close()
+
+    allowed = DocPeer("")
+    relay2 = start_relay(allow_keys=[b64(allowed.public)])
+    allowed.url = relay2.url
+    assert (await allowed.connect())["type"] == "welcome"
+    assert (await DocPeer(relay2.url).connect())["code"] == p.E_FORBIDDEN
+    await allowed.close()
+
+    banned = DocPeer("")
+    relay3 = start_relay(ban_keys=[banned.peer_id])
+    banned.url = relay3.url
+    assert (await banned.connect())["code"] == p.E_BANNED
+    await (await joined(relay3.url)).close()
+
+
+async def test_healthz_and_stats(start_relay: StartRelay) -> None:
+    relay = start_relay()
+    peer = await joined(relay.url)
+    await peer.send({"type": "stats", "v": 1})
+    stats = await peer.recv(skip_stats=False)
+    assert stats["type"] == "stats" and stats["window"] == 0
+    health = json.loads(urllib.request.urlopen(relay.url.replace("ws://", "http://").replace("/ws", "/healthz")).read())
+    assert health["status"] == "ok" and health["connections"] == 1
+    await peer.close()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def test_sigterm_closes_connections_cleanly_and_exits_zero(tmp_path: Path) -> None:
+    port = _free_port()
+    config = tmp_path / "relay.toml"
+    config.write_text('name = "toml-relay"\nwindow = 8\n')
+    proc = subprocess.Popen([sys.executable, "-m", "engine.swarm.relay", "--port", str(port), "--config", str(config)],
+                            cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    try:
+        url = f"ws://127.0.0.1:{port}/ws"
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                peer = DocPeer(url)
+                challenge = await peer.connect(hello=False)
+                break
+            except OSError:
+                await peer.close()
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.2)
+        assert challenge["relay"] == "toml-relay"
+        await peer.close()
+        peer = await joined(url)
+        proc.send_signal(signal.SIGTERM)
+        answer = await peer.recv()
+        assert answer["type"] == "error" and answer["code"] == p.E_SHUTDOWN
+        assert proc.wait(timeout=20) == 0
+        await peer.close()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        logs = proc.stderr.read() if proc.stderr else ""
+    lines = [json.loads(line) for line in logs.splitlines() if line.startswith("{")]
+    assert any(rec["msg"] == "relay shutting down" for rec in lines)
+
+
+def test_bad_flags_and_config_exit_2_with_one_line(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text("port = 'x'\n")
+    unknown = tmp_path / "unknown.toml"
+    unknown.write_text("colour = 1\n")
+    for args in (["--config", str(bad)], ["--config", str(unknown)], ["--rate", "-1"],
+                 ["--ban-keys-file", str(tmp_path / "missing")], ["--redis", "http://x"]):
+        out = subprocess.run([sys.executable, "-m", "engine.swarm.relay", *args], cwd=ROOT, capture_output=True,
+                             text=True, timeout=60, env={**os.environ})
+        assert out.returncode == 2, (args, out.stderr)
+        assert out.stderr.startswith("sapling-relay: "), out.stderr
+        assert "Traceback" not in out.stderr
+    help_text = subprocess.run([sys.executable, "-m", "engine.swarm.relay", "--help"], cwd=ROOT, capture_output=True,
+                               text=True, timeout=60).stdout
+    for flag in ("--redis", "--join-token", "--allow-keys-file", "--ban-keys-file", "--max-conn-per-ip", "--rate",
+                 "--send-queue", "--window"):
+        assert flag in help_text
+
+
+@pytest.mark.parametrize("bad", ["x", "not-a-key", "AAAA", "0123456789abcdef012"])
+def test_key_lists_reject_garbage(bad: str, tmp_path: Path) -> None:
+    from engine.swarm.relay import settings_from_args
+
+    keys = tmp_path / "keys"
+    keys.write_text(f"# comment\n\n{bad}\n")
+    with pytest.raises(ValueError):
+        settings_from_args(["--ban-keys-file", str(keys)])
