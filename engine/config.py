@@ -218,8 +218,8 @@ class SwarmConfig:
     embedded_host: str = _help("Address the embedded relay listens on ('127.0.0.1': this computer only).", "127.0.0.1")
     embedded_port: int = _help("Port of the embedded relay (0: pick a free one).", 8765)
     local_groups: int = _help(
-        "I: own rollouts (a question with its G completions) in each round's training batch, at most tasks.questions_per_round.",
-        4,
+        "I: own rollouts (a question with its G completions) in each round's training batch; 0 means all of them.",
+        0,
     )
     external_groups: int = _help("J: rollouts sampled from the swarm for each round's training batch (0: solo).", 4)
 
@@ -236,7 +236,8 @@ class SwarmConfig:
             raise ConfigError(f"{s}.embedded_host must be an address such as 127.0.0.1.")
         if isinstance(self.embedded_port, bool) or not isinstance(self.embedded_port, int) or not 0 <= self.embedded_port <= 65535:
             raise ConfigError(f"{s}.embedded_port must be a port number from 0 to 65535, got {self.embedded_port!r}.")
-        _positive_int(s, "local_groups", self.local_groups, 256)
+        if isinstance(self.local_groups, bool) or not isinstance(self.local_groups, int) or not 0 <= self.local_groups <= 256:
+            raise ConfigError(f"{s}.local_groups must be a whole number from 0 (all of the round's questions) to 256, got {self.local_groups!r}.")
         if isinstance(self.external_groups, bool) or not isinstance(self.external_groups, int) or not 0 <= self.external_groups <= 256:
             raise ConfigError(f"{s}.external_groups must be a whole number from 0 (solo) to 256, got {self.external_groups!r}.")
 
@@ -260,6 +261,8 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
             "specialties": dict.fromkeys(SAPO_SPECIALTIES, 1.0),
         },
         "grpo": {"eps_low": 0.2, "eps_high": 0.28, "kl_beta": 0.0},
+        # The paper's best mix: 4 own rollouts and 4 from the swarm per round.
+        "swarm": {"local_groups": 4, "external_groups": 4},
     },
 }
 

@@ -287,7 +287,7 @@ class Node:
 
         # SAPO's mix: I of this node's groups and J verified groups from the swarm.
         mine = groups
-        if cfg.swarm.local_groups < len(groups):
+        if 0 < cfg.swarm.local_groups < len(groups):
             pick = random.Random(derive_seed(cfg.run.seed, round_index, 1)).sample(range(len(groups)), cfg.swarm.local_groups)
             mine = [groups[i] for i in sorted(pick)]
         external: list[Group] = []
