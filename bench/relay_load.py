@@ -170,7 +170,7 @@ async def run(args: argparse.Namespace) -> int:
                     try:
                         await peer.connect(session)
                         return True
-                    except (aiohttp.ClientError, OSError, ConnectionError, asyncio.TimeoutError) as exc:
+                    except (TimeoutError, aiohttp.ClientError, OSError, ConnectionError) as exc:
                         peer.errors[type(exc).__name__] = 1
                         return False
 
@@ -195,7 +195,7 @@ async def run(args: argparse.Namespace) -> int:
                     try:
                         await peer.publish(payloads[i % len(payloads)])
                         rtts.append(await peer.sample(4))
-                    except (RuntimeError, ConnectionError, asyncio.TimeoutError, aiohttp.ClientError):
+                    except (TimeoutError, RuntimeError, ConnectionError, aiohttp.ClientError):
                         failures += 1
                     await asyncio.sleep(max(0.0, period - (time.perf_counter() - began)))
 

@@ -1,18 +1,31 @@
-"""Pick the compute device: CUDA, then Apple MLX, then CPU (or what --device says).
+"""Pick the compute device: Apple MLX, CUDA or the CPU (or what --device says).
 
 `pick_device("auto")` returns a `DeviceInfo` that says what was chosen and
-why; the reason travels in every status event. Asking explicitly for a device
-that is not there is a `DeviceError`, never a silent fallback.
+why; the reason travels in every status event:
+
+- an Apple-silicon Mac with mlx installed trains with MLX on the Metal GPU
+  ("Apple M2, MLX 0.32, Metal");
+- a machine where PyTorch sees a CUDA GPU trains with torch on CUDA
+  ("CUDA 12.8, 1 device(s)");
+- anything else trains with torch on the CPU ("no CUDA device: CPU").
+
+The two accelerated cases never meet (Macs have no CUDA), so the order only
+matters for cost: MLX is checked first, which spares a Mac importing torch to
+learn that it has no CUDA. Asking explicitly for a device that is not there
+is a `DeviceError`, never a silent fallback. `--device mlx` also works on
+Linux with `pip install "sapling[mlx-cpu]"` (MLX on the CPU, for testing).
 
     python -m engine.device          # print what this machine would use
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 import logging
 import os
 import platform
+import subprocess
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -21,16 +34,14 @@ from engine.errors import DeviceError
 log = logging.getLogger(__name__)
 
 DEVICE_CHOICES = ("auto", "cuda", "mlx", "cpu")
-# The MLX training backend is its own piece of work (issue 5). Until it lands,
-# MLX is detected and reported but cannot be selected.
-MLX_BACKEND_AVAILABLE = False
+MLX_INSTALL_HINT = "pip install 'sapling[mlx]' on an Apple-silicon Mac ('sapling[mlx-cpu]' on Linux, for testing)"
 
 
 @dataclass(frozen=True)
 class DeviceInfo:
     kind: str  # "cuda" | "mlx" | "cpu"
-    name: str  # "NVIDIA H200", "Intel Xeon (8 threads)", ...
-    memory_bytes: int  # device memory for CUDA, system RAM otherwise (0 if unknown)
+    name: str  # "NVIDIA H200", "Apple M2", "Intel Xeon (8 threads)", ...
+    memory_bytes: int  # device memory for CUDA, unified/system RAM otherwise (0 if unknown)
     bf16: bool  # native bf16 matmuls
     reason: str  # one line: why this device
 
@@ -89,6 +100,15 @@ def _cpu(reason: str) -> DeviceInfo:
     )
 
 
+def cuda_bf16(capability: tuple[int, int]) -> bool:
+    """Native bf16 tensor cores: Ampere (compute capability 8.0) and newer.
+
+    `torch.cuda.is_bf16_supported()` also says yes on older GPUs, where bf16
+    is emulated and slower than fp32; those train in fp32.
+    """
+    return capability >= (8, 0)
+
+
 def _cuda() -> DeviceInfo | None:
     import torch
 
@@ -99,17 +119,84 @@ def _cuda() -> DeviceInfo | None:
         kind="cuda",
         name=props.name,
         memory_bytes=int(props.total_memory),
-        bf16=bool(torch.cuda.is_bf16_supported()),
+        bf16=cuda_bf16((props.major, props.minor)),
         reason=f"CUDA {torch.version.cuda}, {torch.cuda.device_count()} device(s)",
     )
 
 
+def apple_silicon() -> bool:
+    return platform.system() == "Darwin" and platform.machine() == "arm64"
+
+
+def mlx_installed() -> bool:
+    """mlx and mlx-lm importable (checked without importing them)."""
+    return importlib.util.find_spec("mlx") is not None and importlib.util.find_spec("mlx_lm") is not None
+
+
 def mlx_present() -> bool:
-    """Apple silicon with mlx installed (checked without importing mlx)."""
-    return (
-        platform.system() == "Darwin"
-        and platform.machine() == "arm64"
-        and importlib.util.find_spec("mlx") is not None
+    """Apple silicon with mlx installed: the machines that train with MLX by default."""
+    return apple_silicon() and mlx_installed()
+
+
+def mlx_version() -> str:
+    """Major.minor of the installed mlx, e.g. "0.32"."""
+    try:
+        return ".".join(importlib.metadata.version("mlx").split(".")[:2])
+    except importlib.metadata.PackageNotFoundError:
+        return "?"
+
+
+def _apple_chip() -> str:
+    """'Apple M2 Pro' from sysctl; 'Apple silicon' when that fails."""
+    try:
+        out = subprocess.run(
+            ["sysctl", "-n", "machdep.cpu.brand_string"], capture_output=True, text=True, timeout=5, check=False
+        )
+        return out.stdout.strip() or "Apple silicon"
+    except (OSError, subprocess.SubprocessError):
+        return "Apple silicon"
+
+
+def apple_bf16(chip: str) -> bool:
+    """M2 and later GPUs have native bf16; the M1 family emulates it."""
+    return not chip.startswith("Apple M1")
+
+
+def _mlx_probe() -> tuple[bool, dict[str, Any]]:
+    """(Metal available, mx.device_info()) from an actual import of mlx."""
+    import mlx.core as mx
+
+    metal = bool(mx.metal.is_available())
+    try:
+        info = dict(mx.device_info())
+    except (AttributeError, RuntimeError):
+        info = {}
+    return metal, info
+
+
+def _mlx(require_metal: bool = False) -> DeviceInfo | None:
+    """MLX on Metal where there is Metal, else MLX on the CPU (None if `require_metal`); None without mlx."""
+    if not mlx_installed():
+        return None
+    metal, info = _mlx_probe()
+    version = mlx_version()
+    if metal:
+        chip = str(info.get("device_name") or _apple_chip())
+        return DeviceInfo(
+            kind="mlx",
+            name=chip,
+            memory_bytes=int(info.get("memory_size") or _system_memory()),
+            bf16=apple_bf16(chip),
+            reason=f"{chip}, MLX {version}, Metal",
+        )
+    if require_metal:
+        return None
+    return DeviceInfo(
+        kind="mlx",
+        name=f"{_cpu_name()} (MLX on CPU)",
+        memory_bytes=_system_memory(),
+        bf16=False,
+        reason=f"MLX {version} on CPU, no Metal",
     )
 
 
@@ -117,22 +204,26 @@ def pick_device(requested: str = "auto") -> DeviceInfo:
     """Choose the device; see the module docstring."""
     if requested not in DEVICE_CHOICES:
         raise DeviceError(f"--device must be one of {', '.join(DEVICE_CHOICES)}, got {requested!r}.")
-    if requested == "mlx":
-        raise DeviceError(
-            "The Apple MLX backend is not available in this version of Sapling yet; "
-            "use --device cpu (or auto)."
-        )
     if requested == "cpu":
         return _cpu("CPU requested")
-    cuda = _cuda()
+    if requested == "mlx":
+        mlx = _mlx()
+        if mlx is None:
+            raise DeviceError(f"--device mlx was asked for, but mlx and mlx-lm are not installed: {MLX_INSTALL_HINT}.")
+        return mlx
     if requested == "cuda":
+        cuda = _cuda()
         if cuda is None:
             raise DeviceError("--device cuda was asked for, but PyTorch sees no CUDA GPU on this machine.")
         return cuda
+    if apple_silicon():
+        if mlx_installed():
+            mlx = _mlx(require_metal=True)
+            return mlx if mlx is not None else _cpu(f"MLX {mlx_version()} sees no Metal GPU: CPU")
+        return _cpu(f"{_apple_chip()} without MLX ({MLX_INSTALL_HINT}): CPU")
+    cuda = _cuda()
     if cuda is not None:
         return cuda
-    if mlx_present() and not MLX_BACKEND_AVAILABLE:
-        return _cpu("Apple MLX found, but its backend is not in this version: CPU")
     return _cpu("no CUDA device: CPU")
 
 

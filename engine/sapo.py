@@ -227,6 +227,12 @@ class Node:
                 message="Settings saved; the model, device, run name or KL setting change on the next start.",
             ))
             return
+        link = ("mode", "relay_url", "join_token", "embedded_host", "embedded_port")
+        if any(getattr(new.swarm, k) != getattr(self.config.swarm, k) for k in link):
+            self.emit(make_event(
+                "error", kind="ConfigError", fatal=False,
+                message="Swarm connection settings saved; they apply when the engine restarts.",
+            ))
         self.config = new
         self.taskset = self._taskset(new)
         if self.backend is not None:

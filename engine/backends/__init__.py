@@ -2,7 +2,8 @@
 
 Heavy imports (torch, peft, mlx) live inside the backend modules, so
 `import engine.backends` stays cheap. `load_backend` picks the module from the
-chosen device.
+chosen device: `mlx_backend` (mlx-lm) for Apple MLX, `torch_backend`
+(transformers + peft) for CUDA and the CPU. docs/backends.md compares them.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from engine.config import GRPOConfig
-from engine.device import DeviceInfo
+from engine.device import MLX_INSTALL_HINT, DeviceInfo
 from engine.errors import DeviceError
 from engine.rollouts import Completion, TrainItem
 
@@ -61,8 +62,16 @@ class PolicyBackend(Protocol):
 
 
 def load_backend(model_dir: Path, device: DeviceInfo, grpo: GRPOConfig, seed: int, temperature: float) -> PolicyBackend:
+    """The backend for the chosen device: MLX for "mlx", torch for "cuda" and "cpu"."""
+    if device.kind == "mlx":
+        try:
+            from engine.backends.mlx_backend import MLXBackend
+        except ImportError as exc:
+            raise DeviceError(f"The MLX backend could not start ({exc}); use --device cpu, or {MLX_INSTALL_HINT}.") from exc
+
+        return MLXBackend(model_dir, device, grpo, seed=seed, temperature=temperature)
     if device.kind in ("cpu", "cuda"):
         from engine.backends.torch_backend import TorchBackend
 
         return TorchBackend(model_dir, device, grpo, seed=seed, temperature=temperature)
-    raise DeviceError(f"No training backend for device {device.kind!r} in this version; use --device cpu.")
+    raise DeviceError(f"No training backend for device {device.kind!r}; use --device cpu.")

@@ -10,6 +10,12 @@
 - LoRA (default) trains adapters on all linear layers; `full` trains every
   weight. With kl_beta > 0 the reference is the base model: the adapters
   switched off for LoRA, a frozen copy for full fine-tuning.
+- On CUDA: bf16 autocast on GPUs with native bf16 (Ampere and newer, see
+  `engine.device`), TF32 matmuls for what stays fp32, and a micro-batch
+  budget sized to the GPU's memory (`engine.backends.batching`). When the
+  GPU runs out of memory, the budget is halved and the step retried from
+  its start; a warning says so (a `log` event under `sapling-node serve`)
+  and the round's metrics count it in `oom_retries`.
 """
 
 from __future__ import annotations
@@ -39,11 +45,14 @@ from transformers import (
 
 from engine.atomicio import atomic_dir
 from engine.backends import StepCallback
+from engine.backends.batching import MicroBatchBudget, micro_batches
 from engine.config import GRPOConfig
 from engine.device import DeviceInfo
-from engine.errors import CheckpointError, ModelError
+from engine.errors import CheckpointError, DeviceError, ModelError
 from engine.grpo import clipped_pg_loss
 from engine.rollouts import Completion, TrainItem
+
+__all__ = ["TorchBackend", "micro_batches", "release_memory"]
 
 log = logging.getLogger(__name__)
 
@@ -110,29 +119,6 @@ class _StepHook(StoppingCriteria):
         return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)  # type: ignore[return-value]
 
 
-def micro_batches(items: Sequence[TrainItem], max_rows: int, max_tokens: int) -> list[list[TrainItem]]:
-    """Length-sorted chunks of at most `max_rows` sequences and `max_tokens` padded tokens.
-
-    Activation memory grows with padded tokens, so the token budget (not the
-    row count) is what keeps long prompts from blowing the memory target.
-    A single sequence longer than the budget still gets a chunk of its own.
-    """
-    ordered = sorted(items, key=lambda it: len(it.prompt_ids) + len(it.completion_ids))
-    chunks: list[list[TrainItem]] = []
-    current: list[TrainItem] = []
-    prompt_w = comp_w = 0
-    for item in ordered:
-        p, c = max(prompt_w, len(item.prompt_ids)), max(comp_w, len(item.completion_ids))
-        if current and (len(current) >= max_rows or (len(current) + 1) * (p + c) > max_tokens):
-            chunks.append(current)
-            current, p, c = [], len(item.prompt_ids), len(item.completion_ids)
-        current.append(item)
-        prompt_w, comp_w = p, c
-    if current:
-        chunks.append(current)
-    return chunks
-
-
 class TorchBackend:
     def __init__(self, model_dir: Path, device: DeviceInfo, grpo: GRPOConfig, seed: int, temperature: float) -> None:
         self.device = device
@@ -153,6 +139,9 @@ class TorchBackend:
         if grpo.precision == "bf16" and not device.bf16:
             log.warning("bf16 was asked for but %s has no native bf16; it will be slow.", device.name)
         self.autocast = grpo.precision == "bf16" or (grpo.precision == "auto" and device.bf16)
+        self.budget = MicroBatchBudget(device)
+        if self._dev.type == "cuda":
+            torch.set_float32_matmul_precision("high")  # TF32 where the GPU has it; fp32 elsewhere
         torch.manual_seed(seed)
         model.to(self._dev)
         self.reference: torch.nn.Module | None = None
@@ -333,13 +322,35 @@ class TorchBackend:
 
     def behaviour_logprobs(self, items: Sequence[tuple[list[int], list[int]]], temperature: float) -> list[list[float]]:
         """Log-probs under the current policy for text that this node did not sample (swarm items)."""
-        out: list[list[float]] = []
-        with self._inference():
-            for start in range(0, len(items), self.grpo.micro_batch):
-                chunk = items[start : start + self.grpo.micro_batch]
-                logp, _ = self._batch_logprobs(chunk, temperature)
-                out.extend(row[: len(c)] for row, (_, c) in zip(logp.tolist(), chunk, strict=True))
-        return out
+        while True:
+            rows = self.budget.limits(self.grpo)[0]
+            try:
+                out: list[list[float]] = []
+                with self._inference():
+                    for start in range(0, len(items), rows):
+                        chunk = items[start : start + rows]
+                        logp, _ = self._batch_logprobs(chunk, temperature)
+                        out.extend(row[: len(c)] for row, (_, c) in zip(logp.tolist(), chunk, strict=True))
+                return out
+            except torch.OutOfMemoryError:
+                pass  # handled outside the except block, so the failed pass's tensors are freed first
+            self._shrink_after_oom("scoring swarm rollouts")
+
+    def _shrink_after_oom(self, phase: str) -> None:
+        """Halve the micro-batch after an out-of-memory error, or give up with advice."""
+        release_memory()
+        if self._dev.type == "cuda":
+            torch.cuda.empty_cache()
+        if not self.budget.halve(self.grpo):
+            raise DeviceError(
+                f"{self.device.name} ran out of memory while {phase}, even one sequence at a time. "
+                "Use a smaller model, lower tasks.max_new_tokens, or grpo.finetune='lora'."
+            )
+        rows, tokens = self.budget.limits(self.grpo)
+        log.warning(
+            "%s ran out of memory while %s: micro-batch halved to %d sequences / %d tokens; retrying.",
+            self.device.name, phase, rows, tokens,
+        )
 
     @contextlib.contextmanager
     def _reference_mode(self) -> Iterator[torch.nn.Module]:
@@ -350,54 +361,75 @@ class TorchBackend:
                 yield self.model
 
     def train(self, items: Sequence[TrainItem], on_step: StepCallback | None = None) -> dict[str, float]:
-        """`pg_steps` optimiser steps over `items`, micro-batched; returns averaged stats."""
+        """`pg_steps` optimiser steps over `items`, micro-batched; returns averaged stats.
+
+        A step that runs out of memory is thrown away (its partial gradients
+        too) and redone with half the micro-batch.
+        """
         g = self.grpo
         if not items:
-            return {"loss": 0.0, "clip_fraction": 0.0, "kl": 0.0, "grad_norm": 0.0, "train_tokens": 0.0}
-        chunks = micro_batches(items, g.micro_batch, g.micro_batch_tokens)
+            return {"loss": 0.0, "clip_fraction": 0.0, "kl": 0.0, "grad_norm": 0.0, "train_tokens": 0.0, "oom_retries": 0.0}
         total_tokens = float(sum(len(it.completion_ids) for it in items))
-        total_steps = g.pg_steps * len(chunks)
         sums = {"loss": 0.0, "clip_fraction": 0.0, "kl": 0.0, "grad_norm": 0.0}
-        done = 0
+        retries = 0
         self.model.train()
-        for _step in range(g.pg_steps):
-            self.optimizer.zero_grad(set_to_none=True)
-            for chunk in chunks:
-                pairs = [(it.prompt_ids, it.completion_ids) for it in chunk]
-                old = torch.zeros((len(chunk), max(len(it.completion_ids) for it in chunk)))
-                for row, it in enumerate(chunk):
-                    old[row, : len(it.old_logprobs)] = torch.tensor(it.old_logprobs)
-                adv = torch.tensor([it.advantage for it in chunk], dtype=torch.float32, device=self._dev)
-                ref_logp = None
-                with self._autocast():
-                    if g.kl_beta > 0:
-                        with torch.no_grad(), self._reference_mode() as ref_model:
-                            saved, self.model = self.model, ref_model
-                            try:
-                                ref_logp, _ = self._batch_logprobs(pairs, self.temperature)
-                            finally:
-                                self.model = saved
-                    logp, mask = self._batch_logprobs(pairs, self.temperature)
-                    loss, stats = clipped_pg_loss(
-                        logp, old.to(self._dev), adv, mask, g.eps_low, g.eps_high, total_tokens,
-                        ref_logp=ref_logp, kl_beta=g.kl_beta,
-                    )
-                loss.backward()
-                weight = stats.tokens / total_tokens
-                sums["loss"] += stats.loss
-                sums["clip_fraction"] += stats.clip_fraction * weight / g.pg_steps
-                sums["kl"] += stats.kl * weight / g.pg_steps
-                done += 1
-                if on_step is not None:
-                    on_step(done, total_steps)
+        for step in range(g.pg_steps):
+            while True:
+                chunks = micro_batches(items, *self.budget.limits(g))
+                try:
+                    step_sums = self._accumulate_step(chunks, total_tokens, step, on_step)
+                    break
+                except torch.OutOfMemoryError:
+                    pass  # handled outside the except block, so the failed step's tensors are freed first
+                self.optimizer.zero_grad(set_to_none=True)
+                retries += 1
+                self._shrink_after_oom("training")
             if g.max_grad_norm > 0:
                 norm = torch.nn.utils.clip_grad_norm_(self.params, g.max_grad_norm)
-                sums["grad_norm"] += float(norm) / g.pg_steps
+                step_sums["grad_norm"] = float(norm)
             self.optimizer.step()
+            for key, value in step_sums.items():
+                sums[key] += value / g.pg_steps
         self.optimizer.zero_grad(set_to_none=True)
         release_memory()
-        sums["loss"] /= g.pg_steps
         sums["train_tokens"] = total_tokens
+        sums["oom_retries"] = float(retries)
+        return sums
+
+    def _accumulate_step(
+        self, chunks: list[list[TrainItem]], total_tokens: float, step: int, on_step: StepCallback | None
+    ) -> dict[str, float]:
+        """Forward and backward over every chunk, gradients summed; the step's stats."""
+        g = self.grpo
+        self.optimizer.zero_grad(set_to_none=True)
+        sums = {"loss": 0.0, "clip_fraction": 0.0, "kl": 0.0, "grad_norm": 0.0}
+        for index, chunk in enumerate(chunks):
+            pairs = [(it.prompt_ids, it.completion_ids) for it in chunk]
+            old = torch.zeros((len(chunk), max(len(it.completion_ids) for it in chunk)))
+            for row, it in enumerate(chunk):
+                old[row, : len(it.old_logprobs)] = torch.tensor(it.old_logprobs)
+            adv = torch.tensor([it.advantage for it in chunk], dtype=torch.float32, device=self._dev)
+            ref_logp = None
+            with self._autocast():
+                if g.kl_beta > 0:
+                    with torch.no_grad(), self._reference_mode() as ref_model:
+                        saved, self.model = self.model, ref_model
+                        try:
+                            ref_logp, _ = self._batch_logprobs(pairs, self.temperature)
+                        finally:
+                            self.model = saved
+                logp, mask = self._batch_logprobs(pairs, self.temperature)
+                loss, stats = clipped_pg_loss(
+                    logp, old.to(self._dev), adv, mask, g.eps_low, g.eps_high, total_tokens,
+                    ref_logp=ref_logp, kl_beta=g.kl_beta,
+                )
+            loss.backward()
+            weight = stats.tokens / total_tokens
+            sums["loss"] += stats.loss
+            sums["clip_fraction"] += stats.clip_fraction * weight
+            sums["kl"] += stats.kl * weight
+            if on_step is not None:
+                on_step(step * len(chunks) + index + 1, g.pg_steps * len(chunks))
         return sums
 
     def reseed(self, seed: int) -> None:

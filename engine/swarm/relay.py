@@ -50,6 +50,8 @@ CLOSE_POLICY = 1008  # websocket close code for a protocol or policy violation
 # aiohttp drops frames above this outright (close 1009); frames between MAX_FRAME_BYTES
 # and this get a `too_large` error and the connection stays up.
 HARD_FRAME_BYTES = 4 * p.MAX_FRAME_BYTES
+# Rate-limit buckets remembered for peers that left (a reconnect must not refill a bucket).
+MAX_BUCKETS = 100_000
 
 
 @dataclass
@@ -338,7 +340,11 @@ class Relay:
 
     async def _serve(self, conn: Connection) -> None:
         assert conn.peer is not None
-        bucket = self.buckets.setdefault(conn.peer, TokenBucket(self.settings.rate, self.settings.burst))
+        bucket = self.buckets.get(conn.peer)
+        if bucket is None:
+            if len(self.buckets) >= MAX_BUCKETS:
+                self.buckets.pop(next(iter(self.buckets)))
+            bucket = self.buckets[conn.peer] = TokenBucket(self.settings.rate, self.settings.burst)
         async for msg in conn.ws:
             if conn.closing:
                 break

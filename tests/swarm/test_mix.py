@@ -94,7 +94,7 @@ def test_three_nodes_two_architectures_share_and_train_on_external_items(
         by_peer = metrics["b"][-1]["swarm"]["by_peer"]
         ids = {n: s.exchange.identity.peer_id for n, (_node, s) in nodes.items()}
         assert set(by_peer) <= {ids["a"], ids["c"]} and sum(v["accepted"] for v in by_peer.values()) > 0
-        assert metrics["b"][-1]["swarm_reward_mean"] is not None
+        assert any(m["swarm_reward_mean"] is not None for m in metrics["b"])
         peers_events = [e for e in events["b"] if e["type"] == "peers"]
         assert peers_events and peers_events[-1]["accepted"] > 0
         swarm_events = [e for e in events["b"] if e["type"] == "swarm"]

@@ -1,0 +1,87 @@
+"""Micro-batching shared by the training backends (no torch, no mlx here).
+
+- `micro_batches` cuts a training batch into length-sorted chunks under a row
+  and a padded-token budget (gradients are accumulated over the chunks).
+- `MicroBatchBudget` says what that budget is: the config's `micro_batch` and
+  `micro_batch_tokens`, scaled up on an accelerator with memory to spare
+  when both are left at their defaults (which are sized for a CPU laptop),
+  and halved each time the device runs out of memory. A halving lasts for
+  the rest of the session, so a node that ran out once does not run out
+  every round.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from engine.config import GRPOConfig
+from engine.device import DeviceInfo
+from engine.rollouts import TrainItem
+
+# Scale the default budget by one step per this much accelerator memory.
+GIB_PER_SCALE_STEP = 8
+MAX_SCALE = 32
+
+
+def micro_batches(items: Sequence[TrainItem], max_rows: int, max_tokens: int) -> list[list[TrainItem]]:
+    """Length-sorted chunks of at most `max_rows` sequences and `max_tokens` padded tokens.
+
+    Activation memory grows with padded tokens, so the token budget (not the
+    row count) is what keeps long prompts from blowing the memory target.
+    A single sequence longer than the budget still gets a chunk of its own.
+    """
+    ordered = sorted(items, key=lambda it: len(it.prompt_ids) + len(it.completion_ids))
+    chunks: list[list[TrainItem]] = []
+    current: list[TrainItem] = []
+    prompt_w = comp_w = 0
+    for item in ordered:
+        p, c = max(prompt_w, len(item.prompt_ids)), max(comp_w, len(item.completion_ids))
+        if current and (len(current) >= max_rows or (len(current) + 1) * (p + c) > max_tokens):
+            chunks.append(current)
+            current, p, c = [], len(item.prompt_ids), len(item.completion_ids)
+        current.append(item)
+        prompt_w, comp_w = p, c
+    if current:
+        chunks.append(current)
+    return chunks
+
+
+def memory_scale(device: DeviceInfo) -> int:
+    """How many times the CPU-sized default budget this device can hold.
+
+    CUDA memory is the GPU's own; Apple unified memory is shared with the
+    system, so only half of it counts. CPUs keep the default.
+    """
+    if device.kind == "cuda":
+        usable = device.memory_bytes
+    elif device.kind == "mlx":
+        usable = device.memory_bytes // 2
+    else:
+        return 1
+    return max(1, min(MAX_SCALE, usable // (GIB_PER_SCALE_STEP << 30)))
+
+
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(GRPOConfig)}
+
+
+class MicroBatchBudget:
+    """Rows and padded tokens per forward/backward pass on one device."""
+
+    def __init__(self, device: DeviceInfo) -> None:
+        self.scale = memory_scale(device)
+        self.halvings = 0
+
+    def limits(self, grpo: GRPOConfig) -> tuple[int, int]:
+        """(rows, tokens) for this config, after scaling and any halvings."""
+        rows, tokens = grpo.micro_batch, grpo.micro_batch_tokens
+        if rows == _DEFAULTS["micro_batch"] and tokens == _DEFAULTS["micro_batch_tokens"]:
+            rows, tokens = rows * self.scale, tokens * self.scale
+        return max(1, rows >> self.halvings), max(1, tokens >> self.halvings)
+
+    def halve(self, grpo: GRPOConfig) -> bool:
+        """Halve the budget after running out of memory; False when it is one sequence already."""
+        if self.limits(grpo)[0] <= 1:
+            return False
+        self.halvings += 1
+        return True
