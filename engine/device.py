@@ -220,7 +220,7 @@ def pick_device(requested: str = "auto") -> DeviceInfo:
         if mlx_installed():
             mlx = _mlx(require_metal=True)
             return mlx if mlx is not None else _cpu(f"MLX {mlx_version()} sees no Metal GPU: CPU")
-        return _cpu(f"{_apple_chip()} without MLX ({MLX_INSTALL_HINT}): CPU")
+        return _cpu(f"{_apple_chip()} without MLX (pip install 'sapling[mlx]'): CPU")
     cuda = _cuda()
     if cuda is not None:
         return cuda

@@ -155,7 +155,7 @@ def test_reload_with_a_bad_file_is_not_fatal(tiny_model_dir: Path, tmp_path: Pat
     [
         (["--set", "grpo.learning_rate=-1"], 2, "grpo.learning_rate"),
         (["--device", "tpu"], 2, "run.device"),
-        (["--device", "mlx"], 2, "MLX"),
+        (["--device", "cuda"], 2, "CUDA"),
         (["--set", "run.run_name='a/b'"], 2, "run.run_name"),
         (["--config", "/no/such/config.toml"], 2, "does not exist"),
     ],
