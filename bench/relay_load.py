@@ -189,7 +189,7 @@ async def run(args: argparse.Namespace) -> int:
 
             async def one_peer(i: int, peer: Peer) -> None:
                 nonlocal failures
-                await asyncio.sleep((i / len(held)) * period)
+                await asyncio.sleep(min((i / len(held)) * period, args.seconds))
                 while time.perf_counter() < stop_at:
                     began = time.perf_counter()
                     try:
@@ -197,7 +197,8 @@ async def run(args: argparse.Namespace) -> int:
                         rtts.append(await peer.sample(4))
                     except (TimeoutError, RuntimeError, ConnectionError, aiohttp.ClientError):
                         failures += 1
-                    await asyncio.sleep(max(0.0, period - (time.perf_counter() - began)))
+                    wake = min(began + period, stop_at)
+                    await asyncio.sleep(max(0.0, wake - time.perf_counter()))
 
             async def watch() -> None:
                 nonlocal peak_rss
@@ -208,7 +209,7 @@ async def run(args: argparse.Namespace) -> int:
             await asyncio.wait_for(
                 asyncio.gather(watch(), *(one_peer(i, peer) for i, peer in enumerate(held))), HARD_DEADLINE_S
             )
-            elapsed = time.perf_counter() - start
+            elapsed = min(time.perf_counter(), stop_at) - start
             cpu = proc.cpu_percent(None)
             published = sum(peer.published for peer in held)
             still_open = sum(1 for peer in held if peer.ws is not None and not peer.ws.closed)
