@@ -233,6 +233,13 @@ class Node:
                 "error", kind="ConfigError", fatal=False,
                 message="Swarm connection settings saved; they apply when the engine restarts.",
             ))
+        if new.run.threads != self.config.run.threads and self.device is not None and self.device.kind in ("cpu", "cuda"):
+            import os
+
+            import torch
+
+            torch.set_num_threads(new.run.threads or os.cpu_count() or 1)
+            log.info("Now training with %d CPU threads.", torch.get_num_threads())
         self.config = new
         self.taskset = self._taskset(new)
         if self.backend is not None:

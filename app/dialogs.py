@@ -1,0 +1,380 @@
+"""The first-run dialog, the Settings dialog (same choices) and the problem dialog.
+
+`SettingsForm` holds the choices: the model, the swarm (the local embedded
+relay by default, a relay address or invite, or alone) and resource limits
+(CPU threads, idle only, AC power only, start at login). A value that cannot
+be used is shown in red under the form with what to type instead, and the
+dialog stays open.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtWidgets import (
+    QButtonGroup,
+    QCheckBox,
+    QDialog,
+    QFileDialog,
+    QFormLayout,
+    QGridLayout,
+    QGroupBox,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QPlainTextEdit,
+    QPushButton,
+    QRadioButton,
+    QSpinBox,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app import theme
+from app.controller import Problem
+from app.settings import AppSettings, EngineSettings, SettingsError, split_invite, validate
+
+WHAT_IT_DOES = (
+    "<p><b>Sapling trains a small language model on this computer</b>, in the background, using spare "
+    "time on your processor or graphics card. It practises puzzles it can check by itself (arithmetic, "
+    "dates, logic, number bases), and learns a little from every answer that worked.</p>"
+    "<p><b>What it shares with the swarm:</b> the puzzles and your model's answers to them, as plain text, "
+    "signed with a random key made for this app. Other computers learn from your answers, and you from theirs.</p>"
+    "<p><b>What it never shares:</b> your files, your model's weights, or anything about you. "
+    "With the local swarm, nothing leaves this computer at all.</p>"
+    "<p>You can pause or stop at any time; training continues where it left off.</p>"
+)
+
+
+def _hint(text: str) -> QLabel:
+    label = QLabel(text)
+    label.setObjectName("muted")
+    label.setWordWrap(True)
+    label.setContentsMargins(24, 0, 0, 4)
+    return label
+
+
+class SettingsForm(QWidget):
+    """Model, swarm and resource choices; `values()` validates and returns them."""
+
+    changed = Signal()
+
+    def __init__(self, idle_supported: bool, ac_supported: bool, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.setSpacing(8)
+
+        # Model
+        model_box = QGroupBox("Model to train")
+        grid = QGridLayout(model_box)
+        self.model_bundled = QRadioButton("SmolLM2-135M-Instruct, included with Sapling (works offline)")
+        self.model_folder = QRadioButton("A model folder on this computer")
+        self.model_hub = QRadioButton("A model from Hugging Face")
+        self.folder_edit = QLineEdit()
+        self.folder_edit.setPlaceholderText("A folder with config.json")
+        browse = QPushButton("Browse…")
+        browse.clicked.connect(self._browse)
+        self.hub_edit = QLineEdit()
+        self.hub_edit.setPlaceholderText("org/name (downloaded once)")
+        self.hub_edit.setToolTip("For example HuggingFaceTB/SmolLM2-360M-Instruct")
+        self.model_group = QButtonGroup(self)
+        for button in (self.model_bundled, self.model_folder, self.model_hub):
+            self.model_group.addButton(button)
+        grid.addWidget(self.model_bundled, 0, 0, 1, 3)
+        grid.addWidget(self.model_folder, 1, 0)
+        grid.addWidget(self.folder_edit, 1, 1)
+        grid.addWidget(browse, 1, 2)
+        grid.addWidget(self.model_hub, 2, 0)
+        grid.addWidget(self.hub_edit, 2, 1, 1, 2)
+        grid.setColumnStretch(1, 1)
+        layout.addWidget(model_box)
+
+        # Swarm
+        swarm_box = QGroupBox("Swarm")
+        swarm = QVBoxLayout(swarm_box)
+        swarm.setSpacing(2)
+        self.swarm_embedded = QRadioButton("Local swarm on this computer (recommended to start)")
+        self.swarm_relay = QRadioButton("Join a swarm: a relay address or an invite link")
+        self.swarm_solo = QRadioButton("Train alone and share nothing")
+        self.relay_edit = QLineEdit()
+        self.relay_edit.setPlaceholderText("wss://relay.example.org/ws or an invite link")
+        self.token_edit = QLineEdit()
+        self.token_edit.setPlaceholderText("Only for a private swarm")
+        self.swarm_group = QButtonGroup(self)
+        for button in (self.swarm_embedded, self.swarm_relay, self.swarm_solo):
+            self.swarm_group.addButton(button)
+        swarm.addWidget(self.swarm_embedded)
+        swarm.addWidget(_hint("Sapling runs a small relay here that other Sapling windows on this computer can join. "
+                              "Nothing leaves this computer."))
+        swarm.addWidget(self.swarm_relay)
+        relay_form = QFormLayout()
+        relay_form.setContentsMargins(24, 2, 0, 4)
+        relay_form.addRow("Relay address:", self.relay_edit)
+        relay_form.addRow("Join token:", self.token_edit)
+        swarm.addLayout(relay_form)
+        swarm.addWidget(self.swarm_solo)
+        layout.addWidget(swarm_box)
+
+        # Resources
+        limits_box = QGroupBox("Resources")
+        limits = QVBoxLayout(limits_box)
+        threads_row = QHBoxLayout()
+        threads_row.addWidget(QLabel("CPU threads for training:"))
+        self.threads = QSpinBox()
+        cores = os.cpu_count() or 1
+        self.threads.setRange(0, max(cores, 1))
+        self.threads.setSpecialValueText(f"All ({cores})")
+        self.threads.setToolTip("Fewer threads leave more of the computer for you; training gets slower.")
+        threads_row.addWidget(self.threads)
+        threads_row.addStretch(1)
+        limits.addLayout(threads_row)
+        self.only_idle = QCheckBox("Train only when the computer is idle (no keyboard or mouse for 5 minutes)")
+        self.only_ac = QCheckBox("Train only when plugged in (on AC power)")
+        self.autostart = QCheckBox("Start Sapling when I log in, training in the background")
+        for box, supported, why in ((self.only_idle, idle_supported, "Not available: this system does not report idle time."),
+                                    (self.only_ac, ac_supported, "Not available: this computer reports no battery.")):
+            limits.addWidget(box)
+            if not supported:
+                box.setEnabled(False)
+                box.setToolTip(why)
+                limits.addWidget(_hint(why))
+        limits.addWidget(self.autostart)
+        layout.addWidget(limits_box)
+
+        self.error = QLabel()
+        self.error.setWordWrap(True)
+        self.error.setStyleSheet(f"color: {theme.ERROR}; font-weight: 600;")
+        self.error.hide()
+        layout.addWidget(self.error)
+
+        for choice in (*self.model_group.buttons(), *self.swarm_group.buttons()):
+            choice.toggled.connect(self._sync)
+        for edit in (self.folder_edit, self.hub_edit, self.relay_edit, self.token_edit):
+            edit.textEdited.connect(self._clear_error)
+        self.relay_edit.editingFinished.connect(self._take_invite)
+
+    # -- values -------------------------------------------------------------------------
+    def set_values(self, engine: EngineSettings, app: AppSettings) -> None:
+        source = engine.model_source
+        if source == "bundled":
+            self.model_bundled.setChecked(True)
+        elif source.count("/") == 1 and not source.startswith(("/", ".", "~")) and not os.path.exists(source):
+            self.model_hub.setChecked(True)
+            self.hub_edit.setText(source)
+        else:
+            self.model_folder.setChecked(True)
+            self.folder_edit.setText(source)
+        {"embedded": self.swarm_embedded, "relay": self.swarm_relay, "solo": self.swarm_solo}.get(
+            engine.swarm_mode, self.swarm_embedded).setChecked(True)
+        self.relay_edit.setText(engine.relay_url)
+        self.token_edit.setText(engine.join_token)
+        self.threads.setValue(min(engine.threads, self.threads.maximum()))
+        self.only_idle.setChecked(app.only_when_idle and self.only_idle.isEnabled())
+        self.only_ac.setChecked(app.only_on_ac_power and self.only_ac.isEnabled())
+        self.autostart.setChecked(app.start_at_login)
+        self._sync()
+
+    def values(self, engine: EngineSettings, app: AppSettings) -> tuple[EngineSettings, AppSettings]:
+        """The chosen settings (copies of the given ones); SettingsError when one cannot be used."""
+        if self.model_folder.isChecked():
+            source = self.folder_edit.text().strip()
+            if not source:
+                self._fail("Choose the model folder, or pick the included model.", self.folder_edit)
+        elif self.model_hub.isChecked():
+            source = self.hub_edit.text().strip()
+            if not source:
+                self._fail("Type the Hugging Face id (org/name), or pick the included model.", self.hub_edit)
+        else:
+            source = "bundled"
+        mode = "relay" if self.swarm_relay.isChecked() else "solo" if self.swarm_solo.isChecked() else "embedded"
+        self._take_invite()
+        new_engine = replace(engine, model_source=source, swarm_mode=mode, relay_url=self.relay_edit.text().strip(),
+                             join_token=self.token_edit.text().strip(), threads=self.threads.value())
+        try:
+            validate(new_engine)
+        except SettingsError as exc:
+            field = self.relay_edit if "relay" in str(exc).lower() else self.hub_edit if self.model_hub.isChecked() \
+                else self.folder_edit if self.model_folder.isChecked() else None
+            self._fail(str(exc), field)
+        new_app = replace(app, only_when_idle=self.only_idle.isChecked(), only_on_ac_power=self.only_ac.isChecked(),
+                          start_at_login=self.autostart.isChecked())
+        self._clear_error()
+        return new_engine, new_app
+
+    def show_error(self, text: str) -> None:
+        self.error.setText(text)
+        self.error.show()
+
+    def _fail(self, text: str, field: QLineEdit | None) -> None:
+        self.show_error(text)
+        if field is not None:
+            field.setFocus()
+            field.selectAll()
+        raise SettingsError(text)
+
+    def _clear_error(self) -> None:
+        self.error.hide()
+
+    def _take_invite(self) -> None:
+        url, token = split_invite(self.relay_edit.text())
+        if token:
+            self.relay_edit.setText(url)
+            self.token_edit.setText(token)
+
+    def _sync(self) -> None:
+        self.folder_edit.setEnabled(self.model_folder.isChecked())
+        self.hub_edit.setEnabled(self.model_hub.isChecked())
+        relay = self.swarm_relay.isChecked()
+        self.relay_edit.setEnabled(relay)
+        self.token_edit.setEnabled(relay)
+        self._clear_error()
+        self.changed.emit()
+
+    def _browse(self) -> None:
+        folder = QFileDialog.getExistingDirectory(self, "Choose a model folder", self.folder_edit.text())
+        if folder:
+            self.folder_edit.setText(folder)
+            self.model_folder.setChecked(True)
+
+
+class _SettingsDialogBase(QDialog):
+    def __init__(self, engine: EngineSettings, app: AppSettings, idle_supported: bool, ac_supported: bool,
+                 parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.engine_settings, self.app_settings = engine, app
+        self.form = SettingsForm(idle_supported, ac_supported)
+        self.form.set_values(engine, app)
+        self.start_training = False
+
+    def _buttons(self, labels: list[tuple[str, bool, bool]]) -> QHBoxLayout:
+        """(text, primary, starts training) for each button, right-aligned; Cancel is Esc."""
+        row = QHBoxLayout()
+        row.addStretch(1)
+        cancel = QPushButton("Cancel")
+        cancel.clicked.connect(self.reject)
+        row.addWidget(cancel)
+        for text, primary, start in labels:
+            button = QPushButton(text)
+            if primary:
+                button.setObjectName("primary")
+                button.setDefault(True)
+            button.clicked.connect(lambda _=False, s=start: self.try_accept(s))
+            row.addWidget(button)
+        return row
+
+    def try_accept(self, start_training: bool = False) -> bool:
+        try:
+            self.engine_settings, self.app_settings = self.form.values(self.engine_settings, self.app_settings)
+        except SettingsError:
+            return False
+        self.start_training = start_training
+        self.accept()
+        return True
+
+
+class FirstRunDialog(_SettingsDialogBase):
+    """Shown once: what Sapling does and shares, and the same choices as Settings."""
+
+    def __init__(self, engine: EngineSettings, app: AppSettings, idle_supported: bool, ac_supported: bool,
+                 parent: QWidget | None = None) -> None:
+        super().__init__(engine, app, idle_supported, ac_supported, parent)
+        self.setWindowTitle("Welcome to Sapling")
+        self.setWindowIcon(theme.icon())
+        layout = QHBoxLayout(self)
+        layout.setContentsMargins(20, 20, 20, 16)
+        layout.setSpacing(20)
+        left = QVBoxLayout()
+        logo = QLabel()
+        logo.setPixmap(theme.icon().pixmap(72, 72))
+        title = QLabel("Welcome to Sapling")
+        title.setObjectName("title")
+        self.about = QLabel(WHAT_IT_DOES)
+        self.about.setWordWrap(True)
+        self.about.setTextFormat(Qt.TextFormat.RichText)
+        self.about.setMinimumWidth(300)
+        self.about.setMaximumWidth(340)
+        left.addWidget(logo)
+        left.addWidget(title)
+        left.addWidget(self.about)
+        left.addStretch(1)
+        layout.addLayout(left)
+        right = QVBoxLayout()
+        right.addWidget(self.form)
+        right.addStretch(1)
+        right.addLayout(self._buttons([("Save, start later", False, False), ("Start training", True, True)]))
+        layout.addLayout(right, 1)
+
+
+class SettingsDialog(_SettingsDialogBase):
+    def __init__(self, engine: EngineSettings, app: AppSettings, idle_supported: bool, ac_supported: bool,
+                 config_file: str, parent: QWidget | None = None) -> None:
+        super().__init__(engine, app, idle_supported, ac_supported, parent)
+        self.setWindowTitle("Sapling settings")
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(18, 16, 18, 14)
+        title = QLabel("Settings")
+        title.setObjectName("sectionTitle")
+        layout.addWidget(title)
+        layout.addWidget(self.form)
+        where = QLabel(f"Saved in {config_file}. Other engine settings stay as they are in that file.")
+        where.setObjectName("muted")
+        where.setWordWrap(True)
+        where.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        layout.addWidget(where)
+        layout.addLayout(self._buttons([("Save", True, False)]))
+        self.setMinimumWidth(660)
+
+
+class ProblemDialog(QDialog):
+    """What went wrong, the last log lines, and what can be done now (non-modal)."""
+
+    restartRequested = Signal()
+    settingsRequested = Signal()
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setWindowTitle("Sapling")
+        self.setModal(False)
+        layout = QVBoxLayout(self)
+        self.title = QLabel()
+        self.title.setObjectName("sectionTitle")
+        self.text = QLabel()
+        self.text.setWordWrap(True)
+        self.text.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.details = QPlainTextEdit()
+        self.details.setReadOnly(True)
+        self.details.setLineWrapMode(QPlainTextEdit.LineWrapMode.NoWrap)
+        self.details.setMinimumSize(640, 220)
+        layout.addWidget(self.title)
+        layout.addWidget(self.text)
+        layout.addWidget(QLabel("Last lines from the engine:"))
+        layout.addWidget(self.details, 1)
+        row = QHBoxLayout()
+        row.addStretch(1)
+        self.settings_button = QPushButton("Open Settings")
+        self.settings_button.clicked.connect(self.settingsRequested)
+        self.settings_button.clicked.connect(self.close)
+        self.restart_button = QPushButton("Restart now")
+        self.restart_button.clicked.connect(self.restartRequested)
+        self.restart_button.clicked.connect(self.close)
+        close = QPushButton("Close")
+        close.clicked.connect(self.close)
+        for button in (self.settings_button, self.restart_button, close):
+            row.addWidget(button)
+        layout.addLayout(row)
+
+    def show_problem(self, problem: Problem) -> None:
+        self.title.setText(problem.title)
+        text = problem.text
+        if problem.restart_in is not None:
+            text += f"\n\nSapling restarts it in {problem.restart_in:.0f} seconds; your progress up to the last round is kept."
+        self.text.setText(text)
+        self.details.setPlainText(problem.details or "(no output)")
+        self.details.verticalScrollBar().setValue(self.details.verticalScrollBar().maximum())
+        self.settings_button.setVisible(problem.needs_settings)
+        self.restart_button.setVisible(problem.restart_in is not None)
+        self.show()
+        self.raise_()

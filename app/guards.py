@@ -1,0 +1,158 @@
+"""Safety nets: one running app per user, and a bug becomes a dialog plus a log entry.
+
+`SingleInstance` listens on a local socket (QLocalServer) named after the
+user and the config dir. A second launch finds it, asks the first to raise
+its window, and exits. A socket left behind by a crashed app is removed.
+
+`install_excepthook` routes uncaught exceptions to the app log (rotating,
+in the platformdirs log dir) and to an error dialog with the traceback.
+"""
+
+from __future__ import annotations
+
+import getpass
+import hashlib
+import logging
+import logging.handlers
+import sys
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from types import TracebackType
+
+from PySide6.QtCore import QObject, Signal
+from PySide6.QtNetwork import QLocalServer, QLocalSocket
+
+log = logging.getLogger(__name__)
+
+APP_LOG = "sapling-app.log"
+
+
+def instance_name(config_dir: Path) -> str:
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = "user"
+    digest = hashlib.sha256(f"{user}:{Path(config_dir).resolve()}".encode()).hexdigest()[:12]
+    return f"sapling-{digest}"
+
+
+class SingleInstance(QObject):
+    raiseRequested = Signal()
+
+    def __init__(self, name: str, parent: QObject | None = None) -> None:
+        super().__init__(parent)
+        self.name = name
+        self.server: QLocalServer | None = None
+
+    def notify_running(self, timeout_ms: int = 500) -> bool:
+        """True when another instance answered (it was asked to raise its window)."""
+        socket = QLocalSocket()
+        socket.connectToServer(self.name)
+        if not socket.waitForConnected(timeout_ms):
+            return False
+        socket.write(b"raise\n")
+        socket.waitForBytesWritten(timeout_ms)
+        socket.disconnectFromServer()
+        return True
+
+    def listen(self) -> bool:
+        server = QLocalServer(self)
+        server.setSocketOptions(QLocalServer.SocketOption.UserAccessOption)
+        if not server.listen(self.name):
+            QLocalServer.removeServer(self.name)  # stale, from an app that crashed
+            if not server.listen(self.name):
+                log.warning("single-instance guard unavailable: %s", server.errorString())
+                return False
+        server.newConnection.connect(self._on_connection)
+        self.server = server
+        return True
+
+    def _on_connection(self) -> None:
+        if self.server is None:
+            return
+        while self.server.hasPendingConnections():
+            socket = self.server.nextPendingConnection()
+            # The second instance writes at once after connecting; wait for it briefly.
+            if socket.bytesAvailable() or socket.waitForReadyRead(500):
+                wanted = b"raise" in bytes(socket.readAll().data())
+            else:
+                wanted = True  # it connected: someone launched Sapling again
+            socket.abort()
+            socket.deleteLater()
+            if wanted:
+                self.raiseRequested.emit()
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+            self.server = None
+
+
+def setup_app_logging(log_dir: Path) -> Path | None:
+    """Rotating app log next to the engine's; returns its path (None when not writable)."""
+    root = logging.getLogger()
+    root.setLevel(logging.INFO)
+    try:
+        log_dir.mkdir(parents=True, exist_ok=True)
+        handler = logging.handlers.RotatingFileHandler(log_dir / APP_LOG, maxBytes=2 << 20, backupCount=2, encoding="utf-8")
+    except OSError as exc:
+        print(f"sapling: warning: cannot write logs in {log_dir}: {exc}", file=sys.stderr)
+        return None
+    handler.setFormatter(logging.Formatter("%(asctime)s %(process)d %(levelname)s %(name)s: %(message)s"))
+    root.addHandler(handler)
+    return log_dir / APP_LOG
+
+
+def route_qt_messages() -> None:
+    """Qt's own warnings go to the app log instead of the terminal."""
+    from PySide6.QtCore import QMessageLogContext, QtMsgType, qInstallMessageHandler
+
+    qt_log = logging.getLogger("qt")
+    levels = {QtMsgType.QtDebugMsg: logging.DEBUG, QtMsgType.QtInfoMsg: logging.INFO,
+              QtMsgType.QtWarningMsg: logging.WARNING, QtMsgType.QtCriticalMsg: logging.ERROR,
+              QtMsgType.QtFatalMsg: logging.CRITICAL}
+
+    def handler(kind: QtMsgType, context: QMessageLogContext, message: str) -> None:
+        # The offscreen and minimal platforms say this about every window; it means nothing here.
+        level = logging.DEBUG if "does not support" in message else levels.get(kind, logging.WARNING)
+        qt_log.log(level, "%s", message)
+
+    qInstallMessageHandler(handler)
+
+
+ShowError = Callable[[str, str], None]
+
+
+def install_excepthook(show: ShowError, log_file: Path | None) -> Callable[..., None]:
+    """Uncaught exceptions: logged with the traceback, then `show(summary, details)`."""
+    busy = [False]
+
+    def hook(kind: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
+        if issubclass(kind, KeyboardInterrupt):
+            sys.__excepthook__(kind, value, tb)
+            return
+        details = "".join(traceback.format_exception(kind, value, tb))
+        log.critical("uncaught exception:\n%s", details)
+        if busy[0]:  # an error while showing the error: the log has it
+            return
+        busy[0] = True
+        try:
+            where = f"\n\nThe details are in {log_file}." if log_file else ""
+            show(f"Sapling hit a bug: {kind.__name__}: {value}{where}\n\nTraining in the engine is not affected.", details)
+        finally:
+            busy[0] = False
+
+    sys.excepthook = hook
+    return hook
+
+
+def error_dialog(summary: str, details: str) -> None:
+    from PySide6.QtWidgets import QApplication, QMessageBox
+
+    if QApplication.instance() is None:
+        print(summary, details, sep="\n", file=sys.stderr)
+        return
+    box = QMessageBox(QMessageBox.Icon.Critical, "Sapling: unexpected error", summary)
+    box.setDetailedText(details)
+    box.exec()

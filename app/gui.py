@@ -1,0 +1,117 @@
+"""Wiring: settings, session, engine process, controller, window and tray, built in one place.
+
+`build_gui(paths, engine_flags)` returns a `Gui` holding every piece, so
+`app.main`, the self-test, the screenshots script, the benchmark and the
+tests all assemble the app the same way.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from PySide6.QtCore import QTimer
+from PySide6.QtWidgets import QApplication, QProgressDialog
+
+from app.autostart import Autostart, launch_command
+from app.controller import Controller
+from app.engine_process import EngineProcess, engine_command
+from app.power import PowerPolicy
+from app.session import Session
+from app.settings import SettingsStore
+from app.tray import Tray
+from app.window import MainWindow
+from engine.paths import Paths
+
+log = logging.getLogger(__name__)
+
+QUIT_GRACE_MS = 60_000
+
+
+@dataclass
+class Gui:
+    paths: Paths
+    store: SettingsStore
+    session: Session
+    engine: EngineProcess
+    controller: Controller
+    window: MainWindow
+    tray: Tray
+    warnings: list[str] = field(default_factory=list)
+    quitting: bool = False
+    on_quit: Callable[[], None] | None = None
+
+    def after_show(self) -> None:
+        """Work that can wait until the window is on screen: history, warnings, first run."""
+        self.session.load_history(self.paths.metrics_file)
+        for warning in self.warnings:
+            self.window.add_banner("warning", warning)
+        self.warnings.clear()
+        if not self.window.app_settings.first_run_done:
+            self.window.open_first_run()
+
+    def quit(self, grace_ms: int = QUIT_GRACE_MS) -> None:
+        """Stop the engine at a safe point (at most `grace_ms`, then kill), then leave the event loop."""
+        if self.quitting:
+            return
+        self.quitting = True
+        self.window.save_app_settings()
+        self.controller.restart_timer.stop()
+        self.window.quitting = True
+        # exit(), not quit(): Qt 6's quit() first asks every window to close, and a hidden window may refuse.
+        done = self.on_quit or (lambda: QApplication.exit(0))
+        if not self.engine.is_running():
+            self.tray.hide()
+            done()
+            return
+        progress = QProgressDialog("Saving your progress: training stops at the next safe point…", "Quit now", 0, 0,
+                                   self.window if self.window.isVisible() else None)
+        progress.setWindowTitle("Sapling")
+        progress.setMinimumDuration(800)
+
+        def finish(*_args: object) -> None:
+            progress.reset()
+            self.tray.hide()
+            done()
+
+        self.engine.exited.connect(finish)
+        progress.canceled.connect(self.engine.kill)
+        self.engine.stop()
+        QTimer.singleShot(grace_ms, self.engine, self.engine.kill)
+
+
+def build_gui(
+    paths: Paths,
+    engine_flags: Sequence[str] = (),
+    tray_available: bool | None = None,
+    command: Callable[[], list[str]] | None = None,
+    policy: PowerPolicy | None = None,
+    autostart: Autostart | None = None,
+    restart_delays: Sequence[float] | None = None,
+) -> Gui:
+    store = SettingsStore(paths)
+    engine_settings = store.load_engine()
+    app_settings = store.load_app()
+    session = Session(run=store.run_name())
+    flags = list(engine_flags)
+    engine = EngineProcess(command or (lambda: engine_command(flags)))
+    extra = {"restart_delays": restart_delays} if restart_delays is not None else {}
+    controller = Controller(paths, session, engine, policy=policy, **extra)  # type: ignore[arg-type]
+    controller.policy.set_rules(app_settings.only_when_idle, app_settings.only_on_ac_power)
+    tray = Tray(controller, available=tray_available)
+    home_flags = flags[flags.index("--home"): flags.index("--home") + 2] if "--home" in flags else []
+    window = MainWindow(controller, store, app_settings, engine_settings, tray_available=tray.available,
+                        autostart=autostart, autostart_argv=launch_command(home_flags))
+    gui = Gui(paths, store, session, engine, controller, window, tray, warnings=store.take_warnings())
+
+    tray.showRequested.connect(window.bring_to_front)
+    tray.quitRequested.connect(gui.quit)
+    window.quitRequested.connect(gui.quit)
+
+    def notify(title: str, text: str, level: str) -> None:
+        if not tray.show_message(title, text, level):
+            window.notify(title, text, level)
+
+    controller.notify.connect(notify)
+    return gui

@@ -1,0 +1,258 @@
+"""The peers panel and the log view.
+
+`PeersPanel` shows the latest `peers` event: peers online, rollouts received,
+accepted and rejected, why they were rejected, and a row per peer.
+`LogView` shows the engine's log events and its stderr, batched so a burst of
+lines costs one repaint, and capped at `LogView.MAX_LINES` lines.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from PySide6.QtCore import Qt, QTimer, QUrl
+from PySide6.QtGui import QColor, QDesktopServices, QFont, QFontDatabase, QTextCharFormat, QTextCursor
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QApplication,
+    QFrame,
+    QGridLayout,
+    QHBoxLayout,
+    QHeaderView,
+    QLabel,
+    QPlainTextEdit,
+    QPushButton,
+    QTableWidget,
+    QTableWidgetItem,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app import theme
+from app.session import Session, number
+
+# The engine's reasons (engine/exchange.py), in words.
+REASONS = {
+    "malformed": "Malformed",
+    "bad_signature": "Signature did not verify",
+    "stale": "Too old",
+    "unknown_task": "Unknown task",
+    "question_mismatch": "Question did not match its task",
+    "forged_reward": "Claimed reward was wrong",
+    "too_long": "Over the length limit",
+    "duplicate": "Seen before",
+    "zero_advantage": "Same score for every answer",
+    "banned": "From a banned peer",
+    "own_batch": "Our own rollouts",
+}
+
+
+def reason_text(reason: str) -> str:
+    return REASONS.get(reason, reason.replace("_", " ").strip().capitalize() or "Other")
+
+
+def _count(value: Any) -> str:
+    n = number(value)
+    return "–" if n is None else f"{int(n):,}"
+
+
+class PeersPanel(QFrame):
+    def __init__(self, session: Session, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setObjectName("card")
+        self.session = session
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(14, 12, 14, 12)
+        layout.setSpacing(8)
+        title = QLabel("Swarm")
+        title.setObjectName("sectionTitle")
+        layout.addWidget(title)
+
+        top = QHBoxLayout()
+        self.online = QLabel("–")
+        self.online.setObjectName("bigNumber")
+        self.online_label = QLabel("online in the swarm")
+        self.online_label.setToolTip("Computers connected to the relay, this one included")
+        self.online_label.setObjectName("muted")
+        top.addWidget(self.online)
+        top.addWidget(self.online_label, 1, Qt.AlignmentFlag.AlignBottom)
+        layout.addLayout(top)
+
+        counts = QGridLayout()
+        counts.setHorizontalSpacing(14)
+        self.received, self.accepted, self.rejected = QLabel("–"), QLabel("–"), QLabel("–")
+        for column, (name, label) in enumerate((("Rollouts received", self.received), ("Accepted", self.accepted),
+                                                  ("Rejected", self.rejected))):
+            caption = QLabel(name)
+            caption.setToolTip("Answers from other computers; each is checked and re-scored here before use")
+            caption.setObjectName("muted")
+            label.setObjectName("kpiValue")
+            counts.addWidget(label, 0, column)
+            counts.addWidget(caption, 1, column)
+        layout.addLayout(counts)
+
+        self.reasons = self._table(["Why rejected", "Count"])
+        self.peer_table = self._table(["Peer", "Accepted", "Rejected"])
+        layout.addWidget(self.reasons, 1)
+        layout.addWidget(self.peer_table, 1)
+        self.note = QLabel()
+        self.note.setObjectName("muted")
+        self.note.setWordWrap(True)
+        layout.addWidget(self.note)
+        session.peersChanged.connect(self.refresh)
+        session.swarmChanged.connect(self.refresh)
+        self.refresh()
+
+    @staticmethod
+    def _table(headers: list[str]) -> QTableWidget:
+        table = QTableWidget(0, len(headers))
+        table.setHorizontalHeaderLabels(headers)
+        table.verticalHeader().setVisible(False)
+        table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+        table.setSelectionMode(QAbstractItemView.SelectionMode.NoSelection)
+        table.setFocusPolicy(Qt.FocusPolicy.NoFocus)
+        table.setShowGrid(False)
+        table.setAlternatingRowColors(True)
+        table.setWordWrap(False)
+        table.setTextElideMode(Qt.TextElideMode.ElideRight)
+        table.verticalHeader().setDefaultSectionSize(24)
+        header = table.horizontalHeader()
+        header.setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
+        for column in range(1, len(headers)):
+            header.setSectionResizeMode(column, QHeaderView.ResizeMode.ResizeToContents)
+        table.setMinimumHeight(70)
+        return table
+
+    @staticmethod
+    def _fill(table: QTableWidget, rows: list[list[str]], empty: str) -> None:
+        if not rows:
+            rows = [[empty] + [""] * (table.columnCount() - 1)]
+        table.setRowCount(len(rows))
+        for r, row in enumerate(rows):
+            for c, text in enumerate(row):
+                item = QTableWidgetItem(text)
+                item.setToolTip(text)
+                if c > 0:
+                    item.setTextAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
+                table.setItem(r, c, item)
+
+    def refresh(self) -> None:
+        peers, swarm = self.session.peers, self.session.swarm
+        solo = bool(swarm) and not swarm.get("relay")
+        if peers:
+            online = number(peers.get("online"))
+            self.online.setText(_count(online))
+            self.online_label.setText("online in the swarm (just you)" if online == 1 else "online in the swarm")
+        else:
+            self.online.setText("–")
+        self.received.setText(_count(peers.get("received")))
+        self.accepted.setText(_count(peers.get("accepted")))
+        self.rejected.setText(_count(peers.get("rejected")))
+        reasons = peers.get("rejected_by_reason") or {}
+        ranked = sorted(reasons.items(), key=lambda kv: (-(number(kv[1]) or 0), str(kv[0])))
+        self._fill(self.reasons, [[reason_text(str(k)), _count(v)] for k, v in ranked], "None rejected")
+        by_peer = peers.get("by_peer") or {}
+        peer_rows = []
+        for peer_id, info in by_peer.items():
+            info = info if isinstance(info, dict) else {}
+            name = str(info.get("name") or "unnamed")
+            peer_rows.append((number(info.get("accepted")) or 0, [f"{name} · {str(peer_id)[:8]}",
+                              _count(info.get("accepted")), _count(info.get("rejected"))]))
+        peer_rows.sort(key=lambda r: -r[0])
+        self._fill(self.peer_table, [r[1] for r in peer_rows], "No peers yet")
+        if solo:
+            self.note.setText("Training alone: nothing is shared. Choose a swarm in Settings to join one.")
+        elif not peers:
+            self.note.setText("Rollouts from other computers appear here once they join your swarm.")
+        else:
+            self.note.setText("Every rollout is re-checked on this computer; rewards are never taken on trust.")
+
+
+class LogView(QWidget):
+    """Engine log lines and stderr, coloured by level, appended in batches."""
+
+    MAX_LINES = 3000
+    FLUSH_MS = 150
+
+    def __init__(self, log_dir: str, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.log_dir = log_dir
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        bar = QHBoxLayout()
+        title = QLabel("Log")
+        title.setObjectName("sectionTitle")
+        bar.addWidget(title)
+        bar.addStretch(1)
+        copy = QPushButton("Copy")
+        copy.setToolTip("Copy the whole log to the clipboard")
+        copy.clicked.connect(self.copy_all)
+        folder = QPushButton("Open log folder")
+        folder.setToolTip(log_dir)
+        folder.clicked.connect(lambda: QDesktopServices.openUrl(QUrl.fromLocalFile(self.log_dir)))
+        bar.addWidget(copy)
+        bar.addWidget(folder)
+        layout.addLayout(bar)
+        self.text = QPlainTextEdit()
+        self.text.setObjectName("log")
+        self.text.setReadOnly(True)
+        self.text.setMaximumBlockCount(self.MAX_LINES)
+        self.text.setPlaceholderText("The engine's messages appear here while it runs.")
+        self.text.setLineWrapMode(QPlainTextEdit.LineWrapMode.WidgetWidth)
+        font = QFontDatabase.systemFont(QFontDatabase.SystemFont.FixedFont)
+        font.setPointSizeF(max(8.0, QFont().pointSizeF() - 1))
+        self.text.setFont(font)
+        layout.addWidget(self.text)
+        self.pending: list[tuple[str, str]] = []
+        self.formats = {level: self._format(colour) for level, colour in (
+            ("error", theme.ERROR), ("critical", theme.ERROR), ("warning", theme.WARNING),
+            ("stderr", "#7b8794"), ("debug", "#7b8794"), ("info", theme.TEXT))}
+        self.timer = QTimer(self)
+        self.timer.setSingleShot(True)
+        self.timer.setInterval(self.FLUSH_MS)
+        self.timer.timeout.connect(self.flush)
+
+    @staticmethod
+    def _format(colour: str) -> QTextCharFormat:
+        fmt = QTextCharFormat()
+        fmt.setForeground(QColor(colour))
+        return fmt
+
+    def add(self, level: str, source: str, message: str) -> None:
+        stamp = time.strftime("%H:%M:%S")
+        tag = "" if level in ("stderr", "info") else f"{level} "
+        for n, line in enumerate(message.splitlines() or [""]):
+            prefix = f"{stamp} {tag}{source}: " if n == 0 else " " * 9
+            self.pending.append((level, prefix + line))
+        if len(self.pending) > self.MAX_LINES:
+            del self.pending[: -self.MAX_LINES]
+        if not self.timer.isActive():
+            self.timer.start()
+
+    def flush(self) -> None:
+        if not self.pending:
+            return
+        bar = self.text.verticalScrollBar()
+        at_bottom = bar.value() >= bar.maximum() - 4
+        cursor = QTextCursor(self.text.document())
+        cursor.movePosition(QTextCursor.MoveOperation.End)
+        cursor.beginEditBlock()
+        empty = self.text.document().isEmpty()
+        for level, line in self.pending:
+            if not empty:
+                cursor.insertBlock()
+            empty = False
+            cursor.insertText(line, self.formats.get(level, self.formats["info"]))
+        cursor.endEditBlock()
+        self.pending.clear()
+        if at_bottom:
+            bar.setValue(bar.maximum())
+
+    def copy_all(self) -> None:
+        self.flush()
+        QApplication.clipboard().setText(self.text.toPlainText())
+
+    def lines(self) -> list[str]:
+        self.flush()
+        return self.text.toPlainText().splitlines()

@@ -1,0 +1,170 @@
+"""`make screenshots`: PNGs of the app for docs/screenshots/, taken offscreen with QWidget.grab().
+
+    QT_QPA_PLATFORM=offscreen .venv/bin/python -m app.screenshots docs/screenshots
+
+Writes main-idle.png (first start, nothing trained yet), main-training.png (a
+run in progress), first-run.png, settings.png and main-crashed.png. The data
+is recorded, not live: the history is tests/app/fixtures/history.jsonl (a real
+40-round CPU run of the bundled model) with a second real run's rewards shown
+as the swarm's; the swarm identity and peer counts are illustrative. A stand-in
+engine prints the recorded events, so no training runs here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+
+from PySide6.QtCore import QCoreApplication, QEventLoop, QTimer
+from PySide6.QtWidgets import QApplication, QDialog, QWidget
+
+from app import theme
+from app.guards import route_qt_messages
+from app.gui import Gui, build_gui
+from app.power import PowerPolicy
+from engine.paths import Paths
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = ROOT / "tests" / "app" / "fixtures"
+SIZE = (1280, 820)
+DEVICE = {"kind": "cpu", "name": "Intel(R) Xeon(R) Processor (2 threads)", "memory_bytes": 25 << 30, "bf16": True,
+          "reason": "no CUDA device: CPU"}
+
+
+def wait(ms: int) -> None:
+    loop = QEventLoop()
+    QTimer.singleShot(ms, loop.quit)
+    loop.exec()
+
+
+def wait_until(condition: object, timeout_ms: int = 20_000) -> None:
+    deadline = time.monotonic() + timeout_ms / 1000
+    while not condition() and time.monotonic() < deadline:  # type: ignore[operator]
+        QCoreApplication.processEvents(QEventLoop.ProcessEventsFlag.AllEvents, 50)
+        time.sleep(0.02)
+
+
+def save(widget: QWidget, out: Path, name: str) -> None:
+    # The offscreen screen is 800x600 and squeezes dialogs to it; real screens give them their size.
+    if isinstance(widget, QDialog):
+        widget.resize(widget.sizeHint().expandedTo(widget.size()))
+    wait(400)
+    path = out / name
+    if not widget.grab().save(str(path)):
+        raise SystemExit(f"screenshots: could not write {path}")
+    print(f"wrote {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path} ({widget.width()}x{widget.height()})")
+
+
+def history(home: Path) -> None:
+    """The real run, with the second real run's rewards as the swarm's."""
+    peer = {r["round"]: r["reward_mean"] for r in map(json.loads, (FIXTURES / "history-peer.jsonl").open())
+            if r.get("kind") == "round"}
+    lines = []
+    for line in (FIXTURES / "history.jsonl").open():
+        record = json.loads(line)
+        if record.get("kind") == "round":
+            record["swarm_reward_mean"] = peer.get(record["round"])
+        lines.append(json.dumps(record))
+    data = home / "data"
+    data.mkdir(parents=True, exist_ok=True)
+    (data / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+
+
+def event(type_: str, **fields: object) -> str:
+    return json.dumps({"type": type_, "v": 1, "ts": time.time(), **fields})
+
+
+def training_stream(path: Path) -> list[str]:
+    def status(state: str, message: str) -> str:
+        return event("status", state=state, message=message, device=DEVICE, model="bundled", run="default", round=40)
+
+    lines = [
+        status("starting", "Engine started."),
+        event("log", level="info", logger="engine.swarm.client",
+              message="joined the swarm at ws://127.0.0.1:8765/ws as quiet-fern-3f9a (4 peers online)"),
+        event("swarm", peer_id="3f9a2c7e51b04d8e9a6c", name="quiet-fern-3f9a", relay="embedded", connected=True,
+              message="Connected to the swarm (4 peers online)."),
+        status("loading", "Resumed from round 40."),
+        event("checkpoint", round=40, path="~/.local/share/sapling/checkpoints/default/round-000040"),
+        status("training", "Training from round 41."),
+        event("peers", online=4, received=312, accepted=229, rejected=83,
+              rejected_by_reason={"zero_advantage": 61, "duplicate": 14, "too_long": 6, "question_mismatch": 2},
+              by_peer={"a41c9e0b7d2f4e6a8b1c": {"name": "brave-otter-a41c", "accepted": 97, "rejected": 31},
+                       "5be07d19c3a84f2e9d6b": {"name": "mossy-oak-5be0", "accepted": 81, "rejected": 29},
+                       "c9d2e8f1a0b34c5d6e7f": {"name": "tidy-heron-c9d2", "accepted": 51, "rejected": 23}}),
+        event("log", level="info", logger="engine.exchange", message="round 40: 4 external groups from 3 peers, 9 rejected"),
+        event("log", level="info", logger="engine.sapo", message="Training from round 41."),
+        event("progress", phase="generating", done=58, total=96, round=41),
+    ]
+    path.write_text("\n".join(lines) + "\n")
+    return [sys.executable, "-c", "import sys, time; sys.stdout.write(open(sys.argv[1]).read()); sys.stdout.flush(); "
+            "time.sleep(3600)", str(path)]
+
+
+def make(home: Path, command: list[str] | None = None) -> Gui:
+    policy = PowerPolicy(idle_probe=lambda: None, ac_probe=lambda: True)
+    gui = build_gui(Paths.under(home), tray_available=False, command=(lambda: list(command)) if command else None,
+                    policy=policy)
+    gui.window.app_settings.first_run_done = True
+    gui.window.resize(*SIZE)
+    gui.window.guessed_device = {"kind": "cpu", "name": DEVICE["name"]}
+    gui.window.refresh_identity()
+    gui.window.show()
+    gui.after_show()
+    return gui
+
+
+def close(gui: Gui) -> None:
+    gui.engine.kill()
+    gui.engine.wait_for_exit(3000)
+    gui.window.quitting = True
+    gui.window.close()
+
+
+def main(argv: list[str]) -> int:
+    out = Path(argv[0] if argv else ROOT / "docs" / "screenshots").resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    app = QApplication.instance() or QApplication(sys.argv[:1])
+    if not isinstance(app, QApplication):
+        return 1
+    theme.apply(app)
+    app.setWindowIcon(theme.icon())
+    route_qt_messages()
+    with tempfile.TemporaryDirectory(prefix="sapling-shots-") as tmp:
+        root = Path(tmp)
+        idle = make(root / "idle")
+        save(idle.window, out, "main-idle.png")
+        idle.window.app_settings.first_run_done = False
+        idle.window.open_first_run()
+        assert idle.window.dialog is not None
+        save(idle.window.dialog, out, "first-run.png")
+        idle.window.dialog.reject()
+        idle.window.open_settings()
+        assert idle.window.dialog is not None
+        save(idle.window.dialog, out, "settings.png")
+        idle.window.dialog.reject()
+        close(idle)
+
+        history(root / "train")
+        train = make(root / "train", training_stream(root / "stream.jsonl"))
+        train.controller.start()
+        wait_until(lambda: train.session.progress.get("done") == 58)
+        train.window.charts.refresh()
+        save(train.window, out, "main-training.png")
+        train.engine.kill()
+        wait_until(lambda: train.window.problem_dialog.isVisible())
+        train.window.problem_dialog.close()
+        save(train.window, out, "main-crashed.png")
+        train.controller.restart_timer.stop()
+        close(train)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,308 @@
+"""What the user chose, on disk: the engine's config.toml and the app's own settings file.
+
+Two files live in the platformdirs config dir (`engine.paths.Paths.config_dir`):
+
+- ``config.toml`` is the engine's. The app reads and writes only the keys a
+  person picks in the first-run and Settings dialogs (`EngineSettings`) and
+  keeps every other key the file already has.
+- ``sapling-app.json`` holds what only the window cares about (`AppSettings`):
+  idle / AC-power limits, start at login, first run done, window geometry, and
+  the device and swarm identity the engine last reported.
+
+Both are written atomically (`engine.atomicio`). A file that cannot be read
+is moved aside to ``<name>.invalid-<time>`` and the defaults are used; the
+loader returns a warning sentence that the window shows.
+
+    python -m app.settings     # print where the files are and what they hold
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import tempfile
+import time
+import tomllib
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlencode, urlsplit, urlunsplit
+
+from engine.atomicio import atomic_write_json, atomic_write_text
+from engine.config import build_config
+from engine.errors import ConfigError
+from engine.paths import Paths
+
+log = logging.getLogger(__name__)
+
+APP_SETTINGS_NAME = "sapling-app.json"
+SWARM_MODES = ("embedded", "relay", "solo")
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+class SettingsError(ValueError):
+    """A value the user typed cannot be used; the message says what to type instead."""
+
+
+@dataclass
+class EngineSettings:
+    """The engine settings a person picks; each maps to one key of config.toml."""
+
+    model_source: str = "bundled"  # [model] source
+    swarm_mode: str = "embedded"  # [swarm] mode
+    relay_url: str = ""  # [swarm] relay_url
+    join_token: str = ""  # [swarm] join_token
+    threads: int = 0  # [run] threads (0: all cores)
+
+    KEYS = (
+        ("model", "source", "model_source"),
+        ("swarm", "mode", "swarm_mode"),
+        ("swarm", "relay_url", "relay_url"),
+        ("swarm", "join_token", "join_token"),
+        ("run", "threads", "threads"),
+    )
+
+    def needs_restart(self, other: EngineSettings) -> bool:
+        """Whether going from `other` to self needs the engine restarted (model, swarm, threads)."""
+        return asdict(self) != asdict(other)
+
+
+@dataclass
+class AppSettings:
+    """Settings only the app uses. Unknown keys in the file are ignored."""
+
+    first_run_done: bool = False
+    only_when_idle: bool = False
+    only_on_ac_power: bool = False
+    start_at_login: bool = False
+    window_geometry: str = ""  # base64 of QWidget.saveGeometry()
+    last_device: dict[str, Any] = field(default_factory=dict)  # the engine's last `status.device`
+    last_identity: dict[str, Any] = field(default_factory=dict)  # the engine's last `swarm` peer_id/name
+
+
+# -- validation ------------------------------------------------------------------------
+
+
+def split_invite(text: str) -> tuple[str, str]:
+    """A relay address or an invite (a relay URL carrying ``?token=...``) -> (relay_url, token)."""
+    text = text.strip()
+    parts = urlsplit(text)
+    query = parse_qs(parts.query)
+    token = (query.pop("token", [""]) or [""])[0]
+    if not token:
+        return text, ""
+    rest = urlencode(query, doseq=True)
+    return urlunsplit((parts.scheme, parts.netloc, parts.path, rest, parts.fragment)), token
+
+
+def check_relay_url(url: str) -> None:
+    """Raise SettingsError unless `url` is a ws:// or wss:// address with a host."""
+    url = url.strip()
+    example = "for example wss://relay.example.org/ws"
+    if not url:
+        raise SettingsError(f"Enter the relay address you were given, {example}.")
+    parts = urlsplit(url)
+    if parts.scheme not in ("ws", "wss"):
+        raise SettingsError(f"The relay address must start with ws:// or wss://, {example}; got {url!r}.")
+    try:
+        port = parts.port
+    except ValueError:
+        raise SettingsError(f"The relay address has an invalid port number: {url!r}.") from None
+    if not parts.hostname or (port is not None and not 0 < port < 65536) or " " in url:
+        raise SettingsError(f"The relay address has no valid host name, {example}; got {url!r}.")
+
+
+def check_model_source(source: str) -> None:
+    """'bundled', a folder with config.json, or a hub id org/name."""
+    source = source.strip()
+    if source == "bundled":
+        return
+    if not source:
+        raise SettingsError("Choose a model: the bundled one, a folder, or a Hugging Face id like org/name.")
+    looks_like_path = source.startswith((".", "/", "~")) or "\\" in source or source.count("/") > 1 or ":" in source
+    if looks_like_path or Path(source).expanduser().exists():
+        folder = Path(source).expanduser()
+        if not folder.is_dir():
+            raise SettingsError(f"The model folder {folder} does not exist.")
+        if not (folder / "config.json").is_file():
+            raise SettingsError(
+                f"The folder {folder} has no config.json: choose a Hugging Face model folder "
+                "(one made by save_pretrained or by `sapling-node export`)."
+            )
+        return
+    if not HUB_ID.match(source):
+        raise SettingsError(f"{source!r} is not a Hugging Face id: it looks like org/name, e.g. HuggingFaceTB/SmolLM2-135M-Instruct.")
+
+
+def validate(settings: EngineSettings) -> None:
+    """Every check a person can fix in the dialogs; SettingsError with one sentence."""
+    check_model_source(settings.model_source)
+    if settings.swarm_mode not in SWARM_MODES:
+        raise SettingsError(f"Swarm mode must be one of {', '.join(SWARM_MODES)}.")
+    if settings.swarm_mode == "relay":
+        check_relay_url(settings.relay_url)
+    if len(settings.join_token) > 256:
+        raise SettingsError("The join token is longer than 256 characters; paste just the token.")
+    if isinstance(settings.threads, bool) or not isinstance(settings.threads, int) or not 0 <= settings.threads <= 1024:
+        raise SettingsError("CPU threads must be 0 (all cores) or a number of threads.")
+
+
+# -- TOML ------------------------------------------------------------------------------
+
+
+def _toml_key(key: str) -> str:
+    return key if re.fullmatch(r"[A-Za-z0-9_-]+", key) else json.dumps(key)
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False)
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{_toml_key(k)} = {_toml_value(v)}" for k, v in value.items()) + " }"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    raise TypeError(f"cannot write {type(value).__name__} to TOML")
+
+
+def dump_toml(data: dict[str, dict[str, Any]]) -> str:
+    """Sections of key = value (nested tables inline): the shape of config.toml."""
+    lines = ["# Sapling engine settings. The desktop app edits model, swarm and run.threads;", "# every key is explained by `sapling-node config`.", ""]
+    for section, values in data.items():
+        lines.append(f"[{_toml_key(section)}]")
+        lines.extend(f"{_toml_key(k)} = {_toml_value(v)}" for k, v in values.items())
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _backup(path: Path) -> str:
+    """Move an unusable file aside; returns a phrase saying where it went."""
+    target = path.with_name(f"{path.name}.invalid-{time.strftime('%Y%m%d-%H%M%S')}")
+    n = 1
+    while target.exists():
+        n += 1
+        target = path.with_name(f"{path.name}.invalid-{time.strftime('%Y%m%d-%H%M%S')}-{n}")
+    try:
+        path.replace(target)
+    except OSError as exc:
+        return f"It could not be moved aside ({exc.strerror or exc}), so it is left as it is"
+    return f"It was saved as {target.name}"
+
+
+def _check_engine_file(text: str) -> None:
+    """The engine's own validation of a whole config.toml (ConfigError when it would refuse it)."""
+    with tempfile.TemporaryDirectory(prefix="sapling-check-") as tmp:
+        candidate = Path(tmp) / "config.toml"
+        candidate.write_text(text, encoding="utf-8")
+        build_config("default", candidate, [])
+
+
+class SettingsStore:
+    """Loads and saves both files in one config dir."""
+
+    def __init__(self, paths: Paths) -> None:
+        self.paths = paths
+        self.warnings: list[str] = []
+
+    @property
+    def config_file(self) -> Path:
+        return self.paths.config_file
+
+    @property
+    def app_file(self) -> Path:
+        return self.paths.config_dir / APP_SETTINGS_NAME
+
+    # -- config.toml --------------------------------------------------------------------
+    def _read_toml(self) -> dict[str, Any]:
+        path = self.config_file
+        if not path.is_file():
+            return {}
+        try:
+            text = path.read_text(encoding="utf-8")
+            data = tomllib.loads(text)
+            _check_engine_file(text)
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, ConfigError) as exc:
+            reason = str(exc).replace(str(path), "it").rstrip(".")
+            moved = _backup(path)
+            warning = (f"Your engine settings file could not be used ({reason}). "
+                       f"{moved} and the default settings are used.")
+            log.warning(warning)
+            self.warnings.append(warning)
+            return {}
+        return data
+
+    def load_engine(self) -> EngineSettings:
+        data = self._read_toml()
+        settings = EngineSettings()
+        for section, key, attr in EngineSettings.KEYS:
+            value = data.get(section, {}).get(key)
+            if value is not None and isinstance(value, type(getattr(settings, attr))):
+                setattr(settings, attr, value)
+        return settings
+
+    def save_engine(self, settings: EngineSettings) -> None:
+        """Validate, merge into the existing file (other keys kept), write atomically."""
+        validate(settings)
+        data = self._read_toml()
+        for section, key, attr in EngineSettings.KEYS:
+            data.setdefault(section, {})[key] = getattr(settings, attr)
+        text = dump_toml(data)
+        try:
+            _check_engine_file(text)
+        except ConfigError as exc:
+            raise SettingsError(str(exc)) from exc
+        atomic_write_text(self.config_file, text)
+
+    def run_name(self) -> str:
+        """The run whose history the charts show ([run] run_name, else 'default')."""
+        try:
+            data = tomllib.loads(self.config_file.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+            return "default"
+        name = data.get("run", {}).get("run_name", "default")
+        return name if isinstance(name, str) and name else "default"
+
+    # -- sapling-app.json ---------------------------------------------------------------
+    def load_app(self) -> AppSettings:
+        path = self.app_file
+        settings = AppSettings()
+        if not path.is_file():
+            return settings
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            if not isinstance(data, dict):
+                raise ValueError("it is not a JSON object")
+            for f in fields(AppSettings):
+                if f.name not in data:
+                    continue
+                value, default = data[f.name], getattr(settings, f.name)
+                if type(value) is not type(default):
+                    raise ValueError(f"{f.name} should be {type(default).__name__}, not {type(value).__name__}")
+                setattr(settings, f.name, value)
+        except (OSError, UnicodeDecodeError, ValueError) as exc:
+            moved = _backup(path)
+            warning = (f"Your app settings file could not be read ({exc}). "
+                       f"{moved} and the default settings are used.")
+            log.warning(warning)
+            self.warnings.append(warning)
+            return AppSettings()
+        return settings
+
+    def save_app(self, settings: AppSettings) -> None:
+        atomic_write_json(self.app_file, asdict(settings))
+
+    def take_warnings(self) -> list[str]:
+        warnings, self.warnings = self.warnings, []
+        return warnings
+
+
+if __name__ == "__main__":
+    store = SettingsStore(Paths.default())
+    print(f"{store.config_file}: {store.load_engine()}")
+    print(f"{store.app_file}: {store.load_app()}")
+    for line in store.take_warnings():
+        print("warning:", line)

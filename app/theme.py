@@ -1,0 +1,160 @@
+"""Colours, fonts and the style sheet: one light, calm look on every OS (Fusion + a palette).
+
+Every colour the app draws comes from here, so the charts, the pills and the
+tray dot agree. `icon()` loads the Sapling icon from assets/ (next to the
+executable in a frozen build) and draws a stand-in if the files are missing.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from PySide6.QtCore import QPointF, QRectF, Qt
+from PySide6.QtGui import QBrush, QColor, QIcon, QPainter, QPainterPath, QPalette, QPixmap
+from PySide6.QtWidgets import QApplication
+
+ACCENT = "#2f855a"  # sapling green: own reward, primary buttons
+ACCENT_DARK = "#276749"
+ACCENT_SOFT = "#e6f4ea"
+SWARM = "#6b46c1"  # the swarm's reward
+EVAL = "#2b6cb0"  # held-out accuracy
+SPEED = "#c05621"  # throughput
+TEXT = "#1f2933"
+MUTED = "#5f6b76"
+BACKGROUND = "#f3f5f2"
+CARD = "#ffffff"
+BORDER = "#dfe5dd"
+WARNING = "#b7791f"
+WARNING_SOFT = "#fff8e6"
+ERROR = "#c53030"
+ERROR_SOFT = "#fdecec"
+GRID = "#e9ede8"
+
+PHASE_COLOURS = {
+    "training": ACCENT,
+    "starting": EVAL,
+    "paused": WARNING,
+    "waiting": WARNING,
+    "stopping": MUTED,
+    "restarting": ERROR,
+    "failed": ERROR,
+    "idle": MUTED,
+    "finished": MUTED,
+}
+
+STYLE_SHEET = f"""
+QMainWindow, QDialog {{ background: {BACKGROUND}; }}
+QWidget {{ color: {TEXT}; }}
+QFrame#card {{ background: {CARD}; border: 1px solid {BORDER}; border-radius: 10px; }}
+QLabel#title {{ font-size: 20px; font-weight: 600; }}
+QLabel#sectionTitle {{ font-size: 14px; font-weight: 600; }}
+QLabel#muted, QLabel#fieldName {{ color: {MUTED}; }}
+QLabel#kpiValue {{ font-size: 20px; font-weight: 600; }}
+QLabel#kpiName {{ color: {MUTED}; }}
+QLabel#bigNumber {{ font-size: 28px; font-weight: 600; color: {ACCENT_DARK}; }}
+QLabel#pill {{ border-radius: 10px; padding: 2px 10px; color: white; font-weight: 600; }}
+QPushButton {{ padding: 6px 14px; border-radius: 6px; border: 1px solid {BORDER}; background: {CARD}; }}
+QPushButton:hover {{ background: #f7faf6; border-color: #c9d3c6; }}
+QPushButton:disabled {{ color: #9aa5ae; background: #f5f6f5; }}
+QPushButton#primary {{ background: {ACCENT}; color: white; border: 1px solid {ACCENT_DARK}; font-weight: 600; }}
+QPushButton#primary:hover {{ background: {ACCENT_DARK}; }}
+QPushButton#primary:disabled {{ background: #a9c9b5; border-color: #a9c9b5; color: #f4f8f5; }}
+QFrame#banner {{ border-radius: 8px; }}
+QFrame#banner[level="warning"] {{ background: {WARNING_SOFT}; border: 1px solid #f0d9a0; }}
+QFrame#banner[level="error"] {{ background: {ERROR_SOFT}; border: 1px solid #f2b8b8; }}
+QFrame#banner[level="info"] {{ background: {ACCENT_SOFT}; border: 1px solid #bfe0c9; }}
+QPlainTextEdit#log {{ background: #fbfcfb; border: 1px solid {BORDER}; border-radius: 6px; }}
+QTableWidget {{ border: none; gridline-color: {GRID}; background: {CARD}; }}
+QHeaderView::section {{ background: {CARD}; border: none; border-bottom: 1px solid {BORDER};
+                        padding: 3px 6px; color: {MUTED}; font-weight: 600; }}
+QProgressBar {{ border: none; background: {GRID}; border-radius: 3px; max-height: 6px; }}
+QProgressBar::chunk {{ background: {ACCENT}; border-radius: 3px; }}
+QGroupBox {{ font-weight: 600; border: 1px solid {BORDER}; border-radius: 8px; margin-top: 14px;
+             padding: 12px 10px 8px 10px; background: {CARD}; }}
+QGroupBox::title {{ subcontrol-origin: margin; left: 10px; padding: 0 4px; }}
+"""
+
+
+def apply(app: QApplication) -> None:
+    app.setStyle("Fusion")
+    palette = QPalette()
+    palette.setColor(QPalette.ColorRole.Window, QColor(BACKGROUND))
+    palette.setColor(QPalette.ColorRole.WindowText, QColor(TEXT))
+    palette.setColor(QPalette.ColorRole.Base, QColor(CARD))
+    palette.setColor(QPalette.ColorRole.AlternateBase, QColor("#f7f9f6"))
+    palette.setColor(QPalette.ColorRole.Text, QColor(TEXT))
+    palette.setColor(QPalette.ColorRole.Button, QColor(CARD))
+    palette.setColor(QPalette.ColorRole.ButtonText, QColor(TEXT))
+    palette.setColor(QPalette.ColorRole.Highlight, QColor(ACCENT))
+    palette.setColor(QPalette.ColorRole.HighlightedText, QColor("white"))
+    palette.setColor(QPalette.ColorRole.ToolTipBase, QColor(CARD))
+    palette.setColor(QPalette.ColorRole.ToolTipText, QColor(TEXT))
+    palette.setColor(QPalette.ColorRole.PlaceholderText, QColor("#8a959e"))
+    app.setPalette(palette)
+    app.setStyleSheet(STYLE_SHEET)
+
+
+def assets_dir() -> Path:
+    """assets/ of the checkout, or of the frozen bundle (PyInstaller's _MEIPASS)."""
+    bundle = getattr(sys, "_MEIPASS", None)
+    if bundle:
+        return Path(bundle) / "assets"
+    return Path(__file__).resolve().parent.parent / "assets"
+
+
+def _drawn_icon(size: int) -> QPixmap:
+    """A stand-in for assets/sapling.png: two leaves on a green tile."""
+    pixmap = QPixmap(size, size)
+    pixmap.fill(Qt.GlobalColor.transparent)
+    p = QPainter(pixmap)
+    p.setRenderHint(QPainter.RenderHint.Antialiasing)
+    s = size / 64.0
+    p.setBrush(QColor(ACCENT))
+    p.setPen(Qt.PenStyle.NoPen)
+    p.drawRoundedRect(QRectF(2 * s, 2 * s, 60 * s, 60 * s), 14 * s, 14 * s)
+    p.setBrush(QBrush(QColor("white")))
+    for sign in (-1, 1):
+        leaf = QPainterPath(QPointF(32 * s, 34 * s))
+        leaf.cubicTo(QPointF((32 + sign * 4) * s, 18 * s), QPointF((32 + sign * 20) * s, 14 * s), QPointF((32 + sign * 22) * s, 16 * s))
+        leaf.cubicTo(QPointF((32 + sign * 22) * s, 30 * s), QPointF((32 + sign * 12) * s, 36 * s), QPointF(32 * s, 34 * s))
+        p.drawPath(leaf)
+    p.drawRoundedRect(QRectF(30 * s, 30 * s, 4 * s, 22 * s), 2 * s, 2 * s)
+    p.end()
+    return pixmap
+
+
+def icon() -> QIcon:
+    folder = assets_dir()
+    result = QIcon()
+    for size in (16, 24, 32, 48, 64, 128, 256, 512):
+        png = folder / "png" / f"sapling-{size}.png"
+        if png.is_file():
+            result.addFile(str(png))
+    if result.isNull():
+        for size in (16, 32, 64, 256):
+            result.addPixmap(_drawn_icon(size))
+    return result
+
+
+def tray_icon(phase: str) -> QIcon:
+    """The app icon with a small dot in the phase's colour (none while idle)."""
+    base = icon()
+    colour = {"training": "#38a169", "paused": WARNING, "waiting": WARNING,
+              "restarting": ERROR, "failed": ERROR}.get(phase)
+    if colour is None:
+        return base
+    result = QIcon()
+    for size in (16, 22, 24, 32, 48, 64):
+        pixmap = base.pixmap(size, size)
+        p = QPainter(pixmap)
+        p.setRenderHint(QPainter.RenderHint.Antialiasing)
+        r = size * 0.36
+        p.setPen(Qt.PenStyle.NoPen)
+        p.setBrush(QColor("white"))
+        p.drawEllipse(QRectF(size - r - 1, size - r - 1, r + 1, r + 1))
+        p.setBrush(QColor(colour))
+        p.drawEllipse(QRectF(size - r, size - r, r - 1, r - 1))
+        p.end()
+        result.addPixmap(pixmap)
+    return result

@@ -1,0 +1,199 @@
+"""Is the window smooth while the engine talks? Start-up time, UI stalls at 100 events/s, GUI memory.
+
+    QT_QPA_PLATFORM=offscreen .venv/bin/python -m bench.gui_responsiveness [--seconds 20]
+
+1. Start to window shown: a fresh Python process builds the app (app.gui.build_gui,
+   as `sapling` does) and renders the window once; measured from just before
+   the process is spawned to just after that first render. Median of 3.
+2. Largest UI-thread stall: a 5 ms timer in the GUI thread records how late each
+   tick fires (a timer-lag probe). First with an idle engine (the baseline), then
+   while a stand-in engine (tests/app/fake_engine.py --synthetic) streams 100
+   events/s: progress, log lines, peers, and a round every 20 events, over a
+   history of 10,000 rounds so every chart draws 10,000 points.
+3. GUI RSS: resident memory of this (the GUI) process at the end.
+
+Targets (issue 4): stall < 50 ms, start to shown < 2 s, RSS < 250 MB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+
+ROOT = Path(__file__).resolve().parent.parent
+FAKE_ENGINE = ROOT / "tests" / "app" / "fake_engine.py"
+STARTUP_CHILD = """
+import sys, time
+t_spawn = float(sys.argv[2])
+from pathlib import Path
+from PySide6.QtCore import QTimer
+from PySide6.QtWidgets import QApplication
+from app import theme
+from app.gui import build_gui
+from engine.paths import Paths
+app = QApplication(sys.argv[:1])
+theme.apply(app)
+gui = build_gui(Paths.under(Path(sys.argv[1])), tray_available=False)
+gui.window.app_settings.first_run_done = True
+gui.window.show()
+def shown():
+    gui.window.grab()  # the first full render of the window
+    shown_at = time.time()
+    gui.after_show()   # then the history: 10,000 rounds from metrics.jsonl
+    gui.window.charts.refresh()
+    gui.window.grab()
+    import psutil
+    print(shown_at - t_spawn, time.time() - t_spawn, psutil.Process().memory_info().rss)
+    sys.stdout.flush()
+    app.exit(0)
+QTimer.singleShot(0, shown)
+app.exec()
+"""
+
+
+def write_history(home: Path, rounds: int) -> None:
+    rng = random.Random(0)
+    lines = []
+    for r in range(1, rounds + 1):
+        reward = 0.15 + 0.2 * (1 - math.exp(-r / 2000)) + rng.gauss(0, 0.07)
+        lines.append(json.dumps({"kind": "round", "run": "default", "round": r, "reward_mean": reward,
+                                 "swarm_reward_mean": reward + rng.gauss(0.01, 0.05), "accuracy": max(0.0, reward - 0.1),
+                                 "tokens_per_second": 40 + rng.gauss(0, 4), "seconds": 20 + rng.gauss(0, 2)}))
+        if r % 10 == 0:
+            lines.append(json.dumps({"kind": "eval", "run": "default", "round": r, "accuracy": 0.15 + r / 100_000}))
+    (home / "data").mkdir(parents=True, exist_ok=True)
+    (home / "data" / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+
+
+def startup(home: Path, runs: int = 3) -> tuple[list[float], list[float], int]:
+    shown, with_history, rss = [], [], 0
+    for _ in range(runs):
+        t0 = time.time()
+        out = subprocess.run([sys.executable, "-c", STARTUP_CHILD, str(home), repr(t0)], cwd=ROOT, capture_output=True,
+                             text=True, timeout=120, env={**os.environ, "QT_QPA_PLATFORM": "offscreen"})
+        if out.returncode != 0:
+            raise SystemExit(f"start-up child failed:\n{out.stderr}")
+        a, b, r = out.stdout.split()[-3:]
+        shown.append(float(a))
+        with_history.append(float(b))
+        rss = int(r)
+    return shown, with_history, rss
+
+
+class LagProbe:
+    def __init__(self, interval_ms: int = 5) -> None:
+        from PySide6.QtCore import Qt, QTimer
+
+        self.interval = interval_ms / 1000
+        self.lags: list[float] = []
+        self.last = time.perf_counter()
+        self.timer = QTimer()
+        self.timer.setTimerType(Qt.TimerType.PreciseTimer)
+        self.timer.setInterval(interval_ms)
+        self.timer.timeout.connect(self.tick)
+
+    def tick(self) -> None:
+        now = time.perf_counter()
+        self.lags.append(max(0.0, now - self.last - self.interval))
+        self.last = now
+
+    def run(self, seconds: float) -> list[float]:
+        from PySide6.QtCore import QEventLoop, QTimer
+
+        self.lags = []
+        self.last = time.perf_counter()
+        self.timer.start()
+        loop = QEventLoop()
+        QTimer.singleShot(int(seconds * 1000), loop.quit)
+        loop.exec()
+        self.timer.stop()
+        return self.lags
+
+
+def summary(lags: list[float]) -> str:
+    ordered = sorted(lags)
+    p99 = ordered[int(0.99 * (len(ordered) - 1))] if ordered else 0.0
+    return f"largest {1000 * max(lags, default=0):6.1f} ms | p99 {1000 * p99:5.1f} ms | ticks {len(lags)}"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=20.0, help="how long to stream at 100 events/s")
+    parser.add_argument("--rounds", type=int, default=10_000, help="rounds of history drawn by the charts")
+    args = parser.parse_args()
+
+    import psutil
+    from PySide6.QtWidgets import QApplication
+
+    from app import theme
+    from app.guards import route_qt_messages
+    from app.gui import build_gui
+    from app.power import PowerPolicy
+    from engine.paths import Paths
+
+    print(f"$ QT_QPA_PLATFORM=offscreen {Path(sys.executable).name} -m bench.gui_responsiveness --seconds {args.seconds:g}")
+    print(f"machine: {os.cpu_count()} CPUs, Python {sys.version.split()[0]}, shared with other work (numbers are noisy)")
+    with tempfile.TemporaryDirectory(prefix="sapling-bench-") as tmp:
+        home = Path(tmp) / "home"
+        write_history(home, args.rounds)
+
+        shown, with_history, child_rss = startup(home)
+        print(f"\nstart to window shown:      median {statistics.median(shown):.2f} s, max {max(shown):.2f} s "
+              f"(target < 2 s)  [{', '.join(f'{s:.2f}' for s in shown)}]")
+        print(f"start to {args.rounds:,}-round history drawn: median {statistics.median(with_history):.2f} s "
+              f"(the history loads after the window is shown)")
+        print(f"GUI RSS right after start-up: {child_rss / 2**20:.0f} MB")
+
+        app = QApplication.instance() or QApplication(sys.argv[:1])
+        theme.apply(app)  # type: ignore[arg-type]
+        route_qt_messages()
+        command = [sys.executable, str(FAKE_ENGINE), "--synthetic", str(int(args.seconds * 100) + 1000),
+                   "--first-round", str(args.rounds + 1), "--rate", "100", "--hold"]
+        gui = build_gui(Paths.under(home), tray_available=False, command=lambda: command,
+                        policy=PowerPolicy(idle_probe=lambda: None, ac_probe=lambda: True))
+        gui.window.app_settings.first_run_done = True
+        gui.window.resize(1280, 820)
+        gui.window.show()
+        gui.after_show()
+        events = [0]
+        gui.engine.eventReceived.connect(lambda _e: events.__setitem__(0, events[0] + 1))
+        probe = LagProbe()
+        probe.run(1.0)  # settle: first paint of 10,000-point charts
+        baseline = probe.run(5.0)
+        gui.controller.start()
+        probe.run(1.5)  # the stand-in engine starts
+        start_events, t0 = events[0], time.perf_counter()
+        streaming = probe.run(args.seconds)
+        rate = (events[0] - start_events) / (time.perf_counter() - t0)
+        redraws = gui.window.charts.redraws
+        counts = [s.count() for s in gui.window.charts.reward.series]
+        rss = psutil.Process().memory_info().rss
+        gui.engine.kill()
+        gui.engine.wait_for_exit(3000)
+
+    base_max, stream_max = max(baseline, default=0), max(streaming, default=0)
+    print(f"\nUI-thread stall, 5 ms timer-lag probe, charts over {len(gui.session.history):,} rounds "
+          f"(drawn as {max(counts)} points per average line, {min(counts)} per raw line):")
+    print(f"  idle engine (baseline):  {summary(baseline)}")
+    print(f"  {rate:5.1f} events/s:        {summary(streaming)}   (target: largest < 50 ms)")
+    print(f"  ratio streaming/baseline, largest stall: {stream_max / base_max if base_max else float('nan'):.1f}x; "
+          f"chart redraws during the run: {redraws}")
+    print(f"\nGUI process RSS after streaming: {rss / 2**20:.0f} MB (target < 250 MB)")
+    ok = stream_max < 0.050 and statistics.median(shown) < 2.0 and rss < 250 * 2**20
+    print("\nall targets met" if ok else "\nSOME TARGETS MISSED")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,51 @@
+"""`sapling` entry point: the node subcommand, flags, and the app/engine boundary."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import app.main as app_main
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_node_subcommand_is_the_headless_node(monkeypatch: pytest.MonkeyPatch) -> None:
+    import engine.cli
+
+    calls: list[list[str]] = []
+    monkeypatch.setattr(engine.cli, "main", lambda argv: calls.append(list(argv)) or 7)
+    assert app_main.main(["node", "serve", "--rounds", "1"]) == 7
+    assert calls == [["serve", "--rounds", "1"]]
+
+
+def test_flags_after_double_dash_go_to_the_self_test_engine() -> None:
+    options, engine_flags = app_main.parse_args(["--self-test", "--", "--model", "/m", "--rounds", "2"])
+    assert options.self_test and engine_flags == ["--model", "/m", "--rounds", "2"]
+    assert app_main.main(["--", "--model", "x"]) == 2
+
+
+def test_node_subcommand_runs_without_qt(tmp_path: Path) -> None:
+    code = ("import sys, app.main; rc = app.main.main(['node', 'config', '--home', sys.argv[1]]); "
+            "assert 'PySide6' not in sys.modules, 'node must not load Qt'; sys.exit(rc)")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "[swarm]" in out.stdout and 'mode = "embedded"' in out.stdout
+
+
+def test_app_uses_only_the_light_engine_modules() -> None:
+    """app/ may import engine.events, paths, atomicio, config and errors (stdlib only), and engine.cli for `node`."""
+    import ast
+
+    allowed = {"engine", "engine.events", "engine.paths", "engine.atomicio", "engine.config", "engine.errors", "engine.cli"}
+    used = set()
+    for path in (ROOT / "app").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("engine"):
+                used.add(node.module)
+            elif isinstance(node, ast.Import):
+                used |= {a.name for a in node.names if a.name.startswith("engine")}
+    assert used <= allowed, used - allowed

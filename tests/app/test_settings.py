@@ -1,0 +1,160 @@
+"""Settings on disk and in the dialogs: round trips, recovery from bad files, clear errors for bad input."""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from app.dialogs import FirstRunDialog
+from app.settings import (
+    AppSettings,
+    EngineSettings,
+    SettingsError,
+    SettingsStore,
+    check_model_source,
+    check_relay_url,
+    split_invite,
+)
+from engine.config import build_config
+from engine.paths import Paths
+from tests.app.conftest import MakeGui
+
+
+def test_engine_settings_survive_a_save_and_load_and_keep_other_keys(paths: Paths) -> None:
+    paths.config_dir.mkdir(parents=True)
+    paths.config_file.write_text("[grpo]\nlearning_rate = 0.0001\n\n[run]\nrun_name = \"mine\"\n")
+    store = SettingsStore(paths)
+    chosen = EngineSettings(model_source="HuggingFaceTB/SmolLM2-135M-Instruct", swarm_mode="relay",
+                            relay_url="wss://relay.example.org/ws", join_token="s3cret \"quoted\"", threads=2)
+    store.save_engine(chosen)
+    assert SettingsStore(paths).load_engine() == chosen
+    data = tomllib.loads(paths.config_file.read_text())
+    assert data["grpo"]["learning_rate"] == 0.0001 and data["run"]["run_name"] == "mine"
+    config = build_config("default", paths.config_file)  # the engine reads what the app wrote
+    assert (config.swarm.mode, config.swarm.relay_url, config.run.threads) == ("relay", "wss://relay.example.org/ws", 2)
+    assert config.model.source == chosen.model_source and store.run_name() == "mine"
+    assert not store.take_warnings()
+
+
+def test_app_settings_survive_a_save_and_load(paths: Paths) -> None:
+    store = SettingsStore(paths)
+    chosen = AppSettings(first_run_done=True, only_when_idle=True, start_at_login=True, window_geometry="AAA=",
+                         last_device={"kind": "cpu", "name": "x"}, last_identity={"name": "quiet-fern"})
+    store.save_app(chosen)
+    assert SettingsStore(paths).load_app() == chosen
+
+
+@pytest.mark.parametrize("text", ["[model\nsource = 'bundled'\n", "[swarm]\nmode = \"carrier-pigeon\"\n",
+                                  "[swarm]\nmode = \"relay\"\n", b"\xff\xfe[model]"])
+def test_a_bad_config_file_is_backed_up_and_defaults_are_used(paths: Paths, text: str | bytes) -> None:
+    paths.config_dir.mkdir(parents=True)
+    raw = text if isinstance(text, bytes) else text.encode()
+    paths.config_file.write_bytes(raw)
+    store = SettingsStore(paths)
+    assert store.load_engine() == EngineSettings()
+    (warning,) = store.take_warnings()
+    backups = list(paths.config_dir.glob("config.toml.invalid-*"))
+    assert len(backups) == 1 and backups[0].read_bytes() == raw
+    assert backups[0].name in warning and "default settings are used" in warning
+    assert not paths.config_file.exists()
+    store.save_engine(EngineSettings())  # and saving works again
+    assert build_config("default", paths.config_file).swarm.mode == "embedded"
+
+
+@pytest.mark.parametrize("text", ["{not json", "[1, 2]", '{"first_run_done": "yes"}'])
+def test_a_bad_app_settings_file_is_backed_up_and_defaults_are_used(paths: Paths, text: str) -> None:
+    paths.config_dir.mkdir(parents=True)
+    store = SettingsStore(paths)
+    store.app_file.write_text(text)
+    assert store.load_app() == AppSettings()
+    (warning,) = store.take_warnings()
+    assert "app settings file could not be read" in warning
+    assert len(list(paths.config_dir.glob("sapling-app.json.invalid-*"))) == 1
+
+
+def test_unknown_keys_in_app_settings_are_ignored(paths: Paths) -> None:
+    store = SettingsStore(paths)
+    paths.config_dir.mkdir(parents=True)
+    store.app_file.write_text(json.dumps({"first_run_done": True, "from_the_future": 1}))
+    assert store.load_app().first_run_done and not store.take_warnings()
+
+
+@pytest.mark.parametrize(("url", "words"), [
+    ("", "Enter the relay address"), ("http://relay.example.org", "must start with ws:// or wss://"),
+    ("relay.example.org:8765", "must start with ws://"), ("ws://", "no valid host"),
+    ("ws://relay.example.org:99999/ws", "invalid port"), ("wss://relay example.org", "no valid host"),
+])
+def test_bad_relay_addresses_get_a_sentence_that_says_what_to_type(url: str, words: str) -> None:
+    with pytest.raises(SettingsError, match=words):
+        check_relay_url(url)
+
+
+def test_good_relay_addresses_and_invites() -> None:
+    check_relay_url("wss://relay.example.org/ws")
+    check_relay_url("ws://127.0.0.1:8765/ws")
+    assert split_invite("wss://relay.example.org/ws?token=abc&x=1") == ("wss://relay.example.org/ws?x=1", "abc")
+    assert split_invite(" ws://h/ws ") == ("ws://h/ws", "")
+
+
+def test_model_sources(tmp_path: Path) -> None:
+    check_model_source("bundled")
+    check_model_source("HuggingFaceTB/SmolLM2-135M-Instruct")
+    with pytest.raises(SettingsError, match="does not exist"):
+        check_model_source(str(tmp_path / "nowhere"))
+    with pytest.raises(SettingsError, match=r"no config\.json"):
+        check_model_source(str(tmp_path))
+    (tmp_path / "config.json").write_text("{}")
+    check_model_source(str(tmp_path))
+    with pytest.raises(SettingsError, match="not a Hugging Face id"):
+        check_model_source("just-a-name")
+
+
+def test_settings_dialog_keeps_a_bad_relay_url_on_screen_then_saves_a_good_one(qtbot, make_gui: MakeGui,  # type: ignore[no-untyped-def]
+                                                                                paths: Paths) -> None:
+    gui = make_gui()
+    w = gui.window
+    w.show()
+    w.open_settings()
+    dialog = w.dialog
+    assert dialog is not None and dialog.isVisible()
+    form = dialog.form
+    form.swarm_relay.setChecked(True)
+    form.relay_edit.setText("http://relay.example.org")
+    assert not dialog.try_accept()
+    assert dialog.isVisible() and form.error.isVisibleTo(dialog)
+    assert "ws:// or wss://" in form.error.text()
+    assert not paths.config_file.exists()
+    form.relay_edit.setText("wss://relay.example.org/ws?token=t0k")
+    form.threads.setValue(1)
+    assert dialog.try_accept()
+    saved = SettingsStore(paths).load_engine()
+    assert (saved.swarm_mode, saved.relay_url, saved.join_token, saved.threads) == (
+        "relay", "wss://relay.example.org/ws", "t0k", 1)
+    assert "relay.example.org" in w.relay_label.text()
+
+
+def test_first_run_dialog_saves_and_starts_training(qtbot, make_gui: MakeGui, paths: Paths) -> None:  # type: ignore[no-untyped-def]
+    gui = make_gui(first_run_done=False)
+    gui.window.show()
+    gui.after_show()
+    dialog = gui.window.dialog
+    assert isinstance(dialog, FirstRunDialog) and "what it never shares" in dialog.about.text().lower()
+    assert not dialog.form.only_idle.isEnabled()  # this headless machine reports no idle time
+    dialog.form.swarm_solo.setChecked(True)
+    assert dialog.try_accept(start_training=True)
+    assert SettingsStore(paths).load_app().first_run_done
+    assert SettingsStore(paths).load_engine().swarm_mode == "solo"
+    qtbot.waitUntil(gui.engine.is_running, timeout=10_000)
+
+
+def test_a_corrupt_file_shows_a_warning_in_the_window(qtbot, make_gui: MakeGui, paths: Paths) -> None:  # type: ignore[no-untyped-def]
+    paths.config_dir.mkdir(parents=True)
+    (paths.config_dir / "sapling-app.json").write_text("{oops")
+    gui = make_gui()
+    gui.window.show()
+    gui.after_show()
+    texts = [gui.window.banners.itemAt(i).widget().label.text() for i in range(gui.window.banners.count())]
+    assert any("could not be read" in t and "default settings" in t for t in texts)

@@ -1,0 +1,146 @@
+"""The whole window around a fake engine: live updates, buttons -> commands, crash and restart, history."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from app.dialogs import FirstRunDialog
+from engine.paths import Paths
+from tests.app.conftest import HISTORY, MakeGui, fake_command, read_commands
+
+
+def test_recorded_stream_updates_charts_peers_and_status(qtbot, make_gui: MakeGui) -> None:  # type: ignore[no-untyped-def]
+    gui = make_gui()
+    w = gui.window
+    w.show()
+    gui.controller.start()
+    qtbot.waitUntil(lambda: gui.controller.phase == "finished", timeout=20_000)
+    w.charts.refresh()
+    assert w.charts.reward.series[1].count() == 4  # your 10-round average, one point per round
+    assert w.charts.reward.series[3].count() == 3  # the swarm's: rounds 2-4 had external rollouts
+    assert w.charts.accuracy.series[0].count() == 3  # evaluations at rounds 0, 2, 4
+    assert w.charts.speed.series[0].count() == 4
+    assert (w.peers.online.text(), w.peers.accepted.text(), w.peers.rejected.text()) == ("3", "17", "7")
+    assert w.peers.reasons.rowCount() == 4 and w.peers.peer_table.rowCount() == 3
+    assert "quiet-fern" in w.identity_label.text() and "3f9a2c7e" in w.identity_label.text()
+    assert "Local swarm on this computer (connects when training runs)" in w.relay_label.text()
+    assert "Fake CPU" not in w.device_label.text() and "Intel" in w.device_label.text()
+    assert w.tile_rounds.value.text() == "4"
+    assert w.pill.text() == "Finished" and w.start_button.isEnabled() and not w.stop_button.isEnabled()
+    log = "\n".join(w.log_view.lines())
+    assert "Ignored a malformed line" in log and "fake engine: replaying" in log
+    assert gui.tray.tooltip().startswith("Sapling · Finished · round 4 · reward 0.00")
+
+
+def test_start_pause_resume_stop_send_the_right_commands(qtbot, make_gui: MakeGui, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    log = tmp_path / "commands.jsonl"
+    gui = make_gui(fake_command("--hold", "--rate", "200", "--commands", str(log)))
+    w = gui.window
+    w.show()
+    assert w.start_button.isEnabled() and not w.pause_button.isEnabled()
+    w.start_button.click()
+    qtbot.waitUntil(lambda: gui.controller.phase == "training", timeout=20_000)
+    assert not w.start_button.isEnabled() and w.pause_button.text() == "Pause"
+    assert "Connected: local swarm on this computer" in w.relay_label.text()
+    w.pause_button.click()
+    qtbot.waitUntil(lambda: gui.session.state == "paused", timeout=10_000)
+    assert gui.controller.phase == "paused" and w.pause_button.text() == "Resume"
+    w.pause_button.click()
+    qtbot.waitUntil(lambda: gui.session.state == "training" and gui.session.message == "Resumed.", timeout=10_000)
+    with qtbot.waitSignal(gui.engine.exited, timeout=10_000):
+        w.stop_button.click()
+    assert read_commands(log) == ["pause", "resume", "stop"]
+    assert gui.controller.phase == "idle" and not gui.controller.restart_timer.isActive()
+
+
+def test_killed_engine_is_reported_and_restarted(qtbot, make_gui: MakeGui) -> None:  # type: ignore[no-untyped-def]
+    gui = make_gui(fake_command("--hold"), restart_delays=(0.3, 5.0))
+    gui.window.show()
+    starts: list[bool] = []
+    gui.engine.started.connect(lambda: starts.append(True))
+    gui.controller.start()
+    qtbot.waitUntil(lambda: gui.controller.phase == "training", timeout=20_000)
+    with qtbot.waitSignal(gui.controller.problem, timeout=10_000) as problem:
+        assert gui.engine.proc is not None
+        gui.engine.proc.kill()
+    p = problem.args[0]
+    assert p.title == "The training engine crashed" and p.restart_in == 0.3 and not p.needs_settings
+    assert "engine exited with code -1" in p.details and "fake engine: replaying" in p.details
+    assert gui.controller.phase == "restarting"
+    assert gui.window.problem_banner is not None and gui.window.problem_dialog.isVisible()
+    assert "fake engine" in gui.window.problem_dialog.details.toPlainText()
+    assert gui.controller.crashes == 1
+    qtbot.waitUntil(lambda: len(starts) == 2 and gui.controller.phase == "training", timeout=20_000)
+    qtbot.waitUntil(lambda: gui.controller.crashes == 0, timeout=20_000)  # a finished round resets the backoff
+
+
+def test_traceback_of_a_crash_reaches_the_dialog_and_backoff_grows(qtbot, make_gui: MakeGui) -> None:  # type: ignore[no-untyped-def]
+    gui = make_gui(fake_command("--crash-after", "4"), restart_delays=(0.2, 0.4, 30.0))
+    gui.window.show()
+    delays: list[float | None] = []
+    gui.controller.problem.connect(lambda p: delays.append(p.restart_in))
+    gui.controller.start()
+    qtbot.waitUntil(lambda: len(delays) == 3, timeout=30_000)
+    assert delays == [0.2, 0.4, 30.0]
+    assert "RuntimeError: boom" in gui.window.problem_dialog.details.toPlainText()
+
+
+def test_a_settings_problem_is_not_restarted(qtbot, make_gui: MakeGui, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    fixture = tmp_path / "bad-model.jsonl"
+    fixture.write_text(json.dumps({"type": "error", "v": 1, "ts": 0, "kind": "ModelError", "fatal": True,
+                                   "message": "Model folder /nowhere does not exist."}) + "\n")
+    gui = make_gui(fake_command("--exit-code", "3", fixture=fixture))
+    gui.window.show()
+    with qtbot.waitSignal(gui.controller.problem, timeout=10_000) as problem:
+        gui.controller.start()
+    assert problem.args[0].needs_settings and problem.args[0].restart_in is None
+    assert "does not exist" in problem.args[0].text
+    assert gui.controller.phase == "failed" and not gui.controller.restart_timer.isActive()
+    assert gui.window.problem_dialog.settings_button.isVisibleTo(gui.window.problem_dialog)
+
+
+def test_reopening_shows_the_earlier_history(qtbot, make_gui: MakeGui, paths: Paths) -> None:  # type: ignore[no-untyped-def]
+    paths.data_dir.mkdir(parents=True)
+    shutil.copy(HISTORY, paths.metrics_file)
+    gui = make_gui(first_run_done=False)
+    gui.window.show()
+    gui.after_show()
+    gui.window.charts.refresh()
+    assert gui.window.charts.reward.series[0].count() == 40
+    assert gui.window.charts.accuracy.series[0].count() == 5
+    assert gui.window.tile_rounds.value.text() == "40"
+    assert gui.window.tile_accuracy.value.text().endswith("%")
+    assert isinstance(gui.window.dialog, FirstRunDialog) and gui.window.dialog.isVisible()
+
+
+def test_without_a_tray_closing_asks_then_quits(qtbot, make_gui: MakeGui) -> None:  # type: ignore[no-untyped-def]
+    gui = make_gui(fake_command("--hold"))
+    w = gui.window
+    w.show()
+    gui.controller.start()
+    qtbot.waitUntil(gui.engine.is_running, timeout=10_000)
+    w.confirm = lambda title, text: False
+    w.close()
+    assert w.isVisible()
+    quits: list[bool] = []
+    w.quitRequested.connect(lambda: quits.append(True))
+    w.confirm = lambda title, text: True
+    w.close()
+    qtbot.waitUntil(lambda: bool(quits), timeout=5_000)
+    with qtbot.waitSignal(gui.engine.exited, timeout=10_000):
+        gui.quit()
+    assert gui.controller.phase == "idle"
+
+
+def test_with_a_tray_closing_hides_and_keeps_training(qtbot, make_gui: MakeGui) -> None:  # type: ignore[no-untyped-def]
+    gui = make_gui(fake_command("--hold"), tray=True)
+    w = gui.window
+    w.show()
+    gui.controller.start()
+    qtbot.waitUntil(lambda: gui.controller.phase == "training", timeout=20_000)
+    w.close()
+    assert not w.isVisible() and gui.engine.is_running()
+    gui.tray.show_action.trigger()
+    assert w.isVisible()
