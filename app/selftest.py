@@ -42,7 +42,10 @@ def run_self_test(engine_flags: Sequence[str] = (), timeout_s: float = 900.0) ->
     route_qt_messages()
     with tempfile.TemporaryDirectory(prefix="sapling-self-test-") as tmp:
         paths = Paths.under(Path(tmp))
-        flags = ["--home", tmp, "--rounds", "1", "--set", "tasks.eval_every=0", *engine_flags]
+        # The embedded relay on a free port: the self-test exercises it without joining
+        # (and publishing test rollouts into) a Sapling already running on this computer.
+        flags = ["--home", tmp, "--rounds", "1", "--set", "tasks.eval_every=0", "--set", "swarm.embedded_port=0",
+                 *engine_flags]
         gui = build_gui(paths, flags, tray_available=False, restart_delays=[3600.0])
         gui.window.app_settings.first_run_done = True
         seen: dict[str, Any] = {"round": None, "problem": None, "exit": None}
