@@ -148,7 +148,7 @@ class TaskConfig:
 
 @dataclass
 class GRPOConfig:
-    learning_rate: float = _help("AdamW learning rate.", 1e-3)
+    learning_rate: float = _help("AdamW learning rate (5e-4 for LoRA on the bundled model: 1e-3 and 2e-3 collapsed, docs/results.md).", 5e-4)
     eps_low: float = _help("Lower clip range of the importance ratio (1 - eps_low).", 0.2)
     eps_high: float = _help("Upper clip range of the importance ratio (1 + eps_high).", 0.28)
     kl_beta: float = _help("Weight of the KL penalty to the reference model (0: none, no reference kept).", 0.0)
