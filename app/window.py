@@ -363,8 +363,12 @@ class MainWindow(QMainWindow):
         s = self.session
         device = s.device or self.app_settings.last_device or None
         if s.device:
-            self.device_label.setText(describe_device(s.device))
-            self.device_label.setToolTip(str(s.device.get("reason", "")))
+            reason = str(s.device.get("reason", ""))
+            text = describe_device(s.device)
+            if reason.startswith("NVIDIA GPU found"):
+                text += "\nNVIDIA GPU found: the CUDA download of Sapling would use it"
+            self.device_label.setText(text)
+            self.device_label.setToolTip(reason)
         elif device:
             self.device_label.setText(describe_device(device))
             self.device_label.setToolTip("As reported the last time training ran")

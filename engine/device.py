@@ -25,8 +25,10 @@ import importlib.util
 import logging
 import os
 import platform
+import shutil
 import subprocess
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 from engine.errors import DeviceError
@@ -224,7 +226,34 @@ def pick_device(requested: str = "auto") -> DeviceInfo:
     cuda = _cuda()
     if cuda is not None:
         return cuda
+    if nvidia_gpu_present() and not torch_has_cuda():
+        return _cpu(NVIDIA_CPU_BUILD_REASON)
     return _cpu("no CUDA device: CPU")
+
+
+# Shown by the app under the device line (docs/installing.md, "NVIDIA GPUs").
+NVIDIA_CPU_BUILD_REASON = (
+    "NVIDIA GPU found, but this is the CPU build of PyTorch (the CUDA download of Sapling would use the GPU): CPU"
+)
+
+
+def nvidia_gpu_present() -> bool:
+    """An NVIDIA driver is installed (its nvidia-smi tool is there), whatever PyTorch can see."""
+    if shutil.which("nvidia-smi"):
+        return True
+    if os.name == "nt":
+        root = os.environ.get("SystemRoot", r"C:\Windows")
+        return Path(root, "System32", "nvidia-smi.exe").is_file()
+    return False
+
+
+def torch_has_cuda() -> bool:
+    """This PyTorch was built with CUDA (a GPU may still be missing)."""
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.version.cuda is not None
 
 
 if __name__ == "__main__":

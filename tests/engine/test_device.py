@@ -86,10 +86,24 @@ def test_cuda_is_chosen_where_there_is_a_gpu(monkeypatch: pytest.MonkeyPatch) ->
 
 def test_nothing_else_means_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
     play_linux(monkeypatch, None)
+    monkeypatch.setattr(dev, "nvidia_gpu_present", lambda: False)
     info = pick_device("auto")
     assert info.kind == "cpu" and info.reason == "no CUDA device: CPU"
     with pytest.raises(DeviceError, match="no CUDA GPU"):
         pick_device("cuda")
+
+
+def test_an_nvidia_gpu_with_the_cpu_build_of_torch_is_pointed_at_the_cuda_download(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    play_linux(monkeypatch, None)
+    monkeypatch.setattr(dev, "nvidia_gpu_present", lambda: True)
+    monkeypatch.setattr(dev, "torch_has_cuda", lambda: False)
+    info = pick_device("auto")
+    assert info.kind == "cpu" and info.reason == dev.NVIDIA_CPU_BUILD_REASON
+    assert "CUDA download" in info.reason
+    monkeypatch.setattr(dev, "torch_has_cuda", lambda: True)  # a CUDA build that sees no GPU: no hint
+    assert pick_device("auto").reason == "no CUDA device: CPU"
 
 
 def test_an_unknown_device_is_a_user_error() -> None:

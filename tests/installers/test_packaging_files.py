@@ -1,0 +1,88 @@
+"""What the installers promise, read from their source files (fast; runs in `make test`).
+
+The builds themselves are checked by the `installer`-marked tests and the CI workflows;
+these catch a promise dropped from a file: the macOS bundle keys, the Linux menu entry,
+the Windows per-user install with its shortcuts and uninstaller, the workflows' steps.
+"""
+
+from __future__ import annotations
+
+import configparser
+import plistlib
+import re
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+INSTALLERS = ROOT / "installers"
+WORKFLOWS = ROOT / ".github" / "workflows"
+
+
+def _workflow(name: str) -> dict:
+    data = yaml.safe_load((WORKFLOWS / name).read_text())
+    assert isinstance(data, dict) and data.get("jobs"), f"{name} has no jobs"
+    return data
+
+
+def _run_text(data: dict) -> str:
+    return "\n".join(str(step.get("run", "")) + str(step.get("uses", "")) + str(step.get("if", ""))
+                     for job in data["jobs"].values() for step in job["steps"])
+
+
+def test_info_plist_has_bundle_id_icon_minimum_macos_and_high_dpi() -> None:
+    info = plistlib.loads((INSTALLERS / "macos" / "Info.plist").read_bytes())
+    assert re.fullmatch(r"[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)+", info["CFBundleIdentifier"])
+    assert info["CFBundleIconFile"] == "sapling.icns"
+    assert tuple(int(x) for x in info["LSMinimumSystemVersion"].split(".")) >= (11, 0)
+    assert info["NSHighResolutionCapable"] is True
+    plistlib.loads((INSTALLERS / "macos" / "entitlements.plist").read_bytes())
+
+
+def test_macos_bundle_id_matches_the_apps_launch_agent_label() -> None:
+    from app.autostart import LABEL
+
+    assert plistlib.loads((INSTALLERS / "macos" / "Info.plist").read_bytes())["CFBundleIdentifier"] == LABEL
+
+
+def test_desktop_entry_starts_sapling_with_its_icon() -> None:
+    entry = configparser.ConfigParser(interpolation=None)
+    entry.optionxform = str  # type: ignore[assignment,method-assign]
+    entry.read(INSTALLERS / "linux" / "sapling.desktop")
+    section = entry["Desktop Entry"]
+    assert section["Type"] == "Application" and section["Exec"].split()[0] == "sapling"
+    assert section["Icon"] == "sapling" and section["Terminal"] == "false"
+    assert section["Categories"].endswith(";")
+
+
+def test_nsis_script_is_per_user_with_shortcuts_login_option_and_uninstaller() -> None:
+    nsi = (INSTALLERS / "windows" / "sapling.nsi").read_text()
+    assert "RequestExecutionLevel user" in nsi and "$LOCALAPPDATA\\Programs\\Sapling" in nsi
+    assert "$SMPROGRAMS\\Sapling.lnk" in nsi and "$DESKTOP\\Sapling.lnk" in nsi
+    assert re.search(r'Section /o "Start Sapling when I sign in"', nsi)  # optional, off by default
+    assert "WriteUninstaller" in nsi and 'Section "un.Sapling"' in nsi
+    # Everything the installer writes, the uninstaller takes away.
+    for written in re.findall(r'CreateShortcut "([^"]+)"', nsi):
+        assert f'Delete "{written}"' in nsi
+    assert 'DeleteRegValue HKCU "${RUN_KEY}" "Sapling"' in nsi and 'DeleteRegKey HKCU "${UNINST_KEY}"' in nsi
+
+
+def test_windows_workflow_builds_self_tests_compiles_and_uploads() -> None:
+    data = _workflow("build-windows.yml")
+    job = next(iter(data["jobs"].values()))
+    assert str(job["runs-on"]).startswith("windows")
+    text = _run_text(data)
+    order = [text.index(s) for s in ("pyinstaller", "--self-test", "makensis")] + [text.rindex("actions/upload-artifact")]
+    assert order == sorted(order), "PyInstaller, self-test, makensis, upload the installer: in that order"
+
+
+def test_macos_workflow_is_arm64_with_mlx_and_signs_only_with_secrets() -> None:
+    data = _workflow("build-macos.yml")
+    job = next(iter(data["jobs"].values()))
+    assert job["runs-on"] in {"macos-14", "macos-15", "macos-latest"}  # Apple-silicon runners
+    text = _run_text(data)
+    assert '".[mlx,build]"' in text and "hdiutil" in (INSTALLERS / "macos" / "make-dmg.sh").read_text()
+    steps = {step.get("name", ""): step for step in job["steps"]}
+    gated = [s for s in steps.values() if re.search(r"installers/macos/(import-certificate|notarize)\.sh", str(s.get("run")))]
+    assert len(gated) == 2 and all("steps.signing.outputs.sign == 'true'" in str(s.get("if")) for s in gated)
+    assert "skipping codesign and notarization" in text
