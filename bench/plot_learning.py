@@ -5,6 +5,12 @@
 
 Prints the mean reward of the first and last N rounds (default 10) and their
 difference with a bootstrap 95% interval, so "clearly above" is a number.
+
+With `--control`, the metrics of a run with the same seed and learning switched
+off (`--set grpo.learning_rate=1e-12`): it answers the same questions with the
+same sampling seeds, round by round, with the untrained model. The per-round
+difference (trained - control) then measures what training changed, free of
+the question draw, which otherwise dominates a 4-question round's mean.
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run", default="default", help="run name inside the file")
     parser.add_argument("--window", type=int, default=10, help="rounds at each end to compare")
     parser.add_argument("--out", type=Path, help="PNG to write")
+    parser.add_argument("--control", type=Path, help="metrics.jsonl of the same seed with learning off (paired comparison)")
     args = parser.parse_args(argv)
     if not args.metrics.is_file():
         print(f"plot_learning: {args.metrics} does not exist", file=sys.stderr)
@@ -63,6 +70,21 @@ def main(argv: list[str] | None = None) -> int:
     print(f"difference {sum(last) / len(last) - sum(first) / len(first):+.4f} (bootstrap 95% interval {lo:+.4f} .. {hi:+.4f})")
     for e in evals:
         print(f"held-out accuracy at round {e['round']}: {100 * e['accuracy']:.1f}% (reward {e['reward_mean']:.3f})")
+    control: dict[int, float] = {}
+    if args.control is not None:
+        if not args.control.is_file():
+            print(f"plot_learning: {args.control} does not exist", file=sys.stderr)
+            return 2
+        control = {r["round"]: r["reward_mean"] for r in load(args.control, args.run)[0]}
+        paired = [(r, v - control[r]) for r, v in zip(x, reward, strict=True) if r in control]
+        if len(paired) < 2 * args.window:
+            print(f"plot_learning: the control shares only {len(paired)} rounds with the run", file=sys.stderr)
+            return 2
+        diffs = [d for _, d in paired]
+        print(f"paired with the control over rounds {paired[0][0]}..{paired[-1][0]} (same questions, same sampling seeds):")
+        for name, part in (("all", diffs), (f"first {args.window}", diffs[: args.window]), (f"last {args.window}", diffs[-args.window :])):
+            lo_p, hi_p = bootstrap_diff([0.0], part)
+            print(f"  trained - control, {name} rounds: {sum(part) / len(part):+.4f} (bootstrap 95% interval {lo_p:+.4f} .. {hi_p:+.4f})")
     if args.out:
         import matplotlib
 
@@ -74,6 +96,11 @@ def main(argv: list[str] | None = None) -> int:
         k = 5
         smooth = [sum(reward[max(0, i - k + 1) : i + 1]) / len(reward[max(0, i - k + 1) : i + 1]) for i in range(len(reward))]
         ax1.plot(x, smooth, lw=2.5, color="#2f6f3e", label=f"{k}-round moving average")
+        if control:
+            cx = [r for r in x if r in control]
+            cy = [control[r] for r in cx]
+            csmooth = [sum(cy[max(0, i - k + 1) : i + 1]) / len(cy[max(0, i - k + 1) : i + 1]) for i in range(len(cy))]
+            ax1.plot(cx, csmooth, lw=2, ls="--", color="#888888", label=f"untrained control, same questions ({k}-round avg)")
         ax1.set_ylabel("reward (0-1)")
         ax1.set_title("Sapling: SmolLM2-135M-Instruct, GRPO on ReasoningGYM, CPU")
         ax1.legend(loc="upper left")
