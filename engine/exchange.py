@@ -109,7 +109,8 @@ class SwarmExchange:
         """Emit a `swarm` event with this node's identity and link state."""
         state = state or self.client.state
         if state.connected:
-            message = f"Connected to the swarm ({state.online} peers online)."
+            online = "1 peer" if state.online == 1 else f"{state.online} peers"
+            message = f"Connected to the swarm ({online} online, this node included)."
         elif state.last_error:
             message = f"Relay unreachable ({state.last_error}); training on local rollouts."
         else:

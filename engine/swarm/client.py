@@ -176,7 +176,7 @@ class SwarmClient:
             self._fatal_code = ""
             self._ws = ws
             self._set(connected=True, online=welcome["online"], last_error="")
-            log.info("joined the swarm at %s as %s (%d peers online)", self.url, self.identity.name, welcome["online"])
+            log.info("joined the swarm at %s as %s (%d online)", self.url, self.identity.name, welcome["online"])
             async for msg in ws:
                 if msg.type != aiohttp.WSMsgType.TEXT:
                     break
