@@ -43,6 +43,7 @@ from app.dialogs import FirstRunDialog, ProblemDialog, SettingsDialog
 from app.panels import LogView, PeersPanel
 from app.session import describe_device, describe_model, number
 from app.settings import AppSettings, EngineSettings, SettingsError, SettingsStore
+from engine.device import cpu_name
 
 PHASE_WORDS = {
     "idle": "Not training", "starting": "Starting…", "training": "Training", "paused": "Paused",
@@ -69,14 +70,7 @@ def guess_device() -> dict[str, Any]:
         return {"kind": "mlx", "name": "Apple silicon"}
     if shutil.which("nvidia-smi"):
         return {"kind": "cuda", "name": "NVIDIA GPU"}
-    name = platform.processor() or ""
-    if not name and os.path.exists("/proc/cpuinfo"):
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as handle:
-            for line in handle:
-                if line.startswith("model name"):
-                    name = line.split(":", 1)[1].strip()
-                    break
-    return {"kind": "cpu", "name": f"{name or platform.machine()} ({os.cpu_count() or 1} threads)"}
+    return {"kind": "cpu", "name": f"{cpu_name()} ({os.cpu_count() or 1} threads)"}
 
 
 def short_path(path: object) -> str:

@@ -69,7 +69,7 @@ def _system_memory() -> int:
         return 0
 
 
-def _cpu_name() -> str:
+def cpu_name() -> str:
     name = platform.processor() or ""
     if not name and os.path.exists("/proc/cpuinfo"):
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as handle:
@@ -95,7 +95,7 @@ def _cpu(reason: str) -> DeviceInfo:
 
     return DeviceInfo(
         kind="cpu",
-        name=f"{_cpu_name()} ({torch.get_num_threads()} threads)",
+        name=f"{cpu_name()} ({torch.get_num_threads()} threads)",
         memory_bytes=_system_memory(),
         bf16=cpu_bf16_supported(),
         reason=reason,
@@ -195,7 +195,7 @@ def _mlx(require_metal: bool = False) -> DeviceInfo | None:
         return None
     return DeviceInfo(
         kind="mlx",
-        name=f"{_cpu_name()} (MLX on CPU)",
+        name=f"{cpu_name()} (MLX on CPU)",
         memory_bytes=_system_memory(),
         bf16=False,
         reason=f"MLX {version} on CPU, no Metal",

@@ -34,7 +34,7 @@ def test_app_never_imports_training_libraries() -> None:
 
 def test_import_engine_is_cheap() -> None:
     code = (
-        "import sys, engine, engine.events, engine.config, engine.errors, engine.paths\n"
+        "import sys, engine, engine.events, engine.config, engine.errors, engine.paths, engine.device\n"
         "heavy = [m for m in ('torch', 'transformers', 'PySide6', 'reasoning_gym', 'mlx', 'aiohttp') if m in sys.modules]\n"
         "print(','.join(heavy))"
     )

@@ -1,4 +1,4 @@
-"""Micro-batching shared by the training backends (no torch, no mlx here).
+"""What the training backends share (no torch, no mlx here).
 
 - `micro_batches` cuts a training batch into length-sorted chunks under a row
   and a padded-token budget (gradients are accumulated over the chunks).
@@ -8,16 +8,23 @@
   and halved each time the device runs out of memory. A halving lasts for
   the rest of the session, so a node that ran out once does not run out
   every round.
+- `HFTokenizerText` turns chat messages and completions into token ids and
+  back, with the model's Hugging Face tokenizer.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Sequence
+from typing import Any
 
 from engine.config import GRPOConfig
 from engine.device import DeviceInfo
+from engine.errors import DeviceError, ModelError
 from engine.rollouts import TrainItem
+
+log = logging.getLogger(__name__)
 
 # Scale the default budget by one step per this much accelerator memory.
 GIB_PER_SCALE_STEP = 8
@@ -85,3 +92,43 @@ class MicroBatchBudget:
             return False
         self.halvings += 1
         return True
+
+    def shrink_after_oom(self, grpo: GRPOConfig, device_name: str, phase: str) -> None:
+        """Halve after an out-of-memory error and say so, or give up with advice (DeviceError)."""
+        if not self.halve(grpo):
+            raise DeviceError(
+                f"{device_name} ran out of memory while {phase}, even one sequence at a time. "
+                "Use a smaller model, lower tasks.max_new_tokens, or grpo.finetune='lora'."
+            )
+        rows, tokens = self.limits(grpo)
+        log.warning(
+            "%s ran out of memory while %s: micro-batch halved to %d sequences / %d tokens; retrying.",
+            device_name, phase, rows, tokens,
+        )
+
+
+class HFTokenizerText:
+    """Text <-> token ids through a Hugging Face tokenizer, the same for every backend."""
+
+    tokenizer: Any
+    eos_token_id: int
+    pad_token_id: int
+
+    def _set_special_tokens(self, model_dir: object) -> None:
+        eos = self.tokenizer.eos_token_id
+        if eos is None:
+            raise ModelError(f"The tokenizer in {model_dir} has no end-of-sequence token.")
+        self.eos_token_id = int(eos)
+        self.pad_token_id = int(self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else eos)
+
+    def encode_prompt(self, messages: list[dict[str, str]]) -> list[int]:
+        enc: Any = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        ids = enc if isinstance(enc, list) else enc["input_ids"]
+        return [int(t) for t in ids]
+
+    def encode_completion(self, text: str) -> list[int]:
+        ids = self.tokenizer(text, add_special_tokens=False).input_ids
+        return [int(t) for t in ids] + [self.eos_token_id]
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        return str(self.tokenizer.decode(list(token_ids), skip_special_tokens=True))

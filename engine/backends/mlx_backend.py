@@ -61,10 +61,10 @@ from transformers import AutoTokenizer
 
 from engine.atomicio import atomic_dir
 from engine.backends import StepCallback
-from engine.backends.batching import MicroBatchBudget, micro_batches
+from engine.backends.batching import HFTokenizerText, MicroBatchBudget, micro_batches
 from engine.config import GRPOConfig
 from engine.device import DeviceInfo
-from engine.errors import CheckpointError, DeviceError, ModelError
+from engine.errors import CheckpointError, ModelError
 from engine.rollouts import Completion, TrainItem
 
 log = logging.getLogger(__name__)
@@ -151,7 +151,7 @@ def is_out_of_memory(exc: BaseException) -> bool:
     )
 
 
-class MLXBackend:
+class MLXBackend(HFTokenizerText):
     def __init__(self, model_dir: Path, device: DeviceInfo, grpo: GRPOConfig, seed: int, temperature: float) -> None:
         self.device = device
         self.grpo = grpo
@@ -164,11 +164,7 @@ class MLXBackend:
             model, _ = load_model(self.model_dir, model_config=self.overrides)
         except (OSError, ValueError, KeyError) as exc:
             raise ModelError(f"Could not load the model in {model_dir} with MLX: {exc}") from exc
-        eos = self.tokenizer.eos_token_id
-        if eos is None:
-            raise ModelError(f"The tokenizer in {model_dir} has no end-of-sequence token.")
-        self.eos_token_id = int(eos)
-        self.pad_token_id = int(self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else eos)
+        self._set_special_tokens(model_dir)
         if grpo.precision == "bf16" and not device.bf16:
             log.warning("bf16 was asked for but %s has no native bf16; it will be slow.", device.name)
         self.bf16 = grpo.precision == "bf16" or (grpo.precision == "auto" and device.bf16)
@@ -205,19 +201,6 @@ class MLXBackend:
             "model %s on MLX (%s): %.1fM params, %.2fM trainable (%s), bf16 %s",
             self.model_dir.name, device.name, total / 1e6, trainable / 1e6, grpo.finetune, self.bf16,
         )
-
-    # -- text <-> tokens -------------------------------------------------------------
-    def encode_prompt(self, messages: list[dict[str, str]]) -> list[int]:
-        enc: Any = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        ids = enc if isinstance(enc, list) else enc["input_ids"]
-        return [int(t) for t in ids]
-
-    def encode_completion(self, text: str) -> list[int]:
-        ids = self.tokenizer(text, add_special_tokens=False).input_ids
-        return [int(t) for t in ids] + [self.eos_token_id]
-
-    def decode(self, token_ids: Sequence[int]) -> str:
-        return str(self.tokenizer.decode(list(token_ids), skip_special_tokens=True))
 
     # -- sampling ----------------------------------------------------------------------
     def _prefill(self, prompt: list[int]) -> list[Any]:
@@ -380,18 +363,9 @@ class MLXBackend:
             self._shrink_after_oom("scoring swarm rollouts")
 
     def _shrink_after_oom(self, phase: str) -> None:
-        """Halve the micro-batch after an out-of-memory error, or give up with advice."""
+        """Free the device's caches, then halve the micro-batch (or give up with advice)."""
         mx.clear_cache()
-        if not self.budget.halve(self.grpo):
-            raise DeviceError(
-                f"{self.device.name} ran out of memory while {phase}, even one sequence at a time. "
-                "Use a smaller model, lower tasks.max_new_tokens, or grpo.finetune='lora'."
-            )
-        rows, tokens = self.budget.limits(self.grpo)
-        log.warning(
-            "%s ran out of memory while %s: micro-batch halved to %d sequences / %d tokens; retrying.",
-            self.device.name, phase, rows, tokens,
-        )
+        self.budget.shrink_after_oom(self.grpo, self.device.name, phase)
 
     def _loss(
         self, ids: mx.array, positions: mx.array, targets: mx.array, mask: mx.array,
