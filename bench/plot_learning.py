@@ -24,7 +24,8 @@ from typing import Any
 
 
 def load(path: Path, run: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    rounds, evals = [], []
+    rounds: list[dict[str, Any]] = []
+    evals: list[dict[str, Any]] = []
     for line in path.read_text(encoding="utf-8").splitlines():
         try:
             record = json.loads(line)

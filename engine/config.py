@@ -4,8 +4,8 @@ A `NodeConfig` has four sections, the same as the TOML file
 (``config.toml`` in the platformdirs config dir)::
 
     [model]  source = "bundled"
-    [tasks]  questions_per_round = 4   specialties = { basic_arithmetic = 2.0, ... }
-    [grpo]   learning_rate = 2e-4      eps_low = 0.2   eps_high = 0.28   kl_beta = 0.0
+    [tasks]  questions_per_round = 8   specialties = { basic_arithmetic = 3.0, ... }
+    [grpo]   learning_rate = 3e-4      eps_low = 0.2   eps_high = 0.28   kl_beta = 0.0
     [run]    device = "auto"           seed = 0        run_name = "default"
 
 Precedence: defaults < preset < TOML file < ``--set section.key=value`` flags.
@@ -109,7 +109,7 @@ class TaskConfig:
         "Per-specialty ReasoningGYM config overrides, e.g. {basic_arithmetic = {max_terms = 3}}.",
         factory=dict,
     )
-    questions_per_round: int = _help("Questions drawn per round (B).", 4)
+    questions_per_round: int = _help("Questions drawn per round (B).", 8)
     completions_per_question: int = _help("Completions sampled per question (G).", 8)
     max_new_tokens: int = _help("Cap on completion length, in tokens.", 48)
     temperature: float = _help("Sampling temperature for rollouts.", 0.7)
@@ -148,7 +148,7 @@ class TaskConfig:
 
 @dataclass
 class GRPOConfig:
-    learning_rate: float = _help("AdamW learning rate (5e-4 for LoRA on the bundled model: 1e-3 and 2e-3 collapsed, docs/results.md).", 5e-4)
+    learning_rate: float = _help("AdamW learning rate (3e-4 for LoRA on the bundled model; higher rates peaked early and then fell back, docs/results.md).", 3e-4)
     eps_low: float = _help("Lower clip range of the importance ratio (1 - eps_low).", 0.2)
     eps_high: float = _help("Upper clip range of the importance ratio (1 + eps_high).", 0.28)
     kl_beta: float = _help("Weight of the KL penalty to the reference model (0: none, no reference kept).", 0.0)
@@ -251,7 +251,7 @@ SECTIONS: dict[str, type] = {
 }
 
 PRESETS: dict[str, dict[str, dict[str, Any]]] = {
-    # Fits a CPU laptop: about 20 s a round on 2 cores, under 4 GB of memory.
+    # Fits a CPU laptop: about 30 s a round on 2 cores, under 2 GB of memory (docs/results.md).
     "default": {},
     # The SAPO paper's settings: 8 questions x 8 completions, eps 0.2/0.28, no KL.
     "paper": {

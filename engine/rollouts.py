@@ -48,18 +48,26 @@ class TrainItem:
     advantage: float
 
 
+EQUAL_REWARD_TOLERANCE = 1e-9
+"""Rewards (in [0, 1]) closer than this count as equal: the group carries no signal."""
+
+
 def group_advantages(rewards: Sequence[float], eps: float) -> list[float]:
     """(r - mean) / (std + eps), with the population std of the group.
 
-    A group whose rewards are all equal gets all-zero advantages.
+    A group whose rewards are all equal gets all-zero advantages. "Equal" allows
+    for float rounding: eight rewards of 0.1 have a float mean of
+    0.09999999999999999, and without the tolerance their 1e-17 spread became
+    advantages of 1e-13, so such a group was counted informative and trained on
+    for nothing (docs/results.md, run D).
     """
     if not rewards:
         return []
     n = len(rewards)
-    mean = sum(rewards) / n
-    std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / n)
-    if std == 0.0:
+    if max(rewards) - min(rewards) <= EQUAL_REWARD_TOLERANCE:
         return [0.0] * n
+    mean = math.fsum(rewards) / n
+    std = math.sqrt(math.fsum((r - mean) ** 2 for r in rewards) / n)
     return [(r - mean) / (std + eps) for r in rewards]
 
 

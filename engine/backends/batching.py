@@ -1,7 +1,8 @@
 """What the training backends share (no torch, no mlx here).
 
 - `micro_batches` cuts a training batch into length-sorted chunks under a row
-  and a padded-token budget (gradients are accumulated over the chunks).
+  and a padded-token budget (gradients are accumulated over the chunks),
+  keeping the completions of one question together.
 - `MicroBatchBudget` says what that budget is: the config's `micro_batch` and
   `micro_batch_tokens`, scaled up on an accelerator with memory to spare
   when both are left at their defaults (which are sized for a CPU laptop),
@@ -31,23 +32,39 @@ GIB_PER_SCALE_STEP = 8
 MAX_SCALE = 32
 
 
-def micro_batches(items: Sequence[TrainItem], max_rows: int, max_tokens: int) -> list[list[TrainItem]]:
-    """Length-sorted chunks of at most `max_rows` sequences and `max_tokens` padded tokens.
+def micro_batches(
+    items: Sequence[TrainItem], max_rows: int, max_tokens: int, *, shared_prompts: bool = False
+) -> list[list[TrainItem]]:
+    """Chunks of at most `max_rows` sequences and `max_tokens` padded tokens.
 
+    Items are ordered by prompt length, then prompt, then completion length,
+    so the completions of one question sit together and little is padded.
     Activation memory grows with padded tokens, so the token budget (not the
     row count) is what keeps long prompts from blowing the memory target.
-    A single sequence longer than the budget still gets a chunk of its own.
+    A chunk costs rows x (prompt + completion width), or, with
+    `shared_prompts` (a backend that runs each distinct prompt once, then
+    every completion on a copy of its cache), distinct prompts x prompt
+    width + rows x completion width. A single sequence longer than the
+    budget still gets a chunk of its own.
     """
-    ordered = sorted(items, key=lambda it: len(it.prompt_ids) + len(it.completion_ids))
+    ordered = sorted(items, key=lambda it: (len(it.prompt_ids), it.prompt_ids, len(it.completion_ids)))
     chunks: list[list[TrainItem]] = []
     current: list[TrainItem] = []
+    prompts: set[tuple[int, ...]] = set()
     prompt_w = comp_w = 0
+
+    def cost(rows: int, distinct: int, p: int, c: int) -> int:
+        return distinct * p + rows * c if shared_prompts else rows * (p + c)
+
     for item in ordered:
+        key = tuple(item.prompt_ids)
         p, c = max(prompt_w, len(item.prompt_ids)), max(comp_w, len(item.completion_ids))
-        if current and (len(current) >= max_rows or (len(current) + 1) * (p + c) > max_tokens):
+        distinct = len(prompts) + (key not in prompts)
+        if current and (len(current) >= max_rows or cost(len(current) + 1, distinct, p, c) > max_tokens):
             chunks.append(current)
-            current, p, c = [], len(item.prompt_ids), len(item.completion_ids)
+            current, prompts, p, c = [], set(), len(item.prompt_ids), len(item.completion_ids)
         current.append(item)
+        prompts.add(key)
         prompt_w, comp_w = p, c
     if current:
         chunks.append(current)

@@ -3,10 +3,11 @@
 - Generation uses HF `generate` with a logits processor that applies the
   temperature itself and records each sampled token's log-prob under that
   tempered distribution: the behaviour log-probs, at no extra forward pass.
-- Training recomputes log-probs with one forward per micro-batch in the same
-  left-padded layout and position ids as generation, keeps only the
-  completion positions' logits (`logits_to_keep`), and applies the loss in
-  `engine.grpo`. bf16 autocast where the device has native bf16.
+- Training recomputes log-probs per micro-batch: each distinct prompt once
+  (left-padded, the same position ids as generation), then every completion
+  on a copy of its prompt's KV cache, so the G completions of a question do
+  not recompute their shared prompt G times. Then the loss in `engine.grpo`.
+  bf16 autocast where the device has native bf16.
 - LoRA (default) trains adapters on all linear layers; `full` trains every
   weight. With kl_beta > 0 the reference is the base model: the adapters
   switched off for LoRA, a frozen copy for full fine-tuning.
@@ -283,24 +284,51 @@ class TorchBackend(HFTokenizerText):
 
     # -- log-probs and training --------------------------------------------------------
     def _batch_logprobs(self, pairs: Sequence[tuple[list[int], list[int]]], temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
-        """Log-probs [n, T] of each completion token, and the completion mask."""
-        prompt_w = max(len(p) for p, _ in pairs)
-        comp_w = max(len(c) for _, c in pairs)
-        n = len(pairs)
-        ids = torch.full((n, prompt_w + comp_w), self.pad_token_id, dtype=torch.long)
-        attn = torch.zeros_like(ids)
+        """Log-probs [n, T] of each completion token, and the completion mask.
+
+        The G completions of a question share its prompt, so each distinct
+        prompt runs through the model once (left-padded, with its KV cache
+        kept) and every completion then runs on a copy of its prompt's cache.
+        Attention is causal, so this is the same computation, and the same
+        gradient, as running each prompt + completion on its own; it only
+        skips recomputing the prompt G times, which was most of a round's
+        training time with few-shot prompts (docs/results.md).
+        """
+        prompts: list[list[int]] = []
+        where: dict[tuple[int, ...], int] = {}
+        rows = []
+        for prompt, _ in pairs:
+            key = tuple(prompt)
+            if key not in where:
+                where[key] = len(prompts)
+                prompts.append(list(prompt))
+            rows.append(where[key])
+        n, comp_w = len(pairs), max(len(c) for _, c in pairs)
+        p_ids, p_mask = self._left_pad(prompts)
+        prompt_w = p_ids.shape[1]
+        c_ids = torch.full((n, comp_w), self.pad_token_id, dtype=torch.long)
         comp_mask = torch.zeros((n, comp_w), dtype=torch.float32)
-        for row, (prompt, comp) in enumerate(pairs):
-            ids[row, prompt_w - len(prompt) : prompt_w] = torch.tensor(prompt)
-            ids[row, prompt_w : prompt_w + len(comp)] = torch.tensor(comp)
-            attn[row, prompt_w - len(prompt) : prompt_w + len(comp)] = 1
+        for row, (_, comp) in enumerate(pairs):
+            c_ids[row, : len(comp)] = torch.tensor(comp)
             comp_mask[row, : len(comp)] = 1.0
-        ids, attn, comp_mask = ids.to(self._dev), attn.to(self._dev), comp_mask.to(self._dev)
-        positions = (attn.cumsum(-1) - 1).clamp(min=0)
-        out = self.model(input_ids=ids, attention_mask=attn, position_ids=positions, logits_to_keep=comp_w + 1)
-        logits = out.logits[:, :-1, :].float() / temperature
-        targets = ids[:, prompt_w:]
-        logp = torch.log_softmax(logits, dim=-1).gather(2, targets.unsqueeze(2)).squeeze(2)
+        index = torch.tensor(rows, dtype=torch.long)
+        p_ids, p_mask, c_ids, comp_mask, index = (
+            t.to(self._dev) for t in (p_ids, p_mask, c_ids, comp_mask, index)
+        )
+        p_pos = (p_mask.cumsum(-1) - 1).clamp(min=0)
+        head = self.model(input_ids=p_ids, attention_mask=p_mask, position_ids=p_pos, use_cache=True, logits_to_keep=1)
+        cache = head.cache
+        cache.reorder_cache(index)  # one copy of its prompt's cache per completion (autograd-safe index_select)
+        attn = torch.cat([p_mask.index_select(0, index), torch.ones_like(c_ids)], dim=1)
+        c_pos = p_mask.sum(-1, keepdim=True).index_select(0, index) + torch.arange(comp_w, device=self._dev)
+        logits = head.logits.index_select(0, index)  # predicts each completion's first token
+        if comp_w > 1:
+            tail = self.model(
+                input_ids=c_ids[:, :-1], attention_mask=attn[:, : prompt_w + comp_w - 1],
+                position_ids=c_pos[:, :-1], cache=cache, use_cache=True,
+            )
+            logits = torch.cat([logits, tail.logits], dim=1)
+        logp = torch.log_softmax(logits.float() / temperature, dim=-1).gather(2, c_ids.unsqueeze(2)).squeeze(2)
         return logp, comp_mask
 
     def behaviour_logprobs(self, items: Sequence[tuple[list[int], list[int]]], temperature: float) -> list[list[float]]:
@@ -349,7 +377,7 @@ class TorchBackend(HFTokenizerText):
         self.model.train()
         for step in range(g.pg_steps):
             while True:
-                chunks = micro_batches(items, *self.budget.limits(g))
+                chunks = micro_batches(items, *self.budget.limits(g), shared_prompts=True)
                 try:
                     step_sums = self._accumulate_step(chunks, total_tokens, step, on_step)
                     break

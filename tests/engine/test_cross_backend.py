@@ -37,6 +37,7 @@ from engine.config import GRPOConfig
 from engine.device import pick_device
 from engine.grpo import clipped_pg_loss
 from engine.rollouts import TrainItem
+from tests.tiny import make_sharp_model
 
 LOGP_ATOL = 1e-4
 LOSS_RTOL = 1e-4
@@ -44,34 +45,9 @@ ROPE_THETA = 50_000.0
 TEMPERATURE = 0.7
 
 
-def make_sharp_model(folder: Path, arch: str) -> Path:
-    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
-
-    from tests.tiny import make_byte_tokenizer
-
-    tok = make_byte_tokenizer()
-    common = dict(
-        vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
-        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
-        initializer_range=0.3, rope_parameters={"rope_type": "default", "rope_theta": ROPE_THETA},
-    )
-    # llama with tied embeddings; qwen2 (attention biases) with its own lm_head.
-    config = LlamaConfig(**common, tie_word_embeddings=True) if arch == "llama" else Qwen2Config(**common, tie_word_embeddings=False)
-    torch.manual_seed(3)
-    model = AutoModelForCausalLM.from_config(config)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name.endswith("bias"):
-                param.normal_(0.0, 0.3)  # biases start at zero; make them count
-    model.save_pretrained(folder)
-    tok.save_pretrained(folder)
-    return folder
-
-
 @pytest.fixture(scope="module", params=["llama", "qwen2"])
 def sharp_dir(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_sharp_model(tmp_path_factory.mktemp(f"sharp-{request.param}"), request.param)
+    return make_sharp_model(tmp_path_factory.mktemp(f"sharp-{request.param}"), request.param, ROPE_THETA)
 
 
 def backends(model_dir: Path, **grpo: object) -> tuple[TorchBackend, MLXBackend]:

@@ -23,6 +23,15 @@ def test_equal_rewards_give_zero_advantage() -> None:
     assert group_advantages([], eps=1e-4) == []
 
 
+def test_float_rounding_is_not_a_signal() -> None:
+    # sum([0.1] * 8) / 8 is 0.09999999999999999: a group of equal partial-credit
+    # rewards must not turn that rounding into tiny non-zero advantages.
+    assert group_advantages([0.1] * 8, eps=1e-4) == [0.0] * 8
+    assert group_advantages([0.05] * 7 + [0.05 + 1e-12], eps=1e-4) == [0.0] * 8
+    flat = Group(question=None, prompt_ids=[1], completions=[], rewards=[0.1] * 8, advantages=group_advantages([0.1] * 8, 1e-4))  # type: ignore[arg-type]
+    assert not flat.informative
+
+
 def test_train_items_skip_zero_advantage() -> None:
     c = Completion("x", [5, 6], [-1.0, -1.0], True)
     flat = Group(question=None, prompt_ids=[1], completions=[c, c], rewards=[0.0, 0.0], advantages=[0.0, 0.0])  # type: ignore[arg-type]
@@ -99,3 +108,18 @@ def test_micro_batches_respect_rows_and_token_budget() -> None:
         assert len(chunk) <= 2
         assert len(chunk) == 1 or len(chunk) * width <= 400
     assert [len(ch) for ch in chunks] == [2, 1, 1, 1]  # 940-token item alone; 320 + 60 can't pair
+
+
+def test_shared_prompt_micro_batches_keep_a_question_together_and_count_its_prompt_once() -> None:
+    from engine.backends.batching import micro_batches
+    from engine.rollouts import TrainItem
+
+    long_q, short_q = [7] * 300, [8] * 40
+    items = [TrainItem(q, [2] * c, [0.0] * c, 1.0) for c in (5, 9, 3, 12) for q in (long_q, short_q)]
+    # Each chunk costs distinct prompts x prompt width + rows x completion width.
+    shared = micro_batches(items, max_rows=8, max_tokens=400, shared_prompts=True)
+    assert [[tuple(it.prompt_ids) == tuple(short_q) for it in ch] for ch in shared] == [[True] * 4, [False] * 4]
+    assert [[len(it.completion_ids) for it in ch] for ch in shared] == [[3, 5, 9, 12]] * 2
+    # 300 + 4 x 12 fits 400; one row per sequence (4 x 312) would not.
+    plain = micro_batches(items, max_rows=8, max_tokens=400)
+    assert max(len(ch) for ch in plain if tuple(ch[0].prompt_ids) == tuple(long_q)) == 1
