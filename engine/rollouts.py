@@ -6,6 +6,8 @@ rewards (always computed locally) and their group advantages.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -38,6 +40,51 @@ class Group:
         return any(a != 0.0 for a in self.advantages)
 
 
+# Why an external item is not trained on: the keys of `rejected_by_reason` in metrics and events.
+R_MALFORMED = "malformed"
+R_SIGNATURE = "bad_signature"
+R_STALE = "stale"
+R_UNKNOWN_TASK = "unknown_task"
+R_QUESTION = "question_mismatch"
+R_FORGED_REWARD = "forged_reward"
+R_TOO_LONG = "too_long"
+R_DUPLICATE = "duplicate"
+R_ZERO_ADVANTAGE = "zero_advantage"
+R_BANNED = "banned"
+REASONS = (R_MALFORMED, R_SIGNATURE, R_STALE, R_UNKNOWN_TASK, R_QUESTION, R_FORGED_REWARD, R_TOO_LONG,
+           R_DUPLICATE, R_ZERO_ADVANTAGE, R_BANNED)
+
+
+@dataclass(frozen=True)
+class ExternalItem:
+    """A question group from a peer that passed every text check: the signature, the
+    question rebuilt from its task reference, and every reward re-scored here.
+
+    Tokens and log-probs are not here: they are the receiving node's business.
+    """
+
+    peer: str
+    question: Question
+    completions: tuple[str, ...]
+    rewards: tuple[float, ...]  # scored by this node, never the sender's claim
+
+    def content_key(self) -> str:
+        """The same text under any sequence number: the question's reference and the completions."""
+        blob = json.dumps([self.question.ref.key(), list(self.completions)], ensure_ascii=False)
+        return hashlib.sha256(blob.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+
+
+@dataclass
+class Offer:
+    """What `sample` found this round: verified items, and how every other item was counted."""
+
+    items: list[ExternalItem] = field(default_factory=list)
+    received: int = 0
+    rejected: list[tuple[str, str]] = field(default_factory=list)  # (peer, reason), one per item
+    not_picked: list[str] = field(default_factory=list)  # peer of each item left unverified past n
+    connected: bool = False
+
+
 @dataclass
 class TrainItem:
     """One sequence for the policy-gradient step."""
@@ -52,6 +99,11 @@ EQUAL_REWARD_TOLERANCE = 1e-9
 """Rewards (in [0, 1]) closer than this count as equal: the group carries no signal."""
 
 
+def rewards_differ(rewards: Sequence[float]) -> bool:
+    """Whether a group carries any learning signal (see `group_advantages`)."""
+    return bool(rewards) and max(rewards) - min(rewards) > EQUAL_REWARD_TOLERANCE
+
+
 def group_advantages(rewards: Sequence[float], eps: float) -> list[float]:
     """(r - mean) / (std + eps), with the population std of the group.
 
@@ -64,7 +116,7 @@ def group_advantages(rewards: Sequence[float], eps: float) -> list[float]:
     if not rewards:
         return []
     n = len(rewards)
-    if max(rewards) - min(rewards) <= EQUAL_REWARD_TOLERANCE:
+    if not rewards_differ(rewards):
         return [0.0] * n
     mean = math.fsum(rewards) / n
     std = math.sqrt(math.fsum((r - mean) ** 2 for r in rewards) / n)

@@ -24,7 +24,7 @@ import random
 import threading
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence, Set
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -37,10 +37,14 @@ from engine.events import Event, make_event
 from engine.metrics import MetricsLog
 from engine.models import resolve_model_dir
 from engine.paths import Paths
-from engine.rollouts import Group, group_advantages, train_items
+from engine.rollouts import R_TOO_LONG, Completion, ExternalItem, Group, Offer, group_advantages, train_items
 from engine.tasks import TaskSet
 
 log = logging.getLogger(__name__)
+
+# Another model's tokenizer splits the same text differently: an external completion may
+# take up to this many times this node's own length cap, in this node's tokens.
+EXTERNAL_LENGTH_SLACK = 2
 
 Emit = Callable[[Event], None]
 
@@ -90,19 +94,16 @@ class Control:
 
 
 class RolloutExchange(Protocol):
-    """The training loop's whole view of the swarm."""
+    """The training loop's whole view of the swarm: text out, verified text in (engine/exchange.py)."""
 
     def publish(self, round_index: int, groups: Sequence[Group]) -> None: ...
 
-    def sample(
-        self, round_index: int, n: int, taskset: TaskSet, backend: PolicyBackend, config: NodeConfig,
-        local: Sequence[Group] = (),
-    ) -> list[Group]:
-        """Up to n external groups, verified and re-scored by this node (never repeating a local question)."""
+    def sample(self, round_index: int, n: int, taskset: TaskSet, *, exclude: Set[str], seed: int) -> Offer:
+        """Up to n external items, verified and re-scored by this node, none of them a question in `exclude`."""
         ...
 
-    def report(self) -> dict[str, Any]:
-        """This round's swarm figures (received, accepted, rejected by reason, per peer)."""
+    def settle(self, offer: Offer, verdicts: Mapping[int, str | None]) -> dict[str, Any]:
+        """Count the offer with the loop's verdicts (index -> rejection reason); the round's swarm report."""
         ...
 
 
@@ -303,12 +304,7 @@ class Node:
         if 0 < cfg.swarm.local_groups < len(groups):
             pick = random.Random(derive_seed(cfg.run.seed, round_index, 1)).sample(range(len(groups)), cfg.swarm.local_groups)
             mine = [groups[i] for i in sorted(pick)]
-        external: list[Group] = []
-        if self.exchange is not None:
-            self.exchange.publish(round_index, groups)
-            external = self.exchange.sample(
-                round_index, cfg.swarm.external_groups, self.taskset, backend, cfg, local=groups
-            )
+        external, swarm_report = self.share_and_sample(round_index, groups)
 
         t1 = time.perf_counter()
         stats = backend.train(train_items(mine + external), self._training_step)
@@ -317,6 +313,8 @@ class Node:
         self.round = round_index
 
         metrics = self._round_metrics(groups, external, stats, gen_seconds, train_seconds, time.perf_counter() - t0)
+        if swarm_report is not None:
+            metrics["swarm"] = swarm_report
         state = {
             "config_hash": cfg.config_hash(),
             "structure_hash": cfg.structure_hash(),
@@ -328,6 +326,50 @@ class Node:
         self.emit(make_event("checkpoint", round=round_index, path=str(path)))
         self.emit(make_event("round", round=round_index, metrics=metrics))
         return metrics
+
+    def share_and_sample(self, round_index: int, groups: Sequence[Group]) -> tuple[list[Group], dict[str, Any] | None]:
+        """Publish this round's groups, take up to J verified external ones: (groups, swarm report)."""
+        if self.exchange is None:
+            return [], None
+        cfg = self.config
+        self.exchange.publish(round_index, groups)
+        offer = self.exchange.sample(
+            round_index, cfg.swarm.external_groups, self.taskset,
+            exclude={g.question.ref.key() for g in groups}, seed=derive_seed(cfg.run.seed, round_index, 2),
+        )
+        external, verdicts = self._admit(offer.items)
+        return external, self.exchange.settle(offer, verdicts)
+
+    def _admit(self, items: Sequence[ExternalItem]) -> tuple[list[Group], dict[int, str]]:
+        """Tokenise verified external text for this node's policy and give it behaviour log-probs.
+
+        Another model's tokenizer splits the same text differently, so an
+        external completion may take up to EXTERNAL_LENGTH_SLACK times this
+        node's own length cap, in this node's tokens; longer is `too_long`.
+        Returns the groups to train on and the rejections, by offer index.
+        """
+        if self.backend is None:
+            raise RuntimeError("setup() must run before _admit()")
+        backend, cfg = self.backend, self.config
+        cap = EXTERNAL_LENGTH_SLACK * cfg.tasks.max_new_tokens + 1  # + the EOS the encoder appends
+        verdicts: dict[int, str] = {}
+        kept: list[tuple[ExternalItem, list[int], list[list[int]]]] = []
+        for index, item in enumerate(items):
+            token_ids = [backend.encode_completion(text) for text in item.completions]
+            if any(len(ids) > cap for ids in token_ids):
+                verdicts[index] = R_TOO_LONG
+                continue
+            kept.append((item, backend.encode_prompt(self.taskset.messages(item.question)), token_ids))
+        pairs = [(prompt, ids) for _, prompt, token_ids in kept for ids in token_ids]
+        logprobs = iter(backend.behaviour_logprobs(pairs, cfg.tasks.temperature) if pairs else [])
+        groups = []
+        for item, prompt, token_ids in kept:
+            completions = [Completion(text, ids, next(logprobs), finished=True)
+                           for text, ids in zip(item.completions, token_ids, strict=True)]
+            rewards = list(item.rewards)
+            groups.append(Group(item.question, prompt, completions, rewards,
+                                group_advantages(rewards, cfg.grpo.adv_eps), source=item.peer))
+        return groups, verdicts
 
     def _round_metrics(
         self, groups: list[Group], external: list[Group], stats: dict[str, float],
@@ -360,7 +402,6 @@ class Node:
             "seconds": seconds,
             "rss_bytes": _rss_bytes(),
             **{k: v for k, v in stats.items()},
-            **({"swarm": self.exchange.report()} if self.exchange is not None else {}),
         }
 
     def evaluate(self) -> dict[str, Any]:

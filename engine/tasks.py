@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import decimal
-import hashlib
 import io
 import json
 import logging
@@ -34,7 +33,7 @@ import random
 import re
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
@@ -46,6 +45,8 @@ from reasoning_gym.utils import extract_answer
 
 from engine.config import SAPO_SPECIALTIES
 from engine.errors import TaskError
+from engine.rules import stable_seed
+from engine.swarm.protocol import MAX_COMPLETION_CHARS
 
 log = logging.getLogger(__name__)
 
@@ -60,9 +61,9 @@ MAX_DRAW_SIZE = 1024
 MAX_EVAL_SIZE = 100_000
 MAX_CONFIG_KEYS = 32
 MAX_CONFIG_STRING = 64
-MAX_COMPLETION_CHARS = 8192
-"""Longer completions score 0.0 (rejected, not truncated): cutting one could change
-which <answer> tag is last, and answer extraction is quadratic in the worst case."""
+# MAX_COMPLETION_CHARS (the wire limit, engine.swarm.protocol): longer completions score
+# 0.0 (rejected, not truncated): cutting one could change which <answer> tag is last, and
+# answer extraction is quadratic in the worst case.
 DATASET_CACHE_SIZE = 64
 
 SYSTEM_PROMPT = "Give only the final answer inside <answer></answer> tags."
@@ -324,12 +325,6 @@ def _check_whole(what: str, value: object, hi: int) -> int:
     return value
 
 
-def _stable_seed(*parts: int | str) -> int:
-    """A 64-bit seed that is the same in every process (Python's hash() is salted)."""
-    digest = hashlib.sha256(":".join(str(p) for p in parts).encode()).digest()
-    return int.from_bytes(digest[:8], "big")
-
-
 # -- names and questions -----------------------------------------------------------------
 
 
@@ -499,7 +494,7 @@ class TaskSet:
         _check_whole("round index", round_index, last_round)
         if n == 0:
             return []
-        rng = random.Random(_stable_seed("draw", self.seed, round_index))
+        rng = random.Random(stable_seed("draw", self.seed, round_index))
         total = sum(self._weights)
         offset = rng.random()
         names = []
@@ -608,11 +603,6 @@ class TaskSet:
             while len(self._datasets) > DATASET_CACHE_SIZE:
                 self._datasets.popitem(last=False)
         return created
-
-
-def reward_many(taskset: TaskSet, question: Question, completions: Sequence[str]) -> list[float]:
-    """`TaskSet.reward` for each completion of one question."""
-    return [taskset.reward(question, completion) for completion in completions]
 
 
 def _rg_kwargs(config: tuple[tuple[str, Any], ...]) -> dict[str, Any]:

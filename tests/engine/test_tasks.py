@@ -28,7 +28,6 @@ from engine.tasks import (
     Question,
     TaskRef,
     TaskSet,
-    reward_many,
 )
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -360,11 +359,6 @@ def test_reward_clamps_and_treats_scorer_rejections_as_zero(monkeypatch: pytest.
     monkeypatch.setattr(dataset, "score_answer", buggy)
     with pytest.raises(RuntimeError):
         ts.reward(q, "<answer>x</answer>")
-
-
-def test_reward_many_scores_each_completion(taskset: TaskSet) -> None:
-    q = taskset.eval_set(2)[1]
-    assert reward_many(taskset, q, [f"<answer>{q.answer}</answer>", "nothing", ""]) == [1.0, 0.0, 0.0]
 
 
 def test_messages_put_the_system_prompt_first(taskset: TaskSet) -> None:

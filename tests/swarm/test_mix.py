@@ -21,7 +21,6 @@ from engine.exchange import (
     R_UNKNOWN_TASK,
     SwarmExchange,
     open_swarm,
-    split_invite,
 )
 from engine.paths import Paths
 from engine.sapo import Node
@@ -148,8 +147,8 @@ def honest_batch(node: Node, sender: Identity, *, seq: int = 1, completions: tup
 
 
 def sample(node: Node, exchange: SwarmExchange) -> list[Any]:
-    assert node.backend is not None
-    return exchange.sample(1, 4, node.taskset, node.backend, node.config)
+    assert node.backend is not None and node.exchange is exchange
+    return node.share_and_sample(1, [])[0]
 
 
 def test_an_honest_item_is_rescored_retokenised_and_given_local_logprobs(receiver: Any) -> None:
@@ -253,11 +252,6 @@ def test_relay_restart_mid_run_solo_fallback_then_rejoin(tiny_model_dir: Path, t
         session.close()
 
 
-def test_invites_carry_the_join_token() -> None:
-    assert split_invite("wss://relay.example/ws?token=abc") == ("wss://relay.example/ws", "abc")
-    assert split_invite("ws://10.0.0.2:8765/ws") == ("ws://10.0.0.2:8765/ws", "")
-
-
 def test_a_second_local_node_joins_the_first_ones_embedded_relay(tiny_model_dir: Path, tmp_path: Path) -> None:
     import socket
 
@@ -275,3 +269,73 @@ def test_a_second_local_node_joins_the_first_ones_embedded_relay(tiny_model_dir:
     finally:
         for s in reversed(sessions):
             s.close()
+
+
+def test_every_item_is_counted_once_accepted_rejected_or_not_picked(receiver: Any) -> None:
+    node, exchange, relay, events = receiver
+    sender = Identity.generate()
+    # four usable items (different questions) and one forgery, in one batch; J = 2
+    items = []
+    for index in range(4):
+        q = node.taskset.draw(90 + index, 1)[0]
+        items.append(p.Item(q.ref.to_json(), q.text, ("ab", "abc"), (0.0, 1.0)))
+    q = node.taskset.draw(99, 1)[0]
+    items.append(p.Item(q.ref.to_json(), q.text, ("ab", "abc"), (1.0, 1.0)))
+    relay.batches = [sender.signed(p.batch_payload(sender.public_key, 1, time.time(), "m", items))]
+    external, report = node.share_and_sample(1, [])
+    assert len(external) == 2
+    assert report["received"] == 5
+    assert report["accepted"] + sum(report["rejected"].values()) + report["not_picked"] == 5
+    counts = exchange.peers[sender.peer_id]
+    assert counts.accepted + counts.rejected + counts.not_picked == 5
+    peers = [e for e in events if e["type"] == "peers"][-1]
+    assert peers["received"] == 5 and peers["this_round"]["received"] == 5
+
+
+@pytest.mark.parametrize("why", ["zero_advantage", "stale", "malformed", "banned"])
+def test_the_other_rejection_reasons(receiver: Any, why: str) -> None:
+    node, exchange, relay, _events = receiver
+    sender = Identity.generate()
+    if why == "zero_advantage":
+        relay.batches = [honest_batch(node, sender, completions=("ab", "cd"))]  # both even: equal rewards
+    elif why == "stale":
+        q = node.taskset.draw(57, 1)[0]
+        item = p.Item(q.ref.to_json(), q.text, ("ab", "abc"), (0.0, 1.0))
+        old = time.time() - 2 * 3600  # signed two hours ago: older than MAX_BATCH_AGE_S
+        relay.batches = [sender.signed(p.batch_payload(sender.public_key, 1, old, "m", [item]))]
+    elif why == "malformed":
+        relay.batches = [p.Signed('{"not": "a batch"}', sender.sign(b'{"not": "a batch"}'))]
+    else:
+        exchange.banned.add(sender.peer_id)
+        relay.batches = [honest_batch(node, sender)]
+    external, report = node.share_and_sample(1, [])
+    assert external == [] and report["rejected"] == {why: 1} and report["accepted"] == 0
+
+
+def test_a_node_trains_on_i_of_its_own_groups_and_j_external(tiny_model_dir: Path, tmp_path: Path) -> None:
+    relay = RelayDouble()
+    events: list[Event] = []
+    exchange = SwarmExchange(relay, Identity.generate(), "tiny", events.append, "test")  # type: ignore[arg-type]
+    cfg = config(tiny_model_dir, "tasks.questions_per_round=4", "swarm.local_groups=1", "swarm.external_groups=1")
+    node = Node(cfg, Paths.under(tmp_path / "i"), events.append, exchange=exchange)
+    node.taskset.reward = parity_reward  # type: ignore[method-assign]
+    node.setup()
+    sender = Identity.generate()
+    relay.batches = [honest_batch(node, sender)]
+    trained_prompts: set[tuple[int, ...]] = set()
+    assert node.backend is not None
+    real_train = node.backend.train
+
+    def counting_train(items: Any, on_step: Any = None) -> dict[str, float]:
+        trained_prompts.update(tuple(it.prompt_ids) for it in items)
+        return real_train(items, on_step)
+
+    node.backend.train = counting_train  # type: ignore[method-assign]
+    metrics = node.run_round()
+    assert metrics["local_groups"] == 4 and metrics["external_groups"] == 1
+    published = json.loads(relay.published[-1])
+    assert len(published["items"]) == 4  # all four are shared ...
+    # ... but only I = 1 of them plus the external group is trained on
+    external_prompt = tuple(node.backend.encode_prompt(node.taskset.messages(node.taskset.draw(57, 1)[0])))
+    assert external_prompt in trained_prompts
+    assert len(trained_prompts - {external_prompt}) == 1
