@@ -2,20 +2,32 @@
 
 A broker answers four questions for the relay: is this (peer, seq) new
 (replay protection), store this batch, give me n batches from peers other
-than this one (uniformly from the window), and how many peers are online
-across the swarm. The in-memory broker is the default and the embedded
-relay; `RedisBroker` lets several relay processes serve one swarm: batches go
-into one stream with ``XADD ... MAXLEN ~ window``, each relay tails it with
-``XREAD`` from the last stream ID it saw (its resume cursor), and sequence
-numbers are claimed atomically with a Lua script.
+than this one (uniformly from the window, or from the part of it newer than
+a cursor), and how many peers are online across the swarm. The in-memory
+broker is the default and the embedded relay; `RedisBroker` lets several
+relay processes serve one swarm: batches go into one stream with
+``XADD ... MAXLEN ~ window``, each relay tails it with ``XREAD`` from the last
+stream ID it saw (its resume cursor), and sequence numbers are claimed
+atomically with a Lua script.
+
+Sampling cursors. Every stored batch has a *mark* that rises with arrival:
+a counter in memory, the stream ID with Redis (so every relay of one swarm
+agrees on it). A `sample` answer carries a cursor, ``<epoch>.<mark>``: the
+newest mark in the window when the request was served. A request that sends
+it back as ``after`` is drawn only from batches newer than that, so a node
+stops being handed what it already has. The epoch names the mark space (one
+relay process, or one Redis swarm), so a cursor from a relay that restarted
+or from another swarm is ignored, never misread.
 """
 
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import logging
 import random
+import secrets
 import time
 import uuid
 from typing import Any, NamedTuple, Protocol
@@ -26,6 +38,8 @@ log = logging.getLogger(__name__)
 ONLINE_TTL_S = 15.0
 # Most peers whose last sequence number the in-memory broker remembers.
 MAX_TRACKED_PEERS = 1_000_000
+
+Mark = tuple[int, int]  # (counter, 0) in memory; (milliseconds, sequence) of a Redis stream ID
 
 
 class Entry(NamedTuple):
@@ -50,23 +64,27 @@ class Broker(Protocol):
 
     async def add(self, entry: Entry) -> None: ...
 
-    async def sample(self, n: int, exclude_peer: str) -> list[Entry]: ...
+    async def sample(self, n: int, exclude_peer: str, after: str | None = None) -> tuple[list[Entry], str]:
+        """Up to n entries not from exclude_peer, newer than the cursor `after` if it is this broker's; and the new cursor."""
+        ...
 
-    async def report_online(self, relay_id: str, count: int) -> int:
-        """Record this relay's connected peers; return the swarm-wide count."""
+    async def report_online(self, count: int) -> int:
+        """Record this relay's connected peers; return the swarm-wide count (this relay's included)."""
         ...
 
     def window_size(self) -> int: ...
 
 
 class Window:
-    """A fixed-size ring of recent entries with O(1) random access."""
+    """A fixed-size ring of recent entries, oldest to newest, each with a rising mark."""
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, epoch: str) -> None:
         if size < 1:
             raise ValueError("window size must be at least 1")
         self.size = size
+        self.epoch = epoch
         self._ring: list[Entry | None] = [None] * size
+        self._marks: list[Mark] = [(0, 0)] * size
         self._next = 0
         self._count = 0
         self._rng = random.Random()
@@ -74,29 +92,62 @@ class Window:
     def __len__(self) -> int:
         return self._count
 
-    def add(self, entry: Entry) -> None:
+    def add(self, entry: Entry, mark: Mark) -> None:
+        """Store entry; marks must rise (arrival order), older ones are ignored."""
+        if self._count and mark <= self._marks[(self._next - 1) % self.size]:
+            log.warning("ignoring an entry whose mark %s is not above the newest", mark)
+            return
         self._ring[self._next] = entry
+        self._marks[self._next] = mark
         self._next = (self._next + 1) % self.size
         self._count = min(self._count + 1, self.size)
 
-    def sample(self, n: int, exclude_peer: str) -> list[Entry]:
-        """Up to n distinct entries from peers other than exclude_peer, uniformly at random."""
-        if n <= 0 or self._count == 0:
-            return []
+    def _slot(self, i: int) -> int:
+        """Ring index of the i-th oldest entry."""
+        return (self._next - self._count + i) % self.size
+
+    def cursor(self, mark: Mark) -> str:
+        return f"{self.epoch}.{mark[0]}-{mark[1]}"
+
+    def parse_cursor(self, cursor: str | None) -> Mark | None:
+        """The mark in a cursor of this window's epoch; None for no cursor or someone else's."""
+        if not cursor:
+            return None
+        epoch, _, mark = cursor.rpartition(".")
+        high, _, low = mark.partition("-")
+        if epoch != self.epoch or not high.isdigit() or not low.isdigit():
+            return None
+        return int(high), int(low)
+
+    def sample(self, n: int, exclude_peer: str, after: str | None = None) -> tuple[list[Entry], str]:
+        """Up to n distinct entries from peers other than exclude_peer, uniformly at random
+        among those newer than `after`; and the cursor for the next request."""
+        since = self.parse_cursor(after)
+        newest = self._marks[self._slot(self._count - 1)] if self._count else (0, 0)
+        cursor = self.cursor(max(newest, since) if since is not None else newest)
+        start = 0
+        if since is not None:
+            start = bisect.bisect_right(range(self._count), since, key=lambda i: self._marks[self._slot(i)])
+        pool = self._count - start
+        if n <= 0 or pool <= 0:
+            return [], cursor
         # Probe a few random slots first (cheap for a big, mixed window), then scan.
-        probes = self._rng.sample(range(self._count), min(self._count, 2 * n + 8))
-        picked = [e for i in probes if (e := self._ring[i]) is not None and e.peer != exclude_peer][:n]
-        if len(picked) == n:
-            return picked
-        others = [e for e in self._ring[: self._count] if e is not None and e.peer != exclude_peer]
-        return self._rng.sample(others, min(n, len(others)))
+        probes = self._rng.sample(range(start, self._count), min(pool, 2 * n + 8))
+        picked = [e for i in probes if (e := self._ring[self._slot(i)]) is not None and e.peer != exclude_peer][:n]
+        if len(picked) < n and len(probes) < pool:
+            others = [e for i in range(start, self._count)
+                      if (e := self._ring[self._slot(i)]) is not None and e.peer != exclude_peer]
+            picked = self._rng.sample(others, min(n, len(others)))
+        return picked, cursor
 
 
 class MemoryBroker:
     """One relay process: the window and the sequence numbers live here."""
 
     def __init__(self, window: int) -> None:
-        self.window = Window(window)
+        # A fresh epoch per process: a cursor from before a restart names marks this window never had.
+        self.window = Window(window, epoch="m" + secrets.token_hex(4))
+        self._marks = 0
         self._seqs: dict[str, int] = {}
 
     async def start(self) -> None:
@@ -114,12 +165,13 @@ class MemoryBroker:
         return True
 
     async def add(self, entry: Entry) -> None:
-        self.window.add(entry)
+        self._marks += 1
+        self.window.add(entry, (self._marks, 0))
 
-    async def sample(self, n: int, exclude_peer: str) -> list[Entry]:
-        return self.window.sample(n, exclude_peer)
+    async def sample(self, n: int, exclude_peer: str, after: str | None = None) -> tuple[list[Entry], str]:
+        return self.window.sample(n, exclude_peer, after)
 
-    async def report_online(self, relay_id: str, count: int) -> int:
+    async def report_online(self, count: int) -> int:
         return count
 
     def window_size(self) -> int:
@@ -143,12 +195,13 @@ class RedisBroker:
 
         self.url = url
         self._redis: Any = aioredis.from_url(url, decode_responses=True)
-        self.window = Window(window)
+        self.window = Window(window, epoch="")  # the swarm's epoch is read from Redis in start()
         self._window_len = window
         prefix = f"sapling:{swarm}"
         self.stream = f"{prefix}:batches"
         self.seq_key = f"{prefix}:seqs"
         self.online_key = f"{prefix}:online"
+        self.epoch_key = f"{prefix}:epoch"
         self.relay_id = uuid.uuid4().hex[:12]
         self._cursor = "0-0"
         self._tail: asyncio.Task[None] | None = None
@@ -156,6 +209,10 @@ class RedisBroker:
 
     async def start(self) -> None:
         await self._redis.ping()
+        # One epoch per swarm in this Redis, shared by all its relays, so a node's cursor
+        # works on any of them; a flushed or different Redis gets a new one.
+        await self._redis.set(self.epoch_key, "r" + secrets.token_hex(4), nx=True)
+        self.window.epoch = await self._redis.get(self.epoch_key)
         # Prime the local window with the stream's most recent entries, then tail from there.
         recent = await self._redis.xrevrange(self.stream, count=self._window_len)
         for stream_id, fields in reversed(recent):
@@ -164,9 +221,10 @@ class RedisBroker:
 
     def _take(self, stream_id: str, fields: dict[str, str]) -> None:
         self._cursor = stream_id
+        high, _, low = stream_id.partition("-")
         try:
-            self.window.add(Entry(fields["peer"], fields["payload"], fields["sig"]))
-        except KeyError:
+            self.window.add(Entry(fields["peer"], fields["payload"], fields["sig"]), (int(high), int(low or 0)))
+        except (KeyError, ValueError):
             log.warning("skipping malformed stream entry %s", stream_id)
 
     async def _tail_loop(self) -> None:
@@ -205,10 +263,10 @@ class RedisBroker:
             approximate=True,
         )
 
-    async def sample(self, n: int, exclude_peer: str) -> list[Entry]:
-        return self.window.sample(n, exclude_peer)
+    async def sample(self, n: int, exclude_peer: str, after: str | None = None) -> tuple[list[Entry], str]:
+        return self.window.sample(n, exclude_peer, after)
 
-    async def report_online(self, relay_id: str, count: int) -> int:
+    async def report_online(self, count: int) -> int:
         now = time.time()
         await self._redis.hset(self.online_key, self.relay_id, f"{count}:{now}")
         total = 0

@@ -7,6 +7,10 @@ solo and says so. The connection is kept up in the background, reconnecting
 with exponential backoff and full jitter, and resumes by itself. Sequence
 numbers are at least the current time in milliseconds, so they keep rising
 across reconnects and restarts without being stored.
+
+`sample` keeps the relay's sampling cursor between calls, so each call draws
+only from batches published since the previous one (docs/protocol.md,
+"Sampling cursors"): a node is not handed what it already has.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from typing import Any
 
 import aiohttp
 
-from engine.swarm import protocol as p
+from engine.swarm import protocol
 from engine.swarm.identity import Identity
 
 log = logging.getLogger(__name__)
@@ -69,13 +73,16 @@ class SwarmClient:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._run, name="swarm-client", daemon=True)
         self._ws: aiohttp.ClientWebSocketResponse | None = None
-        self._pending: dict[int, asyncio.Future[list[p.Signed]]] = {}
+        self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self._cursor: str | None = None  # the relay's sampling cursor from the last `batches`
+        self._wake: asyncio.Event | None = None  # set to end a reconnect wait early
         self._ids = itertools.count(1)
         self._seq = 0
         self._stop = threading.Event()
         self._task: Future[None] | None = None
         self._main: asyncio.Task[None] | None = None
         self._fatal_code = ""
+        self._fatal_message = ""
 
     # -- lifecycle ----------------------------------------------------------------------
     def start(self) -> None:
@@ -97,14 +104,25 @@ class SwarmClient:
         self._loop.run_forever()
 
     def close(self) -> None:
+        """Stop the link for good; safe to call more than once."""
         self._stop.set()
         if self._loop.is_running():
             with contextlib.suppress(Exception):
                 asyncio.run_coroutine_threadsafe(self._shutdown(), self._loop).result(timeout=10)
             self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=10)
+        if self._thread.ident is not None:
+            self._thread.join(timeout=10)
         if not self._thread.is_alive() and not self._loop.is_closed():
             self._loop.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._stop.is_set()
+
+    def wake(self) -> None:
+        """Reconnect now instead of at the end of the backoff wait (the relay is known to be back)."""
+        if self._loop.is_running() and self._wake is not None:
+            self._loop.call_soon_threadsafe(self._wake.set)
 
     def wait_connected(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
@@ -128,52 +146,56 @@ class SwarmClient:
 
     async def _connect_forever(self) -> None:
         attempt = 0
+        self._wake = asyncio.Event()
         async with aiohttp.ClientSession() as session:
             while not self._stop.is_set():
                 try:
                     await self._session(session)
-                    attempt = 0  # a clean session that ended: start the backoff again
                 except asyncio.CancelledError:
                     raise
-                except (aiohttp.ClientError, OSError, TimeoutError, p.ProtocolError, ConnectionError) as exc:
+                except (aiohttp.ClientError, OSError, TimeoutError, protocol.ProtocolError, ConnectionError) as exc:
+                    if self.state.connected:
+                        attempt = 0  # it had been up: start the backoff again
                     self._set(connected=False, last_error=str(exc) or type(exc).__name__)
                 finally:
                     self._ws = None
                     for future in self._pending.values():
                         if not future.done():
-                            future.set_result([])
+                            future.set_result({"batches": [], "cursor": None})
                     self._pending.clear()
                 if self._stop.is_set():
                     break
                 if self.state.connected:
                     self._set(connected=False)
                 delay = self._rng.uniform(0, min(BACKOFF_CAP_S, BACKOFF_START_S * 2**attempt))
-                if self._fatal_code in (p.E_BANNED, p.E_FORBIDDEN):
+                if self._fatal_code in (protocol.E_BANNED, protocol.E_FORBIDDEN):
                     delay = max(delay, BACKOFF_CAP_S)  # refused on purpose: retry rarely
                 attempt = min(attempt + 1, 16)
                 log.debug("relay link down (%s); retrying in %.1f s", self.state.last_error, delay)
-                await asyncio.sleep(delay)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), delay)
+                self._wake.clear()  # cleared after the wait: a wake() during the last attempt still counts
 
     async def _session(self, session: aiohttp.ClientSession) -> None:
         async with session.ws_connect(
-            self.url, heartbeat=p.HEARTBEAT_S, max_msg_size=p.MAX_RESPONSE_BYTES,
+            self.url, heartbeat=protocol.HEARTBEAT_S, max_msg_size=protocol.MAX_RESPONSE_BYTES,
             timeout=aiohttp.ClientWSTimeout(ws_close=5.0), autoping=True,
         ) as ws:
             first = await asyncio.wait_for(ws.receive(), timeout=CONNECT_TIMEOUT_S)
             if first.type != aiohttp.WSMsgType.TEXT:
                 raise ConnectionError("relay closed before its challenge")
-            challenge = p.decode_relay(first.data)
+            challenge = protocol.decode_relay(first.data)
             if challenge["type"] != "challenge":
-                raise p.ProtocolError(p.E_AUTH, f"expected a challenge, got {challenge['type']}")
-            payload = p.hello_payload(self.identity.public_key, challenge["nonce"], time.time(), self.token, SOFTWARE)
-            await ws.send_str(p.encode(p.msg_hello(self.identity.signed(payload))))
-            welcome = p.decode_relay((await asyncio.wait_for(ws.receive(), timeout=CONNECT_TIMEOUT_S)).data)
+                raise protocol.ProtocolError(protocol.E_AUTH, f"expected a challenge, got {challenge['type']}")
+            payload = protocol.hello_payload(self.identity.public_key, challenge["nonce"], time.time(), self.token, SOFTWARE)
+            await ws.send_str(protocol.encode(protocol.msg_hello(self.identity.signed(payload))))
+            welcome = protocol.decode_relay((await asyncio.wait_for(ws.receive(), timeout=CONNECT_TIMEOUT_S)).data)
             if welcome["type"] == "error":
                 self._fatal_code = welcome["code"]
                 raise ConnectionError(f"relay refused the handshake: {welcome['code']}: {welcome['message']}")
             if welcome["type"] != "welcome":
-                raise p.ProtocolError(p.E_AUTH, f"expected a welcome, got {welcome['type']}")
-            self._fatal_code = ""
+                raise protocol.ProtocolError(protocol.E_AUTH, f"expected a welcome, got {welcome['type']}")
+            self._fatal_code = self._fatal_message = ""
             self._ws = ws
             self._set(connected=True, online=welcome["online"], last_error="")
             log.info("joined the swarm at %s as %s (%d online)", self.url, self.identity.name, welcome["online"])
@@ -181,18 +203,19 @@ class SwarmClient:
                 if msg.type != aiohttp.WSMsgType.TEXT:
                     break
                 try:
-                    self._dispatch(p.decode_relay(msg.data))
-                except p.ProtocolError as exc:
+                    self._dispatch(protocol.decode_relay(msg.data))
+                except protocol.ProtocolError as exc:
                     log.warning("ignored a bad message from the relay: %s", exc)
-            reason = ws.close_code
-            raise ConnectionError(f"relay closed the connection (code {reason})")
+            if self._fatal_message:  # the relay said why before closing
+                raise ConnectionError(self._fatal_message)
+            raise ConnectionError(f"relay closed the connection (code {ws.close_code})")
 
     def _dispatch(self, msg: dict[str, Any]) -> None:
         type_ = msg["type"]
         if type_ == "batches":
             future = self._pending.pop(msg["id"], None)
             if future is not None and not future.done():
-                future.set_result(msg["batches"])
+                future.set_result(msg)
         elif type_ == "stats":
             self._set(online=msg["online"], window=msg["window"])
         elif type_ == "published":
@@ -202,9 +225,10 @@ class SwarmClient:
             log.warning("relay error %s: %s", msg["code"], msg["message"])
             future = self._pending.pop(msg["id"], None) if msg.get("id") is not None else None
             if future is not None and not future.done():
-                future.set_result([])
-            if msg["code"] in p.FATAL_CODES:
+                future.set_result({"batches": [], "cursor": None})
+            if msg["code"] in protocol.FATAL_CODES:
                 self._fatal_code = msg["code"]
+                self._fatal_message = f"{msg['code']}: {msg['message']}"
 
     # -- what the node calls (any thread) ------------------------------------------------
     def next_seq(self) -> int:
@@ -216,7 +240,7 @@ class SwarmClient:
         ws = self._ws
         if ws is None or not self.state.connected:
             return False
-        message = p.encode(p.msg_publish(self.identity.signed(payload)))
+        message = protocol.encode(protocol.msg_publish(self.identity.signed(payload)))
         future = asyncio.run_coroutine_threadsafe(ws.send_str(message), self._loop)
         try:
             future.result(timeout=CONNECT_TIMEOUT_S)
@@ -225,22 +249,27 @@ class SwarmClient:
             return False
         return True
 
-    def sample(self, n: int, timeout: float = 10.0) -> list[p.Signed]:
-        """Up to n batches from other peers, unverified; [] when the relay is down or slow."""
+    def sample(self, n: int, timeout: float = 10.0) -> list[protocol.Signed]:
+        """Up to n batches from other peers published since the last call, unverified; [] when the
+        relay is down or slow, or nothing new arrived."""
         ws = self._ws
         if ws is None or not self.state.connected or n <= 0:
             return []
-        n = min(n, p.MAX_SAMPLE_BATCHES)
+        n = min(n, protocol.MAX_SAMPLE_BATCHES)
 
-        async def ask() -> list[p.Signed]:
+        async def ask() -> list[protocol.Signed]:
             request_id = next(self._ids)
-            future: asyncio.Future[list[p.Signed]] = self._loop.create_future()
+            future: asyncio.Future[dict[str, Any]] = self._loop.create_future()
             self._pending[request_id] = future
             try:
-                await ws.send_str(p.encode(p.msg_sample(request_id, n)))
-                return await asyncio.wait_for(future, timeout)
+                await ws.send_str(protocol.encode(protocol.msg_sample(request_id, n, self._cursor)))
+                answer = await asyncio.wait_for(future, timeout)
             finally:
                 self._pending.pop(request_id, None)
+            if answer["cursor"] is not None:  # a relay from before cursors sends none: keep ours
+                self._cursor = answer["cursor"]
+            batches: list[protocol.Signed] = answer["batches"]
+            return batches
 
         try:
             return asyncio.run_coroutine_threadsafe(ask(), self._loop).result(timeout=timeout + 1)

@@ -3,9 +3,12 @@
 Pure code: no I/O, no crypto, no training. Every message is one JSON object
 in one websocket text frame, with ``type`` and ``v``. Signed content travels
 as a JSON *string* (``payload``) next to its Ed25519 signature (``sig``), so
-every receiver verifies the exact bytes that were signed and parses them
-only afterwards. The full description, written so that a compatible client
-can be built from it alone, is docs/protocol.md.
+every receiver verifies the exact bytes that were signed and never
+re-serialises them. The full description, written so that a compatible
+client can be built from it alone, is docs/protocol.md.
+
+"Characters" are Unicode code points (Python's ``len`` of a ``str``), never
+bytes or UTF-16 units; only ``MAX_FRAME_BYTES`` counts bytes (UTF-8).
 
 Decoding never raises anything but `ProtocolError`, whose ``code`` is one of
 the ``E_*`` constants; the relay sends that code back in an ``error`` message.
@@ -25,17 +28,18 @@ VERSION = 1
 
 # -- limits (every one is part of the protocol; docs/protocol.md lists them) ----------------
 MAX_FRAME_BYTES = 256 * 1024  # one client->relay websocket message
-MAX_PAYLOAD_CHARS = 240 * 1024  # the signed payload string inside a publish
+MAX_PAYLOAD_CHARS = 240 * 1024  # the signed payload string inside a publish, in characters
 MAX_ITEMS_PER_BATCH = 16  # question groups in one publish
 MAX_COMPLETIONS_PER_ITEM = 16  # completions per question group
 MAX_COMPLETION_CHARS = 8192  # characters in one completion
 MAX_QUESTION_CHARS = 8192  # characters in one question text
 MAX_TASK_KEYS = 8  # keys in an item's task reference object
-MAX_TASK_CHARS = 4096  # the task reference, serialized
+MAX_TASK_CHARS = 4096  # the task reference, as compact JSON (no spaces, non-ASCII kept), in characters
 MAX_MODEL_CHARS = 128  # the sender's model label
 MAX_SOFTWARE_CHARS = 64  # the client's software label in the handshake
 MAX_TOKEN_CHARS = 256  # a private swarm's join token
 MAX_SAMPLE_BATCHES = 16  # batches one sample request may ask for
+MAX_CURSOR_CHARS = 64  # the opaque sampling cursor a relay hands out and a client echoes in `after`
 MAX_REQUEST_ID = 2**53 - 1  # request ids and sequence numbers fit a JSON double exactly
 MAX_SEQ = 2**53 - 1
 NONCE_BYTES = 32  # handshake challenge
@@ -43,7 +47,7 @@ PUBLIC_KEY_BYTES = 32  # raw Ed25519 public key
 SIGNATURE_BYTES = 64  # raw Ed25519 signature
 TIMESTAMP_WINDOW_S = 300.0  # a publish or hello more than this far from the receiver's clock is stale
 HANDSHAKE_TIMEOUT_S = 10.0  # the relay closes a connection that has not said hello by then
-HEARTBEAT_S = 20.0  # websocket ping interval; a peer silent for 2 intervals is dropped
+HEARTBEAT_S = 20.0  # websocket ping interval; a peer that answers neither of two pings in a row is dropped
 MAX_RESPONSE_BYTES = MAX_SAMPLE_BATCHES * (MAX_FRAME_BYTES + 512) + 4096  # one relay->client message
 PEER_ID_HEX = 20  # characters of sha256(public key) that name a peer
 # Defaults of relay-side limits (the relay's flags can change them).
@@ -69,26 +73,33 @@ E_FORBIDDEN = "forbidden"
 E_BANNED = "banned"
 E_CONN_LIMIT = "too_many_connections"
 E_SLOW = "slow_consumer"
+E_HEARTBEAT = "heartbeat_timeout"
 E_SHUTDOWN = "shutting_down"
 E_INTERNAL = "internal"
 ERROR_CODES = (
     E_BAD_JSON, E_BAD_SCHEMA, E_VERSION, E_TOO_LARGE, E_TOO_MANY_ITEMS, E_TOO_LONG, E_BAD_SIGNATURE,
-    E_REPLAY, E_STALE, E_RATE, E_AUTH, E_FORBIDDEN, E_BANNED, E_CONN_LIMIT, E_SLOW, E_SHUTDOWN, E_INTERNAL,
+    E_REPLAY, E_STALE, E_RATE, E_AUTH, E_FORBIDDEN, E_BANNED, E_CONN_LIMIT, E_SLOW, E_HEARTBEAT, E_SHUTDOWN,
+    E_INTERNAL,
 )
 # Codes after which the relay closes the connection (the rest only reject one message).
-FATAL_CODES = frozenset({E_VERSION, E_AUTH, E_FORBIDDEN, E_BANNED, E_CONN_LIMIT, E_SLOW, E_SHUTDOWN})
+FATAL_CODES = frozenset({E_VERSION, E_AUTH, E_FORBIDDEN, E_BANNED, E_CONN_LIMIT, E_SLOW, E_HEARTBEAT, E_SHUTDOWN})
 
 CLIENT_TYPES = ("hello", "publish", "sample", "stats")
 RELAY_TYPES = ("challenge", "welcome", "published", "batches", "stats", "error")
 
 
 class ProtocolError(Exception):
-    """A message that breaks the protocol; ``code`` is one of ERROR_CODES."""
+    """A message that breaks the protocol; ``code`` is one of ERROR_CODES.
 
-    def __init__(self, code: str, message: str) -> None:
+    ``request_id`` is the message's own ``id`` when it carried a valid one, so
+    the error about it can name the request.
+    """
+
+    def __init__(self, code: str, message: str, request_id: int | None = None) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
+        self.request_id = request_id
 
     def __str__(self) -> str:
         return f"{self.code}: {self.message}"
@@ -169,26 +180,45 @@ def _reject_constant(name: str) -> None:
     raise ValueError(f"{name} is not valid JSON")
 
 
-def _loads(text: str | bytes, limit: int) -> Any:
-    if isinstance(text, (bytes, bytearray)):
-        if len(text) > limit:
-            raise _fail(E_TOO_LARGE, f"message is larger than {limit} bytes")
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # 1e999 parses to inf: no more a number than Infinity is
+        raise ValueError(f"{text[:20]} is not a finite number")
+    return value
+
+
+def _frame_text(frame: str | bytes) -> str:
+    """A websocket message as text, at most MAX_FRAME_BYTES of UTF-8 (binary frames are read as UTF-8 too)."""
+    if isinstance(frame, (bytes, bytearray)):
+        if len(frame) > MAX_FRAME_BYTES:
+            raise _fail(E_TOO_LARGE, f"message is larger than {MAX_FRAME_BYTES} bytes")
         try:
-            text = bytes(text).decode("utf-8")
+            return bytes(frame).decode("utf-8")
         except UnicodeDecodeError as exc:
             raise _fail(E_BAD_JSON, "message is not UTF-8") from exc
-    if not isinstance(text, str):
+    if not isinstance(frame, str):
         raise _fail(E_BAD_JSON, "message is not text")
-    if len(text) > limit or len(text.encode("utf-8", "surrogatepass")) > limit:
-        raise _fail(E_TOO_LARGE, f"message is larger than {limit} bytes")
+    if len(frame) > MAX_FRAME_BYTES or len(frame.encode("utf-8", "surrogatepass")) > MAX_FRAME_BYTES:
+        raise _fail(E_TOO_LARGE, f"message is larger than {MAX_FRAME_BYTES} bytes")
+    return frame
+
+
+def _loads(text: str) -> Any:
+    """JSON without NaN, Infinity or numbers that overflow to them (all `bad_json`)."""
     try:
-        return json.loads(text, parse_constant=_reject_constant)
+        return json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
     except (ValueError, RecursionError) as exc:
         raise _fail(E_BAD_JSON, f"message is not JSON: {str(exc)[:120]}") from exc
 
 
-def _envelope(text: str | bytes, limit: int, allowed: tuple[str, ...]) -> dict[str, Any]:
-    obj = _loads(text, limit)
+def _request_id(obj: dict[str, Any]) -> int | None:
+    value = obj.get("id")
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_REQUEST_ID:
+        return None
+    return value
+
+
+def _envelope(obj: Any, allowed: tuple[str, ...]) -> dict[str, Any]:
     if not isinstance(obj, dict):
         raise _fail(E_BAD_SCHEMA, "message must be a JSON object")
     v = obj.get("v")
@@ -242,7 +272,9 @@ class Hello:
 
 
 def _payload_object(payload: str, kind: str) -> dict[str, Any]:
-    obj = _loads(payload, MAX_PAYLOAD_CHARS)
+    if len(payload) > MAX_PAYLOAD_CHARS:
+        raise _fail(E_TOO_LARGE, f"the payload is longer than {MAX_PAYLOAD_CHARS} characters")
+    obj = _loads(payload)
     if not isinstance(obj, dict):
         raise _fail(E_BAD_SCHEMA, "payload must be a JSON object")
     if obj.get("kind") != kind:
@@ -257,9 +289,11 @@ def _item(raw: object, index: int) -> Item:
     if not isinstance(task, dict) or len(task) > MAX_TASK_KEYS:
         raise _fail(E_BAD_SCHEMA, f"item {index}: 'task' must be an object of at most {MAX_TASK_KEYS} keys")
     try:
-        task_chars = len(encode(task).encode("utf-8"))
+        task_text = encode(task)
+        task_text.encode("utf-8")
     except (UnicodeEncodeError, ValueError) as exc:
         raise _fail(E_BAD_SCHEMA, f"item {index}: 'task' is not valid text") from exc
+    task_chars = len(task_text)
     if task_chars > MAX_TASK_CHARS:
         raise _fail(E_TOO_LARGE, f"item {index}: 'task' is longer than {MAX_TASK_CHARS} characters")
     question = _str(raw, "question", MAX_QUESTION_CHARS, code=E_TOO_LARGE)
@@ -289,7 +323,7 @@ def decode_batch(payload: str) -> Batch:
     key = _b64(obj, "key", PUBLIC_KEY_BYTES)
     seq = _int(obj, "seq", 1, MAX_SEQ)
     ts = _float(obj, "ts")
-    model = _str(obj, "model", MAX_MODEL_CHARS)
+    model = _str(obj, "model", MAX_MODEL_CHARS, code=E_TOO_LARGE)
     items = obj.get("items")
     if not isinstance(items, list) or not items:
         raise _fail(E_BAD_SCHEMA, "'items' must be a non-empty list")
@@ -321,8 +355,8 @@ def decode_hello_payload(payload: str) -> Hello:
         key=_b64(obj, "key", PUBLIC_KEY_BYTES),
         nonce=_hex(obj, "nonce", NONCE_BYTES),
         ts=_float(obj, "ts"),
-        token=_str(obj, "token", MAX_TOKEN_CHARS),
-        software=_str(obj, "software", MAX_SOFTWARE_CHARS),
+        token=_str(obj, "token", MAX_TOKEN_CHARS, code=E_TOO_LARGE),
+        software=_str(obj, "software", MAX_SOFTWARE_CHARS, code=E_TOO_LARGE),
     )
 
 
@@ -352,20 +386,47 @@ def _signed(obj: dict[str, Any]) -> Signed:
     return Signed(payload, _b64(obj, "sig", SIGNATURE_BYTES))
 
 
-def decode_client(text: str | bytes) -> dict[str, Any]:
-    """A client->relay message, its shape checked. Signed parts come back as `Signed` under 'signed'."""
-    obj = _envelope(text, MAX_FRAME_BYTES, CLIENT_TYPES)
-    type_ = obj["type"]
-    if type_ in ("hello", "publish"):
-        return {"type": type_, "signed": _signed(obj)}
-    if type_ == "sample":
-        return {"type": type_, "id": _int(obj, "id", 0, MAX_REQUEST_ID), "n": _int(obj, "n", 1, MAX_SAMPLE_BATCHES)}
-    return {"type": type_}
+def decode_client(frame: str | bytes) -> dict[str, Any]:
+    """A client->relay message, its shape checked. Signed parts come back as `Signed` under 'signed'.
+
+    A `sample` comes back as ``{"type", "id", "n", "after"}``, ``after`` being the
+    cursor string or None. Every error carries the message's ``id`` when it had a valid one.
+    """
+    obj = _loads(_frame_text(frame))
+    request_id = _request_id(obj) if isinstance(obj, dict) else None
+    try:
+        obj = _envelope(obj, CLIENT_TYPES)
+        type_ = obj["type"]
+        if type_ in ("hello", "publish"):
+            return {"type": type_, "signed": _signed(obj)}
+        if type_ == "sample":
+            return {"type": type_, "id": _int(obj, "id", 0, MAX_REQUEST_ID), "n": _int(obj, "n", 1, MAX_SAMPLE_BATCHES),
+                    "after": _cursor(obj, "after")}
+        return {"type": type_}
+    except ProtocolError as exc:
+        exc.request_id = request_id
+        raise
+
+
+def _cursor(obj: dict[str, Any], key: str) -> str | None:
+    value = obj.get(key)
+    if value is None:
+        return None
+    return _str(obj, key, MAX_CURSOR_CHARS, code=E_TOO_LARGE)
 
 
 def decode_relay(text: str | bytes) -> dict[str, Any]:
     """A relay->client message, its shape checked."""
-    obj = _envelope(text, MAX_RESPONSE_BYTES, RELAY_TYPES)
+    if isinstance(text, (bytes, bytearray)):
+        try:
+            text = bytes(text).decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise _fail(E_BAD_JSON, "message is not UTF-8") from exc
+    if not isinstance(text, str):
+        raise _fail(E_BAD_JSON, "message is not text")
+    if len(text) > MAX_RESPONSE_BYTES:
+        raise _fail(E_TOO_LARGE, f"message is larger than {MAX_RESPONSE_BYTES} bytes")
+    obj = _envelope(_loads(text), RELAY_TYPES)
     type_ = obj["type"]
     if type_ == "challenge":
         return {"type": type_, "nonce": _hex(obj, "nonce", NONCE_BYTES), "relay": _str(obj, "relay", 128),
@@ -384,7 +445,8 @@ def decode_relay(text: str | bytes) -> dict[str, Any]:
             if not isinstance(entry, dict):
                 raise _fail(E_BAD_SCHEMA, "each batch must be an object")
             batches.append(_signed(entry))
-        return {"type": type_, "id": _int(obj, "id", 0, MAX_REQUEST_ID), "batches": batches}
+        return {"type": type_, "id": _int(obj, "id", 0, MAX_REQUEST_ID), "batches": batches,
+                "cursor": _cursor(obj, "cursor")}
     if type_ == "stats":
         return {"type": type_, "online": _int(obj, "online", 0, 10**9), "window": _int(obj, "window", 0, 10**9)}
     code = obj.get("code")
@@ -417,12 +479,15 @@ def msg_published(seq: int) -> dict[str, Any]:
     return {"type": "published", "v": VERSION, "seq": seq}
 
 
-def msg_sample(request_id: int, n: int) -> dict[str, Any]:
-    return {"type": "sample", "v": VERSION, "id": request_id, "n": n}
+def msg_sample(request_id: int, n: int, after: str | None = None) -> dict[str, Any]:
+    out: dict[str, Any] = {"type": "sample", "v": VERSION, "id": request_id, "n": n}
+    if after is not None:
+        out["after"] = after
+    return out
 
 
-def msg_batches(request_id: int, batches: list[dict[str, str]]) -> dict[str, Any]:
-    return {"type": "batches", "v": VERSION, "id": request_id, "batches": batches}
+def msg_batches(request_id: int, batches: list[dict[str, str]], cursor: str) -> dict[str, Any]:
+    return {"type": "batches", "v": VERSION, "id": request_id, "batches": batches, "cursor": cursor}
 
 
 def msg_stats(online: int, window: int) -> dict[str, Any]:
@@ -436,14 +501,27 @@ def msg_error(code: str, message: str, request_id: int | None = None) -> dict[st
     return out
 
 
-def limits() -> dict[str, Any]:
-    """The limits a relay announces in its welcome."""
+def limits(*, rate_per_s: float, burst: float, max_conn_per_ip: int, send_queue: int, window_batches: int,
+           heartbeat_s: float) -> dict[str, Any]:
+    """What a relay announces in its welcome: every limit of docs/protocol.md, under the names listed there."""
     return {
         "max_frame_bytes": MAX_FRAME_BYTES,
+        "max_payload_chars": MAX_PAYLOAD_CHARS,
         "max_items_per_batch": MAX_ITEMS_PER_BATCH,
         "max_completions_per_item": MAX_COMPLETIONS_PER_ITEM,
         "max_completion_chars": MAX_COMPLETION_CHARS,
         "max_question_chars": MAX_QUESTION_CHARS,
+        "max_task_keys": MAX_TASK_KEYS,
+        "max_task_chars": MAX_TASK_CHARS,
+        "max_model_chars": MAX_MODEL_CHARS,
         "max_sample_batches": MAX_SAMPLE_BATCHES,
+        "max_cursor_chars": MAX_CURSOR_CHARS,
         "timestamp_window_s": TIMESTAMP_WINDOW_S,
+        "handshake_timeout_s": HANDSHAKE_TIMEOUT_S,
+        "heartbeat_s": heartbeat_s,
+        "rate_per_s": rate_per_s,
+        "burst": burst,
+        "max_conn_per_ip": max_conn_per_ip,
+        "send_queue": send_queue,
+        "window_batches": window_batches,
     }

@@ -1,5 +1,9 @@
 """`sapling-relay`: the websocket relay that nodes share rollouts through.
 
+    sapling-relay --port 8765                        # one process, in-memory window
+    sapling-relay --redis redis://host:6379/0        # several processes, one swarm
+    python -m engine.swarm.relay --help              # every setting
+
 The relay is not trusted by anyone, but it still refuses what it can see is
 wrong, so a bad peer costs the swarm as little as possible:
 
@@ -7,13 +11,19 @@ wrong, so a bad peer costs the swarm as little as possible:
 - every publish: size, schema, limits, signature, a per-peer monotonic
   sequence number (replay) and a timestamp window;
 - per-peer token-bucket rate limits, a cap on connections per IP address,
-  websocket heartbeats, and a bounded send queue per connection: a slow
-  consumer is disconnected and nobody else waits for it;
+  its own websocket pings (a peer that answers neither of two in a row gets
+  `heartbeat_timeout`), and a bounded send queue per connection: a slow
+  consumer gets `slow_consumer` and is closed, and nobody else waits for it;
 - optional private swarms (join token, allow-list of public keys) and a ban list.
 
-Nodes *pull*: a `sample` request returns n batches drawn uniformly from the
-recent window, never the requester's own. `/healthz` and `/metrics`
-(Prometheus text) serve operations; SIGTERM closes connections cleanly.
+Every connection it ends gets an `error` naming why, then a close frame
+(1008 for a policy close, 1001 when the relay stops); a client that does
+not read them within `DROP_GRACE_S` is cut off. Nodes *pull*: a `sample`
+request returns n batches drawn uniformly, without replacement, from the
+recent window (only those newer than the request's cursor, if it sent one),
+never the requester's own. `/healthz` and `/metrics` (Prometheus text) serve
+operations; refusals are summed per peer and logged at info level once a
+minute; SIGTERM (once or several times) closes connections and exits 0.
 The wire format is engine/swarm/protocol.py and docs/protocol.md.
 """
 
@@ -28,18 +38,20 @@ import hmac
 import json
 import logging
 import secrets
+import signal
 import sys
 import threading
 import time
 import tomllib
-from collections import Counter
+from collections import Counter, deque
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from aiohttp import WSCloseCode, WSMsgType, web
+from aiohttp import WebSocketError, WSCloseCode, WSMsgType, web
 
-from engine.swarm import protocol as p
+from engine.swarm import protocol
 from engine.swarm.brokers import Broker, Entry, MemoryBroker, RedisBroker
 from engine.swarm.identity import verify
 
@@ -47,11 +59,22 @@ log = logging.getLogger("sapling.relay")
 
 STATS_PERIOD_S = 5.0  # how often connected peers get the small stats push
 CLOSE_POLICY = 1008  # websocket close code for a protocol or policy violation
+CLOSE_GOING_AWAY = 1001  # websocket close code when the relay stops
 # aiohttp drops frames above this outright (close 1009); frames between MAX_FRAME_BYTES
 # and this get a `too_large` error and the connection stays up.
-HARD_FRAME_BYTES = 4 * p.MAX_FRAME_BYTES
+HARD_FRAME_BYTES = 4 * protocol.MAX_FRAME_BYTES
 # Rate-limit buckets remembered for peers that left (a reconnect must not refill a bucket).
 MAX_BUCKETS = 100_000
+# A connection being closed gets this long to take its last messages and the close frame;
+# then its socket is cut, so a client that never reads cannot hold the relay (or its shutdown).
+DROP_GRACE_S = 5.0
+# The info-level summary of refusals names at most this many (peer, address) sources,
+# and counts at most this many between two summaries before lumping the rest together.
+LOG_TOP_SOURCES = 20
+MAX_LOGGED_SOURCES = 10_000
+# Handshake failures reported under their own code; every other problem with a hello is `not_authenticated`.
+HANDSHAKE_CODES = frozenset({protocol.E_VERSION, protocol.E_BAD_SIGNATURE, protocol.E_STALE})
+SHUTDOWN_MESSAGE = "the relay is restarting; reconnect shortly"
 
 
 @dataclass
@@ -60,15 +83,16 @@ class RelaySettings:
     port: int = field(default=8765, metadata={"help": "TCP port (0 picks a free one)"})
     redis: str = field(default="", metadata={"help": "redis://host:port/db to share one swarm between relay processes"})
     swarm: str = field(default="default", metadata={"help": "swarm name: the Redis key prefix, so one Redis can hold several swarms"})
-    join_token: str = field(default="", metadata={"help": "private swarm: nodes must present this token"})
+    join_token: str = field(default="", metadata={"help": "private swarm: nodes must present this token (with allow-keys, both must pass)"})
     allow_keys: list[str] = field(default_factory=list, metadata={"help": "private swarm: only these public keys (base64) or peer ids may join"})
     ban_keys: list[str] = field(default_factory=list, metadata={"help": "public keys (base64) or peer ids that may not join"})
-    max_conn_per_ip: int = field(default=p.DEFAULT_MAX_CONN_PER_IP, metadata={"help": "open connections allowed from one IP address"})
-    rate: float = field(default=p.DEFAULT_RATE_PER_S, metadata={"help": "requests per second per peer (token-bucket refill)"})
-    burst: float = field(default=p.DEFAULT_BURST, metadata={"help": "token-bucket capacity per peer"})
-    window: int = field(default=p.DEFAULT_WINDOW_BATCHES, metadata={"help": "recent batches kept for sampling"})
-    send_queue: int = field(default=p.DEFAULT_SEND_QUEUE, metadata={"help": "messages queued to one connection before it is dropped as a slow consumer"})
-    heartbeat: float = field(default=p.HEARTBEAT_S, metadata={"help": "websocket ping interval in seconds"})
+    max_conn_per_ip: int = field(default=protocol.DEFAULT_MAX_CONN_PER_IP, metadata={"help": "open connections allowed from one IP address"})
+    rate: float = field(default=protocol.DEFAULT_RATE_PER_S, metadata={"help": "requests per second per peer (token-bucket refill)"})
+    burst: float = field(default=protocol.DEFAULT_BURST, metadata={"help": "token-bucket capacity per peer"})
+    window: int = field(default=protocol.DEFAULT_WINDOW_BATCHES, metadata={"help": "recent batches kept for sampling"})
+    send_queue: int = field(default=protocol.DEFAULT_SEND_QUEUE, metadata={"help": "messages queued to one connection before it is dropped as a slow consumer"})
+    heartbeat: float = field(default=protocol.HEARTBEAT_S, metadata={"help": "websocket ping interval in seconds; a peer answering neither of two pings is dropped"})
+    reject_log_every: float = field(default=60.0, metadata={"help": "seconds between info-level summaries of refused messages per peer"})
     name: str = field(default="sapling-relay", metadata={"help": "relay name shown to nodes"})
     log_level: str = field(default="info", metadata={"help": "debug, info, warning or error"})
 
@@ -78,12 +102,17 @@ class RelaySettings:
         for key in ("max_conn_per_ip", "window", "send_queue"):
             if getattr(self, key) < 1:
                 raise ValueError(f"{key.replace('_', '-')} must be at least 1")
-        if self.rate <= 0 or self.burst < 1 or self.heartbeat <= 0:
-            raise ValueError("rate and heartbeat must be positive and burst at least 1")
+        if self.rate <= 0 or self.burst < 1 or self.heartbeat <= 0 or self.reject_log_every <= 0:
+            raise ValueError("rate, heartbeat and reject-log-every must be positive and burst at least 1")
         if self.log_level not in ("debug", "info", "warning", "error"):
             raise ValueError("log-level must be debug, info, warning or error")
         if self.redis and not self.redis.startswith(("redis://", "rediss://", "unix://")):
             raise ValueError("redis must be a redis://, rediss:// or unix:// URL")
+
+    def limits(self) -> dict[str, Any]:
+        """The `limits` object of the welcome: the protocol's constants and this relay's flags."""
+        return protocol.limits(rate_per_s=self.rate, burst=self.burst, max_conn_per_ip=self.max_conn_per_ip,
+                               send_queue=self.send_queue, window_batches=self.window, heartbeat_s=self.heartbeat)
 
 
 class TokenBucket:
@@ -103,51 +132,148 @@ class TokenBucket:
         return False
 
 
-class Connection:
-    """One websocket: its peer (after the handshake) and a bounded queue of outgoing frames."""
+class RejectionLog:
+    """Refusals counted per (peer, address) and code, logged as a summary at info level."""
 
-    def __init__(self, relay: Relay, ws: web.WebSocketResponse, ip: str) -> None:
+    def __init__(self) -> None:
+        self.counts: dict[tuple[str, str], Counter[str]] = {}
+        self.others: Counter[str] = Counter()  # sources beyond MAX_LOGGED_SOURCES in one period
+        self.since = time.monotonic()
+
+    def add(self, peer: str | None, ip: str, code: str) -> None:
+        source = (peer or "-", ip)
+        counts = self.counts.get(source)
+        if counts is None:
+            if len(self.counts) >= MAX_LOGGED_SOURCES:
+                self.others[code] += 1
+                return
+            counts = self.counts[source] = Counter()
+        counts[code] += 1
+
+    def flush(self) -> None:
+        period = round(time.monotonic() - self.since, 1)
+        ranked = sorted(self.counts.items(), key=lambda kv: -sum(kv[1].values()))
+        for (peer, ip), codes in ranked[:LOG_TOP_SOURCES]:
+            log.info("refused messages", extra={"peer": peer, "ip": ip, "codes": dict(codes),
+                                                "total": sum(codes.values()), "period_s": period})
+        rest: Counter[str] = Counter(self.others)
+        for _source, codes in ranked[LOG_TOP_SOURCES:]:
+            rest.update(codes)
+        if rest:
+            log.info("refused messages from other sources", extra={
+                "sources": len(ranked) - LOG_TOP_SOURCES + (1 if self.others else 0), "codes": dict(rest),
+                "total": sum(rest.values()), "period_s": period,
+            })
+        self.counts.clear()
+        self.others.clear()
+        self.since = time.monotonic()
+
+
+class Connection:
+    """One websocket: its peer (after the handshake), its outgoing queue, and its liveness.
+
+    Everything the relay sends goes through the queue, in order, written by one
+    task. `drop` queues a last `error` and makes the writer close the socket
+    after it; nothing is queued after that.
+    """
+
+    def __init__(self, relay: Relay, ws: web.WebSocketResponse, ip: str, transport: asyncio.Transport | None) -> None:
         self.relay = relay
         self.ws = ws
         self.ip = ip
+        self.transport = transport
         self.peer: str | None = None
         self.key: bytes | None = None
-        self.queue: asyncio.Queue[str | None] = asyncio.Queue(maxsize=relay.settings.send_queue)
-        self.closing = False
+        self.outbox: deque[str] = deque()
+        self.wake = asyncio.Event()
+        self.closing = False  # set by `drop`: the writer closes the socket after the queued messages
+        self.close_code = CLOSE_POLICY
+        self.close_reason = ""
+        self.last_heard = time.monotonic()  # any frame from the client counts as an answer to a ping
+        self.ping_sent: float | None = None
+        self.ping_due = False
+        self.missed_pings = 0
         self.writer: asyncio.Task[None] | None = None
 
     def send(self, message: dict[str, Any]) -> None:
         if self.closing:
             return
-        try:
-            self.queue.put_nowait(p.encode(message))
-        except asyncio.QueueFull:
-            self.relay.count_rejection(p.E_SLOW)
+        if len(self.outbox) >= self.relay.settings.send_queue:
+            self.outbox.clear()  # what it has not read by now is dropped; it gets the error instead
             log.warning("dropping slow consumer", extra={"peer": self.peer, "ip": self.ip})
-            self.close_soon(p.E_SLOW)
+            self.drop(protocol.E_SLOW, f"more than {self.relay.settings.send_queue} messages waited for this "
+                                       "connection to read them")
+            return
+        self.outbox.append(protocol.encode(message))
+        self.wake.set()
 
-    def close_soon(self, reason: str) -> None:
+    def drop(self, code: str, message: str, close_code: int = CLOSE_POLICY) -> None:
+        """End the connection: `error` `code` after what is queued, then a close frame, within DROP_GRACE_S."""
         if self.closing:
             return
+        if code != protocol.E_SHUTDOWN:
+            self.relay.reject(self, code)
         self.closing = True
-        asyncio.get_running_loop().create_task(self.ws.close(code=CLOSE_POLICY, message=reason.encode()))
+        self.outbox.append(protocol.encode(protocol.msg_error(code, message)))
+        self.close_code, self.close_reason = close_code, code
+        self.wake.set()
+        if self.transport is not None:
+            asyncio.get_running_loop().call_later(DROP_GRACE_S, self.transport.abort)
+
+    def ping(self) -> None:
+        """Called every heartbeat: drop the peer if it answered neither of the last two pings, else ping."""
+        if self.closing:
+            return
+        if self.ping_sent is not None and self.last_heard < self.ping_sent:
+            self.missed_pings += 1
+        else:
+            self.missed_pings = 0
+        if self.missed_pings >= 2:
+            self.drop(protocol.E_HEARTBEAT, f"no answer to two pings {self.relay.settings.heartbeat:g} s apart")
+            return
+        self.ping_due = True
+        self.wake.set()
 
     async def write_loop(self) -> None:
-        while True:
-            text = await self.queue.get()
-            if text is None or self.ws.closed:
-                return
-            try:
-                await self.ws.send_str(text)
-            except (ConnectionError, RuntimeError):
-                return
-            self.relay.metrics["bytes_out"] += len(text)
+        ws = self.ws
+        try:
+            while True:
+                if self.ping_due:
+                    self.ping_due = False
+                    self.ping_sent = time.monotonic()
+                    await ws.ping()
+                if self.outbox:
+                    text = self.outbox.popleft()
+                    await ws.send_str(text)
+                    self.relay.metrics["bytes_out"] += len(text)
+                    continue
+                if self.closing:
+                    await ws.close(code=self.close_code, message=self.close_reason.encode())
+                    return
+                self.wake.clear()
+                await self.wake.wait()
+        except (ConnectionError, RuntimeError):
+            return  # the socket is gone; the reader notices too
+
+    async def finish(self) -> None:
+        """After the reader stopped: deliver a pending `drop`, or stop writing to a client that left."""
+        assert self.writer is not None
+        if not self.closing:
+            self.closing = True
+            self.writer.cancel()
+        with contextlib.suppress(asyncio.CancelledError, TimeoutError):
+            await asyncio.wait_for(self.writer, 2 * DROP_GRACE_S)
+        if not self.ws.closed:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.ws.close(), DROP_GRACE_S)
 
 
 class Relay:
-    def __init__(self, settings: RelaySettings, broker: Broker | None = None) -> None:
+    def __init__(self, settings: RelaySettings, broker: Broker | None = None,
+                 shutdown_message: str = SHUTDOWN_MESSAGE) -> None:
         settings.check()
         self.settings = settings
+        self.shutdown_message = shutdown_message
         self.broker: Broker = broker or (
             RedisBroker(settings.redis, settings.window, settings.swarm) if settings.redis else MemoryBroker(settings.window)
         )
@@ -156,11 +282,17 @@ class Relay:
         self.buckets: dict[str, TokenBucket] = {}
         self.metrics: Counter[str] = Counter()
         self.rejections: Counter[str] = Counter()
-        self.online = 0
+        self.rejection_log = RejectionLog()
+        self.peers_here = 0  # authenticated connections to this process, counted as they come and go
+        self.peers_elsewhere = 0  # on other relay processes of the swarm (Redis), as of the last stats tick
         self.allow = {k.strip() for k in settings.allow_keys if k.strip()}
         self.ban = {k.strip() for k in settings.ban_keys if k.strip()}
-        self._stats_task: asyncio.Task[None] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
         self.started = time.time()
+
+    @property
+    def online(self) -> int:
+        return self.peers_here + self.peers_elsewhere
 
     # -- app --------------------------------------------------------------------------
     def app(self) -> web.Application:
@@ -175,40 +307,59 @@ class Relay:
 
     async def _on_startup(self, _app: web.Application) -> None:
         await self.broker.start()
-        self._stats_task = asyncio.create_task(self._stats_loop(), name="relay-stats")
+        self._tasks = [
+            asyncio.create_task(self._every(STATS_PERIOD_S, self._push_stats), name="relay-stats"),
+            asyncio.create_task(self._every(self.settings.heartbeat, self._heartbeat), name="relay-heartbeat"),
+            asyncio.create_task(self._every(self.settings.reject_log_every, self._log_rejections), name="relay-log"),
+        ]
         log.info("relay started", extra={"broker": type(self.broker).__name__})
 
     async def _on_shutdown(self, _app: web.Application) -> None:
         log.info("relay shutting down", extra={"connections": len(self.connections)})
         for conn in list(self.connections):
-            conn.closing = True
-            with contextlib.suppress(Exception):
-                await conn.ws.send_str(p.encode(p.msg_error(p.E_SHUTDOWN, "the relay is restarting; reconnect shortly")))
-                await conn.ws.close(code=WSCloseCode.GOING_AWAY, message=b"shutting_down")
+            conn.drop(protocol.E_SHUTDOWN, self.shutdown_message, CLOSE_GOING_AWAY)
+        writers = [c.writer for c in self.connections if c.writer is not None]
+        if writers:
+            await asyncio.wait(writers, timeout=2 * DROP_GRACE_S)
 
     async def _on_cleanup(self, _app: web.Application) -> None:
-        if self._stats_task is not None:
-            self._stats_task.cancel()
+        for task in self._tasks:
+            task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await self._stats_task
+                await task
+        await self._log_rejections()
         await self.broker.close()
 
-    async def _stats_loop(self) -> None:
+    @staticmethod
+    async def _every(period: float, tick: Callable[[], Awaitable[None]]) -> None:
         while True:
-            await asyncio.sleep(STATS_PERIOD_S)
-            try:
-                peers = sum(1 for c in self.connections if c.peer)
-                self.online = await self.broker.report_online("", peers)
-            except Exception as exc:  # noqa: BLE001 - a broker hiccup (Redis down) must not end the stats loop
-                log.warning("stats update failed: %s", exc)
-                continue
-            message = p.msg_stats(self.online, self.broker.window_size())
-            for conn in list(self.connections):
-                if conn.peer:
-                    conn.send(message)
+            await asyncio.sleep(period)
+            await tick()
 
-    def count_rejection(self, code: str) -> None:
+    async def _push_stats(self) -> None:
+        here = self.peers_here
+        try:
+            total = await self.broker.report_online(here)
+        except Exception as exc:  # noqa: BLE001 - a broker hiccup (Redis down) must not end the stats loop
+            log.warning("stats update failed: %s", exc)
+            return
+        self.peers_elsewhere = max(0, total - here)
+        message = protocol.msg_stats(self.online, self.broker.window_size())
+        for conn in list(self.connections):
+            if conn.peer:
+                conn.send(message)
+
+    async def _heartbeat(self) -> None:
+        for conn in list(self.connections):
+            if conn.peer:  # the handshake has its own timeout
+                conn.ping()
+
+    async def _log_rejections(self) -> None:
+        self.rejection_log.flush()
+
+    def reject(self, conn: Connection, code: str) -> None:
         self.rejections[code] += 1
+        self.rejection_log.add(conn.peer, conn.ip, code)
 
     # -- http -------------------------------------------------------------------------
     async def handle_health(self, _request: web.Request) -> web.Response:
@@ -249,92 +400,104 @@ class Relay:
             "# HELP sapling_relay_rejections_total Messages or connections refused, by error code.",
             "# TYPE sapling_relay_rejections_total counter",
         ]
-        lines += [f'sapling_relay_rejections_total{{code="{code}"}} {self.rejections[code]}' for code in p.ERROR_CODES]
+        lines += [f'sapling_relay_rejections_total{{code="{code}"}} {self.rejections[code]}'
+                  for code in protocol.ERROR_CODES]
         return web.Response(text="\n".join(lines) + "\n", content_type="text/plain", charset="utf-8")
 
     # -- websocket --------------------------------------------------------------------
     async def handle_ws(self, request: web.Request) -> web.StreamResponse:
-        ws = web.WebSocketResponse(heartbeat=self.settings.heartbeat, max_msg_size=HARD_FRAME_BYTES)
+        # Our own pings (Connection.ping) instead of aiohttp's heartbeat, which cuts the socket
+        # without a word half an interval after one missed pong.
+        ws = web.WebSocketResponse(max_msg_size=HARD_FRAME_BYTES, autoping=False, timeout=DROP_GRACE_S)
         await ws.prepare(request)
         ip = request.remote or "?"
-        conn = Connection(self, ws, ip)
-        if self.per_ip[ip] >= self.settings.max_conn_per_ip:
-            self.count_rejection(p.E_CONN_LIMIT)
-            await ws.send_str(p.encode(p.msg_error(p.E_CONN_LIMIT, f"at most {self.settings.max_conn_per_ip} connections per address")))
-            await ws.close(code=CLOSE_POLICY, message=p.E_CONN_LIMIT.encode())
-            return ws
-        self.per_ip[ip] += 1
-        self.connections.add(conn)
+        conn = Connection(self, ws, ip, request.transport)
         conn.writer = asyncio.create_task(conn.write_loop())
+        self.connections.add(conn)
+        counted = joined = False
         try:
-            if await self._handshake(conn):
-                await self._serve(conn)
+            if self.per_ip[ip] >= self.settings.max_conn_per_ip:
+                conn.drop(protocol.E_CONN_LIMIT, f"at most {self.settings.max_conn_per_ip} connections per address")
+            else:
+                self.per_ip[ip] += 1
+                counted = True
+                if await self._handshake(conn):
+                    joined = True
+                    await self._serve(conn)
         finally:
             self.connections.discard(conn)
-            self.per_ip[ip] -= 1
-            if self.per_ip[ip] <= 0:
-                del self.per_ip[ip]
-            with contextlib.suppress(asyncio.QueueFull):
-                conn.queue.put_nowait(None)
-            conn.writer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await conn.writer
-            if not ws.closed:
-                await ws.close()
-            if conn.peer:
+            if joined:
+                self.peers_here -= 1
                 log.debug("peer left", extra={"peer": conn.peer})
+            if counted:
+                self.per_ip[ip] -= 1
+                if self.per_ip[ip] <= 0:
+                    del self.per_ip[ip]
+            await conn.finish()
         return ws
 
-    async def _fatal(self, conn: Connection, code: str, message: str) -> None:
-        self.count_rejection(code)
-        conn.closing = True
-        with contextlib.suppress(Exception):
-            await conn.ws.send_str(p.encode(p.msg_error(code, message)))
-            await conn.ws.close(code=CLOSE_POLICY, message=code.encode())
+    async def _receive(self, conn: Connection, timeout: float | None = None) -> tuple[WSMsgType, Any]:
+        """The next text or binary frame, answering pings on the way; (CLOSED, None) when the socket ends."""
+        ws = conn.ws
+        while True:
+            msg = await ws.receive(timeout)
+            conn.last_heard = time.monotonic()
+            if msg.type == WSMsgType.PING:
+                with contextlib.suppress(ConnectionError, RuntimeError):
+                    await ws.pong(msg.data)
+                continue
+            if msg.type == WSMsgType.PONG:
+                continue
+            if msg.type in (WSMsgType.TEXT, WSMsgType.BINARY):
+                self.metrics["bytes_in"] += len(msg.data)
+                return msg.type, msg.data
+            if msg.type == WSMsgType.ERROR and isinstance(msg.data, WebSocketError):
+                # The websocket layer closed it: 1009 for a frame over HARD_FRAME_BYTES,
+                # 1007 for a text frame that is not UTF-8, 1002 for a broken frame.
+                too_big = msg.data.code == WSCloseCode.MESSAGE_TOO_BIG
+                self.reject(conn, protocol.E_TOO_LARGE if too_big else protocol.E_BAD_JSON)
+            return WSMsgType.CLOSED, None
 
     async def _handshake(self, conn: Connection) -> bool:
-        nonce = secrets.token_hex(p.NONCE_BYTES)
-        conn.send(p.msg_challenge(nonce, self.settings.name, time.time()))
+        nonce = secrets.token_hex(protocol.NONCE_BYTES)
+        conn.send(protocol.msg_challenge(nonce, self.settings.name, time.time()))
         try:
-            msg = await asyncio.wait_for(conn.ws.receive(), timeout=p.HANDSHAKE_TIMEOUT_S)
+            kind, data = await self._receive(conn, protocol.HANDSHAKE_TIMEOUT_S)
         except TimeoutError:
-            await self._fatal(conn, p.E_AUTH, "no hello within the handshake timeout")
+            conn.drop(protocol.E_AUTH, "no hello within the handshake timeout")
             return False
-        if msg.type != WSMsgType.TEXT:
-            if msg.type not in (WSMsgType.CLOSE, WSMsgType.CLOSING, WSMsgType.CLOSED):
-                await self._fatal(conn, p.E_AUTH, "expected a hello text frame")
+        if kind == WSMsgType.CLOSED:
             return False
-        self.metrics["bytes_in"] += len(msg.data)
         try:
-            decoded = p.decode_client(msg.data)
+            decoded = protocol.decode_client(data)
             if decoded["type"] != "hello":
-                raise p.ProtocolError(p.E_AUTH, "the first message must be hello")
-            signed: p.Signed = decoded["signed"]
-            hello = p.decode_hello_payload(signed.payload)
+                raise protocol.ProtocolError(protocol.E_AUTH, "the first message must be hello")
+            signed: protocol.Signed = decoded["signed"]
+            hello = protocol.decode_hello_payload(signed.payload)
             if not hmac.compare_digest(hello.nonce, nonce):
-                raise p.ProtocolError(p.E_AUTH, "hello does not answer this connection's challenge")
-            p.check_timestamp(hello.ts, time.time())
+                raise protocol.ProtocolError(protocol.E_AUTH, "hello does not answer this connection's challenge")
+            protocol.check_timestamp(hello.ts, time.time())
             if not verify(hello.key, signed.payload.encode("utf-8"), signed.sig):
-                raise p.ProtocolError(p.E_BAD_SIGNATURE, "hello signature does not verify")
-        except p.ProtocolError as exc:
-            code = exc.code if exc.code in p.FATAL_CODES or exc.code in (p.E_BAD_SIGNATURE, p.E_STALE) else p.E_AUTH
-            await self._fatal(conn, code, exc.message)
+                raise protocol.ProtocolError(protocol.E_BAD_SIGNATURE, "hello signature does not verify")
+        except protocol.ProtocolError as exc:
+            code = exc.code if exc.code in HANDSHAKE_CODES else protocol.E_AUTH
+            conn.drop(code, exc.message if code == exc.code else f"not a valid hello: {exc}")
             return False
-        key_b64 = p.b64encode(hello.key)
+        key_b64 = protocol.b64encode(hello.key)
         if key_b64 in self.ban or hello.peer in self.ban:
-            await self._fatal(conn, p.E_BANNED, "this key is banned from the swarm")
+            conn.drop(protocol.E_BANNED, "this key is banned from the swarm")
             return False
         if self.allow and key_b64 not in self.allow and hello.peer not in self.allow:
-            await self._fatal(conn, p.E_FORBIDDEN, "this swarm is private and the key is not on its allow-list")
+            conn.drop(protocol.E_FORBIDDEN, "this swarm is private and the key is not on its allow-list")
             return False
         if self.settings.join_token and not hmac.compare_digest(hello.token.encode(), self.settings.join_token.encode()):
-            await self._fatal(conn, p.E_FORBIDDEN, "this swarm is private: a valid join token is needed")
+            conn.drop(protocol.E_FORBIDDEN, "this swarm is private: a valid join token is needed")
             return False
         conn.peer = hello.peer
         conn.key = hello.key
+        self.peers_here += 1
         self.metrics["handshakes"] += 1
-        online = max(self.online, sum(1 for c in self.connections if c.peer))
-        conn.send(p.msg_welcome(hello.peer, online, p.limits()))
+        conn.send(protocol.msg_welcome(hello.peer, self.online, self.settings.limits()))
         log.debug("peer joined", extra={"peer": hello.peer, "ip": conn.ip, "software": hello.software})
         return True
 
@@ -345,65 +508,61 @@ class Relay:
             if len(self.buckets) >= MAX_BUCKETS:
                 self.buckets.pop(next(iter(self.buckets)))
             bucket = self.buckets[conn.peer] = TokenBucket(self.settings.rate, self.settings.burst)
-        async for msg in conn.ws:
-            if conn.closing:
-                break
-            if msg.type == WSMsgType.TEXT:
-                data = msg.data
-            elif msg.type == WSMsgType.BINARY:
-                data = msg.data
-            else:
-                break
-            self.metrics["bytes_in"] += len(data)
-            request_id: int | None = None
+        while not conn.closing:
+            kind, data = await self._receive(conn)
+            if kind == WSMsgType.CLOSED:
+                return
             try:
-                if len(data) > p.MAX_FRAME_BYTES:
-                    raise p.ProtocolError(p.E_TOO_LARGE, f"frames are limited to {p.MAX_FRAME_BYTES} bytes")
-                decoded = p.decode_client(data)
-                request_id = decoded.get("id")
-                if not bucket.take():
-                    raise p.ProtocolError(p.E_RATE, f"more than {self.settings.rate:g} requests/s; slow down")
-                if decoded["type"] == "publish":
-                    await self._publish(conn, decoded["signed"])
-                elif decoded["type"] == "sample":
-                    entries = await self.broker.sample(decoded["n"], conn.peer)
-                    self.metrics["samples"] += 1
-                    self.metrics["batches_served"] += len(entries)
-                    conn.send(p.msg_batches(decoded["id"], [e.to_json() for e in entries]))
-                elif decoded["type"] == "stats":
-                    conn.send(p.msg_stats(self.online, self.broker.window_size()))
-                else:
-                    raise p.ProtocolError(p.E_BAD_SCHEMA, "hello is only valid as the first message")
-            except p.ProtocolError as exc:
+                await self._handle(conn, bucket, data)
+            except protocol.ProtocolError as exc:
                 log.debug("rejected message", extra={"peer": conn.peer, "code": exc.code, "detail": exc.message})
-                if exc.code in p.FATAL_CODES:
-                    await self._fatal(conn, exc.code, exc.message)
-                    break
-                self.count_rejection(exc.code)
-                conn.send(p.msg_error(exc.code, exc.message, request_id))
+                if exc.code in protocol.FATAL_CODES:
+                    conn.drop(exc.code, exc.message)
+                    return
+                self.reject(conn, exc.code)
+                conn.send(protocol.msg_error(exc.code, exc.message, exc.request_id))
 
-    async def _publish(self, conn: Connection, signed: p.Signed) -> None:
-        batch = p.decode_batch(signed.payload)
+    async def _handle(self, conn: Connection, bucket: TokenBucket, data: str | bytes) -> None:
+        decoded = protocol.decode_client(data)
+        request_id = decoded.get("id")
+        if not bucket.take():
+            raise protocol.ProtocolError(protocol.E_RATE, f"more than {self.settings.rate:g} requests/s; slow down",
+                                         request_id)
+        if decoded["type"] == "publish":
+            await self._publish(conn, decoded["signed"])
+        elif decoded["type"] == "sample":
+            assert conn.peer is not None
+            entries, cursor = await self.broker.sample(decoded["n"], conn.peer, decoded["after"])
+            self.metrics["samples"] += 1
+            self.metrics["batches_served"] += len(entries)
+            conn.send(protocol.msg_batches(decoded["id"], [e.to_json() for e in entries], cursor))
+        elif decoded["type"] == "stats":
+            conn.send(protocol.msg_stats(self.online, self.broker.window_size()))
+        else:
+            raise protocol.ProtocolError(protocol.E_BAD_SCHEMA, "hello is only valid as the first message")
+
+    async def _publish(self, conn: Connection, signed: protocol.Signed) -> None:
+        batch = protocol.decode_batch(signed.payload)
         if batch.key != conn.key:
-            raise p.ProtocolError(p.E_BAD_SIGNATURE, "the batch is signed for a different key than this connection's")
+            raise protocol.ProtocolError(protocol.E_BAD_SIGNATURE, "the batch is signed for a different key than this connection's")
         if not verify(batch.key, signed.payload.encode("utf-8"), signed.sig):
-            raise p.ProtocolError(p.E_BAD_SIGNATURE, "batch signature does not verify")
-        p.check_timestamp(batch.ts, time.time())
+            raise protocol.ProtocolError(protocol.E_BAD_SIGNATURE, "batch signature does not verify")
+        protocol.check_timestamp(batch.ts, time.time())
         assert conn.peer is not None
         if not await self.broker.claim_seq(conn.peer, batch.seq):
-            raise p.ProtocolError(p.E_REPLAY, f"sequence {batch.seq} is not above this peer's last one")
-        await self.broker.add(Entry(conn.peer, signed.payload, p.b64encode(signed.sig)))
+            raise protocol.ProtocolError(protocol.E_REPLAY, f"sequence {batch.seq} is not above this peer's last one")
+        await self.broker.add(Entry(conn.peer, signed.payload, protocol.b64encode(signed.sig)))
         self.metrics["publishes"] += 1
-        conn.send(p.msg_published(batch.seq))
+        conn.send(protocol.msg_published(batch.seq))
 
 
 # -- embedded relay --------------------------------------------------------------------------
 class EmbeddedRelay:
     """An in-memory relay on a background thread, for `sapling-node run` with no relay URL."""
 
-    def __init__(self, settings: RelaySettings) -> None:
+    def __init__(self, settings: RelaySettings, shutdown_message: str = SHUTDOWN_MESSAGE) -> None:
         self.settings = settings
-        self.relay = Relay(settings)
+        self.relay = Relay(settings, shutdown_message=shutdown_message)
         self.port = 0
         self.url = ""
         self._loop = asyncio.new_event_loop()
@@ -423,9 +582,11 @@ class EmbeddedRelay:
         return self.url
 
     async def _start(self) -> None:
-        self._runner = web.AppRunner(self.relay.app(), handle_signals=False)
+        self._runner = web.AppRunner(self.relay.app(), handle_signals=False, shutdown_timeout=DROP_GRACE_S)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.settings.host, self.settings.port, reuse_address=True)
+        # asyncio's default reuse_address: SO_REUSEADDR on POSIX (a port in TIME_WAIT binds again),
+        # never on Windows, where it would let a second relay bind a port that is in use.
+        site = web.TCPSite(self._runner, self.settings.host, self.settings.port)
         await site.start()
         server = site._server
         sockets = getattr(server, "sockets", None) or []
@@ -434,7 +595,7 @@ class EmbeddedRelay:
     def stop(self) -> None:
         if self._runner is not None and self._loop.is_running():
             with contextlib.suppress(Exception):
-                asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(timeout=10)
+                asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(timeout=30)
         if self._loop.is_running():
             self._loop.call_soon_threadsafe(self._loop.stop)
         if self._thread.is_alive():
@@ -467,10 +628,10 @@ def _read_keys(path: str) -> list[str]:
 
 
 def _valid_key(text: str) -> bool:
-    if len(text) == p.PEER_ID_HEX and all(c in "0123456789abcdef" for c in text):
+    if len(text) == protocol.PEER_ID_HEX and all(c in "0123456789abcdef" for c in text):
         return True
     try:
-        return len(base64.b64decode(text, validate=True)) == p.PUBLIC_KEY_BYTES
+        return len(base64.b64decode(text, validate=True)) == protocol.PUBLIC_KEY_BYTES
     except (binascii.Error, ValueError):
         return False
 
@@ -535,6 +696,47 @@ def settings_from_args(argv: list[str] | None) -> RelaySettings:
     return settings
 
 
+async def serve(relay: Relay) -> int:
+    """Serve until SIGTERM or SIGINT, then close every connection; 0, or 1 if the port cannot be bound.
+
+    Further signals during the shutdown are logged and ignored, so a second
+    SIGTERM (systemd, Docker and impatient people send one) cannot cut it short.
+    """
+    settings = relay.settings
+    runner = web.AppRunner(relay.app(), handle_signals=False, shutdown_timeout=DROP_GRACE_S)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, settings.host, settings.port).start()
+    except OSError as exc:
+        log.error("cannot listen: %s", exc)
+        await runner.cleanup()
+        return 1
+    log.info("listening", extra={"host": settings.host, "port": settings.port, "redis": bool(settings.redis)})
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+
+    def on_signal(signum: int) -> None:
+        name = signal.Signals(signum).name
+        if stop.is_set():
+            log.info("already shutting down; ignoring %s", name)
+            return
+        log.info("received %s", name)
+        stop.set()
+
+    handled: list[signal.Signals] = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError):  # Windows; a loop outside the main thread
+            loop.add_signal_handler(sig, on_signal, sig)
+            handled.append(sig)
+    try:
+        await stop.wait()
+        await runner.cleanup()
+    finally:
+        for sig in handled:
+            loop.remove_signal_handler(sig)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
         settings = settings_from_args(argv)
@@ -545,15 +747,10 @@ def main(argv: list[str] | None = None) -> int:
     handler.setFormatter(JsonLogFormatter())
     logging.basicConfig(level=settings.log_level.upper(), handlers=[handler], force=True)
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
-    relay = Relay(settings)
-    log.info("listening", extra={"host": settings.host, "port": settings.port, "redis": bool(settings.redis)})
     try:
-        web.run_app(relay.app(), host=settings.host, port=settings.port, print=None, shutdown_timeout=5.0,
-                    reuse_address=True)
-    except OSError as exc:
-        log.error("cannot listen: %s", exc)
-        return 1
-    return 0
+        return asyncio.run(serve(Relay(settings)))
+    except KeyboardInterrupt:  # Ctrl-C where the loop cannot take signals (Windows)
+        return 0
 
 
 if __name__ == "__main__":

@@ -42,9 +42,10 @@ def test_client_and_relay_messages_decode() -> None:
     signed = ID.signed(p.batch_payload(ID.public_key, 1, time.time(), "m", [_item()]))
     decoded = p.decode_client(p.encode(p.msg_publish(signed)))
     assert decoded["signed"] == signed
-    assert p.decode_client(p.encode(p.msg_sample(9, 3))) == {"type": "sample", "id": 9, "n": 3}
-    batches = p.decode_relay(p.encode(p.msg_batches(9, [signed.to_json()])))
-    assert batches["batches"] == [signed]
+    assert p.decode_client(p.encode(p.msg_sample(9, 3))) == {"type": "sample", "id": 9, "n": 3, "after": None}
+    assert p.decode_client(p.encode(p.msg_sample(9, 3, "m1.5-0")))["after"] == "m1.5-0"
+    batches = p.decode_relay(p.encode(p.msg_batches(9, [signed.to_json()], "m1.5-0")))
+    assert batches["batches"] == [signed] and batches["cursor"] == "m1.5-0"
     err = p.decode_relay(p.encode(p.msg_error(p.E_RATE, "slow down", 9)))
     assert err == {"type": "error", "code": p.E_RATE, "message": "slow down", "id": 9}
     assert p.decode_relay(p.encode(p.msg_error("made_up", "x")))["code"] == p.E_INTERNAL
