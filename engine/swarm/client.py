@@ -50,6 +50,7 @@ class LinkState:
     online: int = 0
     window: int = 0
     last_error: str = ""
+    relay: str = ""  # the name the relay gave in its challenge
     since: float = field(default_factory=time.time)  # when `connected` last changed
     published: int = 0
     publish_errors: Counter[str] = field(default_factory=Counter)
@@ -197,7 +198,7 @@ class SwarmClient:
                 raise protocol.ProtocolError(protocol.E_AUTH, f"expected a welcome, got {welcome['type']}")
             self._fatal_code = self._fatal_message = ""
             self._ws = ws
-            self._set(connected=True, online=welcome["online"], last_error="")
+            self._set(connected=True, online=welcome["online"], last_error="", relay=challenge["relay"])
             log.info("joined the swarm at %s as %s (%d online)", self.url, self.identity.name, welcome["online"])
             async for msg in ws:
                 if msg.type != aiohttp.WSMsgType.TEXT:

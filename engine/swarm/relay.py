@@ -194,6 +194,7 @@ class Connection:
         self.ping_due = False
         self.missed_pings = 0
         self.writer: asyncio.Task[None] | None = None
+        self.reader: asyncio.Task[None] | None = None  # the handshake, then serving requests
 
     def send(self, message: dict[str, Any]) -> None:
         if self.closing:
@@ -248,6 +249,10 @@ class Connection:
                     self.relay.metrics["bytes_out"] += len(text)
                     continue
                 if self.closing:
+                    reader = self.reader
+                    if reader is not None and not reader.done():
+                        reader.cancel()  # close() must not meet a pending receive() (see Relay.handle_ws)
+                        await asyncio.wait([reader])
                     await ws.close(code=self.close_code, message=self.close_reason.encode())
                     return
                 self.wake.clear()
@@ -414,27 +419,35 @@ class Relay:
         conn = Connection(self, ws, ip, request.transport)
         conn.writer = asyncio.create_task(conn.write_loop())
         self.connections.add(conn)
-        counted = joined = False
         try:
             if self.per_ip[ip] >= self.settings.max_conn_per_ip:
                 conn.drop(protocol.E_CONN_LIMIT, f"at most {self.settings.max_conn_per_ip} connections per address")
-            else:
-                self.per_ip[ip] += 1
-                counted = True
-                if await self._handshake(conn):
-                    joined = True
-                    await self._serve(conn)
-        finally:
-            self.connections.discard(conn)
-            if joined:
-                self.peers_here -= 1
-                log.debug("peer left", extra={"peer": conn.peer})
-            if counted:
+                return ws
+            self.per_ip[ip] += 1
+            # The read side runs as its own task so that the writer can stop it before closing:
+            # aiohttp cuts the socket at once when close() meets a pending receive(), and the
+            # client would never see the close frame's code.
+            conn.reader = asyncio.create_task(self._read_side(conn))
+            try:
+                await asyncio.wait([conn.reader])
+            finally:
+                conn.reader.cancel()
                 self.per_ip[ip] -= 1
                 if self.per_ip[ip] <= 0:
                     del self.per_ip[ip]
+            if not conn.reader.cancelled() and (exc := conn.reader.exception()) is not None:
+                log.error("connection handler failed", exc_info=exc, extra={"peer": conn.peer, "ip": ip})
+        finally:
+            self.connections.discard(conn)
+            if conn.peer:
+                self.peers_here -= 1
+                log.debug("peer left", extra={"peer": conn.peer})
             await conn.finish()
         return ws
+
+    async def _read_side(self, conn: Connection) -> None:
+        if await self._handshake(conn):
+            await self._serve(conn)
 
     async def _receive(self, conn: Connection, timeout: float | None = None) -> tuple[WSMsgType, Any]:
         """The next text or binary frame, answering pings on the way; (CLOSED, None) when the socket ends."""

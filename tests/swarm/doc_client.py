@@ -2,7 +2,9 @@
 
 It imports nothing from engine.swarm on purpose: if the relay and the
 document drift apart, these tests notice. It is deliberately low level, so
-tests can also send what an honest client never would.
+tests can also send what an honest client never would. `sample_new` is the
+page's "Sampling cursors": it keeps the last answer's cursor and sends it
+as `after`.
 """
 
 from __future__ import annotations
@@ -33,16 +35,19 @@ class DocPeer:
         self.session: aiohttp.ClientSession | None = None
         self.ws: aiohttp.ClientWebSocketResponse | None = None
         self.seq = 0
-        self.inbox: list[dict[str, Any]] = []
+        self.cursor: str | None = None  # the `cursor` of the last `batches` that sample_new got
 
     def sign(self, payload: str) -> str:
         return b64(self.key.sign(payload.encode("utf-8")))
 
     async def connect(self, *, hello: bool = True, nonce: str | None = None, ts: float | None = None,
-                      bad_sig: bool = False) -> dict[str, Any]:
-        """Open the socket and (optionally) do the handshake; returns the relay's answer to hello."""
+                      bad_sig: bool = False, answer_pings: bool = True) -> dict[str, Any]:
+        """Open the socket and (optionally) do the handshake; returns the relay's answer to hello.
+
+        With answer_pings=False the socket never answers the relay's pings (a silent client).
+        """
         self.session = aiohttp.ClientSession()
-        self.ws = await self.session.ws_connect(self.url, max_msg_size=0)
+        self.ws = await self.session.ws_connect(self.url, max_msg_size=0, autoping=answer_pings)
         challenge = await self.recv()
         assert challenge["type"] == "challenge", challenge
         if not hello:
@@ -63,11 +68,17 @@ class DocPeer:
         assert self.ws is not None
         await self.ws.send_str(text)
 
+    async def send_binary(self, data: bytes) -> None:
+        assert self.ws is not None
+        await self.ws.send_bytes(data)
+
     async def recv(self, timeout: float = 10.0, skip_stats: bool = True) -> dict[str, Any]:
-        """The next message (stats pushes skipped); {'type': 'closed'} once the socket is closed."""
+        """The next message (stats pushes and pings skipped); {'type': 'closed', 'code': ...} once closed."""
         assert self.ws is not None
         while True:
             msg = await asyncio.wait_for(self.ws.receive(), timeout)
+            if msg.type in (aiohttp.WSMsgType.PING, aiohttp.WSMsgType.PONG):
+                continue
             if msg.type != aiohttp.WSMsgType.TEXT:
                 return {"type": "closed", "code": self.ws.close_code}
             data = json.loads(msg.data)
@@ -90,9 +101,19 @@ class DocPeer:
         await self.send({"type": "publish", "v": 1, "payload": payload, "sig": self.sign(payload)})
         return await self.recv()
 
-    async def sample(self, n: int, request_id: int = 1) -> dict[str, Any]:
-        await self.send({"type": "sample", "v": 1, "id": request_id, "n": n})
+    async def sample(self, n: int, request_id: int = 1, after: str | None = None) -> dict[str, Any]:
+        message: dict[str, Any] = {"type": "sample", "v": 1, "id": request_id, "n": n}
+        if after is not None:
+            message["after"] = after
+        await self.send(message)
         return await self.recv()
+
+    async def sample_new(self, n: int, request_id: int = 1) -> dict[str, Any]:
+        """A sample of what was published since the last sample_new (the whole window the first time)."""
+        answer = await self.sample(n, request_id, after=self.cursor)
+        if answer.get("type") == "batches" and answer.get("cursor") is not None:
+            self.cursor = answer["cursor"]
+        return answer
 
     async def close(self) -> None:
         if self.ws is not None:
