@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import shutil
 import socket
 import subprocess
@@ -70,4 +71,42 @@ async def test_two_relays_share_batches_sequences_and_peer_counts(start_relay: S
     c = await _joined(three.url)
     assert len((await c.sample(16))["batches"]) == 2
     for peer in (a, a2, b, c):
+        await peer.close()
+
+
+async def test_cursors_work_across_relays_that_share_one_redis(start_relay: StartRelay, redis_url: str) -> None:
+    one = start_relay(redis=redis_url, rate=1000.0, burst=1000.0)
+    two = start_relay(redis=redis_url, rate=1000.0, burst=1000.0)
+    sender = await _joined(one.url)
+    for seq in (1, 2):
+        assert (await sender.publish([item()], seq=seq))["type"] == "published"
+    reader = await _joined(two.url)
+
+    async def seqs_until(peer: DocPeer, want: int) -> list[int]:
+        """sample_new until `want` batches came (relay two tails the stream), or 10 s."""
+        got: list[int] = []
+        deadline = time.monotonic() + 10
+        while len(got) < want and time.monotonic() < deadline:
+            answer = await peer.sample_new(16)
+            got += [json.loads(b["payload"])["seq"] for b in answer["batches"]]
+            if len(got) < want:
+                await asyncio.sleep(0.05)
+        return sorted(got)
+
+    assert await seqs_until(reader, 2) == [1, 2]
+    cursor = reader.cursor
+    assert cursor is not None
+    await reader.close()
+    # the same node on the other relay, with its cursor: nothing old, then only the new one
+    again = DocPeer(one.url, key=reader.key)
+    assert (await again.connect())["type"] == "welcome"
+    again.cursor = cursor
+    assert (await again.sample_new(16))["batches"] == []
+    assert (await sender.publish([item()], seq=3))["type"] == "published"
+    assert await seqs_until(again, 1) == [3]
+    # a relay started later reads the swarm's cursors too
+    three = start_relay(redis=redis_url)
+    late = await _joined(three.url)
+    assert [json.loads(b["payload"])["seq"] for b in (await late.sample(16, after=cursor))["batches"]] == [3]
+    for peer in (sender, again, late):
         await peer.close()
