@@ -171,8 +171,7 @@ class MetricChart(QChartView):
                     pen.setStyle(Qt.PenStyle.DashLine)
                 series.setPen(pen)
                 series.setPointsVisible(line.markers)
-                if line.markers:
-                    series.setMarkerSize(7.0)
+                series.setMarkerSize(7.0)
             chart.addSeries(series)
             series.attachAxis(self.x_axis)
             series.attachAxis(self.y_axis)
@@ -228,7 +227,11 @@ class MetricChart(QChartView):
         return int(min(MAX_POINTS, max(100, width)))
 
     def set_points(self, index: int, points: list[QPointF]) -> None:
-        self.series[index].replace(points)
+        series = self.series[index]
+        if isinstance(series, QLineSeries) and not self.lines[index].markers:
+            # A line needs two points: after round 1 the chart would look empty for a whole round.
+            series.setPointsVisible(len(points) == 1)
+        series.replace(points)
 
     def set_empty(self, empty: bool) -> None:
         self.empty.setVisible(empty)

@@ -54,6 +54,7 @@ class Controller(QObject):
     notify = Signal(str, str, str)  # title, text, level: info | warning | error
     problem = Signal(object)  # a Problem (the tray shows it as a notification too)
     problemCleared = Signal()
+    wantsTraining = Signal(bool)  # the user's intent changed: Start/Resume (True), Pause/Stop/finished (False)
 
     def __init__(
         self,
@@ -150,6 +151,7 @@ class Controller(QObject):
         self.user_paused = False
         self.last_fatal = None
         self.problemCleared.emit()
+        self.wantsTraining.emit(True)
         self.engine.start()
         self.policy.check()
         if not self.policy.allowed:
@@ -158,11 +160,13 @@ class Controller(QObject):
 
     def pause(self) -> None:
         self.user_paused = True
+        self.wantsTraining.emit(False)
         self.engine.send("pause")
         self._refresh()
 
     def resume(self) -> None:
         self.user_paused = False
+        self.wantsTraining.emit(True)
         if self.policy_paused:
             self._refresh()  # stays "waiting" until the limits allow
             return
@@ -176,8 +180,18 @@ class Controller(QObject):
             self.pause()
 
     def stop(self) -> None:
+        self.wantsTraining.emit(False)
+        self._stop_engine()
+
+    def _stop_engine(self) -> None:
         self.restart_timer.stop()
         self.user_paused = self.policy_paused = False
+        self.engine.stop()
+        self._refresh()
+
+    def stop_for_quit(self) -> None:
+        """Stop at the next safe point because the app quits; the user's intent stays as it was."""
+        self.restart_timer.stop()
         self.engine.stop()
         self._refresh()
 
@@ -191,7 +205,7 @@ class Controller(QObject):
             self.start()
             return
         self._restart_after_exit = True
-        self.stop()
+        self._stop_engine()
 
     def shutdown(self, wait_ms: int) -> bool:
         """Stop the engine for quitting; True when it exited within `wait_ms` (else it is killed)."""
@@ -234,6 +248,8 @@ class Controller(QObject):
             return
         if code == 0:
             self.finished = not asked_to_stop
+            if self.finished:
+                self.wantsTraining.emit(False)
             self.session.state = "stopped"
             self._refresh()
             return

@@ -2,7 +2,7 @@
 
 `SettingsForm` holds the choices: the model, the swarm (the local embedded
 relay by default, a relay address or invite, or alone) and resource limits
-(CPU threads, idle only, AC power only, start at login). A value that cannot
+(CPU threads, priority, idle only, AC power only, start at login). A value that cannot
 be used is shown in red under the form with what to type instead, and the
 dialog stays open.
 """
@@ -16,6 +16,7 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (
     QButtonGroup,
     QCheckBox,
+    QComboBox,
     QDialog,
     QFileDialog,
     QFormLayout,
@@ -126,11 +127,23 @@ class SettingsForm(QWidget):
         self.threads = QSpinBox()
         cores = os.cpu_count() or 1
         self.threads.setRange(0, max(cores, 1))
-        self.threads.setSpecialValueText(f"All ({cores})")
-        self.threads.setToolTip("Fewer threads leave more of the computer for you; training gets slower.")
+        self.threads.setSpecialValueText(f"Automatic (up to {cores})")
+        self.threads.setToolTip("Automatic uses the cores your other programs leave free, measured every few seconds. "
+                                "A fixed number of threads leaves more of the computer to you, but training is slower.")
         threads_row.addWidget(self.threads)
         threads_row.addStretch(1)
         limits.addLayout(threads_row)
+        priority_row = QHBoxLayout()
+        priority_row.addWidget(QLabel("Priority:"))
+        self.priority = QComboBox()
+        self.priority.addItem("Background: your programs always come first (recommended)", "background")
+        self.priority.addItem("Normal: share the computer equally with your programs", "normal")
+        self.priority.setToolTip("Background runs training at the lowest priority your system has, as BOINC and "
+                                 "Folding@home do. Normal trains faster while you use the computer, and slows your "
+                                 "programs down.")
+        priority_row.addWidget(self.priority)
+        priority_row.addStretch(1)
+        limits.addLayout(priority_row)
         self.only_idle = QCheckBox("Train only when the computer is idle (no keyboard or mouse for 5 minutes)")
         self.only_ac = QCheckBox("Train only when plugged in (on AC power)")
         self.autostart = QCheckBox("Start Sapling when I log in, training in the background")
@@ -172,6 +185,7 @@ class SettingsForm(QWidget):
         self.relay_edit.setText(engine.relay_url)
         self.token_edit.setText(engine.join_token)
         self.threads.setValue(min(engine.threads, self.threads.maximum()))
+        self.priority.setCurrentIndex(max(0, self.priority.findData(engine.priority)))
         self.only_idle.setChecked(app.only_when_idle and self.only_idle.isEnabled())
         self.only_ac.setChecked(app.only_on_ac_power and self.only_ac.isEnabled())
         self.autostart.setChecked(app.start_at_login)
@@ -192,7 +206,8 @@ class SettingsForm(QWidget):
         mode = "relay" if self.swarm_relay.isChecked() else "solo" if self.swarm_solo.isChecked() else "embedded"
         self._take_invite()
         new_engine = replace(engine, model_source=source, swarm_mode=mode, relay_url=self.relay_edit.text().strip(),
-                             join_token=self.token_edit.text().strip(), threads=self.threads.value())
+                             join_token=self.token_edit.text().strip(), threads=self.threads.value(),
+                             priority=str(self.priority.currentData()))
         try:
             validate(new_engine)
         except SettingsError as exc:

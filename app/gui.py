@@ -27,6 +27,7 @@ from engine.paths import Paths
 log = logging.getLogger(__name__)
 
 QUIT_GRACE_MS = 60_000
+QUIT_DIALOG_MS = 500  # "Saving your progress" appears when stopping takes longer than this
 
 
 @dataclass
@@ -41,15 +42,25 @@ class Gui:
     warnings: list[str] = field(default_factory=list)
     quitting: bool = False
     on_quit: Callable[[], None] | None = None
+    quit_dialog: QProgressDialog | None = None
 
     def after_show(self) -> None:
-        """Work that can wait until the window is on screen: history, warnings, first run."""
+        """Work that can wait until the window is on screen: history, warnings, first run, carrying on."""
         self.session.load_history(self.paths.metrics_file)
         for warning in self.warnings:
             self.window.add_banner("warning", warning)
         self.warnings.clear()
         if not self.window.app_settings.first_run_done:
             self.window.open_first_run()
+        elif self.window.app_settings.resume_training and not self.engine.is_running():
+            self.session.logMessage.emit("info", "app", "Training was running when Sapling quit: carrying on.")
+            self.controller.start()
+
+    def remember_intent(self, wanted: bool) -> None:
+        """Keep whether the user wants training (atomically, at once), for the next launch."""
+        if wanted != self.window.app_settings.resume_training:
+            self.window.app_settings.resume_training = wanted
+            self.window.save_app_settings()
 
     def quit(self, grace_ms: int = QUIT_GRACE_MS) -> None:
         """Stop the engine at a safe point (at most `grace_ms`, then kill), then leave the event loop."""
@@ -57,27 +68,31 @@ class Gui:
             return
         self.quitting = True
         self.window.save_app_settings()
-        self.controller.restart_timer.stop()
         self.window.quitting = True
         # exit(), not quit(): Qt 6's quit() first asks every window to close, and a hidden window may refuse.
         done = self.on_quit or (lambda: QApplication.exit(0))
         if not self.engine.is_running():
+            self.controller.restart_timer.stop()
             self.tray.hide()
             done()
             return
+        self.controller.stop_for_quit()  # the header says Stopping… and Pause/Stop grey out now
         progress = QProgressDialog("Saving your progress: training stops at the next safe point…", "Quit now", 0, 0,
                                    self.window if self.window.isVisible() else None)
         progress.setWindowTitle("Sapling")
-        progress.setMinimumDuration(800)
+        progress.setMinimumDuration(QUIT_DIALOG_MS)
+        # The minimum-duration timer starts at the first value; without one Qt shows the dialog after its 4 s default.
+        progress.setValue(0)
+        self.quit_dialog = progress
 
         def finish(*_args: object) -> None:
             progress.reset()
+            progress.hide()
             self.tray.hide()
             done()
 
         self.engine.exited.connect(finish)
         progress.canceled.connect(self.engine.kill)
-        self.engine.stop()
         QTimer.singleShot(grace_ms, self.engine, self.engine.kill)
 
 
@@ -114,4 +129,5 @@ def build_gui(
             window.notify(title, text, level)
 
     controller.notify.connect(notify)
+    controller.wantsTraining.connect(gui.remember_intent)
     return gui

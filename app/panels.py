@@ -1,7 +1,9 @@
 """The peers panel and the log view.
 
-`PeersPanel` shows the latest `peers` event: peers online, rollouts received,
-accepted and rejected, why they were rejected, and a row per peer.
+`PeersPanel` shows the computers online (from the newer of the `swarm` and
+`peers` events, so the count is there as soon as the relay answers) and the
+latest `peers` event: rollouts received, accepted and rejected, why they were
+rejected, and a row per peer.
 `LogView` shows the engine's log events and its stderr, batched so a burst of
 lines costs one repaint, and capped at `LogView.MAX_LINES` lines.
 """
@@ -140,12 +142,9 @@ class PeersPanel(QFrame):
     def refresh(self) -> None:
         peers, swarm = self.session.peers, self.session.swarm
         solo = bool(swarm) and not swarm.get("relay")
-        if peers:
-            online = number(peers.get("online"))
-            self.online.setText(_count(online))
-            self.online_label.setText("online in the swarm (just you)" if online == 1 else "online in the swarm")
-        else:
-            self.online.setText("–")
+        online = self.session.online
+        self.online.setText(_count(online))
+        self.online_label.setText("online in the swarm (just you)" if online == 1 else "online in the swarm")
         self.received.setText(_count(peers.get("received")))
         self.accepted.setText(_count(peers.get("accepted")))
         self.rejected.setText(_count(peers.get("rejected")))

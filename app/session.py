@@ -158,6 +158,7 @@ class Session(QObject):
         self.round = 0
         self.swarm: dict[str, Any] = {}
         self.peers: dict[str, Any] = {}
+        self.online: int | None = None  # computers on the relay, this one included: the newer of swarm and peers
         self.progress: dict[str, Any] = {}
         self.last_metrics: dict[str, Any] = {}
         self.last_eval: dict[str, Any] = {}
@@ -242,10 +243,17 @@ class Session(QObject):
         if not isinstance(reasons, dict) or not isinstance(by_peer, dict):
             raise TypeError("rejected_by_reason and by_peer must be objects")
         self.peers = {**event, "rejected_by_reason": reasons, "by_peer": by_peer}
+        self.online = int(event["online"])
         self.peersChanged.emit()
 
     def _on_swarm(self, event: Mapping[str, Any]) -> None:
         self.swarm = {key: event[key] for key in ("peer_id", "name", "relay", "connected", "message")}
+        # `online` is optional in the schema; the engine sends it on every link change, long before round 1.
+        online = number(event.get("online"))
+        if not event["connected"]:
+            self.online = None
+        elif online is not None:
+            self.online = int(online)
         self.swarmChanged.emit()
 
     def _on_log(self, event: Mapping[str, Any]) -> None:

@@ -6,8 +6,9 @@ Two files live in the platformdirs config dir (`engine.paths.Paths.config_dir`):
   person picks in the first-run and Settings dialogs (`EngineSettings`) and
   keeps every other key the file already has.
 - ``sapling-app.json`` holds what only the window cares about (`AppSettings`):
-  idle / AC-power limits, start at login, first run done, window geometry, and
-  the device and swarm identity the engine last reported.
+  idle / AC-power limits, start at login, first run done, whether training was
+  running (so a relaunch carries on), window geometry, and the device and
+  swarm identity the engine last reported.
 
 Both are written atomically (`engine.atomicio`). A file that cannot be read
 is moved aside to ``<name>.invalid-<time>`` and the defaults are used; the
@@ -30,7 +31,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlencode, urlsplit, urlunsplit
 
 from engine.atomicio import atomic_write_json, atomic_write_text
-from engine.config import build_config
+from engine.config import PRIORITIES, build_config
 from engine.errors import ConfigError
 from engine.paths import Paths
 
@@ -53,7 +54,8 @@ class EngineSettings:
     swarm_mode: str = "embedded"  # [swarm] mode
     relay_url: str = ""  # [swarm] relay_url
     join_token: str = ""  # [swarm] join_token
-    threads: int = 0  # [run] threads (0: all cores)
+    threads: int = 0  # [run] threads (0: automatic)
+    priority: str = "background"  # [run] priority: "background" or "normal"
 
     KEYS = (
         ("model", "source", "model_source"),
@@ -61,10 +63,11 @@ class EngineSettings:
         ("swarm", "relay_url", "relay_url"),
         ("swarm", "join_token", "join_token"),
         ("run", "threads", "threads"),
+        ("run", "priority", "priority"),
     )
 
     def needs_restart(self, other: EngineSettings) -> bool:
-        """Whether going from `other` to self needs the engine restarted (model, swarm, threads)."""
+        """Whether going from `other` to self needs the engine restarted (model, swarm, threads, priority)."""
         return asdict(self) != asdict(other)
 
 
@@ -76,6 +79,9 @@ class AppSettings:
     only_when_idle: bool = False
     only_on_ac_power: bool = False
     start_at_login: bool = False
+    # Training was wanted when the app last ran (Start/Resume set it; Pause, Stop and a finished run clear it),
+    # so a launch after quitting mid-run carries on by itself. Written at each change.
+    resume_training: bool = False
     window_geometry: str = ""  # base64 of QWidget.saveGeometry()
     last_device: dict[str, Any] = field(default_factory=dict)  # the engine's last `status.device`
     last_identity: dict[str, Any] = field(default_factory=dict)  # the engine's last `swarm` peer_id/name
@@ -145,7 +151,9 @@ def validate(settings: EngineSettings) -> None:
     if len(settings.join_token) > 256:
         raise SettingsError("The join token is longer than 256 characters; paste just the token.")
     if isinstance(settings.threads, bool) or not isinstance(settings.threads, int) or not 0 <= settings.threads <= 1024:
-        raise SettingsError("CPU threads must be 0 (all cores) or a number of threads.")
+        raise SettingsError("CPU threads must be 0 (automatic) or a number of threads.")
+    if settings.priority not in PRIORITIES:
+        raise SettingsError(f"Priority must be one of {', '.join(PRIORITIES)}.")
 
 
 # -- TOML ------------------------------------------------------------------------------
@@ -171,7 +179,7 @@ def _toml_value(value: Any) -> str:
 
 def dump_toml(data: dict[str, dict[str, Any]]) -> str:
     """Sections of key = value (nested tables inline): the shape of config.toml."""
-    lines = ["# Sapling engine settings. The desktop app edits model, swarm and run.threads;", "# every key is explained by `sapling-node config`.", ""]
+    lines = ["# Sapling engine settings. The desktop app edits model, swarm, run.threads and run.priority;", "# every key is explained by `sapling-node config`.", ""]
     for section, values in data.items():
         lines.append(f"[{_toml_key(section)}]")
         lines.extend(f"{_toml_key(k)} = {_toml_value(v)}" for k, v in values.items())

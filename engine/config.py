@@ -183,12 +183,23 @@ class GRPOConfig:
         _choice(s, "precision", self.precision, ("auto", "bf16", "fp32"))
 
 
+PRIORITIES = ("background", "normal")  # run.priority; engine/priority.py applies it
+
+
 @dataclass
 class RunConfig:
     run_name: str = _help("Name of this training run; checkpoints live under checkpoints/<run_name>.", "default")
     seed: int = _help("Node seed: fixes which questions each round draws and the sampling.", 0)
     device: str = _help("'auto' (CUDA > MLX > CPU), 'cuda', 'mlx' or 'cpu'.", "auto")
-    threads: int = _help("CPU threads for PyTorch (0: all cores).", 0)
+    threads: int = _help(
+        "CPU threads for PyTorch (0: automatic, the cores other programs leave free, re-measured every few seconds).", 0
+    )
+    priority: str = _help(
+        "'background': the lowest OS priority (nice 19; Windows idle class; macOS background QoS), so your own "
+        "programs always come first and training uses what they leave; 'normal': compete equally with them "
+        "(training is faster while the computer is busy, and your programs slower).",
+        "background",
+    )
     max_rounds: int = _help("Stop after this round number (0: train until stopped).", 0)
     keep_checkpoints: int = _help("How many recent good checkpoints to keep.", 3)
 
@@ -201,7 +212,8 @@ class RunConfig:
             raise ConfigError(f"{s}.seed must be a whole number from 0 to 2147483647, got {self.seed!r}.")
         _choice(s, "device", self.device, ("auto", "cuda", "mlx", "cpu"))
         if isinstance(self.threads, bool) or not isinstance(self.threads, int) or not 0 <= self.threads <= 1024:
-            raise ConfigError(f"{s}.threads must be 0 (all cores) or a number of threads, got {self.threads!r}.")
+            raise ConfigError(f"{s}.threads must be 0 (automatic) or a number of threads, got {self.threads!r}.")
+        _choice(s, "priority", self.priority, PRIORITIES)
         if isinstance(self.max_rounds, bool) or not isinstance(self.max_rounds, int) or self.max_rounds < 0:
             raise ConfigError(f"{s}.max_rounds must be 0 (no limit) or a positive round number.")
         _positive_int(s, "keep_checkpoints", self.keep_checkpoints, 1000)

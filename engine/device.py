@@ -36,6 +36,7 @@ from engine.errors import DeviceError
 log = logging.getLogger(__name__)
 
 DEVICE_CHOICES = ("auto", "cuda", "mlx", "cpu")
+MLX_ON_CPU = "(MLX on CPU)"
 MLX_INSTALL_HINT = "pip install 'sapling[mlx]' on an Apple-silicon Mac ('sapling[mlx-cpu]' on Linux, for testing)"
 
 
@@ -55,9 +56,18 @@ class DeviceInfo:
         return asdict(self)
 
     def describe(self) -> str:
+        """Every detail, for logs and `python -m engine.device`."""
         gib = self.memory_bytes / 2**30
         mem = f", {gib:.0f} GiB" if self.memory_bytes else ""
         return f"{self.name}{mem}, bf16 {'yes' if self.bf16 else 'no'} ({self.reason})"
+
+    def plain(self) -> str:
+        """Where training runs, in a few plain words for a status line: "the processor", "the NVIDIA H200 graphics card"."""
+        if self.kind == "cuda":
+            return f"the {self.name} graphics card"
+        if self.kind == "mlx" and not self.name.endswith(MLX_ON_CPU):
+            return f"the {self.name} graphics"
+        return "the processor"
 
 
 def _system_memory() -> int:
@@ -195,7 +205,7 @@ def _mlx(require_metal: bool = False) -> DeviceInfo | None:
         return None
     return DeviceInfo(
         kind="mlx",
-        name=f"{cpu_name()} (MLX on CPU)",
+        name=f"{cpu_name()} {MLX_ON_CPU}",
         memory_bytes=_system_memory(),
         bf16=False,
         reason=f"MLX {version} on CPU, no Metal",

@@ -64,5 +64,6 @@ def make_gui(qtbot, paths: Paths) -> Iterator[MakeGui]:  # type: ignore[no-untyp
         gui.controller.restart_timer.stop()
         gui.engine.kill()
         gui.engine.wait_for_exit(5000)
+        gui.controller.restart_timer.stop()  # the kill reads as a crash: no restart into the next test
         gui.tray.hide()
         gui.window.problem_dialog.close()

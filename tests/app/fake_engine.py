@@ -1,7 +1,7 @@
 """A stand-in for `sapling-node serve`: replays a recorded event stream, obeys commands.
 
     python tests/app/fake_engine.py --fixture tests/app/fixtures/session.jsonl [--rate 100]
-        [--commands FILE] [--crash-after N] [--hold] [--exit-code N]
+        [--commands FILE] [--crash-after N] [--hold] [--exit-code N] [--ignore-stop]
     python tests/app/fake_engine.py --synthetic 2000 --first-round 10001 --rate 100 --hold  # bench/gui_responsiveness.py
 
 Lines of the fixture are written to stdout as they are (malformed ones too).
@@ -9,7 +9,8 @@ Commands read on stdin are appended to --commands; pause stops the replay
 (status paused), resume continues, stop exits 0 after a `stopped` status,
 end of stdin exits 0. --crash-after N writes a traceback to stderr and exits
 1 after N lines; --hold skips the fixture's final `stopped` status and waits
-for a command instead of exiting when the replay is done.
+for a command instead of exiting when the replay is done. --ignore-stop
+answers stop with a log line and goes on (an engine slow to reach a safe point).
 """
 
 from __future__ import annotations
@@ -34,8 +35,9 @@ DEVICE = {"kind": "cpu", "name": "Fake CPU (2 threads)", "memory_bytes": 8 << 30
 
 
 class Fake:
-    def __init__(self, commands: Path | None) -> None:
+    def __init__(self, commands: Path | None, ignore_stop: bool = False) -> None:
         self.commands = commands
+        self.ignore_stop = ignore_stop
         self.running = threading.Event()
         self.running.set()
         self.lock = threading.Lock()
@@ -68,6 +70,8 @@ class Fake:
                 self.status("training", "Resumed.")
             elif cmd == "reload":
                 self.status("training", "Settings reloaded.")
+            elif cmd == "stop" and self.ignore_stop:
+                self.write(encode(make_event("log", level="info", logger="fake", message="stop: not yet")))
             elif cmd == "stop":
                 self.status("stopped", f"Stopped after round {self.round}; the last checkpoint holds it.")
                 os._exit(0)
@@ -108,8 +112,9 @@ def main() -> int:
     parser.add_argument("--crash-after", type=int, default=-1)
     parser.add_argument("--hold", action="store_true")
     parser.add_argument("--exit-code", type=int, default=0)
+    parser.add_argument("--ignore-stop", action="store_true")
     args = parser.parse_args()
-    fake = Fake(args.commands)
+    fake = Fake(args.commands, args.ignore_stop)
     threading.Thread(target=fake.read_commands, daemon=True).start()
     print("fake engine: replaying", args.fixture or f"{args.synthetic} synthetic events", file=sys.stderr, flush=True)
     lines: Iterator[str] = synthetic(args.synthetic, args.first_round) if args.synthetic else iter(

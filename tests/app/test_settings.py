@@ -17,6 +17,7 @@ from app.settings import (
     check_model_source,
     check_relay_url,
     split_invite,
+    validate,
 )
 from engine.config import build_config
 from engine.paths import Paths
@@ -158,3 +159,28 @@ def test_a_corrupt_file_shows_a_warning_in_the_window(qtbot, make_gui: MakeGui, 
     gui.after_show()
     texts = [gui.window.banners.itemAt(i).widget().label.text() for i in range(gui.window.banners.count())]
     assert any("could not be read" in t and "default settings" in t for t in texts)
+
+
+def test_priority_defaults_to_background_and_round_trips_through_config_and_the_dialog(
+        qtbot, make_gui: MakeGui, paths: Paths) -> None:  # type: ignore[no-untyped-def]
+    assert EngineSettings().priority == "background" == build_config().run.priority
+    gui = make_gui()
+    w = gui.window
+    w.show()
+    w.open_settings()
+    dialog = w.dialog
+    assert dialog is not None and dialog.form.priority.currentData() == "background"
+    assert dialog.form.threads.specialValueText().startswith("Automatic")
+    dialog.form.priority.setCurrentIndex(dialog.form.priority.findData("normal"))
+    assert dialog.try_accept()
+    assert tomllib.loads(paths.config_file.read_text())["run"]["priority"] == "normal"
+    assert build_config("default", paths.config_file).run.priority == "normal"  # the engine reads what the app wrote
+    assert SettingsStore(paths).load_engine().priority == "normal"
+    w.open_settings()
+    assert w.dialog is not None and w.dialog.form.priority.currentData() == "normal"
+    w.dialog.reject()
+
+
+def test_a_priority_the_engine_does_not_know_is_refused() -> None:
+    with pytest.raises(SettingsError, match="Priority must be one of background, normal"):
+        validate(EngineSettings(priority="realtime"))

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 from pathlib import Path
 
+from PySide6.QtWidgets import QApplication, QPushButton
+
 from app.dialogs import FirstRunDialog
+from app.settings import SettingsStore
 from engine.paths import Paths
 from tests.app.conftest import HISTORY, MakeGui, fake_command, read_commands
 
@@ -144,3 +148,99 @@ def test_with_a_tray_closing_hides_and_keeps_training(qtbot, make_gui: MakeGui) 
     assert not w.isVisible() and gui.engine.is_running()
     gui.tray.show_action.trigger()
     assert w.isVisible()
+
+
+def test_quit_says_stopping_at_once_and_shows_the_saving_dialog_within_a_second(qtbot, make_gui: MakeGui) -> None:  # type: ignore[no-untyped-def]
+    gui = make_gui(fake_command("--hold", "--ignore-stop"))
+    w = gui.window
+    w.show()
+    gui.controller.start()
+    qtbot.waitUntil(lambda: gui.controller.phase == "training", timeout=20_000)
+    quits: list[bool] = []
+    gui.on_quit = lambda: quits.append(True)
+    started = time.monotonic()
+    gui.quit()
+    assert gui.controller.phase == "stopping" and w.pill.text() == "Stopping…"
+    assert not w.pause_button.isEnabled() and not w.stop_button.isEnabled()
+    qtbot.waitUntil(lambda: gui.quit_dialog is not None and gui.quit_dialog.isVisible(), timeout=1_000)
+    assert time.monotonic() - started < 1.0
+    (quit_now,) = [b for b in gui.quit_dialog.findChildren(QPushButton) if b.text() == "Quit now"]
+    with qtbot.waitSignal(gui.engine.exited, timeout=10_000):
+        quit_now.click()  # the engine ignores stop, so it is killed
+    assert quits == [True] and not gui.quit_dialog.isVisible()
+
+
+def test_relaunching_after_quitting_mid_run_carries_on(qtbot, make_gui: MakeGui, paths: Paths) -> None:  # type: ignore[no-untyped-def]
+    first = make_gui(fake_command("--hold"))
+    first.window.show()
+    first.after_show()
+    assert not first.engine.is_running()  # a first launch waits for Start
+    first.controller.start()
+    qtbot.waitUntil(lambda: first.controller.phase == "training", timeout=20_000)
+    with qtbot.waitSignal(first.engine.exited, timeout=10_000):
+        first.quit()
+    assert SettingsStore(paths).load_app().resume_training
+    again = make_gui(fake_command("--hold"))
+    again.window.show()
+    again.after_show()
+    assert again.engine.is_running()
+    qtbot.waitUntil(lambda: again.controller.phase == "training", timeout=20_000)
+    assert "carrying on" in "\n".join(again.window.log_view.lines())
+
+
+def test_a_run_paused_before_quitting_is_not_started_on_relaunch(qtbot, make_gui: MakeGui, paths: Paths) -> None:  # type: ignore[no-untyped-def]
+    first = make_gui(fake_command("--hold"))
+    first.window.show()
+    first.controller.start()
+    qtbot.waitUntil(lambda: first.controller.phase == "training", timeout=20_000)
+    first.window.pause_button.click()
+    qtbot.waitUntil(lambda: first.session.state == "paused", timeout=10_000)
+    with qtbot.waitSignal(first.engine.exited, timeout=10_000):
+        first.quit()
+    assert not SettingsStore(paths).load_app().resume_training
+    again = make_gui(fake_command("--hold"))
+    again.window.show()
+    again.after_show()
+    assert not again.engine.is_running() and again.window.pill.text() == "Not training"
+
+
+def test_a_lone_first_round_is_drawn_as_a_dot(qtbot, make_gui: MakeGui) -> None:  # type: ignore[no-untyped-def]
+    gui = make_gui()
+    charts = gui.window.charts
+    metrics = {"reward_mean": 0.25, "accuracy": 0.125, "tokens_per_second": 40.0, "seconds": 20.0}
+    gui.session.handle({"type": "round", "round": 1, "metrics": {**metrics, "round": 1}})
+    charts.refresh()
+    for chart in (charts.reward, charts.speed):
+        assert chart.series[0].count() == 1 and chart.series[0].pointsVisible()
+    gui.session.handle({"type": "round", "round": 2, "metrics": {**metrics, "round": 2}})
+    charts.refresh()
+    assert charts.reward.series[0].count() == 2 and not charts.reward.series[0].pointsVisible()
+
+
+def test_the_swarm_panel_counts_computers_online_before_the_first_round(qtbot, make_gui: MakeGui) -> None:  # type: ignore[no-untyped-def]
+    gui = make_gui()
+    panel = gui.window.peers
+    swarm = {"type": "swarm", "peer_id": "3f9a2c7e", "name": "quiet-fern", "relay": "embedded", "message": "Connected."}
+    assert panel.online.text() == "–"
+    gui.session.handle({**swarm, "connected": True, "online": 3})
+    assert panel.online.text() == "3"
+    gui.session.handle({"type": "peers", "online": 2, "received": 0, "accepted": 0, "rejected": 0})
+    assert panel.online.text() == "2"
+    gui.session.handle({**swarm, "connected": False, "online": 2})
+    assert panel.online.text() == "–"
+
+
+def test_a_long_status_message_wraps_instead_of_being_cut_off(qtbot, make_gui: MakeGui) -> None:  # type: ignore[no-untyped-def]
+    gui = make_gui(fake_command("--hold"))
+    w = gui.window
+    w.resize(w.minimumSize())
+    w.show()
+    gui.controller.start()
+    qtbot.waitUntil(lambda: gui.controller.phase == "training", timeout=20_000)
+    long = "Loading bundled on Intel(R) Xeon(R) Processor (2 threads), 24 GiB, bf16 yes (no CUDA device: CPU)"
+    gui.session.handle({"type": "status", "state": "training", "message": long})
+    QApplication.processEvents()
+    label = w.state_message
+    assert label.text() == long and label.fontMetrics().horizontalAdvance(long) > label.width()
+    needed = label.heightForWidth(label.width())
+    assert needed > label.fontMetrics().height() and label.height() >= needed
