@@ -390,7 +390,8 @@ def decode_client(frame: str | bytes) -> dict[str, Any]:
     """A client->relay message, its shape checked. Signed parts come back as `Signed` under 'signed'.
 
     A `sample` comes back as ``{"type", "id", "n", "after"}``, ``after`` being the
-    cursor string or None. Every error carries the message's ``id`` when it had a valid one.
+    cursor string or None; other types carry ``id`` too, None unless the message had a
+    valid one. Every error carries the message's ``id`` when it had a valid one.
     """
     obj = _loads(_frame_text(frame))
     request_id = _request_id(obj) if isinstance(obj, dict) else None
@@ -398,11 +399,11 @@ def decode_client(frame: str | bytes) -> dict[str, Any]:
         obj = _envelope(obj, CLIENT_TYPES)
         type_ = obj["type"]
         if type_ in ("hello", "publish"):
-            return {"type": type_, "signed": _signed(obj)}
+            return {"type": type_, "signed": _signed(obj), "id": request_id}
         if type_ == "sample":
             return {"type": type_, "id": _int(obj, "id", 0, MAX_REQUEST_ID), "n": _int(obj, "n", 1, MAX_SAMPLE_BATCHES),
                     "after": _cursor(obj, "after")}
-        return {"type": type_}
+        return {"type": type_, "id": request_id}
     except ProtocolError as exc:
         exc.request_id = request_id
         raise

@@ -527,7 +527,7 @@ class Relay:
                 return
             try:
                 await self._handle(conn, bucket, data)
-            except protocol.ProtocolError as exc:
+            except protocol.ProtocolError as exc:  # carries the message's id when it had one
                 log.debug("rejected message", extra={"peer": conn.peer, "code": exc.code, "detail": exc.message})
                 if exc.code in protocol.FATAL_CODES:
                     conn.drop(exc.code, exc.message)
@@ -537,10 +537,15 @@ class Relay:
 
     async def _handle(self, conn: Connection, bucket: TokenBucket, data: str | bytes) -> None:
         decoded = protocol.decode_client(data)
-        request_id = decoded.get("id")
+        try:
+            await self._answer(conn, bucket, decoded)
+        except protocol.ProtocolError as exc:
+            exc.request_id = decoded.get("id")
+            raise
+
+    async def _answer(self, conn: Connection, bucket: TokenBucket, decoded: dict[str, Any]) -> None:
         if not bucket.take():
-            raise protocol.ProtocolError(protocol.E_RATE, f"more than {self.settings.rate:g} requests/s; slow down",
-                                         request_id)
+            raise protocol.ProtocolError(protocol.E_RATE, f"more than {self.settings.rate:g} requests/s; slow down")
         if decoded["type"] == "publish":
             await self._publish(conn, decoded["signed"])
         elif decoded["type"] == "sample":

@@ -329,6 +329,19 @@ async def test_a_bad_sample_gets_bad_schema_with_its_id(start_relay: StartRelay,
     await peer.close()
 
 
+async def test_an_error_about_any_message_with_an_id_carries_it(start_relay: StartRelay) -> None:
+    relay = start_relay()
+    peer = await joined(relay.url)
+    payload = peer.batch_payload([item()])
+    await peer.send({"type": "publish", "v": 1, "id": 8, "payload": payload, "sig": b64(b"\0" * 64)})
+    answer = await peer.recv()
+    assert answer["code"] == p.E_BAD_SIGNATURE and answer["id"] == 8
+    await peer.send({"type": "publish", "v": 1, "id": 9, "payload": payload + "x", "sig": peer.sign(payload + "x")})
+    answer = await peer.recv()
+    assert answer["code"] == p.E_BAD_JSON and answer["id"] == 9
+    await peer.close()
+
+
 class _AnyText(str):
     def __eq__(self, other: object) -> bool:
         return isinstance(other, str) and bool(other)
