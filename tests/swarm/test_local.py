@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import random
 import socket
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 from engine.swarm import protocol as p
 from engine.swarm.client import LinkState
@@ -19,6 +22,16 @@ from engine.swarm.identity import Identity
 from engine.swarm.local import LOCAL_RELAY_CLOSING, LocalSwarm
 
 HANDOVER_TIMEOUT_S = 20.0
+ROOT = Path(__file__).resolve().parents[2]
+HOST_SCRIPT = """
+import sys, threading
+from engine.swarm.identity import Identity
+from engine.swarm.local import LocalSwarm
+local = LocalSwarm("127.0.0.1", int(sys.argv[1]), Identity.generate())
+local.start()
+print("hosting" if local.hosting else "joined", flush=True)
+threading.Event().wait()
+"""
 
 
 def _free_port() -> int:
@@ -144,3 +157,29 @@ def test_port_zero_hosts_alone_on_a_free_port() -> None:
         assert node.local.client.wait_connected(10)
     finally:
         node.local.stop()
+
+
+def test_a_host_killed_without_a_word_is_replaced_too() -> None:
+    port = _free_port()
+    host = subprocess.Popen([sys.executable, "-c", HOST_SCRIPT, str(port)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    took_over = threading.Event()
+    b, c = Node(port, took_over), Node(port, took_over)
+    try:
+        assert host.stdout is not None and host.stdout.readline().strip() == "hosting"
+        _start([b, c])
+        assert not b.local.hosting and not c.local.hosting
+        host.kill()  # SIGKILL: no shutting_down, the sockets just close
+        host.wait(timeout=10)
+        assert took_over.wait(HANDOVER_TIMEOUT_S)
+        assert b.local.client.wait_connected(HANDOVER_TIMEOUT_S) and c.local.client.wait_connected(HANDOVER_TIMEOUT_S)
+        assert [b.local.hosting, c.local.hosting].count(True) == 1
+        winner, loser = (b, c) if b.local.hosting else (c, b)
+        assert loser.rejoined.wait(HANDOVER_TIMEOUT_S)
+        loser.publish()
+        winner.sample_from(loser)
+    finally:
+        if host.poll() is None:
+            host.kill()
+            host.wait(timeout=10)
+        for node in (b, c):
+            node.local.stop()
