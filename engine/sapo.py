@@ -18,7 +18,6 @@ engine/events.py); `Control` carries pause/resume/stop/reload requests in.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import random
 import threading
@@ -38,6 +37,7 @@ from engine.metrics import MetricsLog
 from engine.models import resolve_model_dir
 from engine.paths import Paths
 from engine.rollouts import R_TOO_LONG, Completion, ExternalItem, Group, Offer, group_advantages, train_items
+from engine.rules import stable_seed
 from engine.tasks import TaskSet
 
 log = logging.getLogger(__name__)
@@ -50,7 +50,12 @@ Emit = Callable[[Event], None]
 
 
 class RoundAborted(Exception):
-    """A stop request arrived before the round changed any weights."""
+    """A stop request arrived before the round's checkpoint: the round is abandoned.
+
+    The newest checkpoint holds the run; weights changed in memory by a step
+    that was cut short are never saved, and a resumed run redoes the round
+    from the checkpoint with the same questions and sampling seeds.
+    """
 
 
 class Control:
@@ -115,9 +120,9 @@ def _rss_bytes() -> int:
 
 
 def derive_seed(*parts: int) -> int:
-    """A stable 63-bit seed from integers (Python's hash() is salted per process)."""
-    digest = hashlib.sha256(":".join(str(p) for p in parts).encode()).digest()
-    return int.from_bytes(digest[:8], "big") >> 1
+    """A stable 63-bit seed from integers (`engine.rules.stable_seed`, top bit dropped so that
+    the runs recorded in docs/results.md keep their sampling seeds)."""
+    return stable_seed(*parts) >> 1
 
 
 class Node:
@@ -210,9 +215,6 @@ class Node:
 
         return on_step
 
-    def _training_step(self, done: int, total: int) -> None:
-        self.progress("training", done, total)
-
     def apply_reload(self) -> None:
         if self.reload_config is None:
             return
@@ -244,9 +246,7 @@ class Node:
         self.config = new
         self.taskset = self._taskset(new)
         if self.backend is not None:
-            self.backend.grpo = new.grpo  # type: ignore[attr-defined]
-            self.backend.temperature = new.tasks.temperature  # type: ignore[attr-defined]
-            self.backend.set_learning_rate(new.grpo.learning_rate)
+            self.backend.apply_settings(new.grpo, new.tasks.temperature)
         self.status(self._state, "Settings reloaded.")
 
     # -- the loop ----------------------------------------------------------------------
@@ -272,8 +272,9 @@ class Node:
                 every = self.config.tasks.eval_every
                 if every and self.round % every == 0:
                     self.evaluate()
-        except RoundAborted:
-            log.info("Stop requested: round %d abandoned before any weight changed.", self.round + 1)
+        except RoundAborted as exc:
+            log.info("Stop requested while %s: round %d abandoned; the checkpoint of round %d holds the run.",
+                     exc, self.round + 1, self.round)
         self.status("stopped", f"Stopped after round {self.round}; the last checkpoint holds it.")
         return self.round
 
@@ -307,7 +308,7 @@ class Node:
         external, swarm_report = self.share_and_sample(round_index, groups)
 
         t1 = time.perf_counter()
-        stats = backend.train(train_items(mine + external), self._training_step)
+        stats = backend.train(train_items(mine + external), self._step("training"))
         train_seconds = time.perf_counter() - t1
         self.progress("checkpointing", 0, 1)
         self.round = round_index

@@ -94,26 +94,17 @@ def read_commands(stream: TextIO, control: object, emit: EventWriter) -> None:
 
 
 def serve(args: argparse.Namespace, paths: Paths) -> int:
-    from engine.cli import config_from_args, setup_logging
+    from engine.launch import config_from_args, run_node, setup_logging, stop_on_signals
+    from engine.sapo import Control
 
     emit = EventWriter(claim_stdout())
     setup_logging(paths, args.verbose, EventLogHandler(emit))
+    control = Control()
+    stop_on_signals(control.stop, lambda text: log.info("%s", text))
     try:
         config = config_from_args(args, paths)
-        from engine.exchange import open_swarm
-        from engine.sapo import Control, Node
-
-        control = Control()
         reader = threading.Thread(target=read_commands, args=(sys.stdin, control, emit), daemon=True, name="commands")
-        node = Node(config, paths, emit, control, reload_config=lambda: config_from_args(args, paths))
-        node.status("starting", "Engine started.")
-        swarm = open_swarm(config, paths.identity_file, emit)
-        try:
-            node.exchange = swarm.exchange
-            reader.start()
-            node.run()
-        finally:
-            swarm.close()
+        run_node(config, paths, emit, control, reload_config=lambda: config_from_args(args, paths), before_run=reader.start)
         return 0
     except SaplingError as exc:
         emit(make_event("error", kind=type(exc).__name__, message=str(exc), fatal=True))

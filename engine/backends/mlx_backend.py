@@ -61,7 +61,8 @@ from transformers import AutoTokenizer
 
 from engine.atomicio import atomic_dir
 from engine.backends import StepCallback
-from engine.backends.batching import HFTokenizerText, MicroBatchBudget, micro_batches
+from engine.backends.batching import HFTokenizerText, MicroBatchBudget
+from engine.backends.steps import train_steps
 from engine.config import GRPOConfig
 from engine.device import DeviceInfo
 from engine.errors import CheckpointError, ModelError
@@ -423,37 +424,24 @@ class MLXBackend(HFTokenizerText):
 
         A step that runs out of memory is thrown away and redone with half the micro-batch.
         """
-        g = self.grpo
-        if not items:
-            return {"loss": 0.0, "clip_fraction": 0.0, "kl": 0.0, "grad_norm": 0.0, "train_tokens": 0.0, "oom_retries": 0.0}
-        total_tokens = float(sum(len(it.completion_ids) for it in items))
-        sums = {"loss": 0.0, "clip_fraction": 0.0, "kl": 0.0, "grad_norm": 0.0}
-        retries = 0
         self.model.train()
         try:
-            for step in range(g.pg_steps):
-                while True:
-                    chunks = micro_batches(items, *self.budget.limits(g))
-                    try:
-                        grads, step_sums = self._accumulate_step(chunks, total_tokens, step, on_step)
-                        break
-                    except (RuntimeError, MemoryError) as exc:
-                        if not is_out_of_memory(exc):
-                            raise
-                    retries += 1
-                    self._shrink_after_oom("training")
-                if g.max_grad_norm > 0:
-                    grads, norm = optim.clip_grad_norm(grads, g.max_grad_norm)
-                    step_sums["grad_norm"] = float(norm)
-                self.optimizer.update(self.model, grads)
-                mx.eval(self.model.parameters(), self.optimizer.state)
-                for key, value in step_sums.items():
-                    sums[key] += value / g.pg_steps
+            return train_steps(
+                items, self.grpo, self.budget, shared_prompts=False, accumulate=self._accumulate_step,
+                apply=self._apply_step, is_oom=is_out_of_memory,
+                after_oom=lambda: self._shrink_after_oom("training"), on_step=on_step,
+            )
         finally:
             self.model.eval()
-        sums["train_tokens"] = total_tokens
-        sums["oom_retries"] = float(retries)
-        return sums
+
+    def _apply_step(self, grads: Any) -> float | None:
+        norm = None
+        if self.grpo.max_grad_norm > 0:
+            grads, total = optim.clip_grad_norm(grads, self.grpo.max_grad_norm)
+            norm = float(total)
+        self.optimizer.update(self.model, grads)
+        mx.eval(self.model.parameters(), self.optimizer.state)
+        return norm
 
     def _accumulate_step(
         self, chunks: list[list[TrainItem]], total_tokens: float, step: int, on_step: StepCallback | None
@@ -461,7 +449,10 @@ class MLXBackend(HFTokenizerText):
         """Gradients summed over every chunk, and the step's stats."""
         grads: dict[str, Any] | None = None
         sums = {"loss": 0.0, "clip_fraction": 0.0, "kl": 0.0, "grad_norm": 0.0}
+        total = self.grpo.pg_steps * len(chunks)
         for index, chunk in enumerate(chunks):
+            if on_step is not None:  # before each chunk too: a stop or pause need not wait for the whole step
+                on_step(step * len(chunks) + index, total)
             loss, clipped, kl, chunk_grads = self.chunk_loss_and_grads(chunk, total_tokens)
             grads = chunk_grads if grads is None else tree_map(mx.add, grads, chunk_grads)
             mx.eval(grads, loss, clipped, kl)
@@ -469,7 +460,7 @@ class MLXBackend(HFTokenizerText):
             sums["clip_fraction"] += scalar(clipped) / total_tokens
             sums["kl"] += scalar(kl) / total_tokens
             if on_step is not None:
-                on_step(step * len(chunks) + index + 1, self.grpo.pg_steps * len(chunks))
+                on_step(step * len(chunks) + index + 1, total)
         if grads is None:
             raise RuntimeError("train() needs at least one chunk")
         return grads, sums
@@ -480,8 +471,11 @@ class MLXBackend(HFTokenizerText):
         self._key = mx.random.key(seed)
         random.seed(seed)
 
-    def set_learning_rate(self, lr: float) -> None:
-        self.optimizer.learning_rate = lr
+    def apply_settings(self, grpo: GRPOConfig, temperature: float) -> None:
+        """New GRPO settings and sampling temperature, from a settings reload; the shape is unchanged."""
+        self.grpo = grpo
+        self.temperature = temperature
+        self.optimizer.learning_rate = grpo.learning_rate
 
     # -- persistence -------------------------------------------------------------------
     def _lora_modules(self) -> list[tuple[str, LoRALinear]]:

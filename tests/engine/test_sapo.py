@@ -70,37 +70,6 @@ def test_full_finetuning_changes_base_weights(tiny_model_dir: Path, home: Path) 
     assert metrics["kl"] >= 0.0
 
 
-def test_crash_resumes_at_the_right_round_with_the_same_rollouts(tiny_model_dir: Path, tmp_path: Path) -> None:
-    # Uninterrupted: rounds 1..3.
-    straight = make_node(tiny_model_dir, tmp_path / "a")
-    for _ in range(3):
-        straight.run_round()
-    expected = straight.metrics.read()[-1]
-
-    # Crashed: round 3 dies in training, after rollouts, before its checkpoint.
-    crashed = make_node(tiny_model_dir, tmp_path / "b")
-    crashed.run_round()
-    crashed.run_round()
-
-    def boom(done: int, total: int) -> None:
-        raise RuntimeError("simulated crash")
-
-    crashed._training_step = boom  # type: ignore[method-assign]
-    with pytest.raises(RuntimeError, match="simulated crash"):
-        crashed.run_round()
-
-    resumed = make_node(tiny_model_dir, tmp_path / "b")
-    assert resumed.round == 2
-    assert [q.ref for q in resumed.taskset.draw(3, 2)] == [q.ref for q in straight.taskset.draw(3, 2)]
-    got = resumed.run_round()
-    for key in ("round", "reward_mean", "completion_tokens_mean", "informative_groups", "loss"):
-        assert got[key] == pytest.approx(expected[key]), key
-    for k, v in trainable(straight).items():
-        assert torch.allclose(v, trainable(resumed)[k], atol=1e-6), k
-    rounds = [r["round"] for r in resumed.metrics.read() if r["kind"] == "round"]
-    assert rounds == [1, 2, 3]
-
-
 def test_lost_metrics_line_is_restored_from_the_checkpoint(tiny_model_dir: Path, home: Path) -> None:
     node = make_node(tiny_model_dir, home)
     node.run_round()

@@ -202,8 +202,47 @@ def test_first_ctrl_c_stops_gracefully(tiny_model_dir: Path, tmp_path: Path) -> 
     proc.send_signal(signal.SIGINT)
     _out, err = proc.communicate(timeout=120)
     assert proc.returncode == 130
-    assert "Stopping after this step" in err and "Traceback" not in err
+    assert "Stopping at the next safe point" in err and "Traceback" not in err
     assert "[stopped]" in err
+
+
+def _node_after_round_one(home: Path, tiny_model_dir: Path, command: str = "run") -> subprocess.Popen[str]:
+    proc = subprocess.Popen(node_cmd(command, home, tiny_model_dir, "--rounds", "1000"), cwd=ROOT,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    ckpts = home / "data" / "checkpoints" / "default"
+    deadline = time.monotonic() + 120
+    while not (ckpts / "round-000001").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return proc
+
+
+@pytest.mark.parametrize("command", ["run", "serve"])
+def test_sigterm_stops_cleanly_with_exit_0(tiny_model_dir: Path, tmp_path: Path, command: str) -> None:
+    proc = _node_after_round_one(tmp_path / "home", tiny_model_dir, command)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-2000:]
+    assert "Traceback" not in err
+    if command == "run":
+        assert "[stopped]" in err
+    else:
+        assert '"state":"stopped"' in out
+
+
+def test_a_second_sigterm_ends_the_node_at_once(tiny_model_dir: Path, tmp_path: Path) -> None:
+    proc = _node_after_round_one(tmp_path / "home", tiny_model_dir)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.stderr is not None
+    seen = []
+    for line in proc.stderr:  # signals are not queued: send the second once the first was handled
+        seen.append(line)
+        if "Stopping at the next safe point" in line:
+            break
+    proc.send_signal(signal.SIGTERM)
+    _out, err = proc.communicate(timeout=120)
+    err = "".join(seen) + err
+    assert proc.returncode == 143  # 128 + SIGTERM: ended without the clean stop
+    assert "[stopped]" not in err and "Traceback" not in err
 
 
 def test_export_without_a_checkpoint_says_what_to_do(tiny_model_dir: Path, tmp_path: Path) -> None:

@@ -1,0 +1,140 @@
+"""What `sapling-node run` and `serve` share: settings from flags, logging, signals, one node run.
+
+- `config_from_args`: defaults < preset < config file < flags, as one `NodeConfig`.
+- `setup_logging`: a rotating file in the log dir for everything; the
+  console (or the app, under `serve`) gets the node's own messages only.
+  Library warnings (a transformers FutureWarning, say) go to the file alone:
+  they are for developers, not for the person watching the node.
+- `stop_on_signals`: the first SIGTERM or Ctrl-C asks the node to stop at
+  its next safe point (within about a second, training included); a second
+  one ends the process at once. Checkpoints are atomic, so both are safe.
+- `run_node`: open the swarm, run the node, close the swarm.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import logging.handlers
+import os
+import signal
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from engine.config import NodeConfig, build_config
+from engine.errors import ConfigError
+from engine.events import Event
+from engine.paths import Paths
+
+log = logging.getLogger(__name__)
+
+# The exit code of a process ended by a second SIGTERM or Ctrl-C (128 + the signal number).
+EXIT_FORCED = {signal.SIGINT: 130, signal.SIGTERM: 143}
+LIBRARY_LOGGERS = ("httpx", "urllib3", "huggingface_hub", "filelock")
+
+
+def config_from_args(args: argparse.Namespace, paths: Paths) -> NodeConfig:
+    """The node's settings: defaults < preset < config file < --set flags and their shortcuts."""
+    overrides = list(args.overrides)
+    shortcuts = {"device": "run.device", "model": "model.source", "run_name": "run.run_name",
+                 "seed": "run.seed", "rounds": "run.max_rounds", "threads": "run.threads"}
+    for attr, key in shortcuts.items():
+        value = getattr(args, attr, None)
+        if value is not None:
+            overrides.append(f"{key}={value}" if isinstance(value, int) else f"{key}={quote_toml(str(value))}")
+    if getattr(args, "relay", None):
+        overrides += ["swarm.mode=relay", f"swarm.relay_url={quote_toml(args.relay)}"]
+    if getattr(args, "solo", None):
+        overrides.append("swarm.mode=solo")
+    toml_path = args.config if args.config is not None else paths.config_file
+    if args.config is not None and not args.config.is_file():
+        raise ConfigError(f"Config file {args.config} does not exist.")
+    return build_config(args.preset, toml_path, overrides)
+
+
+def quote_toml(text: str) -> str:
+    """A TOML basic string holding `text`."""
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def setup_logging(paths: Paths, verbose: bool, console: logging.Handler | None) -> None:
+    """Everything to the rotating log file; the node's own records also to `console`."""
+    root = logging.getLogger()
+    root.setLevel(logging.DEBUG if verbose else logging.INFO)
+    for handler in list(root.handlers):
+        root.removeHandler(handler)
+    file_handler: logging.Handler | None = None
+    try:
+        paths.log_dir.mkdir(parents=True, exist_ok=True)
+        file_handler = logging.handlers.RotatingFileHandler(
+            paths.log_dir / "sapling-node.log", maxBytes=5 << 20, backupCount=3, encoding="utf-8"
+        )
+        file_handler.setFormatter(logging.Formatter("%(asctime)s %(process)d %(levelname)s %(name)s: %(message)s"))
+        root.addHandler(file_handler)
+    except OSError as exc:
+        print(f"sapling-node: warning: cannot write logs in {paths.log_dir}: {exc}", file=sys.stderr)
+    if console is not None:
+        root.addHandler(console)
+    for noisy in LIBRARY_LOGGERS:
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    # Python warnings (deprecations in transformers and friends) go to the file only.
+    logging.captureWarnings(True)
+    warnings_log = logging.getLogger("py.warnings")
+    warnings_log.propagate = False
+    for handler in list(warnings_log.handlers):
+        warnings_log.removeHandler(handler)
+    warnings_log.addHandler(file_handler if file_handler is not None else logging.NullHandler())
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def stop_on_signals(stop: Callable[[], None], say: Callable[[str], None] | None = None) -> list[int]:
+    """Install SIGTERM and SIGINT handlers: the first asks `stop()`, a second exits at once.
+
+    Returns the list that counts the signals received (the caller's exit code may depend on it).
+    """
+    received: list[int] = []
+
+    def handler(signum: int, frame: Any) -> None:
+        received.append(signum)
+        if len(received) == 1:
+            if say is not None:
+                say("Stopping at the next safe point (the last checkpoint is kept). Send the signal again to stop now.")
+            stop()
+            return
+        logging.shutdown()
+        os._exit(EXIT_FORCED.get(signal.Signals(signum), 143))
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+    return received
+
+
+def run_node(
+    config: NodeConfig,
+    paths: Paths,
+    emit: Callable[[Event], None],
+    control: Any,
+    reload_config: Callable[[], NodeConfig] | None = None,
+    before_run: Callable[[], None] | None = None,
+) -> int:
+    """Open the swarm, run the node until it stops, close the swarm; the last completed round.
+
+    `before_run` is called once the swarm is open, just before training starts
+    (serve starts reading commands there).
+    """
+    from engine.exchange import open_swarm
+    from engine.sapo import Node
+
+    node = Node(config, paths, emit, control, reload_config=reload_config)
+    node.status("starting", "Engine started.")
+    swarm = open_swarm(config, paths.identity_file, emit)
+    try:
+        node.exchange = swarm.exchange
+        if before_run is not None:
+            before_run()
+        return node.run()
+    finally:
+        swarm.close()
