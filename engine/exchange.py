@@ -134,21 +134,25 @@ class SwarmExchange:
         self._announced: bool | None = None
 
     # -- link state -------------------------------------------------------------------
-    def announce(self, state: LinkState | None = None) -> None:
-        """Emit a `swarm` event with this node's identity and link state."""
+    def announce(self, state: LinkState | None = None, message: str | None = None) -> None:
+        """Emit a `swarm` event with this node's identity and link state (and `message`, when given)."""
         state = state or self.client.state
-        if state.connected:
-            online = "1 peer" if state.online == 1 else f"{state.online} peers"
-            message = f"Connected to the swarm ({online} online, this node included)."
-        elif state.last_error:
-            message = f"Relay unreachable ({state.last_error}); training on local rollouts."
-        else:
-            message = "Connecting to the relay; training on local rollouts until it answers."
+        if message is None:
+            message = self._link_sentence(state)
         self._announced = state.connected
         self.emit(make_event(
             "swarm", peer_id=self.identity.peer_id, name=self.identity.name, relay=self.relay_label,
             connected=state.connected, message=message, online=state.online, since=state.since,
         ))
+
+    @staticmethod
+    def _link_sentence(state: LinkState) -> str:
+        if state.connected:
+            online = "1 peer" if state.online == 1 else f"{state.online} peers"
+            return f"Connected to the swarm ({online} online, this node included)."
+        if state.last_error:
+            return f"Relay unreachable ({state.last_error}); training on local rollouts."
+        return "Connecting to the relay; training on local rollouts until it answers."
 
     def _check_link(self) -> None:
         if self._announced != self.client.state.connected:
@@ -306,11 +310,11 @@ class SwarmExchange:
 
 # -- opening the swarm link ---------------------------------------------------------------------
 class SwarmSession:
-    """Identity, optional embedded relay, client and exchange for one node run."""
+    """The exchange of one node run, and this computer's relay link when the mode is embedded."""
 
     def __init__(self, exchange: SwarmExchange | None, relay: Any = None) -> None:
         self.exchange = exchange
-        self.relay = relay
+        self.relay = relay  # a LocalSwarm (hosting or joined), or None
 
     def close(self) -> None:
         if self.exchange is not None:
@@ -321,7 +325,7 @@ class SwarmSession:
 
 def open_swarm(config: NodeConfig, identity_file: Any, emit: Callable[[Event], None]) -> SwarmSession:
     """Start what `swarm.mode` asks for. Solo (or J = 0) gives a session without exchange."""
-    from engine.swarm.relay import EmbeddedRelay, RelaySettings
+    from engine.swarm.local import LocalSwarm
 
     sw = config.swarm
     identity = Identity.load_or_create(identity_file)
@@ -329,35 +333,35 @@ def open_swarm(config: NodeConfig, identity_file: Any, emit: Callable[[Event], N
         emit(make_event("swarm", peer_id=identity.peer_id, name=identity.name, relay=None, connected=False,
                         message="Solo: not sharing rollouts (swarm.mode = solo or external_groups = 0)."))
         return SwarmSession(None)
-    relay = None
     token = sw.join_token
-    if sw.mode == "relay":
-        url, invite_token = split_invite(sw.relay_url)
-        url = check_relay_url(url)
-        token = token or invite_token
-        label = url
-    else:
-        embedded = EmbeddedRelay(RelaySettings(host=sw.embedded_host, port=sw.embedded_port))
-        try:
-            url = embedded.start()
-            relay = embedded
-            label = "embedded"
-            log.info("Embedded relay listening on %s; other nodes on this computer can join it.", url)
-        except OSError:
-            # Another local node already runs the embedded relay on this port: join it.
-            url = f"ws://{sw.embedded_host}:{sw.embedded_port}/ws"
-            label = url
-            log.info("Port %d is taken: joining the relay there as a client.", sw.embedded_port)
     exchange_ref: list[SwarmExchange] = []
 
     def on_change(state: LinkState) -> None:
         if exchange_ref:
             exchange_ref[0].announce(state)
 
-    client = SwarmClient(url, identity, token=token, on_change=on_change)
+    def on_message(text: str) -> None:  # the local relay changed hands: say so, in the swarm line
+        if exchange_ref and local is not None:
+            exchange_ref[0].relay_label = local.label
+            exchange_ref[0].announce(message=text)
+
+    local: LocalSwarm | None = None
+    if sw.mode == "relay":
+        url, invite_token = split_invite(sw.relay_url)
+        url = check_relay_url(url)
+        token = token or invite_token
+        client = SwarmClient(url, identity, token=token, on_change=on_change)
+        label = url
+    else:
+        # Host this computer's relay, or join the node that does; take it over if that node stops.
+        local = LocalSwarm(sw.embedded_host, sw.embedded_port, identity, token=token, on_change=on_change,
+                           on_message=on_message)
+        client = local.start()
+        label = local.label
     exchange = SwarmExchange(client, identity, config.model.source, emit, label)
     exchange_ref.append(exchange)
     exchange.announce()
-    client.start()
+    if local is None:
+        client.start()
     client.wait_connected(3.0)
-    return SwarmSession(exchange, relay)
+    return SwarmSession(exchange, local)

@@ -263,7 +263,7 @@ def test_a_second_local_node_joins_the_first_ones_embedded_relay(tiny_model_dir:
         for name in ("first", "second"):
             cfg = config(tiny_model_dir, f"swarm.embedded_port={port}")
             sessions.append(open_swarm(cfg, Paths.under(tmp_path / name).identity_file, lambda e: None))
-        assert sessions[0].relay is not None and sessions[1].relay is None
+        assert sessions[0].relay.hosting and not sessions[1].relay.hosting
         assert all(s.exchange.client.wait_connected(10) for s in sessions)
         assert sessions[1].exchange.relay_label == f"ws://127.0.0.1:{port}/ws"
     finally:
@@ -339,3 +339,33 @@ def test_a_node_trains_on_i_of_its_own_groups_and_j_external(tiny_model_dir: Pat
     external_prompt = tuple(node.backend.encode_prompt(node.taskset.messages(node.taskset.draw(57, 1)[0])))
     assert external_prompt in trained_prompts
     assert len(trained_prompts - {external_prompt}) == 1
+
+
+def test_when_the_hosting_node_stops_another_local_node_takes_the_relay_over(tiny_model_dir: Path, tmp_path: Path) -> None:
+    import socket
+    import threading
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    took_over = threading.Event()
+    said: list[str] = []
+
+    def second_events(event: Event) -> None:
+        if event["type"] == "swarm":
+            said.append(event["message"])
+            if "now hosts it" in event["message"]:
+                took_over.set()
+
+    cfg = config(tiny_model_dir, f"swarm.embedded_port={port}")
+    first = open_swarm(cfg, Paths.under(tmp_path / "first").identity_file, lambda e: None)
+    second = open_swarm(cfg, Paths.under(tmp_path / "second").identity_file, second_events)
+    try:
+        assert first.relay.hosting and not second.relay.hosting
+        assert second.exchange.client.wait_connected(10)
+        first.close()
+        assert took_over.wait(20), said
+        assert second.relay.hosting and second.exchange.relay_label == "embedded"
+        assert second.exchange.client.wait_connected(10)
+    finally:
+        second.close()
