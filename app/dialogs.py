@@ -122,8 +122,10 @@ class SettingsForm(QWidget):
         # Resources
         limits_box = QGroupBox("Resources")
         limits = QVBoxLayout(limits_box)
+        threads_label, priority_label = QLabel("CPU threads for training:"), QLabel("Priority:")
+        priority_label.setMinimumWidth(threads_label.sizeHint().width())
         threads_row = QHBoxLayout()
-        threads_row.addWidget(QLabel("CPU threads for training:"))
+        threads_row.addWidget(threads_label)
         self.threads = QSpinBox()
         cores = os.cpu_count() or 1
         self.threads.setRange(0, max(cores, 1))
@@ -134,7 +136,7 @@ class SettingsForm(QWidget):
         threads_row.addStretch(1)
         limits.addLayout(threads_row)
         priority_row = QHBoxLayout()
-        priority_row.addWidget(QLabel("Priority:"))
+        priority_row.addWidget(priority_label)
         self.priority = QComboBox()
         self.priority.addItem("Background: your programs always come first (recommended)", "background")
         self.priority.addItem("Normal: share the computer equally with your programs", "normal")
