@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -40,3 +41,18 @@ def test_import_engine_is_cheap() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     assert out.stdout.strip() == ""
+
+
+def test_importing_every_app_module_loads_no_training_library() -> None:
+    modules = sorted(f"app.{p.stem}" for p in (ROOT / "app").glob("*.py") if p.stem != "__init__")
+    code = (
+        "import importlib, sys\n"
+        f"for name in {modules!r}:\n"
+        "    importlib.import_module(name)\n"
+        "heavy = [m for m in ('torch', 'transformers', 'peft', 'mlx', 'llama_cpp', 'reasoning_gym') if m in sys.modules]\n"
+        "print(','.join(heavy))"
+    )
+    env = {**os.environ, "QT_QPA_PLATFORM": "offscreen"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT, env=env)
+    assert len(modules) > 10
+    assert out.stdout.strip() == "", f"an app module pulled in {out.stdout.strip()}"

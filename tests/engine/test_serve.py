@@ -90,19 +90,16 @@ def test_serve_commands(tiny_model_dir: Path, tmp_path: Path) -> None:
     engine.send("pause")
     paused = engine.wait_for(status("paused"))
     assert paused["device"]["kind"] == "cpu" and paused["device"]["reason"]
-    time.sleep(1.0)
-    while not engine.events.empty():  # drain what was already in flight
-        engine.events.get()
-    time.sleep(1.0)
-    assert all(e["type"] != "round" for e in list(engine.events.queue)), "trained while paused"
-
-    engine.send("resume")
-    engine.wait_for(status("training"))
-    engine.wait_for(lambda e: e["type"] == "round")
-
+    # A marker that has crossed the engine while it is paused: a bad line, answered by a warning.
     engine.send(b"this is not json\n")
-    warning = engine.wait_for(lambda e: e["type"] == "log" and "bad command" in e["message"])
+    seen: list[dict[str, Any]] = []
+    warning = engine.wait_for(lambda e: seen.append(e) or (e["type"] == "log" and "bad command" in e["message"]))
     assert warning["level"] == "warning"
+    engine.send("resume")
+    engine.wait_for(lambda e: seen.append(e) or (e["type"] == "status" and e["state"] == "training"))
+    assert all(e["type"] != "round" for e in seen), "trained while paused"
+    resumed_round = engine.wait_for(lambda e: e["type"] == "round")
+    assert resumed_round["round"] == paused["round"] + 1
 
     config = home / "config" / "config.toml"
     config.parent.mkdir(parents=True, exist_ok=True)
