@@ -61,7 +61,7 @@ def test_check_model_source_names_the_problem(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="does not exist"):
         check_model_source(str(tmp_path / "missing"))
     (tmp_path / "empty").mkdir()
-    with pytest.raises(ConfigError, match="no config.json"):
+    with pytest.raises(ConfigError, match=r"no config\.json"):
         check_model_source(str(tmp_path / "empty"))
     with pytest.raises(ConfigError, match="not a Hugging Face id"):
         check_model_source("not a hub id")
