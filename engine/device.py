@@ -145,11 +145,6 @@ def mlx_installed() -> bool:
     return importlib.util.find_spec("mlx") is not None and importlib.util.find_spec("mlx_lm") is not None
 
 
-def mlx_present() -> bool:
-    """Apple silicon with mlx installed: the machines that train with MLX by default."""
-    return apple_silicon() and mlx_installed()
-
-
 def mlx_version() -> str:
     """Major.minor of the installed mlx, e.g. "0.32"."""
     try:

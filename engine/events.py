@@ -11,10 +11,13 @@ log line) and extra fields; a malformed line is reported, never fatal.
 Event types and their required fields:
 
     status      state, message, device, model, run, round
+                (state: starting, loading, training, paused, stopped)
     progress    phase, done, total, round
+                (phase: generating, scoring, training, evaluating, checkpointing)
     round       round, metrics
     eval        round, accuracy, reward_mean, questions, by_specialty
-    peers       online, received, accepted, rejected  (+ rejected_by_reason, by_peer)
+    peers       online, received, accepted, rejected  (+ not_picked, rejected_by_reason, by_peer,
+                this_round); counts are items (a question with its completions), totals for this run
     swarm       peer_id, name, relay, connected, message
     log         level, logger, message
     error       kind, message, fatal
@@ -52,8 +55,6 @@ EVENT_FIELDS: Mapping[str, tuple[str, ...]] = {
     "error": ("kind", "message", "fatal"),
     "checkpoint": ("round", "path"),
 }
-STATES = ("starting", "loading", "training", "paused", "stopping", "stopped")
-PHASES = ("loading", "generating", "scoring", "training", "evaluating", "checkpointing")
 COMMANDS = ("pause", "resume", "stop", "reload")
 
 Event = dict[str, Any]

@@ -31,6 +31,7 @@ from typing import Any
 
 import aiohttp
 
+from engine import __version__
 from engine.swarm import protocol
 from engine.swarm.identity import Identity
 
@@ -39,7 +40,7 @@ log = logging.getLogger(__name__)
 BACKOFF_START_S = 0.5
 BACKOFF_CAP_S = 30.0
 CONNECT_TIMEOUT_S = 10.0
-SOFTWARE = "sapling/0.1"
+SOFTWARE = f"sapling/{__version__}"
 
 
 @dataclass

@@ -112,10 +112,6 @@ class Identity:
     def signed(self, payload: str) -> protocol.Signed:
         return protocol.Signed(payload, self.sign(payload.encode("utf-8")))
 
-    @property
-    def short_id(self) -> str:
-        return self.peer_id[:8]
-
 
 def verify_signed(signed: protocol.Signed, public_key: bytes) -> bool:
     try:

@@ -26,8 +26,8 @@ die() { echo "build-deb: $*" >&2; exit 1; }
 [ -x "$ONE_FOLDER/sapling" ] || die "no one-folder build at $ONE_FOLDER (run: make installer-linux)"
 command -v dpkg-deb >/dev/null || die "dpkg-deb not found (Debian/Ubuntu only)"
 
-VERSION="$(sed -n 's/^version *= *"\([^"]*\)".*/\1/p' "$ROOT/pyproject.toml" | head -1)"
-[ -n "$VERSION" ] || die "no version in pyproject.toml"
+VERSION="$(sed -n 's/^__version__ *= *"\([^"]*\)".*/\1/p' "$ROOT/engine/__init__.py" | head -1)"
+[ -n "$VERSION" ] || die "no __version__ in engine/__init__.py"
 ARCH="$(dpkg --print-architecture)"
 case "$VARIANT" in
     cpu) PACKAGE=sapling; CONFLICTS=sapling-cuda; FLAVOUR="CPU build of PyTorch" ;;

