@@ -1,4 +1,4 @@
-"""Where Sapling keeps things on disk, from platformdirs (see DESIGN.md).
+"""Where Sapling keeps things on disk, from platformdirs (docs/architecture.md).
 
 `Paths.default()` gives the per-user folders; `Paths.under(root)` puts all four
 under one folder, which is what `--home` and the tests use.

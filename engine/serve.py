@@ -1,4 +1,4 @@
-"""`sapling-node serve`: the training loop driven by JSON lines (DESIGN.md, App <-> engine).
+"""`sapling-node serve`: the training loop driven by JSON lines (docs/engine-events.md).
 
 Events go out on the real stdout, one per line. Everything else that would
 print (libraries, progress bars, C extensions) is sent to stderr by

@@ -56,3 +56,18 @@ def test_importing_every_app_module_loads_no_training_library() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT, env=env)
     assert len(modules) > 10
     assert out.stdout.strip() == "", f"an app module pulled in {out.stdout.strip()}"
+
+
+def test_the_repository_points_only_at_its_own_files() -> None:
+    """Someone who clones the repo has docs/, not the notes it was first written from."""
+    tracked = subprocess.run(["git", "ls-files"], capture_output=True, text=True, check=True, cwd=ROOT).stdout.split()
+    bad = []
+    for name in tracked:
+        path = ROOT / name
+        if path.suffix not in {".py", ".md", ".toml", ".sh", ".spec", ".yml", ".nsi", ".cfg"} and path.name != "Makefile":
+            continue
+        if not path.is_file():
+            continue
+        text = path.read_text(encoding="utf-8", errors="replace")
+        bad += [name for needle in ("../shared/", "FACTS.md", "DESIGN.md", "STYLE.md") if needle in text and name != "tests/test_boundaries.py"]
+    assert not bad, f"references to files outside the repository: {sorted(set(bad))}"

@@ -97,7 +97,7 @@ def scalar(value: mx.array) -> float:
 
 
 def mlx_config_overrides(config: dict[str, Any]) -> dict[str, Any]:
-    """Settings mlx-lm would miss in a transformers-v5 config.json (see ../shared/FACTS.md).
+    """Settings mlx-lm would miss in a transformers-v5 config.json (docs/platform-notes.md).
 
     v5 moved `rope_theta` (and rope scaling) into `rope_parameters`; mlx-lm
     reads only the top-level keys and otherwise falls back to its default

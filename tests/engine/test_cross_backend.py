@@ -87,7 +87,7 @@ def test_per_token_logprobs_agree(sharp_dir: Path) -> None:
 
 
 def test_the_rope_theta_pitfall_would_be_caught(sharp_dir: Path) -> None:
-    """mlx-lm reading only top-level rope_theta (FACTS.md) would break agreement by far more than the tolerance."""
+    """mlx-lm reading only top-level rope_theta (docs/platform-notes.md) would break agreement by far more than the tolerance."""
     torch_b, mlx_b = backends(sharp_dir)
     assert mlx_b.model.args.rope_theta == ROPE_THETA
     pairs = fixed_pairs(torch_b)

@@ -104,7 +104,7 @@ def test_load_backend_picks_mlx_for_an_mlx_device(tiny_model_dir: Path) -> None:
 
 
 def test_rope_theta_comes_from_rope_parameters(tiny_qwen_dir: Path) -> None:
-    """transformers v5 nests rope_theta; mlx-lm alone would use qwen2's default of 1e6 (FACTS.md)."""
+    """transformers v5 nests rope_theta; mlx-lm alone would use qwen2's default of 1e6 (docs/platform-notes.md)."""
     config = json.loads((tiny_qwen_dir / "config.json").read_text())
     theta = config["rope_parameters"]["rope_theta"]
     assert "rope_theta" not in config and theta != 1_000_000
