@@ -86,3 +86,14 @@ def test_macos_workflow_is_arm64_with_mlx_and_signs_only_with_secrets() -> None:
     gated = [s for s in steps.values() if re.search(r"installers/macos/(import-certificate|notarize)\.sh", str(s.get("run")))]
     assert len(gated) == 2 and all("steps.signing.outputs.sign == 'true'" in str(s.get("if")) for s in gated)
     assert "skipping codesign and notarization" in text
+
+
+def test_test_workflow_runs_make_test_on_linux_and_the_mlx_tests_on_apple_silicon() -> None:
+    data = _workflow("test.yml")
+    triggers = data.get("on") or data.get(True)  # YAML 1.1 reads a bare `on` as true
+    assert "push" in triggers and "pull_request" in triggers
+    linux, mac = data["jobs"]["linux"], data["jobs"]["macos-mlx"]
+    assert "make test" in "\n".join(str(s.get("run", "")) for s in linux["steps"])
+    assert "whl/cpu" in "\n".join(str(s.get("run", "")) for s in linux["steps"])  # never the CUDA wheel
+    mac_run = "\n".join(str(s.get("run", "")) for s in mac["steps"])
+    assert mac["runs-on"].startswith("macos-") and ".[dev,mlx]" in mac_run and "test_mlx_backend.py" in mac_run
