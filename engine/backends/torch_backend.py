@@ -1,8 +1,11 @@
 """PyTorch backend (CPU and CUDA): HF transformers for the model, peft for LoRA.
 
-- Generation uses HF `generate` with a logits processor that applies the
-  temperature itself and records each sampled token's log-prob under that
-  tempered distribution: the behaviour log-probs, at no extra forward pass.
+- Generation and greedy evaluation run on `engine.backends.decode`: finished
+  rows leave the batch, each prompt's KV cache is preallocated and stored
+  once for all its completions, and each sampled token's log-prob under the
+  tempered distribution is recorded as it is drawn (the behaviour log-probs,
+  at no extra forward pass). Architectures it does not cover fall back to
+  HF `generate` (`_generate_hf`, `_greedy_hf`), with a log line.
 - Training recomputes log-probs per micro-batch: each distinct prompt once
   (left-padded, the same position ids as generation), then every completion
   on a copy of its prompt's KV cache, so the G completions of a question do
@@ -29,6 +32,7 @@ import logging
 import random
 import sys
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -47,13 +51,14 @@ from transformers import (
 from engine.atomicio import atomic_dir
 from engine.backends import StepCallback
 from engine.backends.batching import HFTokenizerText, MicroBatchBudget, micro_batches
+from engine.backends.decode import DecodedRow, DecodeModel, LoraAdapter, decode_batch, unsupported_reason
 from engine.config import GRPOConfig
 from engine.device import DeviceInfo
 from engine.errors import CheckpointError, ModelError
 from engine.grpo import clipped_pg_loss
 from engine.rollouts import Completion, TrainItem
 
-__all__ = ["TorchBackend", "micro_batches", "release_memory"]
+__all__ = ["AdapterSlot", "TorchBackend", "micro_batches", "release_memory"]
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +123,14 @@ class _StepHook(StoppingCriteria):
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs: Any) -> torch.BoolTensor:
         self.on_step(self.offset + input_ids.shape[1] - self.prompt_len, self.total)
         return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)  # type: ignore[return-value]
+
+
+@dataclass
+class AdapterSlot:
+    """One node's LoRA tensors (in the order of `TorchBackend.params`) and its optimizer."""
+
+    tensors: list[torch.Tensor]
+    optimizer: torch.optim.AdamW
 
 
 class TorchBackend(HFTokenizerText):
@@ -217,6 +230,34 @@ class TorchBackend(HFTokenizerText):
                 out.append((row, False))
         return out
 
+    def _fast_decoder(self) -> bool:
+        """Whether `engine.backends.decode` covers this model (logged once when it does not)."""
+        reason = unsupported_reason(self.model.config)
+        if reason is not None and not getattr(self, "_fallback_logged", False):
+            self._fallback_logged = True
+            log.info("Sampling with HF generate: the fast decoder does not support %s.", reason)
+        return reason is None
+
+    def _decode_rows(
+        self, prompts: Sequence[list[int]], n: int, max_new_tokens: int, temperature: float | None,
+        on_step: StepCallback | None, adapters: Sequence[LoraAdapter] = (), **options: Any,
+    ) -> list[DecodedRow]:
+        """Runs `decode_batch` on a fresh inference copy of the weights, dropped afterwards.
+
+        The `_inference` idea without touching the model: the weights are
+        merged with this node's LoRA (or, with per-row adapters, left as the
+        frozen base) and cast to bf16 where native, in new tensors (q/k/v
+        and gate/up fused); the training weights stay as they are.
+        """
+        dtype = torch.bfloat16 if self.autocast else torch.float32
+        merge = LoraAdapter.from_peft(self.model) if not adapters and self.grpo.finetune == "lora" else None
+        rows = decode_batch(
+            DecodeModel(self.model, dtype, merge=merge), prompts, n, max_new_tokens, self.eos_token_id, temperature,
+            on_step, adapters=adapters, **options,
+        )
+        release_memory()
+        return rows
+
     def generate(
         self,
         prompts: Sequence[list[int]],
@@ -227,9 +268,53 @@ class TorchBackend(HFTokenizerText):
     ) -> list[Completion]:
         """`n` sampled completions of each prompt, grouped by prompt, with behaviour log-probs.
 
+        Each prompt runs through the model once and its KV cache serves all
+        n completions; rows that reach EOS leave the batch (engine.backends.decode).
+        """
+        if not self._fast_decoder():
+            return self._generate_hf(prompts, n, max_new_tokens, temperature, on_step)
+        rows = self._decode_rows(prompts, n, max_new_tokens, temperature, on_step)
+        return [Completion(self.decode(r.tokens), r.tokens, r.logprobs, r.finished) for r in rows]
+
+    def generate_with_adapters(
+        self,
+        prompts: Sequence[list[int]],
+        n: int,
+        max_new_tokens: int,
+        temperature: float | None,
+        adapters: Sequence[LoraAdapter | str],
+        adapter_index: Sequence[int],
+        seeds: Sequence[int] | None = None,
+        on_step: StepCallback | None = None,
+    ) -> list[Completion]:
+        """Completions of prompt i under adapters[adapter_index[i]], all in one batch over the frozen base.
+
+        An adapter is a `LoraAdapter` (e.g. `LoraAdapter.from_state_dict` of a
+        checkpoint's adapter.safetensors) or the name of one of this peft
+        model's adapters. temperature None decodes greedily (no log-probs).
+        With seeds (one per adapter), each adapter's rows sample exactly as a
+        call with that adapter alone and its seed would. docs/backends.md.
+        """
+        if not self._fast_decoder():
+            raise ModelError(f"Per-row adapters need the fast decoder, which does not support {unsupported_reason(self.model.config)}.")
+        resolved = [LoraAdapter.from_peft(self.model, a) if isinstance(a, str) else a for a in adapters]
+        rows = self._decode_rows(
+            prompts, n, max_new_tokens, temperature, on_step, adapters=resolved, adapter_index=adapter_index, seeds=seeds,
+        )
+        return [Completion(self.decode(r.tokens), r.tokens, r.logprobs, r.finished) for r in rows]
+
+    def _generate_hf(
+        self,
+        prompts: Sequence[list[int]],
+        n: int,
+        max_new_tokens: int,
+        temperature: float,
+        on_step: StepCallback | None = None,
+    ) -> list[Completion]:
+        """The HF `generate` path: the fallback, and the peer that bench/rollout_speed.py measures against.
+
         Each prompt is run through the model once (its KV cache is then
-        copied n times), so a round pays the prompt cost per question, not
-        per completion: with long few-shot prompts that is most of the time.
+        copied n times); every row runs until the longest completion stops.
         """
         ids, mask = self._left_pad(prompts)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
@@ -260,7 +345,14 @@ class TorchBackend(HFTokenizerText):
         return completions
 
     def greedy(self, prompts: Sequence[list[int]], max_new_tokens: int, on_step: StepCallback | None = None) -> list[str]:
-        """Greedy answers, in chunks of similar prompt length so padding costs little."""
+        """Greedy answers: all prompts in cache-sized chunks, finished rows leaving (engine.backends.decode)."""
+        if not self._fast_decoder():
+            return self._greedy_hf(prompts, max_new_tokens, on_step)
+        rows = self._decode_rows(prompts, 1, max_new_tokens, None, on_step)
+        return [self.decode(r.tokens) for r in rows]
+
+    def _greedy_hf(self, prompts: Sequence[list[int]], max_new_tokens: int, on_step: StepCallback | None = None) -> list[str]:
+        """HF greedy answers, in chunks of similar prompt length so padding costs little (fallback and bench peer)."""
         order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
         chunks = [order[i : i + GREEDY_CHUNK] for i in range(0, len(order), GREEDY_CHUNK)]
         answers: dict[int, str] = {}

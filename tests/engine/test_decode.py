@@ -1,0 +1,235 @@
+"""The fast decoder (engine/backends/decode.py) against HF transformers and peft, fp32 on the CPU.
+
+- sampled tokens' log-probs equal a full HF forward of prompt + completion;
+- greedy tokens equal HF `generate`'s;
+- rows leaving the batch, or the batch split into chunks, change no completion;
+- rows with different LoRA adapters in one batch get what each adapter alone gets;
+- TorchBackend falls back to HF generate for what the decoder does not cover.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from engine.backends.decode import DecodedRow, DecodeModel, LoraAdapter, decode_batch, unsupported_reason
+from engine.backends.torch_backend import TorchBackend
+from engine.config import GRPOConfig
+from engine.device import pick_device
+from tests.tiny import make_byte_tokenizer, make_sharp_model
+
+# Three prompts of different lengths: prompt padding, groups and positions all differ.
+PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [20, 21, 22], [30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41]]
+NEW = 12
+NO_EOS = -1
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2"])
+def sharp(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    from transformers import AutoModelForCausalLM
+
+    folder = make_sharp_model(tmp_path_factory.mktemp(request.param), request.param)
+    return AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
+
+
+def forward_logprobs(model: Any, prompt: list[int], tokens: list[int], temperature: float) -> list[float]:
+    """The reference: one unpadded HF forward of prompt + completion."""
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1 : -1].float()
+    logp = torch.log_softmax(logits / temperature, dim=-1)
+    return logp.gather(1, torch.tensor(tokens)[:, None])[:, 0].tolist()
+
+
+def sample(model: DecodeModel, seed: int, eos: int, **options: Any) -> list[DecodedRow]:
+    torch.manual_seed(seed)
+    return decode_batch(model, PROMPTS, 3, NEW, eos, 0.7, **options)
+
+
+def eos_ending_some_rows(model: DecodeModel) -> int:
+    """A token the seed-0 sample draws early in some rows: used as EOS, rows then finish at different steps."""
+    rows = sample(model, 0, NO_EOS)
+    return rows[0].tokens[3]
+
+
+def test_sampled_logprobs_equal_a_full_forward(sharp: Any) -> None:
+    model = DecodeModel(sharp, torch.float32)
+    eos = eos_ending_some_rows(model)
+    rows = sample(model, 0, eos)
+    lengths = [len(r.tokens) for r in rows]
+    assert min(lengths) <= 4 and max(lengths) == NEW, lengths  # rows left the batch while others ran on
+    for i, row in enumerate(rows):
+        assert row.finished == (row.tokens[-1] == eos)
+        assert row.logprobs == pytest.approx(forward_logprobs(sharp, PROMPTS[i // 3], row.tokens, 0.7), abs=1e-5)
+    assert len({tuple(r.tokens) for r in rows[:3]}) > 1  # the 3 completions of a prompt are not copies
+
+
+def test_greedy_tokens_equal_hf_generate(sharp: Any) -> None:
+    model = DecodeModel(sharp, torch.float32)
+    eos = eos_ending_some_rows(model)
+    rows = decode_batch(model, PROMPTS, 1, NEW, eos, None)
+    for prompt, row in zip(PROMPTS, rows, strict=True):
+        out = sharp.generate(
+            input_ids=torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            do_sample=False, max_new_tokens=NEW, eos_token_id=eos, pad_token_id=0,
+        )[0, len(prompt) :].tolist()
+        expected = out[: out.index(eos) + 1] if eos in out else out
+        assert row.tokens == expected
+        assert row.logprobs == []
+
+
+@pytest.mark.parametrize("variant", [{"compact": False}, {"cache_bytes": 1}])
+def test_leaving_rows_and_chunking_change_no_completion(sharp: Any, variant: dict[str, Any]) -> None:
+    """compact=False keeps finished rows computing; cache_bytes=1 runs one prompt per chunk."""
+    model = DecodeModel(sharp, torch.float32)
+    eos = eos_ending_some_rows(model)
+    steps: list[tuple[int, int]] = []
+    usual = sample(model, 0, eos)
+    other = sample(model, 0, eos, on_step=lambda done, total: steps.append((done, total)), **variant)
+    assert len({len(r.tokens) for r in usual}) > 1
+    assert [r.tokens for r in other] == [r.tokens for r in usual]
+    for a, b in zip(other, usual, strict=True):
+        assert a.finished == b.finished
+        # Other batch shapes sum in another order: within 2.4e-6 relative on the sharp models (measured).
+        assert a.logprobs == pytest.approx(b.logprobs, rel=1e-5, abs=1e-5)
+    chunks = 3 if "cache_bytes" in variant else 1
+    assert {total for _, total in steps} == {NEW * chunks}
+    assert [done for done, _ in steps] == sorted(done for done, _ in steps)
+
+
+def test_the_same_seed_gives_the_same_completions_and_another_seed_others(sharp: Any) -> None:
+    model = DecodeModel(sharp, torch.float32)
+    first, again, other = sample(model, 5, NO_EOS), sample(model, 5, NO_EOS), sample(model, 6, NO_EOS)
+    assert [r.tokens for r in first] == [r.tokens for r in again]
+    assert [r.tokens for r in first] != [r.tokens for r in other]
+
+
+def test_a_stop_raised_by_on_step_ends_decoding(sharp: Any) -> None:
+    class Stop(Exception):
+        pass
+
+    def on_step(done: int, total: int) -> None:
+        if done >= 2:
+            raise Stop
+
+    with pytest.raises(Stop):
+        decode_batch(DecodeModel(sharp, torch.float32), PROMPTS, 2, NEW, NO_EOS, 0.7, on_step=on_step)
+
+
+# -- per-row LoRA adapters -----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def three_adapters(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """A peft llama with three adapters: rank 4 on every projection, rank 8 on every projection, rank 8 on q/v only."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    folder = make_sharp_model(tmp_path_factory.mktemp("lora"), "llama")
+    base = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32)
+    model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"), adapter_name="a0")
+    model.add_adapter("a1", LoraConfig(r=8, lora_alpha=8, target_modules="all-linear"))
+    model.add_adapter("a2", LoraConfig(r=8, lora_alpha=32, target_modules=["q_proj", "v_proj"]))
+    generator = torch.Generator().manual_seed(9)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_" in name:  # lora_B starts at zero: give every adapter a real effect
+                param.copy_(torch.randn(param.shape, generator=generator) * 0.15)
+    return model.eval()
+
+
+def test_rows_with_different_adapters_get_what_each_adapter_alone_gets(three_adapters: Any) -> None:
+    names = ["a0", "a1", "a2"]
+    adapters = [LoraAdapter.from_peft(three_adapters, name) for name in names]
+    base = DecodeModel(three_adapters, torch.float32)  # the frozen base under the adapters
+    prompts = [*PROMPTS, [50, 51, 52, 53, 54]]
+    index = [2, 0, 1, 0]
+    seeds = [11, 12, 13]
+    mixed = decode_batch(base, prompts, 2, NEW, NO_EOS, 0.7, adapters=adapters, adapter_index=index, seeds=seeds)
+    greedy_mixed = decode_batch(base, prompts, 1, NEW, NO_EOS, None, adapters=adapters, adapter_index=index)
+    for a, name in enumerate(names):
+        mine = [i for i, x in enumerate(index) if x == a]
+        mine_prompts = [prompts[i] for i in mine]
+        alone = decode_batch(base, mine_prompts, 2, NEW, NO_EOS, 0.7, adapters=[adapters[a]], adapter_index=[0] * len(mine), seeds=[seeds[a]])
+        merged = decode_batch(DecodeModel(three_adapters, torch.float32, merge=adapters[a]), mine_prompts, 2, NEW, NO_EOS, 0.7, seeds=[seeds[a]])
+        greedy_alone = decode_batch(base, mine_prompts, 1, NEW, NO_EOS, None, adapters=[adapters[a]], adapter_index=[0] * len(mine))
+        three_adapters.set_adapter(name)
+        for k, i in enumerate(mine):
+            assert greedy_mixed[i].tokens == greedy_alone[k].tokens
+            for j in range(2):
+                row, solo, flat = mixed[2 * i + j], alone[2 * k + j], merged[2 * k + j]
+                assert row.tokens == solo.tokens == flat.tokens
+                assert row.logprobs == pytest.approx(solo.logprobs, abs=1e-5)
+                # Merged weights round differently (W + s * B @ A): 1.5e-5 at worst on this sharp model.
+                assert row.logprobs == pytest.approx(flat.logprobs, abs=1e-4)
+                assert row.logprobs == pytest.approx(forward_logprobs(three_adapters, prompts[i], row.tokens, 0.7), abs=1e-5)
+    # The adapters really differ: the same prompt under two adapters gives other log-probs.
+    three_adapters.set_adapter("a0")
+    a0 = forward_logprobs(three_adapters, prompts[0], mixed[0].tokens, 0.7)
+    assert max(abs(x - y) for x, y in zip(a0, mixed[0].logprobs, strict=True)) > 0.1
+
+
+def test_an_adapter_reads_the_same_from_a_peft_state_dict(three_adapters: Any) -> None:
+    from peft import get_peft_model_state_dict
+
+    live = LoraAdapter.from_peft(three_adapters, "a1")
+    saved = LoraAdapter.from_state_dict(get_peft_model_state_dict(three_adapters, adapter_name="a1"), scaling=1.0)
+    assert live.weights.keys() == saved.weights.keys() and len(live.weights) == 2 * 7
+    for key, (a, b, scaling) in live.weights.items():
+        assert scaling == 1.0 and torch.equal(a, saved.weights[key][0]) and torch.equal(b, saved.weights[key][1])
+    with pytest.raises(ValueError, match="no LoRA adapter"):
+        LoraAdapter.from_peft(three_adapters, "missing")
+
+
+# -- coverage and the backend ---------------------------------------------------------------
+
+
+def test_unsupported_models_are_named() -> None:
+    from transformers import GPT2Config, LlamaConfig, Qwen2Config
+
+    assert unsupported_reason(LlamaConfig()) is None and unsupported_reason(Qwen2Config()) is None
+    assert "gpt2" in str(unsupported_reason(GPT2Config()))
+    assert "dynamic" in str(unsupported_reason(LlamaConfig(rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4})))
+    assert "sliding" in str(unsupported_reason(Qwen2Config(use_sliding_window=True, max_window_layers=0)))
+    assert "gelu" in str(unsupported_reason(LlamaConfig(hidden_act="gelu")))
+
+
+def test_the_backend_falls_back_to_hf_generate_with_a_log_line(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    tok = make_byte_tokenizer()
+    config = LlamaConfig(
+        vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+        rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4},
+    )
+    AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    backend = TorchBackend(tmp_path, pick_device("cpu"), GRPOConfig(precision="fp32"), 0, 1.0)
+    prompt = backend.encode_prompt([{"role": "user", "content": "x"}])
+    with caplog.at_level(logging.INFO, logger="engine.backends.torch_backend"):
+        completions = backend.generate([prompt], 2, 5, 1.0)
+        answers = backend.greedy([prompt], 5)
+    assert len(completions) == 2 and len(answers) == 1
+    assert [r.message for r in caplog.records].count("Sampling with HF generate: the fast decoder does not support rope type 'dynamic'.") == 1
+
+
+def test_the_backends_per_adapter_call_takes_peft_names_and_adapters(tiny_model_dir: Path) -> None:
+    backend = TorchBackend(tiny_model_dir, pick_device("cpu"), GRPOConfig(precision="fp32"), 0, 1.0)
+    with torch.no_grad():
+        for name, param in backend.model.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0.0, 0.5)
+    prompts = [backend.encode_prompt([{"role": "user", "content": c}]) for c in ("2 + 2?", "Hi")]
+    own = backend.greedy(prompts, 8)
+    both = backend.generate_with_adapters(
+        prompts, 1, 8, None, ["default", LoraAdapter.from_peft(backend.model)], adapter_index=[0, 1],
+    )
+    assert [c.text for c in both] == own
+    sampled = backend.generate_with_adapters(prompts, 2, 8, 1.0, ["default"], adapter_index=[0, 0], seeds=[4])
+    again = backend.generate_with_adapters(prompts, 2, 8, 1.0, ["default"], adapter_index=[0, 0], seeds=[4])
+    assert [c.token_ids for c in sampled] == [c.token_ids for c in again]
+    assert all(len(c.logprobs) == len(c.token_ids) for c in sampled)
