@@ -225,6 +225,7 @@ class MainWindow(QMainWindow):
         session.swarmChanged.connect(self.refresh_identity)
         session.progressChanged.connect(self.refresh_progress)
         session.historyChanged.connect(self.refresh_tiles)
+        session.historyChanged.connect(self.refresh_state)  # "Press Start to begin" only while no round is done
         session.logMessage.connect(self.log_view.add)
         session.checkpointSaved.connect(lambda r: self.status_right.setText(f"Last checkpoint: round {r} at {time.strftime('%H:%M')}"))
         self.problem_banner: Banner | None = None

@@ -198,10 +198,13 @@ def test_a_run_paused_before_quitting_is_not_started_on_relaunch(qtbot, make_gui
     with qtbot.waitSignal(first.engine.exited, timeout=10_000):
         first.quit()
     assert not SettingsStore(paths).load_app().resume_training
+    paths.data_dir.mkdir(parents=True, exist_ok=True)
+    shutil.copy(HISTORY, paths.metrics_file)  # the rounds it had trained (the fake engine writes none)
     again = make_gui(fake_command("--hold"))
     again.window.show()
     again.after_show()
     assert not again.engine.is_running() and again.window.pill.text() == "Not training"
+    assert again.window.state_message.text() == "Stopped. Start training to continue from the last round."
 
 
 def test_a_lone_first_round_is_drawn_as_a_dot(qtbot, make_gui: MakeGui) -> None:  # type: ignore[no-untyped-def]
