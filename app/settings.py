@@ -21,29 +21,33 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import tempfile
 import time
 import tomllib
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, urlencode, urlsplit, urlunsplit
 
 from engine.atomicio import atomic_write_json, atomic_write_text
-from engine.config import PRIORITIES, build_config
+from engine.config import PRIORITIES, build_config, edit_config_text
 from engine.errors import ConfigError
 from engine.paths import Paths
+from engine.rules import check_model_source, check_relay_url, split_invite
+
+__all__ = ["AppSettings", "EngineSettings", "SettingsError", "SettingsStore", "check_model_source",
+           "check_relay_url", "split_invite", "validate"]
 
 log = logging.getLogger(__name__)
 
 APP_SETTINGS_NAME = "sapling-app.json"
+CONFIG_HEADER = ("Sapling engine settings. The desktop app edits model, swarm and run threads/priority;",
+                 "every key is explained by `sapling-node config`. Your own comments here are kept.")
 SWARM_MODES = ("embedded", "relay", "solo")
-HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
-class SettingsError(ValueError):
-    """A value the user typed cannot be used; the message says what to type instead."""
+# A value the user typed cannot be used; the message says what to type instead. It is the
+# engine's ConfigError: the rules live in engine/rules.py and engine/config.py, one copy each.
+SettingsError = ConfigError
 
 
 @dataclass
@@ -90,57 +94,6 @@ class AppSettings:
 # -- validation ------------------------------------------------------------------------
 
 
-def split_invite(text: str) -> tuple[str, str]:
-    """A relay address or an invite (a relay URL carrying ``?token=...``) -> (relay_url, token)."""
-    text = text.strip()
-    parts = urlsplit(text)
-    query = parse_qs(parts.query)
-    token = (query.pop("token", [""]) or [""])[0]
-    if not token:
-        return text, ""
-    rest = urlencode(query, doseq=True)
-    return urlunsplit((parts.scheme, parts.netloc, parts.path, rest, parts.fragment)), token
-
-
-def check_relay_url(url: str) -> None:
-    """Raise SettingsError unless `url` is a ws:// or wss:// address with a host."""
-    url = url.strip()
-    example = "for example wss://relay.example.org/ws"
-    if not url:
-        raise SettingsError(f"Enter the relay address you were given, {example}.")
-    parts = urlsplit(url)
-    if parts.scheme not in ("ws", "wss"):
-        raise SettingsError(f"The relay address must start with ws:// or wss://, {example}; got {url!r}.")
-    try:
-        port = parts.port
-    except ValueError:
-        raise SettingsError(f"The relay address has an invalid port number: {url!r}.") from None
-    if not parts.hostname or (port is not None and not 0 < port < 65536) or " " in url:
-        raise SettingsError(f"The relay address has no valid host name, {example}; got {url!r}.")
-
-
-def check_model_source(source: str) -> None:
-    """'bundled', a folder with config.json, or a hub id org/name."""
-    source = source.strip()
-    if source == "bundled":
-        return
-    if not source:
-        raise SettingsError("Choose a model: the bundled one, a folder, or a Hugging Face id like org/name.")
-    looks_like_path = source.startswith((".", "/", "~")) or "\\" in source or source.count("/") > 1 or ":" in source
-    if looks_like_path or Path(source).expanduser().exists():
-        folder = Path(source).expanduser()
-        if not folder.is_dir():
-            raise SettingsError(f"The model folder {folder} does not exist.")
-        if not (folder / "config.json").is_file():
-            raise SettingsError(
-                f"The folder {folder} has no config.json: choose a Hugging Face model folder "
-                "(one made by save_pretrained or by `sapling-node export`)."
-            )
-        return
-    if not HUB_ID.match(source):
-        raise SettingsError(f"{source!r} is not a Hugging Face id: it looks like org/name, e.g. HuggingFaceTB/SmolLM2-135M-Instruct.")
-
-
 def validate(settings: EngineSettings) -> None:
     """Every check a person can fix in the dialogs; SettingsError with one sentence."""
     check_model_source(settings.model_source)
@@ -157,34 +110,6 @@ def validate(settings: EngineSettings) -> None:
 
 
 # -- TOML ------------------------------------------------------------------------------
-
-
-def _toml_key(key: str) -> str:
-    return key if re.fullmatch(r"[A-Za-z0-9_-]+", key) else json.dumps(key)
-
-
-def _toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    if isinstance(value, str):
-        return json.dumps(value, ensure_ascii=False)
-    if isinstance(value, dict):
-        return "{ " + ", ".join(f"{_toml_key(k)} = {_toml_value(v)}" for k, v in value.items()) + " }"
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    raise TypeError(f"cannot write {type(value).__name__} to TOML")
-
-
-def dump_toml(data: dict[str, dict[str, Any]]) -> str:
-    """Sections of key = value (nested tables inline): the shape of config.toml."""
-    lines = ["# Sapling engine settings. The desktop app edits model, swarm, run.threads and run.priority;", "# every key is explained by `sapling-node config`.", ""]
-    for section, values in data.items():
-        lines.append(f"[{_toml_key(section)}]")
-        lines.extend(f"{_toml_key(k)} = {_toml_value(v)}" for k, v in values.items())
-        lines.append("")
-    return "\n".join(lines)
 
 
 def _backup(path: Path) -> str:
@@ -253,16 +178,18 @@ class SettingsStore:
         return settings
 
     def save_engine(self, settings: EngineSettings) -> None:
-        """Validate, merge into the existing file (other keys kept), write atomically."""
+        """Validate, set the keys in the existing file (other keys and comments kept), write atomically."""
         validate(settings)
-        data = self._read_toml()
-        for section, key, attr in EngineSettings.KEYS:
-            data.setdefault(section, {})[key] = getattr(settings, attr)
-        text = dump_toml(data)
+        self._read_toml()  # an unusable file is moved aside first
         try:
-            _check_engine_file(text)
-        except ConfigError as exc:
-            raise SettingsError(str(exc)) from exc
+            old = self.config_file.read_text(encoding="utf-8") if self.config_file.is_file() else ""
+        except (OSError, UnicodeDecodeError):
+            old = ""
+        changes: dict[str, dict[str, Any]] = {}
+        for section, key, attr in EngineSettings.KEYS:
+            changes.setdefault(section, {})[key] = getattr(settings, attr)
+        text = edit_config_text(old, changes, header=CONFIG_HEADER)
+        _check_engine_file(text)
         atomic_write_text(self.config_file, text)
 
     def run_name(self) -> str:

@@ -25,6 +25,8 @@ from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+import tomlkit
+
 from engine.errors import ConfigError
 
 SAPO_SPECIALTIES = (
@@ -302,28 +304,53 @@ class NodeConfig:
         return _digest(self.to_dict())
 
     def to_toml(self) -> str:
-        lines: list[str] = []
+        """The whole configuration as TOML, each key under its help text (`sapling-node config`)."""
+        doc = tomlkit.document()
         for section in SECTIONS:
-            lines.append(f"[{section}]")
+            table = tomlkit.table()
             for f in fields(getattr(self, section)):
-                lines.append(f"# {f.metadata.get('help', '')}")
-                lines.append(f"{f.name} = {_toml_value(getattr(getattr(self, section), f.name))}")
-            lines.append("")
-        return "\n".join(lines)
+                table.add(tomlkit.comment(str(f.metadata.get("help", ""))))
+                table.add(f.name, _toml_item(getattr(getattr(self, section), f.name)))
+            doc.add(section, table)
+        return tomlkit.dumps(doc)
 
 
 def _digest(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _toml_value(value: Any) -> str:
+def _toml_item(value: Any) -> Any:
+    """A value for tomlkit: dicts become inline tables, so a section reads as one line per key."""
     if isinstance(value, dict):
-        return "{ " + ", ".join(f"{k} = {_toml_value(v)}" for k, v in value.items()) + " }"
-    if isinstance(value, bool):
-        return "true" if value else "false"
+        inline = tomlkit.inline_table()
+        inline.update({k: _toml_item(v) for k, v in value.items()})
+        return inline
     if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    return json.dumps(value)
+        return [_toml_item(v) for v in value]
+    return value
+
+
+def edit_config_text(text: str, changes: dict[str, dict[str, Any]], header: tuple[str, ...] = ()) -> str:
+    """`text` (a config.toml, possibly empty) with `changes` set, section by section.
+
+    The one TOML writer the app and the engine share: every other key, and the
+    user's own comments and layout, are kept as they were (tomlkit). A new file
+    starts with the `header` comment lines.
+    """
+    doc = tomlkit.parse(text) if text.strip() else tomlkit.document()
+    if not text.strip():
+        for line in header:
+            doc.add(tomlkit.comment(line))
+        if header:
+            doc.add(tomlkit.nl())
+    for section, values in changes.items():
+        table = doc.get(section)
+        if table is None:
+            table = tomlkit.table()
+            doc.add(section, table)
+        for key, value in values.items():
+            table[key] = _toml_item(value)
+    return tomlkit.dumps(doc)
 
 
 def _merge(base: dict[str, dict[str, Any]], extra: dict[str, Any], origin: str) -> None:

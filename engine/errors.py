@@ -13,6 +13,8 @@ class SaplingError(Exception):
     """Base class: the message is meant for a person, not a developer."""
 
     exit_code = 1
+    # True: restarting will not help, the person has to change something (a setting, a file).
+    needs_the_user = True
 
 
 class ConfigError(SaplingError, ValueError):
@@ -47,3 +49,30 @@ class CheckpointError(SaplingError):
 
 class EventError(SaplingError, ValueError):
     """A line on the engine<->app channel is not a valid event or command."""
+
+    needs_the_user = False  # a bug on one side of the channel, not something a person can fix
+
+
+def _user_errors() -> list[type[SaplingError]]:
+    found: list[type[SaplingError]] = []
+    pending: list[type[SaplingError]] = [SaplingError]
+    while pending:
+        cls = pending.pop()
+        if cls.needs_the_user:
+            found.append(cls)
+        pending.extend(cls.__subclasses__())
+    return found
+
+
+def user_error_kinds() -> frozenset[str]:
+    """The `kind` names, as `error` events carry them, of the errors a person must fix.
+
+    The app decides "restarting will not help" from these, so they come from
+    the hierarchy itself rather than from a copied list of strings.
+    """
+    return frozenset(cls.__name__ for cls in _user_errors())
+
+
+def user_exit_codes() -> frozenset[int]:
+    """The exit codes of those errors, beyond the generic 1 (bad settings 2, model 3, checkpoint 4)."""
+    return frozenset(cls.exit_code for cls in _user_errors()) - {SaplingError.exit_code}

@@ -40,6 +40,27 @@ def test_engine_settings_survive_a_save_and_load_and_keep_other_keys(paths: Path
     assert not store.take_warnings()
 
 
+def test_saving_keeps_the_users_comments_and_layout(paths: Paths) -> None:
+    paths.config_dir.mkdir(parents=True)
+    original = ("# my notes: lr tuned on 2026-11-30\n[grpo]\nlearning_rate = 0.0001  # halved after run D\n\n"
+                "[model]\n# which model\nsource = \"bundled\"\n")
+    paths.config_file.write_text(original)
+    SettingsStore(paths).save_engine(EngineSettings(model_source="HuggingFaceTB/SmolLM2-135M-Instruct"))
+    text = paths.config_file.read_text()
+    for kept in ("# my notes: lr tuned on 2026-11-30", "learning_rate = 0.0001  # halved after run D", "# which model"):
+        assert kept in text
+    assert 'source = "HuggingFaceTB/SmolLM2-135M-Instruct"' in text
+
+
+def test_the_app_knows_which_engine_errors_need_the_user_from_the_engine_itself() -> None:
+    from app.controller import USER_ERRORS
+    from engine import errors
+
+    assert {"ConfigError", "ModelError", "DeviceError", "CheckpointError", "TaskError"} <= USER_ERRORS
+    assert "EventError" not in USER_ERRORS
+    assert all(issubclass(getattr(errors, kind), errors.SaplingError) for kind in USER_ERRORS)
+
+
 def test_app_settings_survive_a_save_and_load(paths: Paths) -> None:
     store = SettingsStore(paths)
     chosen = AppSettings(first_run_done=True, only_when_idle=True, start_at_login=True, window_geometry="AAA=",
