@@ -208,18 +208,6 @@ class Controller(QObject):
         self._restart_after_exit = True
         self._stop_engine()
 
-    def shutdown(self, wait_ms: int) -> bool:
-        """Stop the engine for quitting; True when it exited within `wait_ms` (else it is killed)."""
-        self.restart_timer.stop()
-        if not self.engine.is_running():
-            return True
-        self.engine.stop()
-        if self.engine.wait_for_exit(wait_ms):
-            return True
-        self.engine.kill()
-        self.engine.wait_for_exit(2000)
-        return False
-
     # -- engine life --------------------------------------------------------------------
     _restart_after_exit = False
 

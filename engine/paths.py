@@ -58,9 +58,5 @@ class Paths:
     def identity_file(self) -> Path:
         return self.data_dir / "identity.key"
 
-    @property
-    def exports_dir(self) -> Path:
-        return self.data_dir / "exports"
-
     def checkpoints(self, run: str) -> Path:
         return self.data_dir / "checkpoints" / run
