@@ -1,0 +1,209 @@
+"""Try it under load: first-token latency, the training round's slowdown, and UI stalls.
+
+    QT_QPA_PLATFORM=offscreen .venv/bin/python -m bench.tryit_latency [--rounds 2] [--questions 6]
+
+What it does, on the bundled SmolLM2-135M in a temporary home:
+
+1. trains one real round (`sapling-node run --solo`), so there is a checkpoint;
+2. starts the app's Try it panel (offscreen, the real `engine.chat` child) and
+   asks once: the GGUF exports of round 1 and of the base model are made then
+   (reported as the cold start);
+3. training paused (no training process), all cores: asks `--questions`
+   generated questions and reports the trained model's first-token latency;
+4. copies the home, then trains the same `--rounds` rounds twice from round 1
+   (rounds are deterministic: same questions, same work), once alone and once
+   while the panel asks questions back to back with its 1-thread budget, and
+   reports the per-round time ratio and the first-token latency while training;
+5. a 5 ms timer-lag probe on the GUI thread measures UI stalls throughout.
+
+Targets (issue 15): first token < 1 s paused, < 3 s while training; training
+round slowed by at most 15 %; UI stalls < 50 ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+
+from PySide6.QtCore import QElapsedTimer, Qt, QTimer
+from PySide6.QtWidgets import QApplication
+
+from app import theme
+from app.tryit import TryItPanel, node_command
+
+ROOT = Path(__file__).resolve().parents[1]
+SPECIALTIES = ("basic_arithmetic", "calendar_arithmetic", "base_conversion", "fraction_simplification")
+TRAIN_FLAGS = ["--solo", "--device", "cpu", "--set", "tasks.eval_every=0"]
+
+
+class LagProbe:
+    """A 5 ms timer on the GUI thread; the largest gap beyond 5 ms is the longest stall."""
+
+    def __init__(self) -> None:
+        self.clock = QElapsedTimer()
+        self.gaps: list[float] = []
+        self.timer = QTimer()
+        self.timer.setInterval(5)
+        self.timer.timeout.connect(self._tick)
+        self.clock.start()
+        self.timer.start()
+
+    def _tick(self) -> None:
+        self.gaps.append(max(0.0, self.clock.restart() - 5.0))
+
+    def take(self) -> float:
+        worst = max(self.gaps, default=0.0)
+        self.gaps.clear()
+        return worst
+
+
+def pump(app: QApplication, until: Any, timeout: float) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        app.processEvents()
+        if until():
+            return True
+        time.sleep(0.002)
+    return False
+
+
+def train(home: Path, rounds: int) -> subprocess.Popen[bytes]:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    return subprocess.Popen([sys.executable, "-m", "engine.cli", "run", "--home", str(home), "--rounds", str(rounds),
+                             *TRAIN_FLAGS], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def round_seconds(home: Path) -> dict[int, float]:
+    out = {}
+    for line in (home / "data" / "metrics.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        if "round" in row and "seconds" in row:
+            out[int(row["round"])] = float(row["seconds"])
+    return out
+
+
+class Asker:
+    """Drives the panel: new question, ask, wait for both answers; records first-token times."""
+
+    def __init__(self, app: QApplication, panel: TryItPanel) -> None:
+        self.app, self.panel = app, panel
+        self.answers: list[dict[str, Any]] = []
+        panel.chat.message.connect(self._on_message)
+        self.turn = 0
+
+    def _on_message(self, message: dict[str, Any]) -> None:
+        if message["type"] == "answer":
+            self.answers.append(message)
+
+    def ask_one(self, timeout: float = 600.0) -> dict[str, Any]:
+        specialty = SPECIALTIES[self.turn % len(SPECIALTIES)]
+        self.turn += 1
+        self.panel.specialty.setCurrentIndex(self.panel.specialty.findData(specialty))
+        asked = self.panel.question_id
+        self.panel.new_question()
+        if not pump(self.app, lambda: self.panel.question_id not in (None, asked), 120):
+            raise RuntimeError(f"no question came back: {self.panel.status.text()}")
+        before = len(self.answers)
+        self.panel.ask()
+        if not pump(self.app, lambda: len(self.answers) >= before + 2, timeout):
+            raise RuntimeError(f"no answers: {self.panel.status.text()}")
+        trained = next(a for a in self.answers[before:] if a["side"] == "trained")
+        return trained
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=2, help="rounds trained in each of the two paired runs")
+    parser.add_argument("--questions", type=int, default=6, help="questions asked with training paused")
+    parser.add_argument("--home", type=Path, help="use this home's newest checkpoint instead of training round 1 "
+                        "(it is copied, never changed)")
+    parser.add_argument("--screenshot", type=Path, help="save a picture of the panel after the first paused answer")
+    args = parser.parse_args()
+    app = QApplication.instance() or QApplication([])
+    if not isinstance(app, QApplication):
+        raise SystemExit("a QCoreApplication already exists")
+    theme.apply(app)
+    work = Path(tempfile.mkdtemp(prefix="sapling-tryit-bench-"))
+    home = work / "home"
+    print(f"$ QT_QPA_PLATFORM=offscreen {sys.executable} -m bench.tryit_latency {' '.join(sys.argv[1:])}"
+          f"   (work folder {work})", flush=True)
+    t0 = time.monotonic()
+    if args.home:
+        shutil.copytree(args.home, home, ignore=shutil.ignore_patterns("gguf", "logs"))
+    elif train(home, 1).wait() != 0:
+        raise SystemExit("the first training round failed")
+    else:
+        print(f"round 1 trained in {time.monotonic() - t0:.0f} s", flush=True)
+    first = max(round_seconds(home))
+
+    panel = TryItPanel(lambda: node_command("chat", ["--home", str(home), *TRAIN_FLAGS[:3]]))
+    panel.resize(1060, 600)
+    panel.setStyleSheet(f"TryItPanel {{ background: {theme.BACKGROUND}; }}")
+    panel.setAttribute(Qt.WidgetAttribute.WA_StyledBackground, True)
+    probe = LagProbe()
+    asker = Asker(app, panel)
+    panel.set_training(False)
+    t0 = time.monotonic()
+    cold = asker.ask_one()
+    print(f"cold start (exports of round 1 and the base model, then the answer): {time.monotonic() - t0:.1f} s, "
+          f"largest UI stall {probe.take():.1f} ms", flush=True)
+
+    paused = [asker.ask_one()["first_token_s"] for _ in range(args.questions)]
+    paused_stall = probe.take()
+    print(f"training paused, {panel.budget()} threads: first token median {statistics.median(paused):.2f} s, "
+          f"max {max(paused):.2f} s over {len(paused)} questions (target < 1 s); largest UI stall {paused_stall:.1f} ms",
+          flush=True)
+    if args.screenshot:
+        asker.turn = 0
+        asker.ask_one()
+        panel.show()
+        pump(app, lambda: False, 0.5)
+        panel.grab().save(str(args.screenshot))
+        print(f"screenshot: {args.screenshot}")
+    if args.rounds == 0:
+        panel.shut_down()
+        return 0
+
+    control_home = work / "control"
+    shutil.copytree(home, control_home)
+    last = first + args.rounds
+    t0 = time.monotonic()
+    if train(control_home, last).wait() != 0:
+        raise SystemExit("the control run failed")
+    print(f"control: rounds {first + 1}-{last} alone in {time.monotonic() - t0:.0f} s", flush=True)
+
+    panel.set_training(True)
+    proc = train(home, last)
+    during: list[float] = []
+    while proc.poll() is None:
+        during.append(asker.ask_one()["first_token_s"])
+    training_stall = probe.take()
+    alone, chatted = round_seconds(control_home), round_seconds(home)
+    pairs = [(alone[r], chatted[r]) for r in range(first + 1, last + 1) if r in alone and r in chatted]
+    ratio = sum(c for _, c in pairs) / sum(a for a, _ in pairs)
+    print(f"while training, {panel.budget()} thread: first token median {statistics.median(during):.2f} s, "
+          f"max {max(during):.2f} s over {len(during)} questions (target < 3 s); largest UI stall {training_stall:.1f} ms",
+          flush=True)
+    for r, (a, c) in zip(range(first + 1, last + 1), pairs, strict=False):
+        print(f"  round {r}: {a:.1f} s alone, {c:.1f} s while Try it answered ({c / a:.2f}x)")
+    print(f"training round time while Try it answers back to back: {ratio:.2f}x the same rounds alone "
+          f"(target <= 1.15x)")
+    print(f"cold answer's trained side: round {cold['round']}, {cold['tokens']} tokens")
+    panel.shut_down()
+    shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,269 @@
+"""Export a run's model for other tools: a merged Hugging Face folder, a GGUF file, or a GGUF LoRA.
+
+    sapling-node export --out ./my-model                          # merged HF folder of the newest checkpoint
+    sapling-node export --format gguf --out my-model.gguf         # merged, bf16, tokenizer and chat template inside
+    sapling-node export --format gguf --quant q8_0 --out my-model-q8_0.gguf
+    sapling-node export --format gguf --round 0 --out base.gguf   # the base model, before any training
+    sapling-node export --format gguf-lora --out adapter.gguf     # the LoRA alone, for llama.cpp's --lora
+
+GGUF files are written by llama.cpp's own converters, `convert_hf_to_gguf.py`
+and `convert_lora_to_gguf.py`, run with the gguf-py they ship with (it is
+newer than PyPI's gguf 0.19 under the same version number). The llama-cpp-python
+wheel does not contain them (its build packs only the `llama_cpp` package), so
+`make` copies them out of the same llama-cpp-python source distribution it
+compiles, into ``<venv>/share/sapling/llama.cpp-convert/``, and the PyInstaller
+spec bundles that folder. `converter_dir()` says where it looked.
+
+The converters run in this process (a frozen build has no Python to run a
+script with), with their own `gguf` swapped in for the time of the call.
+
+Tests: .venv/bin/python -m pytest tests/engine/test_export.py -q
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import runpy
+import shutil
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from engine.checkpoint import Checkpoint, _listed, checkpoint_name, verify
+from engine.errors import CheckpointError, ConfigError, ModelError
+
+if TYPE_CHECKING:
+    from engine.config import NodeConfig
+    from engine.paths import Paths
+
+log = logging.getLogger(__name__)
+
+FORMATS = ("hf", "gguf", "gguf-lora")
+QUANTS = ("bf16", "q8_0", "f32")  # f32: the exact weights, twice bf16's size
+CONVERTER_ENV = "SAPLING_LLAMA_CONVERT"
+CONVERTER_FOLDER = "llama.cpp-convert"
+CONVERT_HF = "convert_hf_to_gguf.py"
+CONVERT_LORA = "convert_lora_to_gguf.py"
+ADAPTER_FILE = "adapter.safetensors"  # what both backends write into a LoRA checkpoint, in peft's names
+# Module names the converters bring in; they must not mix with PyPI's gguf if that is already loaded.
+_CONVERTER_MODULES = ("gguf", "conversion", "convert_hf_to_gguf", "convert_lora_to_gguf")
+
+Report = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    round: int
+    path: Path
+    format: str
+    quant: str | None
+    bytes: int
+
+
+def converter_dir() -> Path:
+    """The folder holding llama.cpp's converters: $SAPLING_LLAMA_CONVERT, the frozen bundle, or the venv."""
+    candidates: list[Path] = []
+    if os.environ.get(CONVERTER_ENV):
+        candidates.append(Path(os.environ[CONVERTER_ENV]))
+    bundle = getattr(sys, "_MEIPASS", None)
+    if bundle:
+        candidates.append(Path(bundle) / CONVERTER_FOLDER)
+    candidates.append(Path(sys.prefix) / "share" / "sapling" / CONVERTER_FOLDER)
+    for folder in candidates:
+        if (folder / CONVERT_HF).is_file() and (folder / "gguf-py" / "gguf").is_dir():
+            return folder
+    raise ModelError(
+        f"llama.cpp's GGUF converter is not installed (looked in {', '.join(str(c) for c in candidates)}): "
+        "run `make run` or `make test` once, which copies it from the llama-cpp-python source, "
+        "or use --format hf."
+    )
+
+
+def find_checkpoint(config: NodeConfig, paths: Paths, round_index: int | None) -> Checkpoint:
+    """The newest intact checkpoint of the run, or the one of `round_index`.
+
+    Read-only: unlike `latest_good` this never moves a checkpoint aside, since a
+    training process may be pruning old rounds while an export reads them.
+    """
+    root = paths.checkpoints(config.run.run_name)
+    listed = _listed(root)
+    if round_index is not None:
+        listed = [(r, p) for r, p in listed if r == round_index]
+        if not listed:
+            have = ", ".join(str(r) for r, _ in _listed(root)[:8]) or "none"
+            raise CheckpointError(
+                f"Run {config.run.run_name!r} has no checkpoint for round {round_index} "
+                f"(kept: {have}); pick one of those, or leave out --round for the newest."
+            )
+    problems = []
+    for found_round, path in listed:
+        try:
+            state = verify(path)
+        except CheckpointError as exc:
+            problems.append(str(exc))
+            continue
+        if state.get("structure_hash") != config.structure_hash():
+            raise CheckpointError(
+                f"The checkpoints of run {config.run.run_name!r} were made with a different model or "
+                "fine-tuning setting than the current settings; export with those settings."
+            )
+        return Checkpoint(path, found_round, state)
+    if problems:
+        raise CheckpointError(f"No intact checkpoint to export: {problems[0]}")
+    raise CheckpointError(
+        f"Run {config.run.run_name!r} has no checkpoint yet under {root}: train first "
+        "(sapling-node run), or pick the run with --run-name."
+    )
+
+
+def export_model(
+    config: NodeConfig,
+    paths: Paths,
+    out: Path,
+    fmt: str = "hf",
+    quant: str = "bf16",
+    round_index: int | None = None,
+    report: Report = lambda message: None,
+) -> ExportResult:
+    """Write the model of one checkpoint (round 0: the base model) in `fmt` to `out`, atomically."""
+    if fmt not in FORMATS:
+        raise ConfigError(f"Export format {fmt!r} is not one of {', '.join(FORMATS)}.")
+    if quant not in QUANTS:
+        raise ConfigError(f"Quantisation {quant!r} is not one of {', '.join(QUANTS)}.")
+    if fmt == "hf" and quant != "bf16":
+        raise ConfigError("--quant applies to GGUF exports only; the Hugging Face folder is written in fp32.")
+    if round_index is not None and round_index < 0:
+        raise ConfigError("--round must be 0 (the base model) or a checkpoint's round number.")
+    out = Path(out).expanduser()
+    if fmt != "hf":
+        converter_dir()  # fail before minutes of loading when it is missing
+    from engine.models import resolve_model_dir
+
+    model_dir = resolve_model_dir(config.model.source, paths.models_cache, config.model.revision or None)
+    checkpoint = None if round_index == 0 else find_checkpoint(config, paths, round_index)
+    found_round = 0 if checkpoint is None else checkpoint.round
+    name = f"{model_dir.name} (Sapling run {config.run.run_name}, round {found_round})"
+    if fmt == "gguf-lora":
+        if checkpoint is None:
+            raise ConfigError("Round 0 is the base model: it has no adapter. Export it with --format gguf.")
+        if config.grpo.finetune != "lora":
+            raise ConfigError("This run trains every weight (grpo.finetune = \"full\"), so there is no adapter; "
+                              "use --format gguf.")
+        report(f"Converting the LoRA of round {found_round} to GGUF ({quant})…")
+        _adapter_to_gguf(checkpoint.path, model_dir, config, out, quant)
+    elif checkpoint is None and fmt == "gguf":
+        report(f"Converting the base model to GGUF ({quant})…")
+        _hf_to_gguf(model_dir, out, quant, name)
+    else:
+        with tempfile.TemporaryDirectory(prefix="sapling-export-", dir=_scratch_dir(out)) as scratch:
+            target = out if fmt == "hf" else Path(scratch) / "merged"
+            _merged_hf(config, model_dir, checkpoint, target, report)
+            if fmt == "gguf":
+                report(f"Converting to GGUF ({quant})…")
+                _hf_to_gguf(target, out, quant, name)
+    size = sum(f.stat().st_size for f in out.rglob("*") if f.is_file()) if out.is_dir() else out.stat().st_size
+    return ExportResult(found_round, out, fmt, None if fmt == "hf" else quant, size)
+
+
+def _scratch_dir(out: Path) -> Path:
+    """Scratch space beside the output, so the final rename never crosses file systems."""
+    parent = out.parent
+    parent.mkdir(parents=True, exist_ok=True)
+    return parent
+
+
+def _merged_hf(config: NodeConfig, model_dir: Path, checkpoint: Checkpoint | None, target: Path, report: Report) -> None:
+    """Load the model and the checkpoint with the training backend and write the merged HF folder."""
+    from engine.backends import load_backend
+    from engine.device import pick_device
+
+    if config.run.threads:
+        import torch
+
+        torch.set_num_threads(config.run.threads)
+    device = pick_device(config.run.device)
+    where = f"round {checkpoint.round}" if checkpoint else "the base model"
+    report(f"Loading {where} on {device.describe()}…")
+    backend = load_backend(model_dir, device, config.grpo, config.run.seed, config.tasks.temperature)
+    if checkpoint is not None:
+        backend.load(checkpoint.path)
+    report("Merging the adapters into the weights…")
+    backend.export(target)
+
+
+def _hf_to_gguf(folder: Path, out: Path, quant: str, name: str) -> None:
+    with _atomic_file(out) as tmp:
+        _run_converter(CONVERT_HF, [str(folder), "--outtype", quant, "--outfile", str(tmp), "--model-name", name])
+
+
+def _adapter_to_gguf(checkpoint: Path, model_dir: Path, config: NodeConfig, out: Path, quant: str) -> None:
+    """A peft adapter folder from the checkpoint's adapter tensors, then llama.cpp's LoRA converter."""
+    with tempfile.TemporaryDirectory(prefix="sapling-lora-", dir=_scratch_dir(out)) as scratch:
+        folder = Path(scratch)
+        shutil.copyfile(checkpoint / ADAPTER_FILE, folder / "adapter_model.safetensors")
+        g = config.grpo
+        adapter_config = {
+            "peft_type": "LORA", "task_type": "CAUSAL_LM", "r": g.lora_rank, "lora_alpha": g.lora_alpha,
+            "target_modules": "all-linear", "base_model_name_or_path": str(model_dir),
+        }
+        (folder / "adapter_config.json").write_text(json.dumps(adapter_config, indent=2) + "\n")
+        with _atomic_file(out) as tmp:
+            _run_converter(CONVERT_LORA, [str(folder), "--base", str(model_dir), "--outtype", quant, "--outfile", str(tmp)])
+
+
+@contextlib.contextmanager
+def _atomic_file(out: Path) -> Iterator[Path]:
+    """A temporary path beside `out` that replaces it only when the block succeeds."""
+    tmp = out.with_name(f".{out.name}.partial-{os.getpid()}")
+    try:
+        yield tmp
+        if not tmp.is_file():
+            raise ModelError(f"The GGUF converter finished without writing {out}.")
+        with open(tmp, "rb+") as handle:
+            os.fsync(handle.fileno())
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _owned(module: str) -> bool:
+    return any(module == name or module.startswith(name + ".") for name in _CONVERTER_MODULES)
+
+
+def _run_converter(script_name: str, argv: list[str]) -> None:
+    """Run one of llama.cpp's converter scripts as __main__, in this process, with its own gguf."""
+    folder = converter_dir()
+    script = folder / script_name
+    saved_modules = {name: module for name, module in sys.modules.items() if _owned(name)}
+    for name in saved_modules:
+        del sys.modules[name]
+    saved_path, saved_argv = list(sys.path), list(sys.argv)
+    sys.path[:0] = [str(folder / "gguf-py"), str(folder)]
+    sys.argv = [str(script), *argv]
+    log.info("running %s %s", script, " ".join(argv))
+    try:
+        runpy.run_path(str(script), run_name="__main__")
+    except SystemExit as exc:
+        if exc.code not in (0, None):
+            raise ModelError(f"llama.cpp's converter could not convert this model (exit {exc.code}); "
+                             "the log file has its messages.") from exc
+    except NotImplementedError as exc:
+        raise ModelError(f"llama.cpp's converter does not support this model: {exc}. "
+                         "The Hugging Face folder export (--format hf) still works.") from exc
+    finally:
+        for name in [name for name in sys.modules if _owned(name)]:
+            del sys.modules[name]
+        sys.modules.update(saved_modules)
+        sys.path[:], sys.argv = saved_path, saved_argv
+
+
+def gguf_cache_path(paths: Paths, run_name: str, round_index: int, quant: str = "bf16") -> Path:
+    """Where Try it keeps the GGUF export of one checkpoint (round 0: the base model)."""
+    name = "base" if round_index == 0 else checkpoint_name(round_index)
+    return paths.cache_dir / "gguf" / run_name / f"{name}.{quant}.gguf"

@@ -1,0 +1,264 @@
+"""GGUF export: written by llama.cpp's converters, loaded by llama-cpp-python, greedy answers equal torch's.
+
+The tiny model is built from a config (as in tests/tiny.py) but carries the
+bundled model's tokenizer: llama.cpp's converter names a BPE tokenizer's
+pre-tokenizer from a table of known tokenizers and refuses any other, so the
+byte-level test tokenizer cannot be converted (that refusal is tested too).
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from engine.checkpoint import save_checkpoint
+from engine.config import NodeConfig, build_config
+from engine.errors import CheckpointError, ConfigError, ModelError
+from engine.export import CONVERTER_ENV, export_model, find_checkpoint
+from engine.paths import Paths
+
+FIXED_PROMPTS = [
+    "What is 17 + 25?",
+    "Name three colours.",
+    "Convert 12 to binary.",
+    "Is 2024 a leap year?",
+    "Simplify the fraction 6/8.",
+    "What day comes after Monday?",
+    "Write the word sapling backwards.",
+    "What is 3.5 + 1.2?",
+    "Say hello in French.",
+    "Count from one to five.",
+]
+MAX_TOKENS = 24
+
+
+@pytest.fixture(scope="session")
+def smol_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The bundled SmolLM2-135M-Instruct, converted once for the session."""
+    from engine.models import bundled_model_dir
+
+    return bundled_model_dir(tmp_path_factory.mktemp("models"))
+
+
+@pytest.fixture(scope="session")
+def tiny_smol_dir(smol_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 2-layer llama built from a config, with sharp random weights and the bundled tokenizer."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
+
+    folder = tmp_path_factory.mktemp("tiny-smol")
+    tok = AutoTokenizer.from_pretrained(str(smol_dir))
+    config = LlamaConfig(
+        vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=1024, bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, tie_word_embeddings=True, initializer_range=0.3,
+    )
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder
+
+
+def _config(model: Path, *extra: str) -> NodeConfig:
+    return build_config("default", None, [f"model.source='{model}'", "run.device='cpu'", "grpo.precision='fp32'", *extra])
+
+
+def _make_checkpoint(config: NodeConfig, paths: Paths, round_index: int, seed: int = 1) -> Any:
+    """A LoRA checkpoint whose adapters are not zero (peft starts B at zero), as training leaves them."""
+    import torch
+
+    from engine.backends.torch_backend import TorchBackend
+    from engine.device import pick_device
+    from engine.models import resolve_model_dir
+
+    backend = TorchBackend(resolve_model_dir(config.model.source, paths.models_cache), pick_device("cpu"),
+                           config.grpo, seed=0, temperature=1.0)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in backend.model.named_parameters():
+            if "lora_B" in name:
+                param.copy_(torch.randn(param.shape, generator=generator) * 0.05)
+    state = {"structure_hash": config.structure_hash(), "config_hash": config.config_hash(), "metrics": {}}
+    save_checkpoint(paths.checkpoints(config.run.run_name), round_index, backend.save, state, keep=3)
+    return backend
+
+
+def _torch_greedy(folder: Path, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
+    """Greedy continuations from the exported fp32 HF folder: exactly the checkpoint's merged weights."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
+    eos = model.config.eos_token_id
+    out = []
+    with torch.no_grad():
+        for prompt in prompts:
+            ids = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                                 do_sample=False, max_new_tokens=max_tokens, eos_token_id=eos, pad_token_id=eos)
+            tokens = ids[0, len(prompt):].tolist()
+            out.append(tokens[: tokens.index(eos)] if eos in tokens else tokens)
+    return out
+
+
+def _llama_greedy(path: Path, prompts: list[list[int]], max_tokens: int, lora: Path | None = None) -> list[list[int]]:
+    from llama_cpp import Llama
+
+    from engine.chat import greedy_tokens
+
+    llm = Llama(model_path=str(path), lora_path=str(lora) if lora else None, n_ctx=1024, n_threads=1, verbose=False)
+    out = []
+    for prompt in prompts:
+        tokens: list[int] = []
+        for token in greedy_tokens(llm, prompt):
+            if token == llm.token_eos() or len(tokens) == max_tokens:
+                break
+            tokens.append(token)
+        out.append(tokens)
+    llm.close()
+    return out
+
+
+def _prompts(folder: Path, texts: list[str]) -> list[list[int]]:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(folder))
+    return [list(tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True, tokenize=True)["input_ids"])
+            for t in texts]
+
+
+def test_gguf_export_loads_in_llama_cpp_and_answers_greedily_like_torch(tiny_smol_dir: Path, tmp_path: Path) -> None:
+    """f32, so that equality is exact: a random tiny model has near-ties that bf16 rounding flips
+    (bf16 agreed for the first 10 of 24 tokens here); the bf16 target is the bundled model's, below."""
+    paths = Paths.under(tmp_path / "home")
+    config = _config(tiny_smol_dir)
+    _make_checkpoint(config, paths, 3)
+    reports: list[str] = []
+    result = export_model(config, paths, tmp_path / "out" / "model.gguf", "gguf", "f32", report=reports.append)
+    assert result.round == 3 and result.path.is_file() and result.bytes > 1_000_000
+    assert any("GGUF" in r for r in reports)
+    assert not list((tmp_path / "out").glob(".*partial*")) and not list((tmp_path / "out").glob("sapling-export-*"))
+    merged = export_model(config, paths, tmp_path / "hf", "hf")
+    prompts = _prompts(merged.path, FIXED_PROMPTS)
+    want = _torch_greedy(merged.path, prompts, MAX_TOKENS)
+    got = _llama_greedy(result.path, prompts, MAX_TOKENS)
+    assert got == want
+    base = _torch_greedy(tiny_smol_dir, prompts, MAX_TOKENS)
+    assert base != want, "the checkpoint's adapters must change the answers, or this test proves nothing"
+
+
+def test_gguf_carries_the_tokenizer_and_chat_template(tiny_smol_dir: Path, tmp_path: Path) -> None:
+    from llama_cpp import Llama
+
+    from engine.chat import prompt_tokens
+
+    paths = Paths.under(tmp_path / "home")
+    config = _config(tiny_smol_dir)
+    out = export_model(config, paths, tmp_path / "base.gguf", "gguf", round_index=0).path
+    llm = Llama(model_path=str(out), n_ctx=512, n_threads=1, verbose=False)
+    assert "<|im_start|>" in llm.metadata["tokenizer.chat_template"]
+    messages = [{"role": "system", "content": "Give only the final answer."}, {"role": "user", "content": "17 + 25 = ?"}]
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_smol_dir))
+    assert prompt_tokens(llm, messages) == list(tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)["input_ids"])
+    assert llm.tokenize(b"Hello world 123", add_bos=False) == tok("Hello world 123", add_special_tokens=False).input_ids
+    llm.close()
+
+
+def test_gguf_lora_applies_in_llama_cpp_like_the_merged_export(tiny_smol_dir: Path, tmp_path: Path) -> None:
+    from gguf import GGUFReader
+
+    paths = Paths.under(tmp_path / "home")
+    config = _config(tiny_smol_dir)
+    _make_checkpoint(config, paths, 2)
+    adapter = export_model(config, paths, tmp_path / "adapter.gguf", "gguf-lora", "f32").path
+    reader = GGUFReader(str(adapter))
+    kind = reader.fields["general.type"]
+    assert bytes(kind.parts[kind.data[0]]).decode() == "adapter"
+    assert any(t.name.endswith(".lora_a") for t in reader.tensors)
+    base = export_model(config, paths, tmp_path / "base.gguf", "gguf", "f32", round_index=0).path
+    merged = export_model(config, paths, tmp_path / "merged.gguf", "gguf", "f32").path
+    prompts = _prompts(tiny_smol_dir, FIXED_PROMPTS[:5])
+    with_lora = _llama_greedy(base, prompts, MAX_TOKENS, lora=adapter)
+    assert with_lora == _llama_greedy(merged, prompts, MAX_TOKENS)
+    assert with_lora != _llama_greedy(base, prompts, MAX_TOKENS)
+
+
+def test_q8_0_export_is_smaller_and_loads(tiny_smol_dir: Path, tmp_path: Path) -> None:
+    paths = Paths.under(tmp_path / "home")
+    config = _config(tiny_smol_dir)
+    bf16 = export_model(config, paths, tmp_path / "bf16.gguf", "gguf", "bf16", round_index=0)
+    q8 = export_model(config, paths, tmp_path / "q8.gguf", "gguf", "q8_0", round_index=0)
+    assert q8.bytes < 0.7 * bf16.bytes
+    assert all(_llama_greedy(q8.path, _prompts(tiny_smol_dir, FIXED_PROMPTS[:2]), 4))
+
+
+def test_export_names_the_checkpoint_or_says_what_is_missing(tiny_smol_dir: Path, tmp_path: Path) -> None:
+    paths = Paths.under(tmp_path / "home")
+    config = _config(tiny_smol_dir)
+    with pytest.raises(CheckpointError, match="no checkpoint yet"):
+        find_checkpoint(config, paths, None)
+    _make_checkpoint(config, paths, 1)
+    _make_checkpoint(config, paths, 2, seed=2)
+    assert find_checkpoint(config, paths, None).round == 2
+    assert find_checkpoint(config, paths, 1).round == 1
+    with pytest.raises(CheckpointError, match=r"round 7 \(kept: 2, 1\)"):
+        find_checkpoint(config, paths, 7)
+    with pytest.raises(ConfigError, match="no adapter"):
+        export_model(config, paths, tmp_path / "a.gguf", "gguf-lora", round_index=0)
+    with pytest.raises(ConfigError, match="GGUF exports only"):
+        export_model(config, paths, tmp_path / "hf", "hf", "q8_0")
+    other = _config(tiny_smol_dir, "grpo.lora_rank=4")
+    with pytest.raises(CheckpointError, match="different model or fine-tuning"):
+        find_checkpoint(other, paths, None)
+
+
+def test_a_tokenizer_llama_cpp_does_not_know_is_one_sentence(tiny_model_dir: Path, tmp_path: Path) -> None:
+    paths = Paths.under(tmp_path / "home")
+    with pytest.raises(ModelError, match=r"does not support this model.*--format hf"):
+        export_model(_config(tiny_model_dir), paths, tmp_path / "x.gguf", "gguf", round_index=0)
+    assert not (tmp_path / "x.gguf").exists() and not list(tmp_path.glob(".x.gguf*"))
+
+
+def test_a_missing_converter_says_how_to_install_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                    tiny_smol_dir: Path) -> None:
+    monkeypatch.setenv(CONVERTER_ENV, str(tmp_path / "nowhere"))
+    monkeypatch.setattr(sys, "prefix", str(tmp_path / "venv"))
+    with pytest.raises(ModelError, match="make run"):
+        export_model(_config(tiny_smol_dir), Paths.under(tmp_path / "home"), tmp_path / "x.gguf", "gguf", round_index=0)
+
+
+def test_cli_exports_gguf_and_reports_what_it_wrote(tiny_smol_dir: Path, tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    from engine.cli import main
+
+    home = tmp_path / "home"
+    paths = Paths.under(home)
+    _make_checkpoint(_config(tiny_smol_dir), paths, 4)
+    out = tmp_path / "cli.gguf"
+    code = main(["export", "--home", str(home), "--model", str(tiny_smol_dir), "--device", "cpu", "--set",
+                 "grpo.precision='fp32'", "--format", "gguf", "--quant", "q8_0", "--out", str(out)])
+    assert code == 0 and out.is_file()
+    assert "Exported round 4 of run 'default'" in capsys.readouterr().out
+    code = main(["export", "--home", str(home), "--model", str(tiny_smol_dir), "--set", "grpo.precision='fp32'",
+                 "--round", "9", "--format", "gguf", "--out", str(out)])
+    assert code == 4
+    assert "no checkpoint for round 9" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_bundled_model_gguf_answers_ten_questions_like_torch(smol_dir: Path, tmp_path: Path) -> None:
+    """The real SmolLM2-135M with a LoRA checkpoint: bf16 GGUF greedy == torch fp32 greedy on 10 prompts."""
+    paths = Paths.under(tmp_path / "home")
+    config = _config(smol_dir)
+    _make_checkpoint(config, paths, 1)
+    gguf = export_model(config, paths, tmp_path / "smol.gguf", "gguf").path
+    merged = export_model(config, paths, tmp_path / "hf", "hf").path
+    prompts = _prompts(merged, FIXED_PROMPTS)
+    want = _torch_greedy(merged, prompts, 48)
+    assert _llama_greedy(gguf, prompts, 48) == want
+    shutil.rmtree(merged)
