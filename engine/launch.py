@@ -8,7 +8,10 @@
 - `stop_on_signals`: the first SIGTERM or Ctrl-C asks the node to stop at
   its next safe point (within about a second, training included); a second
   one ends the process at once. Checkpoints are atomic, so both are safe.
-- `run_node`: open the swarm, run the node, close the swarm.
+- `run_node`: lower the process to `run.priority` (background by default:
+  nice 19 / the idle class, as volunteer-computing clients do), open the
+  swarm, run the node, close the swarm. The relay and the app's window are
+  never lowered: only this function calls `apply_priority`.
 """
 
 from __future__ import annotations
@@ -126,8 +129,11 @@ def run_node(
     (serve starts reading commands there).
     """
     from engine.exchange import open_swarm
+    from engine.priority import apply_priority
     from engine.sapo import Node
 
+    # Before any worker thread exists, so every thread the libraries start inherits it.
+    log.info("Running at %s (run.priority = %s).", apply_priority(config.run.priority), config.run.priority)
     node = Node(config, paths, emit, control, reload_config=reload_config)
     node.status("starting", "Engine started.")
     swarm = open_swarm(config, paths.identity_file, emit)

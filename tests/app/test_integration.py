@@ -7,8 +7,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[2]
 FAST = ["--device", "cpu", "--threads", "1", "--set", "tasks.questions_per_round=2",
         "--set", "tasks.completions_per_question=2", "--set", "tasks.max_new_tokens=8"]
@@ -34,8 +32,6 @@ def test_self_test_fails_with_a_clear_message(tmp_path: Path) -> None:
     assert "does not exist" in out.stderr
 
 
-@pytest.mark.xfail(strict=True, reason="until engine/launch.py run_node calls engine.priority.apply_priority "
-                   "(the lead wires it; then remove this marker)")
 def test_the_engine_the_app_starts_runs_at_background_priority_and_the_window_does_not(
         qtbot, tiny_model_dir: Path, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     from app.engine_process import engine_command
