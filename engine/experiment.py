@@ -1,0 +1,686 @@
+"""`sapling-node experiment`: several simulated nodes on one computer, one run per local/external mix.
+
+    sapling-node experiment                                   # the default plan (4 nodes, 8/0 and 4/4)
+    sapling-node experiment --nodes 2 --mixes 2/0,1/1 --rounds 2 --out /tmp/exp
+    sapling-node experiment --out /tmp/exp --resume           # carry on where it stopped
+
+What is real (docs/swarm.md, "The experiment"): every node has its own
+Ed25519 identity, its own LoRA adapter, its own AdamW state and its own
+seeds; they all sit over one copy of the frozen base model
+(`TorchBackend.new_adapter_slot`). Nodes exchange through a real relay on
+loopback (`EmbeddedRelay` on a free port) with `SwarmExchange`, signatures
+and every receiver-side check, and admit external groups with the loop's
+own `Node.share_and_sample`. Each round's generation for all nodes is one
+batch in which each row uses its own node's adapter
+(`TorchBackend.generate_with_adapters`).
+
+A round of mix I/J, for every node: draw B questions (the same stream in
+every mix), write G completions each, score them, publish all B groups,
+then train on I of its own groups and J verified groups from the other
+nodes (SAPO's Algorithm 1). All nodes publish round r before any samples, as
+nodes running side by side would. Every node checkpoints every round; the
+experiment's own `progress.json` names the last round that every node
+finished, and a resumed experiment reloads all nodes at that round, so it
+ends with the same numbers as one that never stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from engine.atomicio import append_line, atomic_write_json
+from engine.checkpoint import checkpoint_name, verify
+from engine.config import PRESETS, NodeConfig, build_config
+from engine.errors import CheckpointError, ConfigError, DeviceError
+from engine.events import Event
+from engine.paths import Paths
+from engine.rollouts import Completion, Group, Offer
+from engine.sapo import Control, Node, RoundAborted, derive_seed
+
+log = logging.getLogger(__name__)
+
+# Node k's seed is seed + k * NODE_SEED_SPACING. reasoning-gym builds item (seed, index) from
+# Random(seed + index), and a round's questions take indices round * 1024 + slot, so seeds one apart
+# would hand node 1 node 0's questions one slot later; 10^7 apart, streams never meet before round 9765.
+NODE_SEED_SPACING = 10_000_000
+MAX_NODES = 64
+# At least this many held-out questions: 27 move by one question for a 3.7-point change.
+MIN_EVAL_QUESTIONS = 200
+PUBLISH_WAIT_S = 30.0
+
+PLAN_FILE = "experiment.json"
+PROGRESS_FILE = "progress.json"
+ROUNDS_FILE = "rounds.jsonl"
+EVAL_FILE = "eval.json"
+START_EVAL_FILE = "eval-start.json"
+
+
+@dataclass(frozen=True)
+class Mix:
+    """SAPO's I/J: I own groups and J external groups in each round's training batch."""
+
+    local: int
+    external: int
+
+    @property
+    def label(self) -> str:
+        return f"{self.local}/{self.external}"
+
+    @property
+    def slug(self) -> str:
+        return f"mix-{self.local}-{self.external}"
+
+
+def parse_mixes(text: str) -> tuple[Mix, ...]:
+    """'8/0,4/4' -> mixes; anything else is a ConfigError (one sentence, exit 2)."""
+    mixes: list[Mix] = []
+    for part in str(text).split(","):
+        left, slash, right = part.strip().partition("/")
+        if not slash or not left.isdigit() or not right.isdigit():
+            raise ConfigError(f"--mixes takes I/J pairs of whole numbers separated by commas, like 8/0,4/4; got {part.strip()!r}.")
+        mix = Mix(int(left), int(right))
+        if mix in mixes:
+            raise ConfigError(f"--mixes lists {mix.label} twice.")
+        mixes.append(mix)
+    return tuple(mixes)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What an experiment runs; saved in --out so that a resumed run uses the same."""
+
+    nodes: int
+    mixes: tuple[Mix, ...]
+    rounds: int
+    preset: str  # the experiment preset
+    overrides: tuple[str, ...]  # --set, after the preset's own
+
+    def to_json(self) -> dict[str, Any]:
+        return {"nodes": self.nodes, "mixes": [m.label for m in self.mixes], "rounds": self.rounds,
+                "preset": self.preset, "overrides": list(self.overrides)}
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> Plan:
+        return cls(int(obj["nodes"]), parse_mixes(",".join(obj["mixes"])), int(obj["rounds"]), str(obj["preset"]),
+                   tuple(obj["overrides"]))
+
+
+@dataclass(frozen=True)
+class ExperimentPreset:
+    nodes: int
+    mixes: str
+    rounds: int
+    config_preset: str
+    settings: tuple[str, ...]  # applied before the user's --set
+
+
+# default: about two hours on a 2-core CPU (docs/results.md, "Swarm"). paper: the SAPO paper's
+# controlled experiment (8 nodes, one question per specialty per round, 8 completions, all four mixes), for a GPU.
+EXPERIMENT_PRESETS = {
+    "default": ExperimentPreset(4, "8/0,4/4", 25, "default", (f"tasks.eval_questions={MIN_EVAL_QUESTIONS}",)),
+    "paper": ExperimentPreset(8, "8/0,6/2,4/4,2/6", 500, "paper",
+                              ("tasks.questions_per_round=9", f"tasks.eval_questions={MIN_EVAL_QUESTIONS}")),
+}
+
+
+def make_plan(preset: str, nodes: int | None, mixes: str | None, rounds: int | None, overrides: Sequence[str]) -> Plan:
+    if preset not in EXPERIMENT_PRESETS:
+        raise ConfigError(f"--preset must be one of {', '.join(EXPERIMENT_PRESETS)}, got {preset!r}.")
+    base = EXPERIMENT_PRESETS[preset]
+    plan = Plan(base.nodes if nodes is None else nodes, parse_mixes(base.mixes if mixes is None else mixes),
+                base.rounds if rounds is None else rounds, preset, tuple(overrides))
+    check_plan(plan, plan_config(plan))
+    return plan
+
+
+def plan_config(plan: Plan) -> NodeConfig:
+    """The settings every node shares (defaults < config preset < experiment preset < --set)."""
+    base = EXPERIMENT_PRESETS[plan.preset]
+    if base.config_preset not in PRESETS:
+        raise ConfigError(f"unknown config preset {base.config_preset!r}")
+    return build_config(base.config_preset, None, [*base.settings, *plan.overrides])
+
+
+def check_plan(plan: Plan, config: NodeConfig) -> None:
+    """Refuse, in one sentence, a plan that cannot run as asked."""
+    if plan.nodes < 2:
+        raise ConfigError(f"--nodes must be at least 2 (an experiment compares sharing between nodes), got {plan.nodes}.")
+    if plan.nodes > MAX_NODES:
+        raise ConfigError(f"--nodes must be at most {MAX_NODES}, got {plan.nodes}.")
+    if plan.rounds < 1:
+        raise ConfigError(f"--rounds must be at least 1, got {plan.rounds}.")
+    if not plan.mixes:
+        raise ConfigError("--mixes must name at least one I/J mix, like 8/0,4/4.")
+    B = config.tasks.questions_per_round
+    for mix in plan.mixes:
+        if mix.local < 1:
+            raise ConfigError(f"Mix {mix.label}: I must be at least 1 (a node trains on some of its own groups).")
+        if mix.local > B:
+            raise ConfigError(f"Mix {mix.label}: I is more than the {B} questions a node writes each round "
+                              f"(raise tasks.questions_per_round).")
+        offered = (plan.nodes - 1) * B
+        if mix.external > offered:
+            raise ConfigError(f"Mix {mix.label}: J is more than the {offered} groups the other {plan.nodes - 1} "
+                              f"node(s) offer each round ({B} questions each).")
+    if config.grpo.finetune != "lora":
+        raise ConfigError("The experiment needs grpo.finetune = 'lora': the nodes share one frozen base model.")
+    if config.run.seed + (plan.nodes - 1) * NODE_SEED_SPACING >= 2**31:
+        raise ConfigError(f"run.seed is too large for {plan.nodes} nodes; use a seed below 2000000000 - "
+                          f"{(plan.nodes - 1) * NODE_SEED_SPACING}.")
+
+
+def node_seed(config: NodeConfig, index: int) -> int:
+    return config.run.seed + index * NODE_SEED_SPACING
+
+
+def node_config(config: NodeConfig, mix: Mix, index: int, relay_url: str) -> NodeConfig:
+    """Node `index` of a mix: its seed and run name, I and J, and the loopback relay (solo when J is 0)."""
+    return NodeConfig(
+        model=config.model, tasks=config.tasks, grpo=config.grpo,
+        run=replace(config.run, seed=node_seed(config, index), run_name=f"node-{index}"),
+        swarm=replace(config.swarm, local_groups=mix.local, external_groups=mix.external,
+                      mode="relay" if mix.external else "solo", relay_url=relay_url if mix.external else ""),
+    )
+
+
+# -- one frozen base, one adapter per node -------------------------------------------------------
+class NodeBackend:
+    """One node's view of the shared `TorchBackend`: every call runs on this node's adapter slot.
+
+    The round loop's `PolicyBackend`: a `Node` holds one of these and trains,
+    scores, saves and loads exactly as it would with a backend of its own.
+    """
+
+    def __init__(self, shared: Any, slot: Any) -> None:
+        self.shared = shared
+        self.slot = slot
+        self.device = shared.device
+        self.eos_token_id = shared.eos_token_id
+
+    def _on(self) -> Any:
+        self.shared.use_adapter_slot(self.slot)
+        return self.shared
+
+    def encode_prompt(self, messages: list[dict[str, str]]) -> list[int]:
+        return list(self.shared.encode_prompt(messages))
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        return str(self.shared.decode(token_ids))
+
+    def encode_completion(self, text: str) -> list[int]:
+        return list(self.shared.encode_completion(text))
+
+    def generate(self, prompts: Sequence[list[int]], n: int, max_new_tokens: int, temperature: float,
+                 on_step: Callable[[int, int], None] | None = None) -> list[Completion]:
+        return list(self._on().generate(prompts, n, max_new_tokens, temperature, on_step))
+
+    def greedy(self, prompts: Sequence[list[int]], max_new_tokens: int,
+               on_step: Callable[[int, int], None] | None = None) -> list[str]:
+        return list(self._on().greedy(prompts, max_new_tokens, on_step))
+
+    def behaviour_logprobs(self, items: Sequence[tuple[list[int], list[int]]], temperature: float) -> list[list[float]]:
+        return list(self._on().behaviour_logprobs(items, temperature))
+
+    def train(self, items: Sequence[Any], on_step: Callable[[int, int], None] | None = None) -> dict[str, float]:
+        return dict(self._on().train(items, on_step))
+
+    def reseed(self, seed: int) -> None:
+        self.shared.reseed(seed)
+
+    def apply_settings(self, grpo: Any, temperature: float) -> None:
+        self._on().apply_settings(grpo, temperature)
+
+    def save(self, folder: Path) -> list[str]:
+        return list(self._on().save(folder))
+
+    def load(self, folder: Path) -> None:
+        self._on().load(folder)
+
+    def export(self, folder: Path) -> None:
+        raise NotImplementedError("export a node of an experiment with its checkpoint and sapling-node export")
+
+    def rng_state(self) -> dict[str, Any]:
+        return dict(self.shared.rng_state())
+
+    def lora(self) -> Any:
+        return self.shared.slot_lora(self.slot)
+
+
+class PublishFirst:
+    """A node's `RolloutExchange` whose round is published by the experiment before any node samples.
+
+    `Node.share_and_sample` publishes and then samples; with nodes taking turns
+    on one thread, the first node would sample before the others had
+    published. The experiment calls `publish` for every node first; the
+    publish inside `share_and_sample` is then the same round's and is skipped.
+    """
+
+    def __init__(self, exchange: Any) -> None:
+        self.exchange = exchange
+        self.published_round = 0
+
+    def publish(self, round_index: int, groups: Sequence[Group]) -> None:
+        if round_index == self.published_round:
+            return
+        self.exchange.publish(round_index, groups)
+        self.published_round = round_index
+
+    def sample(self, round_index: int, n: int, taskset: Any, *, exclude: Any, seed: int) -> Offer:
+        offer: Offer = self.exchange.sample(round_index, n, taskset, exclude=exclude, seed=seed)
+        return offer
+
+    def settle(self, offer: Offer, verdicts: Any) -> dict[str, Any]:
+        return dict(self.exchange.settle(offer, verdicts))
+
+
+Reward = Callable[[Any, str], float]
+Say = Callable[[str], None]
+Progress = Callable[[str, int, int], None]
+
+
+@dataclass
+class Hooks:
+    """How the experiment talks to a person (the CLI's terminal view), and test doubles."""
+
+    say: Say = lambda text: None
+    progress: Progress = lambda phase, done, total: None
+    round_done: Callable[[Mix, dict[str, Any]], None] = lambda mix, record: None
+    mix_started: Callable[[Mix, int, int, int], None] = lambda mix, number, start, rounds: None
+    reward: Reward | None = None  # tests: a verifier a random model can satisfy
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def read_rounds(path: Path, upto: int) -> list[dict[str, Any]]:
+    """The round records of a mix, one per round up to `upto` (a redone round's last record wins)."""
+    records: dict[int, dict[str, Any]] = {}
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return []
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue  # a torn last line
+        if isinstance(record, dict) and isinstance(record.get("round"), int) and 1 <= record["round"] <= upto:
+            records[record["round"]] = record
+    return [records[r] for r in sorted(records)]
+
+
+class Experiment:
+    """Runs a plan into `out`: one folder per mix, then report.json, report.md and reward.png."""
+
+    def __init__(self, plan: Plan, out: Path, paths: Paths, hooks: Hooks | None = None,
+                 control: Control | None = None) -> None:
+        self.plan = plan
+        self.out = Path(out)
+        self.paths = paths
+        self.hooks = hooks or Hooks()
+        self.control = control or Control()
+        self.config = plan_config(plan)
+        check_plan(plan, self.config)
+        self.shared: Any = None
+        self.taskset: Any = None
+
+    # -- the plan on disk ---------------------------------------------------------------------
+    @staticmethod
+    def saved_plan(out: Path) -> Plan | None:
+        data = _read_json(Path(out) / PLAN_FILE)
+        if data is None:
+            return None
+        try:
+            return Plan.from_json(data)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ConfigError(f"{Path(out) / PLAN_FILE} is not an experiment plan ({exc}); use another --out.") from exc
+
+    def _claim_out(self) -> None:
+        saved = self.saved_plan(self.out)
+        if saved is not None and saved != self.plan:
+            raise ConfigError(f"{self.out} holds an experiment with other settings ({json.dumps(saved.to_json())}); "
+                              "run it with --resume or choose another --out.")
+        self.out.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(self.out / PLAN_FILE, self.plan.to_json())
+
+    # -- the shared model -----------------------------------------------------------------------
+    def _load_model(self) -> None:
+        if self.shared is not None:
+            return
+        import torch
+
+        from engine.backends.torch_backend import TorchBackend
+        from engine.device import pick_device
+        from engine.models import resolve_model_dir
+        from engine.tasks import TaskSet
+
+        cfg = self.config
+        if cfg.run.threads:
+            torch.set_num_threads(cfg.run.threads)
+        device = pick_device(cfg.run.device)
+        if device.kind not in ("cpu", "cuda"):
+            raise DeviceError(f"The experiment runs on the torch backend; {device.kind} is not supported (use --device cpu or cuda).")
+        self.hooks.say(f"Loading {cfg.model.source} on {device.describe()}")
+        model_dir = resolve_model_dir(cfg.model.source, self.paths.models_cache, cfg.model.revision or None)
+        self.shared = TorchBackend(model_dir, device, cfg.grpo, cfg.run.seed, cfg.tasks.temperature)
+        self.taskset = TaskSet(cfg.tasks.specialties, cfg.tasks.dataset_configs, seed=cfg.run.seed)
+        if self.hooks.reward is not None:
+            self.taskset.reward = self.hooks.reward
+
+    # -- running ----------------------------------------------------------------------------------
+    def run(self) -> dict[str, Any]:
+        """Run (or carry on) every mix, then write and return the report."""
+        from engine.experiment_report import build_report, write_report
+
+        self._claim_out()
+        start_eval = None
+        try:
+            start_eval = self._start_eval()
+            for number, mix in enumerate(self.plan.mixes, 1):
+                self._run_mix(mix, number)
+        except RoundAborted as exc:  # a stop request: the report says how far every mix got
+            log.info("Experiment stopped while %s; the last finished round of every mix is kept.", exc)
+        report = build_report(self.plan, self.config, self.out, start_eval)
+        write_report(report, self.out)
+        return report
+
+    def _eval_enabled(self) -> bool:
+        return self.config.tasks.eval_every > 0
+
+    def _start_eval(self) -> dict[str, Any] | None:
+        """Held-out accuracy of the base model: every node's adapter starts at zero, so one measurement
+        serves every node of every mix."""
+        if not self._eval_enabled():
+            return None
+        path = self.out / START_EVAL_FILE
+        saved = _read_json(path)
+        if saved is not None:
+            return saved
+        self._load_model()
+        slot = self.shared.new_adapter_slot(derive_seed(self.config.run.seed, 0, 7))
+        result = self._evaluate([NodeBackend(self.shared, slot)])
+        record = {"round": 0, **result}
+        atomic_write_json(path, record)
+        self.hooks.say(f"held-out accuracy before training: {100 * result['accuracy']:.1f}% "
+                       f"({result['questions']} questions, greedy pass@1)")
+        return record
+
+    def _evaluate(self, views: Sequence[NodeBackend]) -> dict[str, Any]:
+        """Greedy pass@1 of each node on the same held-out set, all nodes in one batch."""
+        cfg = self.config
+        questions = self.taskset.eval_set(cfg.tasks.eval_questions)
+        prompts = [self.shared.encode_prompt(self.taskset.messages(q)) for q in questions]
+        adapters = [v.lora() for v in views]
+        index = [k for k in range(len(views)) for _ in prompts]
+        rows = self.shared.generate_with_adapters(
+            prompts * len(views), 1, cfg.tasks.max_new_tokens, None, adapters, index,
+            on_step=lambda done, total: self._progress("evaluating", done, total),
+        )
+        per_node = []
+        for k in range(len(views)):
+            answers = rows[k * len(prompts) : (k + 1) * len(prompts)]
+            rewards = [self.taskset.reward(q, c.text) for q, c in zip(questions, answers, strict=True)]
+            per_node.append({"accuracy": sum(1 for r in rewards if r >= 1.0) / len(rewards),
+                             "reward_mean": sum(rewards) / len(rewards)})
+        return {
+            "questions": len(questions),
+            "accuracy": sum(n["accuracy"] for n in per_node) / len(per_node),
+            "reward_mean": sum(n["reward_mean"] for n in per_node) / len(per_node),
+            "nodes": per_node,
+        }
+
+    def _progress(self, phase: str, done: int, total: int) -> None:
+        if self.control.stopping:
+            raise RoundAborted(phase)
+        self.hooks.progress(phase, done, total)
+
+    def _run_mix(self, mix: Mix, number: int) -> None:
+        folder = self.out / mix.slug
+        progress = _read_json(folder / PROGRESS_FILE) or {}
+        done = int(progress.get("round", 0))
+        if done >= self.plan.rounds and (not self._eval_enabled() or (folder / EVAL_FILE).is_file()):
+            return
+        self._load_model()
+        self.hooks.mix_started(mix, number, done, self.plan.rounds)
+        relay = None
+        sessions: list[Any] = []
+        try:
+            url = ""
+            if mix.external:
+                relay, url = self._start_relay()
+            nodes, views = self._nodes(mix, folder, url, sessions)
+            for node in nodes:
+                self._load_round(node, done)
+            for round_index in range(done + 1, self.plan.rounds + 1):
+                record = self._round(mix, round_index, nodes, views, relay)
+                append_line(folder / ROUNDS_FILE, json.dumps(record, sort_keys=True))
+                atomic_write_json(folder / PROGRESS_FILE, {"round": round_index})
+                self.hooks.round_done(mix, record)
+            if self._eval_enabled() and not (folder / EVAL_FILE).is_file():
+                result = self._evaluate(views)
+                atomic_write_json(folder / EVAL_FILE, {"round": self.plan.rounds, **result})
+                self.hooks.say(f"mix {mix.label}: held-out accuracy after round {self.plan.rounds}: "
+                               f"{100 * result['accuracy']:.1f}% (mean of {len(views)} nodes)")
+        finally:
+            for session in sessions:
+                session.close()
+            if relay is not None:
+                relay.stop()
+
+    def _start_relay(self) -> tuple[Any, str]:
+        from engine.swarm.relay import EmbeddedRelay, RelaySettings
+
+        # A real relay on a free loopback port. Simulated nodes publish and sample back to back, so the
+        # per-peer request rate is raised above the default for people's nodes (2/s, burst 10).
+        relay = EmbeddedRelay(RelaySettings(host="127.0.0.1", port=0, rate=100.0, burst=200.0,
+                                            name="sapling-experiment"))
+        return relay, relay.start()
+
+    def _nodes(self, mix: Mix, folder: Path, url: str, sessions: list[Any]) -> tuple[list[Node], list[NodeBackend]]:
+        from engine.exchange import open_swarm
+
+        nodes: list[Node] = []
+        views: list[NodeBackend] = []
+        for k in range(self.plan.nodes):
+            cfg = node_config(self.config, mix, k, url)
+            home = folder / f"node-{k}"
+            paths = Paths(config_dir=home / "config", data_dir=home, cache_dir=self.paths.cache_dir, log_dir=self.paths.log_dir)
+            session = open_swarm(cfg, paths.identity_file, self._node_event)
+            sessions.append(session)
+            exchange = None
+            if session.exchange is not None:
+                exchange = PublishFirst(session.exchange)
+                if not session.exchange.client.wait_connected(30.0):
+                    raise DeviceError(f"Node {k} could not connect to the experiment's relay at {url}.")
+            node = Node(cfg, paths, self._node_event, self.control, exchange=exchange)
+            if self.hooks.reward is not None:
+                node.taskset.reward = self.hooks.reward  # type: ignore[method-assign,assignment]
+            view = NodeBackend(self.shared, self.shared.new_adapter_slot(derive_seed(cfg.run.seed, 0, 7)))
+            node.backend = view
+            node.device = self.shared.device
+            nodes.append(node)
+            views.append(view)
+        return nodes, views
+
+    def _node_event(self, event: Event) -> None:
+        kind = event["type"]
+        if kind == "progress" and event["phase"] in ("training", "scoring"):
+            self.hooks.progress(event["phase"], event["done"], event["total"])
+        elif kind == "error":
+            self.hooks.say(f"error: {event['message']}")
+
+    def _load_round(self, node: Node, round_index: int) -> None:
+        """Every node at the experiment's last finished round (a node a round ahead from a crash is reloaded too)."""
+        node.round = round_index
+        if round_index == 0:
+            return
+        path = node.checkpoint_root / checkpoint_name(round_index)
+        if not path.is_dir():
+            raise CheckpointError(f"{path} is missing, but {PROGRESS_FILE} says round {round_index} finished; "
+                                  "the experiment cannot resume from this folder.")
+        verify(path)
+        assert node.backend is not None
+        node.backend.load(path)
+
+    def _round(self, mix: Mix, round_index: int, nodes: list[Node], views: list[NodeBackend], relay: Any) -> dict[str, Any]:
+        cfg = self.config
+        G = cfg.tasks.completions_per_question
+        t0 = time.perf_counter()
+        drawn = [node.start_round() for node in nodes]
+        if any(r != round_index for r, _, _ in drawn):
+            raise RuntimeError("nodes out of step")
+        prompts = [p for _, _, ps in drawn for p in ps]
+        index = [k for k, (_, _, ps) in enumerate(drawn) for _ in ps]
+        completions = self.shared.generate_with_adapters(
+            prompts, G, cfg.tasks.max_new_tokens, cfg.tasks.temperature, [v.lora() for v in views], index,
+            seeds=[derive_seed(node.config.run.seed, round_index) for node in nodes],
+            on_step=lambda done, total: self._progress("generating", done, total),
+        )
+        gen_seconds = time.perf_counter() - t0
+        groups: list[list[Group]] = []
+        start = 0
+        for node, (_, questions, node_prompts) in zip(nodes, drawn, strict=True):
+            rows = completions[start : start + len(node_prompts) * G]
+            start += len(node_prompts) * G
+            groups.append(node.score(questions, node_prompts, rows))
+
+        # Share: everyone publishes round r, the relay has stored it all, then each samples in turn.
+        t_share = time.perf_counter()
+        if mix.external:
+            before = relay.relay.metrics["publishes"]
+            for node, own in zip(nodes, groups, strict=True):
+                assert node.exchange is not None
+                node.exchange.publish(round_index, own)
+            self._wait_published(relay, before + len(nodes))
+            _seed_relay_sampling(relay, derive_seed(cfg.run.seed, round_index, 3))
+        shared = [node.share_and_sample(round_index, own) for node, own in zip(nodes, groups, strict=True)]
+        share_seconds = time.perf_counter() - t_share
+
+        t_train = time.perf_counter()
+        stats = []
+        for node, own, (external, _report) in zip(nodes, groups, shared, strict=True):
+            stats.append(node.learn(node.own_groups(round_index, own) + external))
+        train_seconds = time.perf_counter() - t_train
+        seconds = time.perf_counter() - t0
+        metrics = [
+            node.finish_round(round_index, own, external, st, report, gen_seconds / len(nodes),
+                              train_seconds / len(nodes), seconds / len(nodes))
+            for node, own, (external, report), st in zip(nodes, groups, shared, stats, strict=True)
+        ]
+        return {
+            "round": round_index,
+            "mix": mix.label,
+            "rewards": [m["reward_mean"] for m in metrics],
+            "accuracy": [m["accuracy"] for m in metrics],
+            "external_groups": [m["external_groups"] for m in metrics],
+            "informative_groups": [m["informative_groups"] for m in metrics],
+            "trained_own_informative": [sum(1 for g in node.own_groups(round_index, own) if g.informative)
+                                        for node, own in zip(nodes, groups, strict=True)],
+            "swarm_reward_mean": [m["swarm_reward_mean"] for m in metrics],
+            "rejected": [m.get("swarm", {}).get("rejected", {}) for m in metrics],
+            "loss": [m.get("loss", 0.0) for m in metrics],
+            "clip_fraction": [m.get("clip_fraction", 0.0) for m in metrics],
+            "generate_seconds": gen_seconds,
+            "share_seconds": share_seconds,
+            "train_seconds": train_seconds,
+            "seconds": seconds,
+        }
+
+    def _wait_published(self, relay: Any, expected: int) -> None:
+        """Until the relay has stored every node's batch of this round (publishing does not wait for the ack)."""
+        deadline = time.monotonic() + PUBLISH_WAIT_S
+        while relay.relay.metrics["publishes"] < expected:
+            if time.monotonic() > deadline:
+                log.warning("The relay stored %d of %d batches this round; sampling what is there.",
+                            relay.relay.metrics["publishes"] - expected + self.plan.nodes, self.plan.nodes)
+                return
+            time.sleep(0.01)
+
+
+def _seed_relay_sampling(relay: Any, seed: int) -> None:
+    """Make the relay's random pick of batches reproducible for this round.
+
+    The in-memory window draws batches with its own `random.Random`; nodes
+    sample one after another from this thread, so one seed per round makes
+    every node's draw the same in a resumed run as in an uninterrupted one.
+    """
+    window = getattr(getattr(relay.relay, "broker", None), "window", None)
+    rng = getattr(window, "_rng", None)
+    if rng is None:
+        log.warning("The relay's sampler could not be seeded; external draws will not repeat exactly.")
+        return
+    rng.seed(seed)
+
+
+# -- the terminal ---------------------------------------------------------------------------------
+class ExperimentTerminal:
+    """Bars for the mix (rounds) and the phase, and one line per round with each node's reward."""
+
+    def __init__(self, mixes: int) -> None:
+        from tqdm import tqdm
+
+        self._tqdm = tqdm
+        self.mixes = mixes
+        self.mix_bar: Any = None
+        self.phase_bar: Any = None
+        self.phase = ""
+        self.started = time.monotonic()
+
+    def hooks(self, reward: Reward | None = None) -> Hooks:
+        return Hooks(say=self.say, progress=self.progress, round_done=self.round_done,
+                     mix_started=self.mix_started, reward=reward)
+
+    def _close_phase(self) -> None:
+        if self.phase_bar is not None:
+            self.phase_bar.close()
+            self.phase_bar = None
+            self.phase = ""
+
+    def say(self, text: str) -> None:
+        self._tqdm.write(text, file=sys.stderr)
+
+    def mix_started(self, mix: Mix, number: int, start: int, rounds: int) -> None:
+        self._close_phase()
+        if self.mix_bar is not None:
+            self.mix_bar.close()
+        self.mix_bar = self._tqdm(total=rounds, initial=start, desc=f"mix {mix.label} ({number} of {self.mixes})",
+                                  unit="round", position=0, dynamic_ncols=True, file=sys.stderr)
+
+    def progress(self, phase: str, done: int, total: int) -> None:
+        if phase != self.phase or self.phase_bar is None:
+            self._close_phase()
+            self.phase = phase
+            self.phase_bar = self._tqdm(total=total, desc=f"  {phase:<11}", leave=False, position=1,
+                                        dynamic_ncols=True, file=sys.stderr)
+        self.phase_bar.total = total
+        self.phase_bar.n = done
+        self.phase_bar.refresh()
+
+    def round_done(self, mix: Mix, record: dict[str, Any]) -> None:
+        self._close_phase()
+        rewards = " ".join(f"{r:.3f}" for r in record["rewards"])
+        external = sum(record["external_groups"])
+        self._tqdm.write(
+            f"mix {mix.label} round {record['round']:>4} | reward by node {rewards} | mean "
+            f"{sum(record['rewards']) / len(record['rewards']):.3f} | external groups {external} | "
+            f"{record['seconds']:6.1f} s", file=sys.stdout)
+        if self.mix_bar is not None:
+            self.mix_bar.update(1)
+
+    def close(self) -> None:
+        self._close_phase()
+        if self.mix_bar is not None:
+            self.mix_bar.close()
+            self.mix_bar = None

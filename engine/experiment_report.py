@@ -1,0 +1,247 @@
+"""The report of `sapling-node experiment`: report.json, report.md and reward.png in --out.
+
+Definitions (docs/swarm.md, "The experiment"): a node's reward in a round
+is the mean reward of its own rollouts that round (all B questions it wrote);
+the cumulative reward of a mix is the sum of that over nodes and rounds, as in
+the SAPO paper. The ratio to the all-local mix (J = 0, same I + J) is taken
+over the rounds both have, with a bootstrap 95% interval that resamples
+nodes and rounds independently (two-way), since every mix runs the same node
+seeds and question streams.
+
+    python -m engine.experiment_report DIR    # rebuild the report of a (partial) experiment
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+from pathlib import Path
+from typing import Any
+
+from engine.atomicio import atomic_write_bytes, atomic_write_json, atomic_write_text
+from engine.config import NodeConfig
+
+# The SAPO paper's cumulative rewards (8 Qwen2.5-0.5B nodes, I + J = 8), arXiv 2509.08721.
+PAPER_CUMULATIVE = {"8/0": 561.79, "6/2": 854.43, "4/4": 1093.31, "2/6": 945.87}
+BOOTSTRAP_SAMPLES = 2000
+WINDOW = 10  # first-10 against last-10 rounds
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def two_way_bootstrap(a: list[list[float]], b: list[list[float]], samples: int = BOOTSTRAP_SAMPLES,
+                      seed: int = 0) -> dict[str, Any]:
+    """Ratio sum(a)/sum(b) and difference mean(a)-mean(b) of paired [node][round] tables, with
+    95% intervals from resampling nodes and rounds independently (percentile bootstrap)."""
+    nodes, rounds = len(a), len(a[0]) if a else 0
+    if nodes == 0 or rounds == 0:
+        return {"ratio": None, "ratio_ci95": None, "difference": None, "difference_ci95": None}
+    rng = random.Random(seed)
+    total_b = sum(map(sum, b))
+    ratios: list[float] = []
+    diffs: list[float] = []
+    for _ in range(samples):
+        ks = [rng.randrange(nodes) for _ in range(nodes)]
+        rs = [rng.randrange(rounds) for _ in range(rounds)]
+        sa = sum(a[k][r] for k in ks for r in rs)
+        sb = sum(b[k][r] for k in ks for r in rs)
+        diffs.append((sa - sb) / (nodes * rounds))
+        if sb > 0:
+            ratios.append(sa / sb)
+    ratios.sort()
+    diffs.sort()
+
+    def interval(values: list[float]) -> list[float] | None:
+        if not values:
+            return None
+        return [values[int(0.025 * (len(values) - 1))], values[int(0.975 * (len(values) - 1))]]
+
+    return {
+        "ratio": sum(map(sum, a)) / total_b if total_b > 0 else None,
+        "ratio_ci95": interval(ratios),
+        "difference": (sum(map(sum, a)) - total_b) / (nodes * rounds),
+        "difference_ci95": interval(diffs),
+    }
+
+
+def _mix_summary(records: list[dict[str, Any]], nodes: int) -> dict[str, Any]:
+    table = [[rec["rewards"][k] for rec in records] for k in range(nodes)]  # [node][round]
+    per_round = [sum(rec["rewards"]) / nodes for rec in records]
+    rejected: dict[str, int] = {}
+    for rec in records:
+        for counts in rec.get("rejected", []):
+            for reason, count in counts.items():
+                rejected[reason] = rejected.get(reason, 0) + int(count)
+    return {
+        "rounds_done": len(records),
+        "cumulative_reward": sum(map(sum, table)),
+        "mean_reward": _mean(per_round),
+        "reward_by_round": per_round,
+        "reward_by_node": [sum(row) for row in table],
+        "first10_mean_reward": _mean(per_round[:WINDOW]),
+        "last10_mean_reward": _mean(per_round[-WINDOW:]),
+        "external_groups_per_node_round": _mean([sum(rec["external_groups"]) / nodes for rec in records]),
+        "informative_groups_per_node_round": _mean([sum(rec["informative_groups"]) / nodes for rec in records]),
+        "rejected_external_items": rejected,
+        "seconds_per_round": _mean([rec["seconds"] for rec in records]),
+        "generate_seconds_per_round": _mean([rec["generate_seconds"] for rec in records]),
+        "train_seconds_per_round": _mean([rec["train_seconds"] for rec in records]),
+    }
+
+
+def baseline_of(label: str, labels: list[str]) -> str | None:
+    """The all-local mix with the same I + J (8/0 for 4/4), when the experiment ran it."""
+    i, j = (int(x) for x in label.split("/"))
+    base = f"{i + j}/0"
+    return base if base in labels and base != label else None
+
+
+def build_report(plan: Any, config: NodeConfig, out: Path, start_eval: dict[str, Any] | None) -> dict[str, Any]:
+    from engine.experiment import EVAL_FILE, PROGRESS_FILE, ROUNDS_FILE, _read_json, read_rounds
+
+    out = Path(out)
+    labels = [m.label for m in plan.mixes]
+    records: dict[str, list[dict[str, Any]]] = {}
+    mixes: dict[str, Any] = {}
+    for mix in plan.mixes:
+        done = int((_read_json(out / mix.slug / PROGRESS_FILE) or {}).get("round", 0))
+        records[mix.label] = read_rounds(out / mix.slug / ROUNDS_FILE, done)
+        summary = _mix_summary(records[mix.label], plan.nodes)
+        summary["complete"] = summary["rounds_done"] >= plan.rounds
+        summary["eval_start"] = start_eval
+        summary["eval_end"] = _read_json(out / mix.slug / EVAL_FILE)
+        summary["paper_cumulative_reward"] = PAPER_CUMULATIVE.get(mix.label)
+        mixes[mix.label] = summary
+    for label in labels:
+        base = baseline_of(label, labels)
+        if base is None:
+            continue
+        common = min(len(records[label]), len(records[base]))
+        a = [[rec["rewards"][k] for rec in records[label][:common]] for k in range(plan.nodes)]
+        b = [[rec["rewards"][k] for rec in records[base][:common]] for k in range(plan.nodes)]
+        mixes[label]["against_baseline"] = {"baseline": base, "rounds": common, **two_way_bootstrap(a, b)}
+        if base in PAPER_CUMULATIVE and label in PAPER_CUMULATIVE:
+            mixes[label]["against_baseline"]["paper_ratio"] = PAPER_CUMULATIVE[label] / PAPER_CUMULATIVE[base]
+    t = config.tasks
+    return {
+        "plan": plan.to_json(),
+        "settings": {
+            "model": config.model.source, "questions_per_round": t.questions_per_round,
+            "completions_per_question": t.completions_per_question, "max_new_tokens": t.max_new_tokens,
+            "temperature": t.temperature, "eval_questions": t.eval_questions if t.eval_every > 0 else 0,
+            "learning_rate": config.grpo.learning_rate, "lora_rank": config.grpo.lora_rank, "seed": config.run.seed,
+        },
+        "complete": all(m["complete"] for m in mixes.values()),
+        "mixes": mixes,
+    }
+
+
+def _fmt(value: float | None, digits: int = 3) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _pct(evaluation: dict[str, Any] | None) -> str:
+    return "-" if not evaluation else f"{100 * evaluation['accuracy']:.1f}%"
+
+
+def report_markdown(report: dict[str, Any]) -> str:
+    plan, s = report["plan"], report["settings"]
+    lines = [
+        f"# Experiment: {plan['nodes']} nodes, mixes {', '.join(plan['mixes'])}, {plan['rounds']} rounds",
+        "",
+        f"Model {s['model']}; B = {s['questions_per_round']} questions x G = {s['completions_per_question']} "
+        f"completions per node per round; seed {s['seed']}; preset {plan['preset']}"
+        + (f"; --set {' '.join(plan['overrides'])}" if plan["overrides"] else "") + ".",
+        "" if report["complete"] else "**Partial: not every mix has run all its rounds.**",
+        "",
+        "| mix | rounds | cumulative reward | mean reward / round | first 10 | last 10 | held-out start -> end | "
+        "ratio to baseline [95% CI] | difference / node-round [95% CI] | paper cumulative (ratio) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for label, m in report["mixes"].items():
+        against = m.get("against_baseline")
+        ratio = diff = "-"
+        if against and against["ratio"] is not None:
+            ci = against["ratio_ci95"] or [None, None]
+            ratio = f"{against['ratio']:.3f} [{_fmt(ci[0])}, {_fmt(ci[1])}] vs {against['baseline']}"
+            dci = against["difference_ci95"] or [None, None]
+            diff = f"{against['difference']:+.4f} [{_fmt(dci[0], 4)}, {_fmt(dci[1], 4)}]"
+        paper = m["paper_cumulative_reward"]
+        paper_text = "-" if paper is None else f"{paper:.2f}" + (
+            f" ({against['paper_ratio']:.2f})" if against and "paper_ratio" in against else " (1.00)" if label.endswith("/0") else "")
+        lines.append(
+            f"| {label} | {m['rounds_done']} | {m['cumulative_reward']:.2f} | {_fmt(m['mean_reward'])} | "
+            f"{_fmt(m['first10_mean_reward'])} | {_fmt(m['last10_mean_reward'])} | "
+            f"{_pct(m['eval_start'])} -> {_pct(m['eval_end'])} | {ratio} | {diff} | {paper_text} |"
+        )
+    lines += ["", "| mix | external groups / node-round | informative groups / node-round | rejected external items | s / round |",
+              "|---|---|---|---|---|"]
+    for label, m in report["mixes"].items():
+        rejected = ", ".join(f"{k} {v}" for k, v in sorted(m["rejected_external_items"].items())) or "-"
+        lines.append(f"| {label} | {_fmt(m['external_groups_per_node_round'], 2)} | "
+                     f"{_fmt(m['informative_groups_per_node_round'], 2)} | {rejected} | {_fmt(m['seconds_per_round'], 1)} |")
+    lines += ["", "![reward per round](reward.png)", ""]
+    return "\n".join(lines)
+
+
+def plot_rewards(report: dict[str, Any]) -> bytes:
+    """Reward per round for each mix, averaged over nodes (thin), with a 5-round running mean (thick)."""
+    import io
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=110)
+    for label, m in report["mixes"].items():
+        ys = m["reward_by_round"]
+        xs = list(range(1, len(ys) + 1))
+        line = ax.plot(xs, ys, linewidth=0.8, alpha=0.45)[0]
+        smooth = [sum(ys[max(0, i - 4) : i + 1]) / len(ys[max(0, i - 4) : i + 1]) for i in range(len(ys))]
+        ax.plot(xs, smooth, color=line.get_color(), linewidth=2.2,
+                label=f"{label} (cumulative {m['cumulative_reward']:.1f})")
+    plan = report["plan"]
+    ax.set_title(f"Reward per round, mean of {plan['nodes']} nodes ({report['settings']['model']})")
+    ax.set_xlabel("round")
+    ax.set_ylabel("mean reward of own rollouts")
+    ax.grid(alpha=0.3)
+    ax.legend(title="I/J (5-round running mean)")
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png")
+    plt.close(fig)
+    return buffer.getvalue()
+
+
+def write_report(report: dict[str, Any], out: Path) -> None:
+    out = Path(out)
+    atomic_write_json(out / "report.json", report)
+    atomic_write_text(out / "report.md", report_markdown(report))
+    atomic_write_bytes(out / "reward.png", plot_rewards(report))
+
+
+def main(argv: list[str] | None = None) -> int:
+    from engine.experiment import START_EVAL_FILE, Experiment, _read_json, plan_config
+
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m engine.experiment_report DIR", file=sys.stderr)
+        return 2
+    out = Path(args[0])
+    plan = Experiment.saved_plan(out)
+    if plan is None:
+        print(f"{out} holds no experiment ({out / 'experiment.json'} is missing).", file=sys.stderr)
+        return 2
+    report = build_report(plan, plan_config(plan), out, _read_json(out / START_EVAL_FILE))
+    write_report(report, out)
+    print(json.dumps({k: {"rounds": m["rounds_done"], "cumulative_reward": m["cumulative_reward"]}
+                      for k, m in report["mixes"].items()}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,191 @@
+"""`sapling-node experiment` on tiny models: three nodes through a real loopback relay, resume, bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from engine.cli import main
+from engine.config import build_config
+from engine.errors import ConfigError
+from engine.experiment import (
+    Experiment,
+    Hooks,
+    Mix,
+    NodeBackend,
+    make_plan,
+    parse_mixes,
+)
+from engine.experiment_report import baseline_of, two_way_bootstrap
+from engine.paths import Paths
+from engine.sapo import Control
+
+
+def parity_reward(question: Any, completion: str) -> float:
+    """A verifier a random model satisfies about half the time, so groups carry a gradient."""
+    return float(len(completion) % 2)
+
+
+def fast(model_dir: Path) -> list[str]:
+    return [
+        "tasks.questions_per_round=2", "tasks.completions_per_question=4", "tasks.max_new_tokens=12",
+        "tasks.eval_every=1", "tasks.eval_questions=9", "grpo.micro_batch=8", "grpo.learning_rate=0.02",
+        "run.device='cpu'", f"model.source='{model_dir}'",
+    ]
+
+
+def run(plan: Any, out: Path, home: Path, control: Control | None = None, **hooks: Any) -> tuple[Experiment, dict[str, Any]]:
+    experiment = Experiment(plan, out, Paths.under(home), Hooks(reward=parity_reward, **hooks), control)
+    return experiment, experiment.run()
+
+
+def adapters(out: Path, mix: Mix, nodes: int, round_index: int) -> list[dict[str, torch.Tensor]]:
+    return [load_file(str(out / mix.slug / f"node-{k}" / "checkpoints" / f"node-{k}" / f"round-{round_index:06d}" / "adapter.safetensors"))
+            for k in range(nodes)]
+
+
+def test_three_nodes_share_through_a_real_relay_and_the_report_compares_the_mixes(tiny_model_dir: Path, tmp_path: Path) -> None:
+    plan = make_plan("default", 3, "2/0,1/1", 2, fast(tiny_model_dir))
+    experiment, report = run(plan, tmp_path / "out", tmp_path / "home")
+
+    assert set(report["mixes"]) == {"2/0", "1/1"} and report["complete"]
+    for label in ("2/0", "1/1"):
+        mix = report["mixes"][label]
+        assert mix["rounds_done"] == 2 and len(mix["reward_by_round"]) == 2
+        assert mix["cumulative_reward"] == pytest.approx(sum(mix["reward_by_node"]))
+        assert mix["mean_reward"] == pytest.approx(mix["cumulative_reward"] / (3 * 2))
+        assert mix["eval_start"]["questions"] == 9 and len(mix["eval_end"]["nodes"]) == 3
+    assert report["mixes"]["2/0"]["external_groups_per_node_round"] == 0
+    assert report["mixes"]["1/1"]["external_groups_per_node_round"] > 0
+    assert report["mixes"]["1/1"]["against_baseline"]["baseline"] == "2/0"
+    # Round 1 starts from the same base with the same seeds and questions: the mixes differ only later.
+    assert report["mixes"]["2/0"]["reward_by_round"][0] == report["mixes"]["1/1"]["reward_by_round"][0]
+    for name in ("report.json", "report.md", "reward.png"):
+        assert (tmp_path / "out" / name).stat().st_size > 0
+
+    # Each node signed with its own identity and took verified groups only from the two others.
+    sharing = tmp_path / "out" / "mix-1-1"
+    ids = [json.loads(line)["swarm"]["by_peer"] for k in range(3)
+           for line in (sharing / f"node-{k}" / "metrics.jsonl").read_text().splitlines()[-1:]]
+    peer_keys = [(sharing / f"node-{k}" / "identity.key").read_bytes() for k in range(3)]
+    assert len(set(peer_keys)) == 3
+    assert all(by_peer for by_peer in ids)
+    assert sum(v["accepted"] for by_peer in ids for v in by_peer.values()) > 0
+    # One frozen base, one adapter per node: the nodes' adapters trained apart.
+    trained = adapters(tmp_path / "out", Mix(1, 1), 3, 2)
+    assert any(not torch.equal(trained[0][k], trained[1][k]) for k in trained[0])
+    assert isinstance(experiment.shared, object) and experiment.shared.grpo.finetune == "lora"
+
+
+def test_a_resumed_experiment_ends_with_the_same_numbers_and_weights(tiny_model_dir: Path, tmp_path: Path) -> None:
+    plan = make_plan("default", 3, "1/2", 3, fast(tiny_model_dir))
+    _, straight = run(plan, tmp_path / "straight", tmp_path / "home")
+
+    control = Control()
+
+    def stop_after_round_1(mix: Mix, record: dict[str, Any]) -> None:
+        if record["round"] == 1:
+            control.stop()
+
+    _, partial = run(plan, tmp_path / "stopped", tmp_path / "home", control, round_done=stop_after_round_1)
+    assert partial["mixes"]["1/2"]["rounds_done"] == 1 and not partial["complete"]
+    _, resumed = run(plan, tmp_path / "stopped", tmp_path / "home")  # a new process would do the same
+
+    a, b = straight["mixes"]["1/2"], resumed["mixes"]["1/2"]
+    assert b["rounds_done"] == 3
+    assert a["external_groups_per_node_round"] > 0
+    for key in ("cumulative_reward", "reward_by_round", "reward_by_node", "informative_groups_per_node_round",
+                "external_groups_per_node_round", "rejected_external_items"):
+        assert a[key] == b[key], key
+    assert a["eval_end"]["nodes"] == b["eval_end"]["nodes"]
+    for x, y in zip(adapters(tmp_path / "straight", Mix(1, 2), 3, 3), adapters(tmp_path / "stopped", Mix(1, 2), 3, 3), strict=True):
+        assert all(torch.equal(x[k], y[k]) for k in x)
+    straight_loss = [json.loads(line)["loss"] for line in (tmp_path / "straight" / "mix-1-2" / "rounds.jsonl").read_text().splitlines()]
+    resumed_loss = [json.loads(line)["loss"] for line in (tmp_path / "stopped" / "mix-1-2" / "rounds.jsonl").read_text().splitlines()]
+    assert straight_loss == resumed_loss
+
+
+def test_each_node_trains_only_its_own_adapter_over_the_one_base(tiny_model_dir: Path, tmp_path: Path) -> None:
+    plan = make_plan("default", 2, "2/0", 1, fast(tiny_model_dir))
+    experiment = Experiment(plan, tmp_path / "out", Paths.under(tmp_path / "home"), Hooks(reward=parity_reward))
+    experiment._load_model()
+    shared = experiment.shared
+    one, two = (NodeBackend(shared, shared.new_adapter_slot(seed)) for seed in (1, 2))
+    base = {n: p.detach().clone() for n, p in shared.model.named_parameters() if not p.requires_grad}
+    before_two = [t.clone() for t in two.slot.tensors]
+    prompts = [[5, 6, 7, 8]]
+    items = shared.generate(prompts, 4, 6, 1.0)
+    from engine.rollouts import TrainItem
+
+    one.train([TrainItem(prompts[0], c.token_ids, c.logprobs, 1.0 if i % 2 else -1.0) for i, c in enumerate(items)])
+    assert all(torch.equal(a, b) for a, b in zip(before_two, two.slot.tensors, strict=True))
+    assert any(not torch.equal(a, b) for a, b in zip(before_two, one.slot.tensors, strict=True))
+    assert all(torch.equal(base[n], p) for n, p in shared.model.named_parameters() if not p.requires_grad)
+    # The per-row decoder sees each node's own adapter: node one's rows match a call with its adapter alone.
+    together = shared.generate_with_adapters(prompts * 2, 3, 6, 1.0, [one.lora(), two.lora()], [0, 1], seeds=[11, 12])
+    alone = shared.generate_with_adapters(prompts, 3, 6, 1.0, [one.lora()], [0], seeds=[11])
+    assert [c.token_ids for c in together[:3]] == [c.token_ids for c in alone]
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("8-0", "whole numbers"), ("8/0,x/4", "whole numbers"), ("4/4,4/4", "twice"), ("", "whole numbers"),
+])
+def test_a_mix_that_is_not_two_whole_numbers_is_refused(text: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        parse_mixes(text)
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--mixes", "8-0"], "whole numbers"),
+    (["--nodes", "1"], "at least 2"),
+    (["--nodes", "2", "--mixes", "8/0,1/9"], "the 8 groups the other 1 node"),
+    (["--preset", "huge"], "--preset must be one of default, paper"),
+    (["--mixes", "0/8"], "I must be at least 1"),
+    (["--mixes", "9/0"], "more than the 8 questions"),
+])
+def test_bad_input_gets_one_sentence_and_exit_2(argv: list[str], message: str, tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["experiment", "--out", str(tmp_path / "x"), "--home", str(tmp_path / "h"), *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1 and "Traceback" not in err
+    assert not (tmp_path / "x").exists()
+
+
+def test_an_out_folder_holding_other_settings_is_not_reused(tiny_model_dir: Path, tmp_path: Path) -> None:
+    first = make_plan("default", 2, "2/0", 1, fast(tiny_model_dir))
+    run(first, tmp_path / "out", tmp_path / "home")
+    other = make_plan("default", 3, "2/0", 1, fast(tiny_model_dir))
+    with pytest.raises(ConfigError, match="--resume or choose another --out"):
+        Experiment(other, tmp_path / "out", Paths.under(tmp_path / "home")).run()
+    assert Experiment.saved_plan(tmp_path / "out") == first
+
+
+def test_the_paper_preset_is_the_papers_eight_nodes_and_four_mixes() -> None:
+    plan = make_plan("paper", None, None, None, [])
+    assert plan.nodes == 8 and [m.label for m in plan.mixes] == ["8/0", "6/2", "4/4", "2/6"]
+    cfg = build_config("paper", None, ["tasks.questions_per_round=9"])
+    assert cfg.tasks.completions_per_question == 8 and cfg.grpo.kl_beta == 0.0
+
+
+def test_the_bootstrap_ratio_of_a_table_to_its_half_is_exactly_two() -> None:
+    b = [[0.1, 0.2, 0.3], [0.4, 0.0, 0.2]]
+    a = [[2 * x for x in row] for row in b]
+    result = two_way_bootstrap(a, b, samples=200)
+    assert result["ratio"] == pytest.approx(2.0)
+    assert result["ratio_ci95"] == pytest.approx([2.0, 2.0])
+    # mean of b is 1.2 / 6 = 0.2, so a - b is 0.2 per node-round
+    assert result["difference"] == pytest.approx(0.2)
+    lo, hi = result["difference_ci95"]
+    assert lo <= 0.2 <= hi and lo > 0
+
+
+def test_the_baseline_of_a_mix_is_the_all_local_mix_of_the_same_size() -> None:
+    assert baseline_of("4/4", ["8/0", "4/4"]) == "8/0"
+    assert baseline_of("1/1", ["2/0", "1/1"]) == "2/0"
+    assert baseline_of("8/0", ["8/0", "4/4"]) is None
+    assert baseline_of("1/2", ["2/0", "1/2"]) is None
