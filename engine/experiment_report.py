@@ -85,6 +85,7 @@ def _mix_summary(records: list[dict[str, Any]], nodes: int) -> dict[str, Any]:
         "last10_mean_reward": _mean(per_round[-WINDOW:]),
         "external_groups_per_node_round": _mean([sum(rec["external_groups"]) / nodes for rec in records]),
         "informative_groups_per_node_round": _mean([sum(rec["informative_groups"]) / nodes for rec in records]),
+        "trained_own_informative_per_node_round": _mean([sum(rec["trained_own_informative"]) / nodes for rec in records]),
         "rejected_external_items": rejected,
         "seconds_per_round": _mean([rec["seconds"] for rec in records]),
         "generate_seconds_per_round": _mean([rec["generate_seconds"] for rec in records]),
@@ -177,12 +178,14 @@ def report_markdown(report: dict[str, Any]) -> str:
             f"{_fmt(m['first10_mean_reward'])} | {_fmt(m['last10_mean_reward'])} | "
             f"{_pct(m['eval_start'])} -> {_pct(m['eval_end'])} | {ratio} | {diff} | {paper_text} |"
         )
-    lines += ["", "| mix | external groups / node-round | informative groups / node-round | rejected external items | s / round |",
+    lines += ["", "Per node and round: groups trained on (own informative + external, all informative), "
+              "rejected external items by reason, and seconds per round (all nodes).", "",
+              "| mix | own informative trained | external | rejected external items | s / round |",
               "|---|---|---|---|---|"]
     for label, m in report["mixes"].items():
         rejected = ", ".join(f"{k} {v}" for k, v in sorted(m["rejected_external_items"].items())) or "-"
-        lines.append(f"| {label} | {_fmt(m['external_groups_per_node_round'], 2)} | "
-                     f"{_fmt(m['informative_groups_per_node_round'], 2)} | {rejected} | {_fmt(m['seconds_per_round'], 1)} |")
+        lines.append(f"| {label} | {_fmt(m['trained_own_informative_per_node_round'], 2)} | "
+                     f"{_fmt(m['external_groups_per_node_round'], 2)} | {rejected} | {_fmt(m['seconds_per_round'], 1)} |")
     lines += ["", "![reward per round](reward.png)", ""]
     return "\n".join(lines)
 
