@@ -26,7 +26,8 @@ system-deps:
 # llama-cpp-python (Try it, GGUF export): PyPI has only its source, which compiles in about 4 minutes
 # here. It is always built portable (GGML_NATIVE=OFF): a -march=native build crashed with "Illegal
 # instruction" loading the bundled Q4_1 GGUF on this kind of machine. pip caches a built wheel under
-# the source's location, so the source is kept in a cache folder outside the checkout: every later
+# the source's location (when named as `name @ file://...`; a bare path is never looked up), so the
+# source is kept in a cache folder outside the checkout: every later
 # venv, in any clone, installs the cached portable wheel in seconds, and a native wheel that pip may
 # have cached for PyPI's own URL is never picked up. llama.cpp's GGUF converters come from the same
 # source (the wheel leaves them out): engine/export.py finds them in <venv>/share/sapling/.
@@ -40,7 +41,7 @@ LLAMA_CPP_CONVERT := convert_hf_to_gguf.py convert_lora_to_gguf.py conversion gg
 define install_llama_cpp
 	mkdir -p $(LLAMA_CPP_CACHE)
 	test -f $(LLAMA_CPP_SDIST) || $(1)/bin/pip download -q --no-deps --no-binary :all: -d $(LLAMA_CPP_CACHE) llama-cpp-python==$(LLAMA_CPP_VERSION)
-	CMAKE_ARGS="-DGGML_NATIVE=OFF" CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc 2>/dev/null || echo 2) $(1)/bin/pip install -q $(LLAMA_CPP_SDIST)
+	CMAKE_ARGS="-DGGML_NATIVE=OFF" CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc 2>/dev/null || echo 2) $(1)/bin/pip install -q "llama-cpp-python @ file://$(LLAMA_CPP_SDIST)"
 	rm -rf $(1)/share/sapling/llama.cpp-convert && mkdir -p $(1)/share/sapling/llama.cpp-convert
 	tar -xzf $(LLAMA_CPP_SDIST) -C $(1)/share/sapling/llama.cpp-convert --strip-components=3 $(addprefix $(LLAMA_CPP_SRC)/,$(LLAMA_CPP_CONVERT))
 endef
