@@ -235,19 +235,23 @@ class DecodeModel:
         y = F.linear(x, weight, bias)
         return y if lora is None else lora.add(index, kind, x, y)
 
-    def prefill(self, prompts: list[list[int]], groups: list[int], cache: _Cache, lora: _LoraStep | None) -> torch.Tensor:
+    def prefill(self, prompts: list[list[int]], groups: list[int], shared: list[tuple[int, int]], cache: _Cache,
+                lora: _LoraStep | None) -> torch.Tensor:
         """Runs prompts packed into one sequence (no padding), writes their K/V into cache groups `groups`.
 
         The matmuls see all the prompts' tokens at once (a tall GEMM runs
         faster than one per prompt); attention stays within each prompt.
-        Returns each prompt's last-position logits [prompts, vocab].
+        shared[i] = (group, k): prompt i's first k tokens are those of an
+        earlier group (the same adapter), already written in this layer or
+        an earlier prefill; their K/V are copied, not recomputed. Returns
+        each prompt's last-position logits [prompts, vocab].
         """
-        lengths = [len(p) for p in prompts]
+        lengths = [len(p) - k for p, (_, k) in zip(prompts, shared, strict=True)]
         starts = [sum(lengths[:i]) for i in range(len(lengths))]
-        cos, sin = self.rope_table(max(lengths))
-        positions = torch.cat([torch.arange(n, device=self.device) for n in lengths])
+        cos, sin = self.rope_table(max(len(p) for p in prompts))
+        positions = torch.cat([torch.arange(k, len(p), device=self.device) for p, (_, k) in zip(prompts, shared, strict=True)])
         cos, sin = cos[positions][:, None], sin[positions][:, None]
-        x = F.embedding(torch.tensor([t for p in prompts for t in p], device=self.device), self.embed)
+        x = F.embedding(torch.tensor([t for p, (_, k) in zip(prompts, shared, strict=True) for t in p[k:]], device=self.device), self.embed)
         tokens = x.shape[0]
         for index, block in enumerate(self.blocks):
             h = _rms(x, block.norm1, self.eps)
@@ -258,12 +262,21 @@ class DecodeModel:
             k = _rope(k.view(tokens, self.kv_heads, self.head_dim), cos, sin).transpose(0, 1)
             v = v.view(tokens, self.kv_heads, self.head_dim).transpose(0, 1)
             attn = torch.empty_like(q)
-            for group, start, length in zip(groups, starts, lengths, strict=True):
-                end = start + length
-                cache.keys[index][group, :, :length] = k[:, start:end]
-                cache.values[index][group, :, :length] = v[:, start:end]
+            keys, values = cache.keys[index], cache.values[index]
+            for group, start, length, (parent, known) in zip(groups, starts, lengths, shared, strict=True):
+                end, full = start + length, known + length
+                keys[group, :, known:full] = k[:, start:end]
+                values[group, :, known:full] = v[:, start:end]
+                if known == 0:
+                    attn[:, start:end] = F.scaled_dot_product_attention(
+                        q[None, :, start:end], k[None, :, start:end], v[None, :, start:end], is_causal=True, enable_gqa=True
+                    )[0]
+                    continue
+                keys[group, :, :known] = keys[parent, :, :known]
+                values[group, :, :known] = values[parent, :, :known]
+                causal = torch.arange(full, device=self.device)[None, :] <= torch.arange(known, full, device=self.device)[:, None]
                 attn[:, start:end] = F.scaled_dot_product_attention(
-                    q[None, :, start:end], k[None, :, start:end], v[None, :, start:end], is_causal=True, enable_gqa=True
+                    q[None, :, start:end], keys[None, group, :, :full], values[None, group, :, :full], attn_mask=causal, enable_gqa=True
                 )[0]
             x = x + self._linear(block, "o", attn.transpose(0, 1).reshape(tokens, -1), lora, index)
             h = _rms(x, block.norm2, self.eps)
@@ -491,8 +504,9 @@ def decode_batch(
         hidden, inter = model.embed.shape[1], model.blocks[0].mats["down"][0].shape[1]
         stack = _AdapterStack(model, adapters, {"qkv": [q_out, kv_out, kv_out], "o": [hidden], "gate_up": [inter, inter], "down": [hidden]})
 
-    # Chunks of prompts (shortest first) whose cache fits the budget.
-    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    # Chunks of prompts whose cache fits the budget, in (adapter, token) order: prompts that share
+    # a prefix (the system prompt, a specialty's instructions) sit together and share its prefill.
+    order = sorted(range(len(prompts)), key=lambda i: (row_adapter[i * n], prompts[i]))
     chunks: list[list[int]] = []
     for i in order:
         if chunks:
@@ -524,10 +538,20 @@ def _decode_chunk(
 ) -> list[DecodedRow]:
     device = model.device
     cache = _Cache(model, [len(p) for p in prompts], n, max_new)
+    # Prompts come sorted by (adapter, tokens): the earlier prompt sharing the longest prefix is the one before.
+    shared = [(0, 0)]
+    for b in range(1, len(prompts)):
+        common = 0
+        if group_adapter[b] == group_adapter[b - 1]:
+            for x, y in zip(prompts[b - 1], prompts[b], strict=False):
+                if x != y:
+                    break
+                common += 1
+        shared.append((b - 1, min(common, len(prompts[b]) - 1)))  # the last token is always run: its logits are needed
     first = []
-    packs: list[list[int]] = []  # prompts packed up to PREFILL_TOKENS a forward
+    packs: list[list[int]] = []  # prompts packed up to PREFILL_TOKENS computed tokens a forward
     for b, prompt in enumerate(prompts):
-        if packs and sum(len(prompts[i]) for i in packs[-1]) + len(prompt) <= PREFILL_TOKENS:
+        if packs and sum(len(prompts[i]) - shared[i][1] for i in packs[-1]) + len(prompt) - shared[b][1] <= PREFILL_TOKENS:
             packs[-1].append(b)
         else:
             packs.append([b])
@@ -536,8 +560,8 @@ def _decode_chunk(
             on_step(offset, total)  # pause blocks and stop raises here too: a long prompt set takes a while
         lora = None
         if stack is not None:
-            lora = _LoraStep(stack, [group_adapter[b] for b in pack for _ in prompts[b]])
-        first.append(model.prefill([prompts[b] for b in pack], pack, cache, lora))
+            lora = _LoraStep(stack, [group_adapter[b] for b in pack for _ in prompts[b][shared[b][1] :]])
+        first.append(model.prefill([prompts[b] for b in pack], pack, [shared[b] for b in pack], cache, lora))
     rows = len(prompts) * n
     tokens: list[list[int]] = [[] for _ in range(rows)]
     logprobs: list[list[float]] = [[] for _ in range(rows)]

@@ -1,0 +1,297 @@
+"""Rollout speed: the fast decoder (engine/backends/decode.py) against HF generate, measured in one run.
+
+    .venv/bin/python -m bench.rollout_speed              # full: 3 rounds, evaluation of 27 and 108, adapters, RSS
+    .venv/bin/python -m bench.rollout_speed --quick      # smaller (under 5 minutes on the 2-core dev machine)
+    .venv/bin/python -m bench.rollout_speed --threads 1  # torch threads (default: torch's, as the engine)
+
+One backend (bundled SmolLM2-135M-Instruct, the default config: LoRA, bf16
+where native, else fp32) runs both sides in this process, alternating old and
+new, repeat by repeat, so load from other processes falls on both:
+
+1. **Sampling.** The default round's real questions and seeds (rounds 1..R:
+   B questions x G completions, up to 48 new tokens, temperature 0.7,
+   `backend.reseed(derive_seed(seed, round))` as the engine does). Old is
+   `TorchBackend._generate_hf` (HF generate), new is `generate`. Useful
+   tokens are the completions' own tokens (EOS included), as the round's
+   `tokens_per_second` counts them.
+2. **Roofline.** The model's own matmuls (q/k/v, o, gate/up, down per layer,
+   then the LM head) as plain GEMMs at the batch's row count, in the decoder's
+   dtype: B x G rows divided by that GEMM time is the decode throughput with
+   no attention, no sampling, no prompt and no overhead. The new path's useful
+   tok/s is reported as a share of it.
+3. **Greedy evaluation** of the held-out set, old (`_greedy_hf`) against new
+   (`greedy`), with the count of identical answers; then the new path on the
+   larger set, and the evaluation time per 10 rounds both ways.
+4. **Per-row adapters.** Four random LoRA adapters (the engine's rank and
+   alpha) over the frozen base, the round's prompts split between them, every
+   row forced to the full 48 tokens (no EOS) so all sides do the same work:
+   one batch with 4 adapters against the same batch with 1 adapter, against
+   the node's merged-weights path, and against 4 separate runs.
+5. **Peak RSS of a default round** (full run only): one child process per
+   side runs `Node.run_round()` once (solo, no evaluation) and reports its
+   peak RSS and the round's `tokens_per_second`.
+
+llama.cpp is not measured here (docs/results.md, "Rollout speed", says why).
+The last line is always `useful tok/s new/old = X.XX`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def peak_rss_bytes() -> int:
+    import resource
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak if sys.platform == "darwin" else peak * 1024)
+
+
+def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
+    start = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - start, out
+
+
+def gemm_seconds(config: Any, rows: int, dtype: Any, repeats: int = 3) -> float:
+    """Median time of the model's matmuls for one decode step of `rows` rows, as plain GEMMs."""
+    import torch
+
+    hidden, inter = config.hidden_size, config.intermediate_size
+    head_dim = getattr(config, "head_dim", None) or hidden // config.num_attention_heads
+    q, kv = config.num_attention_heads * head_dim, config.num_key_value_heads * head_dim
+    shapes = [(hidden, q + 2 * kv), (q, hidden), (hidden, 2 * inter), (inter, hidden)]
+    weights = [torch.randn(out, fan_in).to(dtype) for fan_in, out in shapes]
+    inputs = [torch.randn(rows, fan_in).to(dtype) for fan_in, _ in shapes]
+    head, head_in = torch.randn(config.vocab_size, hidden).to(dtype), torch.randn(rows, hidden).to(dtype)
+
+    def step() -> None:
+        for _ in range(config.num_hidden_layers):
+            for x, w in zip(inputs, weights, strict=True):
+                torch.nn.functional.linear(x, w)
+        torch.nn.functional.linear(head_in, head)
+
+    step()
+    return statistics.median(timed(step)[0] for _ in range(repeats))
+
+
+def random_adapters(backend: Any, count: int, seed: int) -> list[Any]:
+    """`count` LoRA adapters shaped like the node's own (rank, alpha, target layers), random values."""
+    import torch
+
+    from engine.backends.decode import LoraAdapter
+
+    template = LoraAdapter.from_peft(backend.model)
+    generator = torch.Generator().manual_seed(seed)
+    adapters = []
+    for _ in range(count):
+        weights = {}
+        for key, (a, b, scaling) in template.weights.items():
+            new_a = torch.randn(a.shape, generator=generator) / a.shape[1] ** 0.5
+            new_b = torch.randn(b.shape, generator=generator) * 0.02
+            weights[key] = (new_a, new_b, scaling)
+        adapters.append(LoraAdapter(weights))
+    return adapters
+
+
+def rss_round(side: str, threads: int) -> dict[str, Any]:
+    """Child: one default round (solo, no evaluation) with the old or new sampler; its peak RSS and metrics."""
+    import torch
+
+    from engine.config import build_config
+    from engine.paths import Paths
+    from engine.sapo import Node
+
+    if threads:
+        torch.set_num_threads(threads)
+    cfg = build_config("default", None, ["tasks.eval_every=0", "run.device='cpu'", "swarm.mode='solo'", f"run.threads={threads}"])
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        paths = Paths(config_dir=work / "config", data_dir=work / "data", cache_dir=Paths.default().cache_dir, log_dir=work / "logs")
+        node = Node(cfg, paths, emit=lambda event: None)
+        node.setup()
+        backend: Any = node.backend
+        if side == "old":
+            backend.generate = backend._generate_hf
+        metrics = node.run_round()
+    return {
+        "peak_rss_bytes": peak_rss_bytes(),
+        "tokens_per_second": metrics["tokens_per_second"],
+        "generate_seconds": metrics["generate_seconds"],
+        "train_seconds": metrics["train_seconds"],
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="one round of 4 questions, 9 held-out questions, no RSS children")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (default 0: torch's default, as the engine)")
+    parser.add_argument("--rounds", type=int, default=None, help="rounds of questions to sample (default 3, quick 1)")
+    parser.add_argument("--repeats", type=int, default=None, help="alternating repeats per side (default 2, quick 1)")
+    parser.add_argument("--eval-large", type=int, default=108, help="the larger held-out set for the new path (default 108)")
+    parser.add_argument("--rss-child", choices=["old", "new"], help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.rss_child:
+        print(json.dumps(rss_round(args.rss_child, args.threads)))
+        return 0
+
+    import torch
+
+    from engine.backends.decode import DecodeModel, decode_batch
+    from engine.backends.torch_backend import TorchBackend
+    from engine.config import NodeConfig
+    from engine.device import pick_device
+    from engine.models import resolve_model_dir
+    from engine.paths import Paths
+    from engine.sapo import derive_seed
+    from engine.tasks import TaskSet
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    cfg = NodeConfig()
+    t = cfg.tasks
+    rounds = args.rounds or (1 if args.quick else 3)
+    repeats = args.repeats or (1 if args.quick else 2)
+    questions = 4 if args.quick else t.questions_per_round
+    G, T = t.completions_per_question, t.max_new_tokens
+    model_dir = resolve_model_dir("bundled", Paths.default().models_cache)
+    backend = TorchBackend(model_dir, pick_device("cpu"), cfg.grpo, cfg.run.seed, t.temperature)
+    taskset = TaskSet(t.specialties, t.dataset_configs, seed=cfg.run.seed)
+    dtype = torch.bfloat16 if backend.autocast else torch.float32
+    print(f"rollout_speed: bundled SmolLM2-135M, {questions} questions x {G} completions, up to {T} new tokens, "
+          f"temperature {t.temperature}, rounds 1..{rounds}, {torch.get_num_threads()} threads, "
+          f"decoder dtype {str(dtype).replace('torch.', '')} (bf16 native: {'yes' if backend.device.bf16 else 'no'}), "
+          f"LoRA r{cfg.grpo.lora_rank}{', quick' if args.quick else ''}")
+
+    # 1. Sampling, old and new alternating.
+    round_prompts = []
+    for r in range(1, rounds + 1):
+        drawn = taskset.draw(r, questions)
+        round_prompts.append((r, [backend.encode_prompt(taskset.messages(q)) for q in drawn]))
+    sides = {"old": backend._generate_hf, "new": backend.generate}
+    seconds: dict[str, list[float]] = {"old": [], "new": []}
+    useful: dict[str, list[int]] = {"old": [], "new": []}
+    for rep in range(repeats):
+        for name in (("old", "new") if rep % 2 == 0 else ("new", "old")):
+            total_s, total_tokens = 0.0, 0
+            for r, prompts in round_prompts:
+                backend.reseed(derive_seed(cfg.run.seed, r))
+                took, out = timed(partial(sides[name], prompts, G, T, t.temperature))
+                total_s += took
+                total_tokens += sum(len(c.token_ids) for c in out)
+            seconds[name].append(total_s)
+            useful[name].append(total_tokens)
+    rate = {name: sum(useful[name]) / sum(seconds[name]) for name in sides}
+    rows = questions * G
+    print(f"sampling, {rounds} round(s) x {repeats} repeat(s) per side (prompt + decode; the weights' merge copy included):")
+    for name in sides:
+        per_round = [round(s / rounds, 1) for s in seconds[name]]
+        print(f"  {name}: {rate[name]:6.1f} useful tok/s   s/round {per_round}   useful tokens/round "
+              f"{sum(useful[name]) / len(useful[name]) / rounds:.0f} of {rows * T} decoded by HF at most")
+
+    # 2. Roofline at the batch's row count.
+    gemm = gemm_seconds(backend.model.config, rows, dtype)
+    roofline = rows / gemm
+    print(f"roofline: the model's matmuls for one {rows}-row step take {gemm * 1000:.0f} ms as plain "
+          f"{str(dtype).replace('torch.', '')} GEMMs = {roofline:.0f} tok/s; new path {rate['new'] / roofline:.1%} "
+          f"of it, old {rate['old'] / roofline:.1%}")
+
+    # 3. Greedy evaluation.
+    small = 9 if args.quick else t.eval_questions
+    eval_prompts = [backend.encode_prompt(taskset.messages(q)) for q in taskset.eval_set(small)]
+    greedy = {"old": backend._greedy_hf, "new": backend.greedy}
+    eval_s: dict[str, list[float]] = {"old": [], "new": []}
+    answers: dict[str, list[str]] = {}
+    for rep in range(repeats):
+        for name in (("old", "new") if rep % 2 == 0 else ("new", "old")):
+            took, answers[name] = timed(partial(greedy[name], eval_prompts, T))
+            eval_s[name].append(took)
+    old_eval, new_eval = statistics.median(eval_s["old"]), statistics.median(eval_s["new"])
+    same = sum(a == b for a, b in zip(answers["old"], answers["new"], strict=True))
+    print(f"greedy evaluation, {small} held-out questions: old {old_eval:.1f} s {[round(s, 1) for s in eval_s['old']]}, "
+          f"new {new_eval:.1f} s {[round(s, 1) for s in eval_s['new']]}: {old_eval / new_eval:.2f}x faster; "
+          f"{same} of {small} answers identical")
+    if not args.quick:
+        large = args.eval_large
+        large_prompts = [backend.encode_prompt(taskset.messages(q)) for q in taskset.eval_set(large)]
+        large_s, _ = timed(lambda: backend.greedy(large_prompts, T))
+        print(f"greedy evaluation, {large} held-out questions, new: {large_s:.1f} s; per 10 rounds (one evaluation): "
+              f"old at {small} questions {old_eval:.1f} s, new at {large} questions {large_s:.1f} s")
+
+    # 4. Per-row adapters: the same rows, all forced to T tokens.
+    adapters = random_adapters(backend, 4, seed=7)
+    prompts = round_prompts[0][1]
+    index = [i * 4 // len(prompts) for i in range(len(prompts))]
+    seeds = [11, 12, 13, 14]
+    new_tokens = 16 if args.quick else T
+    base = DecodeModel(backend.model, dtype)
+
+    def run(model: Any, chosen: list[int], **lora: Any) -> Any:
+        backend.reseed(1)
+        return decode_batch(model, [prompts[i] for i in chosen], G, new_tokens, -1, t.temperature, **lora)
+
+    everything = list(range(len(prompts)))
+    cases: dict[str, Callable[[], Any]] = {
+        "4 adapters, one batch": lambda: run(base, everything, adapters=adapters, adapter_index=index, seeds=seeds),
+        "1 adapter, one batch": lambda: run(base, everything, adapters=adapters[:1], adapter_index=[0] * len(prompts), seeds=seeds[:1]),
+        "1 adapter merged (the node's path)": lambda: run(DecodeModel(backend.model, dtype, merge=adapters[0]), everything),
+        "4 separate runs": lambda: [
+            run(base, [i for i in everything if index[i] == a], adapters=[adapters[a]], adapter_index=[0] * index.count(a), seeds=[seeds[a]])
+            for a in range(4)
+        ],
+    }
+    case_s: dict[str, list[float]] = {name: [] for name in cases}
+    outputs: dict[str, Any] = {}
+    for rep in range(repeats):
+        for name in (list(cases) if rep % 2 == 0 else list(reversed(cases))):
+            took, outputs[name] = timed(cases[name])
+            case_s[name].append(took)
+    separate = [row for part in outputs["4 separate runs"] for row in part]
+    same_rows, worst = 0, 0.0
+    for a, b in zip(outputs["4 adapters, one batch"], separate, strict=True):
+        same_rows += a.tokens == b.tokens
+        common = next((k for k, (x, y) in enumerate(zip(a.tokens, b.tokens, strict=True)) if x != y), len(a.tokens))
+        worst = max([worst] + [abs(x - y) for x, y in zip(a.logprobs[: common + 1], b.logprobs[: common + 1], strict=True)])
+    mixed = statistics.median(case_s["4 adapters, one batch"])
+    print(f"per-row adapters, {len(prompts)} prompts x {G} rows x {new_tokens} tokens (no EOS), 4 adapters of rank {cfg.grpo.lora_rank}:")
+    for name, values in case_s.items():
+        median = statistics.median(values)
+        print(f"  {name:36s} {median:6.1f} s {[round(v, 1) for v in values]}   4-adapter batch / this = {mixed / median:.2f}")
+    print(f"  rows of the 4-adapter batch identical to the separate runs': {same_rows} of {len(separate)}; log-probs up to "
+          f"the first differing token within {worst:.1e} (fp32 rounding can move a draw in a flat tail across a token)")
+
+    # 5. Peak RSS of a default round, one child per side.
+    if not args.quick:
+        children = {}
+        for name in ("old", "new"):
+            out = subprocess.run(
+                [sys.executable, "-m", "bench.rollout_speed", "--rss-child", name, "--threads", str(args.threads)],
+                cwd=REPO_ROOT, capture_output=True, text=True, check=True,
+            )
+            children[name] = json.loads(out.stdout.strip().splitlines()[-1])
+        o, n = children["old"], children["new"]
+        print(f"default round in a child (solo, no evaluation): peak RSS old {o['peak_rss_bytes'] / 2**30:.2f} GB, "
+              f"new {n['peak_rss_bytes'] / 2**30:.2f} GB ({n['peak_rss_bytes'] / o['peak_rss_bytes'] - 1:+.1%}); "
+              f"metrics tokens_per_second old {o['tokens_per_second']:.1f}, new {n['tokens_per_second']:.1f}; "
+              f"generate s old {o['generate_seconds']:.1f}, new {n['generate_seconds']:.1f}")
+
+    print(f"reproduce: .venv/bin/python -m bench.rollout_speed{' --quick' if args.quick else ''}"
+          f"{f' --threads {args.threads}' if args.threads else ''}")
+    print(f"useful tok/s new/old = {rate['new'] / rate['old']:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
