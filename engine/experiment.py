@@ -335,6 +335,7 @@ class Experiment:
         check_plan(plan, self.config)
         self.shared: Any = None
         self.taskset: Any = None
+        self.threads: Any = None  # engine.priority.ThreadPolicy, once the model is loaded
 
     # -- the plan on disk ---------------------------------------------------------------------
     @staticmethod
@@ -364,12 +365,13 @@ class Experiment:
         from engine.backends.torch_backend import TorchBackend
         from engine.device import pick_device
         from engine.models import resolve_model_dir
+        from engine.priority import ThreadPolicy
         from engine.tasks import TaskSet
 
         cfg = self.config
-        if cfg.run.threads:
-            torch.set_num_threads(cfg.run.threads)
         device = pick_device(cfg.run.device)
+        # As `sapling-node run`: run.threads, or (0) the CPUs other programs leave free, re-measured as it goes.
+        self.threads = ThreadPolicy(cfg.run.threads, torch.set_num_threads, max_threads=torch.get_num_threads())
         if device.kind not in ("cpu", "cuda"):
             raise DeviceError(f"The experiment runs on the torch backend; {device.kind} is not supported (use --device cpu or cuda).")
         self.hooks.say(f"Loading {cfg.model.source} on {device.describe()}")
@@ -444,6 +446,8 @@ class Experiment:
     def _progress(self, phase: str, done: int, total: int) -> None:
         if self.control.stopping:
             raise RoundAborted(phase)
+        if self.threads is not None:
+            self.threads.update()
         self.hooks.progress(phase, done, total)
 
     def _run_mix(self, mix: Mix, number: int) -> None:
@@ -510,6 +514,7 @@ class Experiment:
             view = NodeBackend(self.shared, self.shared.new_adapter_slot(derive_seed(cfg.run.seed, 0, 7)))
             node.backend = view
             node.device = self.shared.device
+            node.threads = self.threads
             nodes.append(node)
             views.append(view)
         return nodes, views
