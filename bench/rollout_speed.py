@@ -14,14 +14,17 @@ new, repeat by repeat, so load from other processes falls on both:
    `TorchBackend._generate_hf` (HF generate), new is `generate`. Useful
    tokens are the completions' own tokens (EOS included), as the round's
    `tokens_per_second` counts them.
-2. **Roofline.** The model's own matmuls (q/k/v, o, gate/up, down per layer,
+2. **Roofline and sampler.** The model's own matmuls (q/k/v, o, gate/up, down per layer,
    then the LM head) as plain GEMMs at the batch's row count, in the decoder's
    dtype: B x G rows divided by that GEMM time is the decode throughput with
    no attention, no sampling, no prompt and no overhead. The new path's useful
-   tok/s is reported as a share of it.
-3. **Greedy evaluation** of the held-out set, old (`_greedy_hf`) against new
-   (`greedy`), with the count of identical answers; then the new path on the
-   larger set, and the evaluation time per 10 rounds both ways.
+   tok/s is reported as a share of it. The sampler alone (HF's softmax +
+   multinomial + log_softmax against the decoder's inverse CDF) is timed on
+   one step's logits.
+3. **Greedy evaluation** of the held-out set of 27 (the default before this
+   bench), old (`_greedy_hf`) against new (`greedy`), with the count of
+   identical answers; then the new path on larger sets (54, 108), against
+   the old path's time for 27: one evaluation runs every 10 rounds.
 4. **Per-row adapters.** Four random LoRA adapters (the engine's rank and
    alpha) over the frozen base, the round's prompts split between them, every
    row forced to the full 48 tokens (no EOS) so all sides do the same work:
@@ -140,7 +143,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=0, help="torch threads (default 0: torch's default, as the engine)")
     parser.add_argument("--rounds", type=int, default=None, help="rounds of questions to sample (default 3, quick 1)")
     parser.add_argument("--repeats", type=int, default=None, help="alternating repeats per side (default 2, quick 1)")
-    parser.add_argument("--eval-large", type=int, default=108, help="the larger held-out set for the new path (default 108)")
+    parser.add_argument("--eval-small", type=int, default=27, help="held-out questions timed old against new (default 27, the set before this bench)")
+    parser.add_argument("--eval-large", type=str, default="54,108", help="larger held-out sets timed on the new path (default 54,108)")
     parser.add_argument("--rss-child", choices=["old", "new"], help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.rss_child:
@@ -208,8 +212,20 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"{str(dtype).replace('torch.', '')} GEMMs = {roofline:.0f} tok/s; new path {rate['new'] / roofline:.1%} "
           f"of it, old {rate['old'] / roofline:.1%}")
 
+    # The sampler alone, on one step's logits: HF's (softmax, multinomial, and the recorder's log_softmax) against ours.
+    from engine.backends.decode import _choose
+
+    logits = torch.randn(rows, backend.model.config.vocab_size) * 3
+    uniforms = torch.rand(rows)
+    hf_sampler = statistics.median(timed(lambda: (
+        torch.multinomial(torch.softmax(logits / t.temperature, -1), 1), torch.log_softmax(logits / t.temperature, -1)
+    ))[0] for _ in range(5))
+    our_sampler = statistics.median(timed(lambda: _choose(logits, t.temperature, uniforms))[0] for _ in range(5))
+    print(f"sampler for one {rows}-row step: HF softmax + multinomial + log_softmax {hf_sampler * 1000:.0f} ms, "
+          f"inverse CDF {our_sampler * 1000:.0f} ms")
+
     # 3. Greedy evaluation.
-    small = 9 if args.quick else t.eval_questions
+    small = 9 if args.quick else args.eval_small
     eval_prompts = [backend.encode_prompt(taskset.messages(q)) for q in taskset.eval_set(small)]
     greedy = {"old": backend._greedy_hf, "new": backend.greedy}
     eval_s: dict[str, list[float]] = {"old": [], "new": []}
@@ -223,12 +239,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"greedy evaluation, {small} held-out questions: old {old_eval:.1f} s {[round(s, 1) for s in eval_s['old']]}, "
           f"new {new_eval:.1f} s {[round(s, 1) for s in eval_s['new']]}: {old_eval / new_eval:.2f}x faster; "
           f"{same} of {small} answers identical")
-    if not args.quick:
-        large = args.eval_large
+    for large in [] if args.quick else [int(x) for x in args.eval_large.split(",") if x]:
         large_prompts = [backend.encode_prompt(taskset.messages(q)) for q in taskset.eval_set(large)]
-        large_s, _ = timed(lambda: backend.greedy(large_prompts, T))
-        print(f"greedy evaluation, {large} held-out questions, new: {large_s:.1f} s; per 10 rounds (one evaluation): "
-              f"old at {small} questions {old_eval:.1f} s, new at {large} questions {large_s:.1f} s")
+        large_s, _ = timed(partial(backend.greedy, large_prompts, T))
+        print(f"greedy evaluation, {large} held-out questions, new: {large_s:.1f} s = {large_s / old_eval:.2f} x the old "
+              f"path's time for {small} (one evaluation per 10 rounds)")
 
     # 4. Per-row adapters: the same rows, all forced to T tokens.
     adapters = random_adapters(backend, 4, seed=7)
