@@ -140,7 +140,7 @@ def main() -> int:
           f"   (work folder {work})", flush=True)
     t0 = time.monotonic()
     if args.home:
-        shutil.copytree(args.home, home, ignore=shutil.ignore_patterns("gguf", "logs"))
+        shutil.copytree(args.home, home, ignore=shutil.ignore_patterns("logs"))
     elif train(home, 1).wait() != 0:
         raise SystemExit("the first training round failed")
     else:
@@ -156,7 +156,7 @@ def main() -> int:
     panel.set_training(False)
     t0 = time.monotonic()
     cold = asker.ask_one()
-    print(f"cold start (exports of round 1 and the base model, then the answer): {time.monotonic() - t0:.1f} s, "
+    print(f"first ask (GGUF exports made where not cached yet, models loaded): {time.monotonic() - t0:.1f} s, "
           f"largest UI stall {probe.take():.1f} ms", flush=True)
 
     paused = [asker.ask_one()["first_token_s"] for _ in range(args.questions)]
