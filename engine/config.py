@@ -84,6 +84,19 @@ def _number(section: str, key: str, value: object, low: float, high: float, *, o
         raise ConfigError(f"{section}.{key} must be a number {bound} and at most {high}, got {value!r}.")
 
 
+def _peer_reference(text: str) -> bool:
+    """A peer id (20 lowercase hex characters) or a base64 Ed25519 public key (32 bytes)."""
+    import base64
+    import binascii
+
+    if len(text) == 20 and all(c in "0123456789abcdef" for c in text):
+        return True
+    try:
+        return len(base64.b64decode(text, validate=True)) == 32
+    except (binascii.Error, ValueError):
+        return False
+
+
 def _choice(section: str, key: str, value: object, allowed: tuple[str, ...]) -> None:
     if value not in allowed:
         raise ConfigError(f"{section}.{key} must be one of {', '.join(allowed)}; got {value!r}.")
@@ -236,9 +249,68 @@ class SwarmConfig:
         0,
     )
     external_groups: int = _help("J: rollouts sampled from the swarm for each round's training batch (0: solo).", 4)
+    plausibility_check: bool = _help(
+        "Reject external completions that this node's own model finds implausible (injected text, docs/swarm.md "
+        "'Poisoning'); they are counted as 'implausible'. Uses the log-probs the node computes anyway.",
+        True,
+    )
+    implausible_logprob: float = _help(
+        "The plausibility floor: an external item is 'implausible' when one of its completions has "
+        "plausibility_window consecutive tokens whose mean log-prob under this node's policy is below it "
+        "(lowered below this round's own least likely text; thresholds measured in docs/results.md).",
+        -6.0,
+    )
+    plausibility_window: int = _help("Tokens in the window of the plausibility test (1: single tokens).", 4)
+    token_weight_logprob: float = _help(
+        "Tokens of accepted external text below this log-prob under this node's policy get a truncated "
+        "importance weight p / exp(floor) < 1 in the loss, so one odd token cannot dominate a step "
+        "(-100: weigh every token fully).",
+        -6.0,
+    )
+    ban_strikes: int = _help(
+        "Ban a peer here when this many of its last ban_window judged items were rejected as forged_reward or "
+        "implausible (0: never ban automatically).",
+        6,
+    )
+    ban_window: int = _help("How many of a peer's most recent judged items the ban rule looks at.", 12)
+    ban_hours: float = _help("How long an automatic ban lasts, in hours (0: until lifted by hand).", 24.0)
+    persist_bans: bool = _help(
+        "Keep automatic bans in the data dir (swarm/bans.json) across restarts; false: for this session only.", True
+    )
+    banned_peers: list[str] = _help(
+        "Peers this node never trains on: peer ids (20 hex characters, as shown in the peers panel) or public "
+        "keys (base64). Bans listed here can only be lifted here.",
+        factory=list,
+    )
+    replay_memory: int = _help(
+        "External items already trained on that are remembered (by content, across restarts, in the data dir) "
+        "and dropped as 'duplicate' when sent again under any sequence number (0: off).",
+        20000,
+    )
 
     def __post_init__(self) -> None:
         s = "swarm"
+        for key in ("plausibility_check", "persist_bans"):
+            if not isinstance(getattr(self, key), bool):
+                raise ConfigError(f"{s}.{key} must be true or false, got {getattr(self, key)!r}.")
+        _number(s, "implausible_logprob", self.implausible_logprob, -100.0, 0.0)
+        _positive_int(s, "plausibility_window", self.plausibility_window, 256)
+        _number(s, "token_weight_logprob", self.token_weight_logprob, -100.0, 0.0)
+        if isinstance(self.ban_strikes, bool) or not isinstance(self.ban_strikes, int) or not 0 <= self.ban_strikes <= 10_000:
+            raise ConfigError(f"{s}.ban_strikes must be a whole number from 0 (never ban) to 10000, got {self.ban_strikes!r}.")
+        _positive_int(s, "ban_window", self.ban_window, 10_000)
+        if self.ban_strikes > self.ban_window:
+            raise ConfigError(f"{s}.ban_strikes ({self.ban_strikes}) must be at most swarm.ban_window ({self.ban_window}).")
+        _number(s, "ban_hours", self.ban_hours, 0.0, 24.0 * 365 * 100)
+        if not isinstance(self.banned_peers, list) or not all(isinstance(p, str) for p in self.banned_peers):
+            raise ConfigError(f"{s}.banned_peers must be a list of peer ids or public keys, e.g. [\"3750d8d5a1b2c3d4e5f6\"].")
+        for peer in self.banned_peers:
+            if not _peer_reference(peer):
+                raise ConfigError(
+                    f"{s}.banned_peers has {peer!r}: use a peer id (20 hex characters) or a public key (base64 of 32 bytes)."
+                )
+        if isinstance(self.replay_memory, bool) or not isinstance(self.replay_memory, int) or not 0 <= self.replay_memory <= 10_000_000:
+            raise ConfigError(f"{s}.replay_memory must be a whole number from 0 (off) to 10000000, got {self.replay_memory!r}.")
         _choice(s, "mode", self.mode, ("embedded", "relay", "solo"))
         if not isinstance(self.relay_url, str) or len(self.relay_url) > 2048:
             raise ConfigError(f"{s}.relay_url must be a ws:// or wss:// URL (or an invite), got {self.relay_url!r}.")

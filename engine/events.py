@@ -17,15 +17,19 @@ Event types and their required fields:
     round       round, metrics
     eval        round, accuracy, reward_mean, questions, by_specialty
     peers       online, received, accepted, rejected  (+ not_picked, rejected_by_reason, by_peer,
-                this_round); counts are items (a question with its completions), totals for this run
+                banned, this_round); counts are items (a question with its completions), totals for
+                this run; by_peer[id]["banned"] and banned[id] are {reason, since, until, source} or
+                absent/null (until null: until lifted; source "strikes" or "config")
     swarm       peer_id, name, relay, connected, message
     log         level, logger, message
     error       kind, message, fatal
     checkpoint  round, path
 
-Commands: ``{"cmd": "pause" | "resume" | "stop" | "reload", "v": 1}``.
+Commands: ``{"cmd": "pause" | "resume" | "stop" | "reload", "v": 1}`` and
+``{"cmd": "unban", "v": 1, "peer": "<peer id>"}``.
 ``stop`` finishes at the next safe point with a checkpoint; ``reload`` re-reads
-config.toml and applies it at the next round boundary.
+config.toml and applies it at the next round boundary; ``unban`` lifts a local
+ban before the next swarm sample and is answered by a `peers` event.
 """
 
 from __future__ import annotations
@@ -55,7 +59,9 @@ EVENT_FIELDS: Mapping[str, tuple[str, ...]] = {
     "error": ("kind", "message", "fatal"),
     "checkpoint": ("round", "path"),
 }
-COMMANDS = ("pause", "resume", "stop", "reload")
+COMMANDS = ("pause", "resume", "stop", "reload", "unban")
+# Fields a command must carry, with their type.
+COMMAND_FIELDS: Mapping[str, tuple[tuple[str, type], ...]] = {"unban": (("peer", str),)}
 
 Event = dict[str, Any]
 
@@ -132,4 +138,8 @@ def parse_command(line: str | bytes) -> dict[str, Any]:
     cmd = obj.get("cmd")
     if cmd not in COMMANDS:
         raise EventError(f"unknown command {cmd!r}; expected one of {', '.join(COMMANDS)}")
+    for name, kind in COMMAND_FIELDS.get(cmd, ()):
+        value = obj.get(name)
+        if not isinstance(value, kind) or not value:
+            raise EventError(f"{cmd} command needs a non-empty {kind.__name__} {name!r}")
     return obj

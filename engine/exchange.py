@@ -21,25 +21,36 @@ rewards are all equal carries no gradient) until n are accepted. The rest are
 counted as `not_picked`, so every item a peer sends is counted exactly once:
 accepted, rejected with a reason, or not picked. The unit is the item (one
 question with its completions), in metrics, events and the terminal alike.
+
+Against correct but malicious text (docs/swarm.md, "Poisoning"; the test
+itself runs in the loop, which has the log-probs, and comes back here as the
+verdict `implausible`): an item whose content this node already trained on
+is a `duplicate` whatever its sequence number (`ReplayMemory`, kept in the
+data dir), and a peer whose judged items are too often `forged_reward` or
+`implausible` is banned here (`BanBook`); `unban(peer)` lifts an earned ban.
 """
 
 from __future__ import annotations
 
+import base64
 import logging
 import random
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Mapping, Sequence, Set
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from engine.config import NodeConfig
+from engine.config import NodeConfig, SwarmConfig
+from engine.defence import Ban, BanBook, ReplayMemory
 from engine.errors import TaskError
 from engine.events import Event, make_event
 from engine.rollouts import (
     R_BANNED,
     R_DUPLICATE,
     R_FORGED_REWARD,
+    R_IMPLAUSIBLE,
     R_MALFORMED,
     R_QUESTION,
     R_SIGNATURE,
@@ -68,6 +79,23 @@ SEEN_BATCHES = 4096
 REWARD_TOLERANCE = 1e-6
 # The peer named when a batch cannot even be decoded.
 UNKNOWN_PEER = "unknown"
+# Rejections that count towards a local ban: what a peer cannot send by accident. (A bad
+# signature may be a lying relay's doing; a question mismatch, another reasoning-gym version.)
+STRIKE_REASONS = (R_FORGED_REWARD, R_IMPLAUSIBLE)
+# Where, in the data dir, the swarm's defence keeps its state.
+BANS_FILE = "bans.json"
+
+
+def peer_of(reference: str) -> str:
+    """The peer id named by a `swarm.banned_peers` entry: a peer id as it is, a base64 key hashed."""
+    if len(reference) == protocol.PEER_ID_HEX and all(c in "0123456789abcdef" for c in reference):
+        return reference
+    return protocol.peer_id(base64.b64decode(reference, validate=True))
+
+
+def replay_file(state_dir: Path, run_name: str) -> Path:
+    """The replay memory of one run: content keys of the external items it trained on."""
+    return state_dir / f"trained-{run_name}.json"
 
 
 @dataclass
@@ -80,9 +108,10 @@ class PeerCounts:
     not_picked: int = 0
     reasons: Counter[str] = field(default_factory=Counter)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self, ban: Ban | None = None) -> dict[str, Any]:
         return {"name": self.name, "accepted": self.accepted, "rejected": self.rejected,
-                "not_picked": self.not_picked, "reasons": dict(self.reasons)}
+                "not_picked": self.not_picked, "reasons": dict(self.reasons),
+                "banned": ban.to_json() if ban is not None else None}
 
 
 def verify_item(peer: str, item: protocol.Item, taskset: TaskSet, exclude: Set[str]) -> ExternalItem | str:
@@ -121,13 +150,19 @@ class SwarmExchange:
         emit: Callable[[Event], None],
         relay_label: str,
         banned: Sequence[str] = (),
+        bans: BanBook | None = None,
+        replay: ReplayMemory | None = None,
     ) -> None:
         self.client = client
         self.identity = identity
         self.model_label = model_label
         self.emit = emit
         self.relay_label = relay_label
-        self.banned = set(banned)
+        # Without a BanBook (tests, tools): config bans only, never an automatic one.
+        self.bans = bans or BanBook(strikes=0, window=1, hours=0.0, strike_reasons=())
+        self.bans.configured.update(banned)
+        self.banned = self.bans.configured  # peer ids banned by configuration; add to ban one
+        self.replay = replay
         self.peers: dict[str, PeerCounts] = {}
         self.received = 0
         self._seen: OrderedDict[tuple[str, int], None] = OrderedDict()
@@ -230,6 +265,8 @@ class SwarmExchange:
             verdict = verify_item(peer, item, taskset, taken)
             if isinstance(verdict, str):
                 offer.rejected.append((peer, verdict))
+            elif self.replay is not None and verdict.content_key() in self.replay:
+                offer.rejected.append((peer, R_DUPLICATE))  # trained on before, under another seq
             else:
                 taken.add(verdict.question.ref.key())
                 offer.items.append(verdict)
@@ -237,7 +274,7 @@ class SwarmExchange:
 
     def _batch_problem(self, signed: protocol.Signed, batch: protocol.Batch, now: float) -> str:
         """Why a whole batch is refused ("" when it is not): ban, signature, replay, age."""
-        if batch.peer in self.banned:
+        if self.bans.is_banned(batch.peer):
             return R_BANNED
         if not verify_signed(signed, batch.key):
             return R_SIGNATURE
@@ -258,6 +295,9 @@ class SwarmExchange:
         accepted = 0
         for peer, reason in offer.rejected:
             self._count_rejection(peer, reason, rejected)
+            if reason != R_BANNED:
+                self._judge(peer, reason)
+        trained: list[str] = []
         for index, item in enumerate(offer.items):
             verdict = verdicts.get(index)
             if verdict:
@@ -265,6 +305,10 @@ class SwarmExchange:
             else:
                 self._peer(item.peer).accepted += 1
                 accepted += 1
+                trained.append(item.content_key())
+            self._judge(item.peer, verdict or None)
+        if self.replay is not None and trained:
+            self.replay.remember(trained)
         for peer in offer.not_picked:
             self._peer(peer).not_picked += 1
         self.received += offer.received
@@ -279,8 +323,30 @@ class SwarmExchange:
             **this_round,
             "connected": offer.connected,
             "online": self.client.state.online,
-            "by_peer": {pid: c.to_json() for pid, c in self.peers.items()},
+            "by_peer": self._by_peer(),
         }
+
+    def _judge(self, peer: str, reason: str | None) -> None:
+        ban = self.bans.judge(peer, reason)
+        if ban is not None:
+            until = "until lifted" if ban.until is None else f"for {(ban.until - ban.since) / 3600:g} h"
+            log.warning("Banned peer %s (%s) %s: %d of its last %d items were rejected (mostly %s).",
+                        self._peer(peer).name, peer, until, self.bans.strikes, self.bans.window, ban.reason)
+
+    def unban(self, peer: str) -> str:
+        """Lift an earned ban on `peer`: "lifted", "not_banned" or "configured"; a `peers` event follows."""
+        result = self.bans.lift(peer)
+        if result == "lifted":
+            log.info("Lifted the ban on peer %s.", peer)
+        elif result == "configured":
+            log.warning("Peer %s is banned by swarm.banned_peers; remove it there to lift the ban.", peer)
+        else:
+            log.info("Peer %s is not banned here; nothing to lift.", peer)
+        self._emit_peers({"received": 0, "accepted": 0, "rejected": {}, "not_picked": 0})
+        return result
+
+    def _by_peer(self) -> dict[str, Any]:
+        return {pid: c.to_json(self.bans.ban_of(pid)) for pid, c in self.peers.items()}
 
     def _count_rejection(self, peer: str, reason: str, round_counts: Counter[str]) -> None:
         counts = self._peer(peer)
@@ -300,7 +366,9 @@ class SwarmExchange:
             rejected=sum(c.rejected for c in self.peers.values()),
             not_picked=sum(c.not_picked for c in self.peers.values()),
             rejected_by_reason=dict(rejected_by_reason),
-            by_peer={pid: c.to_json() for pid, c in self.peers.items()},
+            by_peer=self._by_peer(),
+            banned={pid: {**ban.to_json(), "name": self.peers[pid].name if pid in self.peers else pid[:8]}
+                    for pid, ban in self.bans.banned().items()},
             this_round=this_round,
         ))
 
@@ -323,8 +391,26 @@ class SwarmSession:
             self.relay.stop()
 
 
-def open_swarm(config: NodeConfig, identity_file: Any, emit: Callable[[Event], None]) -> SwarmSession:
-    """Start what `swarm.mode` asks for. Solo (or J = 0) gives a session without exchange."""
+def defence_state(sw: SwarmConfig, state_dir: Path | None, run_name: str) -> tuple[BanBook, ReplayMemory | None]:
+    """The node's ban book and replay memory from its settings; their files live in `state_dir`
+    (None: nothing is kept across restarts)."""
+    persist = state_dir is not None and sw.persist_bans
+    bans = BanBook(strikes=sw.ban_strikes, window=sw.ban_window, hours=sw.ban_hours, strike_reasons=STRIKE_REASONS,
+                   configured=[peer_of(p) for p in sw.banned_peers],
+                   path=state_dir / BANS_FILE if persist and state_dir is not None else None)
+    replay = None
+    if sw.replay_memory > 0:
+        replay = ReplayMemory(replay_file(state_dir, run_name) if state_dir is not None else None, sw.replay_memory)
+    return bans, replay
+
+
+def open_swarm(config: NodeConfig, identity_file: Any, emit: Callable[[Event], None],
+               state_dir: Path | None = None) -> SwarmSession:
+    """Start what `swarm.mode` asks for. Solo (or J = 0) gives a session without exchange.
+
+    Bans and the replay memory are kept in `state_dir`, by default the `swarm`
+    folder beside the identity file (the data dir).
+    """
     from engine.swarm.local import LocalSwarm
 
     sw = config.swarm
@@ -358,7 +444,10 @@ def open_swarm(config: NodeConfig, identity_file: Any, emit: Callable[[Event], N
                            on_message=on_message)
         client = local.start()
         label = local.label
-    exchange = SwarmExchange(client, identity, config.model.source, emit, label)
+    if state_dir is None:
+        state_dir = Path(identity_file).parent / "swarm"
+    bans, replay = defence_state(sw, state_dir, config.run.run_name)
+    exchange = SwarmExchange(client, identity, config.model.source, emit, label, bans=bans, replay=replay)
     exchange_ref.append(exchange)
     exchange.announce()
     if local is None:

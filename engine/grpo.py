@@ -7,7 +7,10 @@ an optional k3 KL estimate to a reference policy:
     ratio  = exp(logp - old_logp)
     pg     = -min(ratio * A, clip(ratio, 1 - eps_low, 1 + eps_high) * A)
     kl     = exp(ref - logp) - (ref - logp) - 1
-    loss   = sum((pg + beta * kl) * mask) / normaliser
+    loss   = sum((w * pg + beta * kl) * mask) / normaliser
+
+w is a per-token weight, 1 for this node's own tokens; external text gets
+truncated importance weights in [0, 1] (`engine.defence.token_weights`).
 """
 
 from __future__ import annotations
@@ -36,11 +39,12 @@ def clipped_pg_loss(
     normaliser: float,
     ref_logp: torch.Tensor | None = None,
     kl_beta: float = 0.0,
+    weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, LossStats]:
     """Loss summed over masked tokens and divided by `normaliser`.
 
-    Shapes: logp, old_logp, mask, ref_logp are [batch, tokens]; advantages is
-    [batch]. Pass the token count of the *whole* batch as `normaliser` when
+    Shapes: logp, old_logp, mask, ref_logp, weights are [batch, tokens];
+    advantages is [batch]. Pass the token count of the *whole* batch as `normaliser` when
     accumulating gradients over micro-batches, so the sum equals the loss of
     the full batch.
     """
@@ -49,6 +53,8 @@ def clipped_pg_loss(
     ratio = torch.exp(logp - old_logp)
     clipped = torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high)
     per_token = -torch.minimum(ratio * adv, clipped * adv)
+    if weights is not None:
+        per_token = per_token * weights.to(logp.dtype)
     kl_value = torch.zeros((), dtype=logp.dtype)
     if ref_logp is not None and kl_beta > 0.0:
         delta = ref_logp - logp

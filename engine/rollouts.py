@@ -23,6 +23,7 @@ class Completion:
     token_ids: list[int]
     logprobs: list[float]  # behaviour log-prob of each token under the sampling policy
     finished: bool  # ended with EOS; False when cut off at the length cap
+    weights: list[float] | None = None  # per-token loss weight (external text: truncated importance weights)
 
 
 @dataclass
@@ -51,8 +52,9 @@ R_TOO_LONG = "too_long"
 R_DUPLICATE = "duplicate"
 R_ZERO_ADVANTAGE = "zero_advantage"
 R_BANNED = "banned"
+R_IMPLAUSIBLE = "implausible"  # correct text this node's own model finds improbable: injected (engine/defence.py)
 REASONS = (R_MALFORMED, R_SIGNATURE, R_STALE, R_UNKNOWN_TASK, R_QUESTION, R_FORGED_REWARD, R_TOO_LONG,
-           R_DUPLICATE, R_ZERO_ADVANTAGE, R_BANNED)
+           R_DUPLICATE, R_ZERO_ADVANTAGE, R_BANNED, R_IMPLAUSIBLE)
 
 
 @dataclass(frozen=True)
@@ -93,6 +95,7 @@ class TrainItem:
     completion_ids: list[int]
     old_logprobs: list[float]
     advantage: float
+    weights: list[float] | None = None  # per-token loss weight; None: every token weighs 1
 
 
 EQUAL_REWARD_TOLERANCE = 1e-9
@@ -130,5 +133,5 @@ def train_items(groups: Sequence[Group]) -> list[TrainItem]:
         for completion, adv in zip(group.completions, group.advantages, strict=True):
             if adv == 0.0 or not completion.token_ids:
                 continue
-            items.append(TrainItem(group.prompt_ids, completion.token_ids, completion.logprobs, adv))
+            items.append(TrainItem(group.prompt_ids, completion.token_ids, completion.logprobs, adv, completion.weights))
     return items

@@ -89,6 +89,8 @@ def read_commands(stream: TextIO, control: object, emit: EventWriter) -> None:
             control.stop()
         elif name == "reload":
             control.request_reload()
+        elif name == "unban":
+            control.request_unban(command["peer"])
     log.info("stdin closed: stopping at the next safe point")
     control.stop()
 

@@ -123,15 +123,18 @@ def clipped_pg_loss(
     normaliser: float,
     ref_logp: mx.array | None = None,
     kl_beta: float = 0.0,
+    weights: mx.array | None = None,
 ) -> tuple[mx.array, mx.array, mx.array]:
     """`engine.grpo.clipped_pg_loss` in MLX: (loss, clipped token count, summed k3 KL).
 
-    Shapes: logp, old_logp, mask, ref_logp [batch, tokens]; advantages [batch].
+    Shapes: logp, old_logp, mask, ref_logp, weights [batch, tokens]; advantages [batch].
     """
     adv = advantages[:, None]
     ratio = mx.exp(logp - old_logp)
     clipped = mx.clip(ratio, 1.0 - eps_low, 1.0 + eps_high)
     per_token = -mx.minimum(ratio * adv, clipped * adv)
+    if weights is not None:
+        per_token = per_token * weights
     kl_sum = mx.array(0.0)
     if ref_logp is not None and kl_beta > 0.0:
         delta = ref_logp - logp
@@ -370,11 +373,12 @@ class MLXBackend(HFTokenizerText):
 
     def _loss(
         self, ids: mx.array, positions: mx.array, targets: mx.array, mask: mx.array,
-        old: mx.array, adv: mx.array, ref: mx.array | None, normaliser: float,
+        old: mx.array, adv: mx.array, ref: mx.array | None, normaliser: float, weights: mx.array | None = None,
     ) -> tuple[mx.array, mx.array, mx.array]:
         g = self.grpo
         logp = self._logprobs(ids, positions, targets, self.temperature)
-        return clipped_pg_loss(logp, old, adv, mask, g.eps_low, g.eps_high, normaliser, ref_logp=ref, kl_beta=g.kl_beta)
+        return clipped_pg_loss(logp, old, adv, mask, g.eps_low, g.eps_high, normaliser, ref_logp=ref, kl_beta=g.kl_beta,
+                               weights=weights)
 
     @contextlib.contextmanager
     def _reference_weights(self) -> Iterator[None]:
@@ -409,13 +413,20 @@ class MLXBackend(HFTokenizerText):
         for row, it in enumerate(chunk):
             old_np[row, : len(it.old_logprobs)] = it.old_logprobs
         adv = mx.array([it.advantage for it in chunk], dtype=mx.float32)
+        weights = None
+        if any(it.weights is not None for it in chunk):
+            weights_np = np.ones(mask.shape, dtype=np.float32)
+            for row, it in enumerate(chunk):
+                if it.weights is not None:
+                    weights_np[row, : len(it.weights)] = it.weights
+            weights = mx.array(weights_np)
         ref = None
         if self.grpo.kl_beta > 0:
             with self._reference_weights():
                 ref = mx.stop_gradient(self._logprobs(ids, positions, targets, self.temperature))
                 mx.eval(ref)
         (loss, clipped, kl), grads = self._loss_and_grad(
-            ids, positions, targets, mask, mx.array(old_np), adv, ref, normaliser
+            ids, positions, targets, mask, mx.array(old_np), adv, ref, normaliser, weights
         )
         return loss, clipped, kl, grads
 

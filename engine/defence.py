@@ -1,0 +1,267 @@
+"""Defences against text that is correct and malicious (issue 13, docs/swarm.md "Poisoning").
+
+Every other check a node makes on swarm text (signature, question, re-scored
+rewards, lengths, duplicates) passes a completion that has the right answer
+plus injected text. "Hail to the Thief" (arXiv 2511.09780) shows that
+receivers then learn to reproduce the injection. Its defence for a swarm of
+one model is to read each received completion's token log-probs under the
+receiver's own policy: injected text is improbable there. This module holds
+that test and the memory it needs, as plain functions and small classes:
+
+- `window_floor(logprobs, window)`: the lowest mean log-prob over any
+  `window` consecutive tokens of one completion. A trigger appended,
+  prefixed or put inside the reasoning is a run of improbable tokens; the
+  mean over the whole completion would dilute it with the probable answer.
+- `Plausibility.judge(item_logprobs, own_logprobs)`: whether an item (a
+  question with its completions) is plausible under this node's policy,
+  against a floor set by this round's own completions.
+- `token_weights(logprobs, floor)`: truncated importance weights for the
+  tokens of accepted external text, so one odd token cannot dominate a step.
+- `ReplayMemory`: content keys (`ExternalItem.content_key()`) of external
+  items already trained on, bounded, kept across restarts.
+- `BanBook`: local bans, by strikes (forged or implausible items) in a
+  window of a peer's judged items, or from the config's list; optionally kept
+  across restarts.
+
+No torch and no I/O beyond the two small JSON files, written atomically.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import threading
+import time
+from collections import OrderedDict, deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from engine.atomicio import atomic_write_json
+
+log = logging.getLogger(__name__)
+
+
+# -- plausibility under the receiver's own policy --------------------------------------------------
+def window_floor(logprobs: Sequence[float], window: int) -> float:
+    """The lowest mean log-prob over `window` consecutive tokens.
+
+    A text shorter than the window counts as padded with certain tokens (log-prob
+    0): its sum over `window`. An injection is longer than the window; a short
+    honest answer with one surprising token ("No" where this node would write
+    "<answer>") must not look like one.
+    """
+    n = len(logprobs)
+    if n == 0:
+        return 0.0
+    if n <= window:
+        return math.fsum(logprobs) / window
+    total = math.fsum(logprobs[:window])
+    lowest = total
+    for i in range(window, n):
+        total += logprobs[i] - logprobs[i - window]
+        lowest = min(lowest, total)
+    return lowest / window
+
+
+def quantile(values: Sequence[float], q: float) -> float:
+    """The q-quantile (0..1) of `values` by linear interpolation; `values` must not be empty."""
+    ordered = sorted(values)
+    pos = q * (len(ordered) - 1)
+    low = math.floor(pos)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
+
+
+@dataclass(frozen=True)
+class Plausibility:
+    """The plausibility test (thresholds measured in docs/results.md, "Poisoning").
+
+    A completion is implausible when its `window_floor` lies below the floor;
+    an item is implausible when any of its completions is. The floor is
+    `absolute`, lowered to `margin` below this round's lowest own window
+    floor when the node's own text is itself that improbable (a high sampling
+    temperature), so a node never rejects text as odd as its own.
+    """
+
+    window: int = 4
+    absolute: float = -6.0
+    margin: float = 1.0
+
+    def floor(self, own_logprobs: Iterable[Sequence[float]]) -> float:
+        own = [window_floor(lp, self.window) for lp in own_logprobs if lp]
+        if not own:
+            return self.absolute
+        return min(self.absolute, min(own) - self.margin)
+
+    def judge(self, item_logprobs: Sequence[Sequence[float]], floor: float) -> bool:
+        """True when every completion of the item stays above `floor` (plausible)."""
+        return all(window_floor(lp, self.window) >= floor for lp in item_logprobs)
+
+
+def token_weights(logprobs: Sequence[float], floor: float) -> list[float]:
+    """Truncated importance weights min(1, p / p_floor) for one external completion's tokens.
+
+    The sender's sampling probabilities never travel (only text does), so the
+    true ratio pi_receiver / mu_sender is unknown. Weighting each token by its
+    probability under the receiver, truncated at 1 above `floor` (a per-token
+    log-prob), keeps the step of a token this node would practically never
+    write to at most p / p_floor of a normal token's, as F-TIS (arXiv
+    2605.22537) truncates importance weights of off-policy text.
+    """
+    return [1.0 if lp >= floor else math.exp(lp - floor) for lp in logprobs]
+
+
+# -- content replay --------------------------------------------------------------------------------
+class ReplayMemory:
+    """Content keys of external items already trained on: the oldest forgotten past `capacity`.
+
+    Kept in `path` (JSON, written atomically after each `remember`), so a
+    restarted node still refuses content it trained on before the restart.
+    """
+
+    def __init__(self, path: Path | None, capacity: int) -> None:
+        self.path = path
+        self.capacity = capacity
+        self._keys: OrderedDict[str, None] = OrderedDict()
+        if path is not None and path.is_file():
+            try:
+                data = json.loads(path.read_text(encoding="utf-8"))
+                keys = data.get("keys", []) if isinstance(data, dict) else []
+                self._keys.update((str(k), None) for k in keys[-capacity:])
+            except (OSError, ValueError, UnicodeDecodeError) as exc:
+                log.warning("Could not read the replay memory %s (%s); starting an empty one.", path, exc)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._keys
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def remember(self, keys: Iterable[str]) -> None:
+        added = False
+        for key in keys:
+            self._keys[key] = None
+            self._keys.move_to_end(key)
+            added = True
+        while len(self._keys) > self.capacity:
+            self._keys.popitem(last=False)
+        if added and self.path is not None:
+            atomic_write_json(self.path, {"keys": list(self._keys)})
+
+
+# -- local bans ------------------------------------------------------------------------------------
+@dataclass
+class Ban:
+    """Why and until when a peer is banned here; `until` None: until lifted."""
+
+    reason: str
+    since: float
+    until: float | None
+    source: str  # "strikes" (earned here) or "config" (swarm.banned_peers)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"reason": self.reason, "since": self.since, "until": self.until, "source": self.source}
+
+
+@dataclass
+class _Window:
+    judged: deque[str | None] = field(default_factory=deque)  # the strike reason, or None, per judged item
+
+
+class BanBook:
+    """Which peers this node refuses, and the strikes that lead there.
+
+    A peer's last `window` judged items (accepted, or rejected for any reason
+    except not being picked) are kept; when `strikes` of them are rejections
+    in `strike_reasons` the peer is banned for `hours` (0: until lifted).
+    Bans from the config list cannot be lifted here. With `path`, earned bans
+    are kept there (JSON, atomic) and reloaded at start; without it they last
+    for the session.
+    """
+
+    def __init__(self, *, strikes: int, window: int, hours: float, strike_reasons: Iterable[str],
+                 configured: Iterable[str] = (), path: Path | None = None,
+                 clock: Any = time.time) -> None:
+        self.strikes = strikes
+        self.window = window
+        self.hours = hours
+        self.strike_reasons = frozenset(strike_reasons)
+        self.path = path
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._bans: dict[str, Ban] = {}
+        self._windows: dict[str, _Window] = {}
+        self.configured = set(configured)  # peer ids from swarm.banned_peers: never lifted here
+        if path is not None and path.is_file():
+            self._load(path)
+
+    def _load(self, path: Path) -> None:
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            for peer, entry in data.get("bans", {}).items():
+                self._bans[str(peer)] = Ban(str(entry["reason"]), float(entry["since"]),
+                                            None if entry.get("until") is None else float(entry["until"]), "strikes")
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError) as exc:
+            log.warning("Could not read the ban list %s (%s); starting without earned bans.", path, exc)
+
+    def _save(self) -> None:
+        if self.path is not None:
+            earned = {p: b.to_json() for p, b in self._bans.items() if b.source == "strikes"}
+            atomic_write_json(self.path, {"bans": earned})
+
+    def ban_of(self, peer: str) -> Ban | None:
+        """The peer's ban in force now, or None (an expired ban is dropped here)."""
+        with self._lock:
+            if peer in self.configured:
+                return Ban("config", 0.0, None, "config")
+            ban = self._bans.get(peer)
+            if ban is not None and ban.until is not None and ban.until <= self.clock():
+                del self._bans[peer]
+                self._save()
+                return None
+            return ban
+
+    def is_banned(self, peer: str) -> bool:
+        return self.ban_of(peer) is not None
+
+    def judge(self, peer: str, reason: str | None) -> Ban | None:
+        """Record one judged item of `peer` (reason None: accepted); the new ban, if this one made it."""
+        if self.strikes <= 0:
+            return None
+        with self._lock:
+            if peer in self.configured or peer in self._bans:
+                return None
+            window = self._windows.setdefault(peer, _Window())
+            window.judged.append(reason if reason in self.strike_reasons else None)
+            while len(window.judged) > self.window:
+                window.judged.popleft()
+            struck = [r for r in window.judged if r is not None]
+            if len(struck) < self.strikes:
+                return None
+            worst = max(set(struck), key=struck.count)
+            now = self.clock()
+            ban = Ban(worst, now, now + self.hours * 3600.0 if self.hours > 0 else None, "strikes")
+            self._bans[peer] = ban
+            window.judged.clear()
+            self._save()
+            return ban
+
+    def lift(self, peer: str) -> str:
+        """Lift an earned ban: "lifted", "not_banned", or "configured" (only the config can lift that)."""
+        with self._lock:
+            if peer in self.configured:
+                return "configured"
+            if self._bans.pop(peer, None) is None:
+                return "not_banned"
+            self._windows.pop(peer, None)
+            self._save()
+            return "lifted"
+
+    def banned(self) -> dict[str, Ban]:
+        """Every ban in force now, configured ones included (for the `peers` event)."""
+        with self._lock:
+            peers = set(self._bans) | self.configured
+        return {p: b for p in sorted(peers) if (b := self.ban_of(p)) is not None}
