@@ -341,7 +341,7 @@ class TryItPanel(QWidget):
         score = message["score"]
         words = "not scored (your own question)" if score is None else f"score {float(score):.2f}" + (" ✓" if float(score) >= 1.0 else "")
         first = message["first_token_s"]
-        timing = f" · {message['tokens']} tokens" + (f", first after {float(first):.2f} s" if first is not None else "")
+        timing = f" · {message['tokens']} tokens" + (f", first token {float(first):.1f} s after asking" if first is not None else "")
         column.score.setText(words.capitalize() + timing)
         if message["side"] == "base":
             self.status.setText(" ")

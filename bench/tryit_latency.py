@@ -152,6 +152,9 @@ def main() -> int:
     panel.setStyleSheet(f"TryItPanel {{ background: {theme.BACKGROUND}; }}")
     panel.setAttribute(Qt.WidgetAttribute.WA_StyledBackground, True)
     probe = LagProbe()
+    pump(app, lambda: False, 20.0)
+    print(f"baseline, panel idle for 20 s: largest UI stall {probe.take():.1f} ms (what this machine's load alone "
+          "does to a 5 ms timer)", flush=True)
     asker = Asker(app, panel)
     panel.set_training(False)
     t0 = time.monotonic()
