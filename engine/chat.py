@@ -12,7 +12,8 @@ llama_cpp and reasoning-gym (through engine.tasks) only when first needed.
 Answers are greedy, like the held-out evaluation. Both models write in turn,
 one token each, on one thread, so they stream side by side within one thread
 budget: `--budget` (and the `threads` command) sets the threads of llama.cpp
-and of the export; the app gives 1 while training runs.
+and of the export; the app gives 1 while training runs. Within it, an answer
+uses only the threads other programs leave free (`engine.priority.ThreadPolicy`).
 
 Commands (stdin), one JSON object per line:
 
@@ -128,6 +129,11 @@ class ChatServer:
         self.export_flags = list(export_flags)
         self.send = send
         self.budget = max(1, budget)
+        # Within the budget, only the threads other programs leave free: on a busy 2-core machine two
+        # llama.cpp threads waited on each other for 23 s before the first token, one thread took 1.1 s.
+        from engine.priority import ThreadPolicy
+
+        self.policy = ThreadPolicy(0, apply=lambda threads: None, max_threads=self.budget)
         self.cancelled = threading.Event()
         self.problem = llama_cpp_problem()
         self.questions: dict[int, Any] = {}
@@ -201,9 +207,17 @@ class ChatServer:
         for old in rounds[KEEP_EXPORTS:]:
             old.unlink(missing_ok=True)
 
-    def load(self, side: str, path: Path) -> Any:
+    def threads(self) -> int:
+        """Threads for the next answer: the budget, less what other programs keep busy."""
+        self.policy.max_threads = self.budget
+        return max(1, min(self.budget, self.policy.update()))
+
+    def load(self, side: str, path: Path, threads: int) -> Any:
         current = self.models.get(side)
-        if current is not None and current.path == path and current.threads == self.budget:
+        if current is not None and current.path == path:
+            if current.threads != threads:
+                current.llm._ctx.set_n_threads(threads, threads)  # llama_set_n_threads on the live context
+                current.threads = threads
             return current.llm
         if current is not None:
             current.llm.close()
@@ -211,12 +225,12 @@ class ChatServer:
         from llama_cpp import Llama
 
         try:
-            llm = Llama(model_path=str(path), n_ctx=CONTEXT_TOKENS, n_threads=self.budget,
-                        n_threads_batch=self.budget, verbose=False)
+            llm = Llama(model_path=str(path), n_ctx=CONTEXT_TOKENS, n_threads=threads,
+                        n_threads_batch=threads, verbose=False)
         except (ValueError, RuntimeError, OSError) as exc:
             path.unlink(missing_ok=True)  # a damaged cache file is made again on the next question
             raise SaplingError(f"llama.cpp could not load {path.name} ({exc}); ask again to export it anew.") from exc
-        self.models[side] = _Model(path, self.budget, llm)
+        self.models[side] = _Model(path, threads, llm)
         return llm
 
     # -- answering ------------------------------------------------------------------------
@@ -237,8 +251,9 @@ class ChatServer:
         round_index = self.newest_round()
         paths = {"trained": self.ensure_export(ask_id, round_index), "base": self.ensure_export(ask_id, 0)}
         streams = []
+        threads = self.threads()
         for side in SIDES:
-            llm = self.load(side, paths[side])
+            llm = self.load(side, paths[side], threads)
             prompt = prompt_tokens(llm, messages)
             streams.append(_Stream(side, greedy_tokens(llm, prompt), llm, llm.token_eos(), limit, started))
         self.cancelled.clear()
