@@ -181,7 +181,7 @@ class ChatServer:
             return path
         what = "the base model" if round_index == 0 else f"round {round_index}"
         self.send({"type": "status", "id": ask_id,
-                   "message": f"Preparing {what} for llama.cpp (once per checkpoint, about half a minute)…"})
+                   "message": f"Preparing {what} for llama.cpp (once per checkpoint; minutes on a busy computer)…"})
         path.parent.mkdir(parents=True, exist_ok=True)
         argv = node_command("export", *self.export_flags, "--threads", str(self.budget), "--format", "gguf",
                             "--round", str(round_index), "--out", str(path))
