@@ -258,7 +258,7 @@ class SwarmConfig:
         "The plausibility floor: an external item is 'implausible' when one of its completions has "
         "plausibility_window consecutive tokens whose mean log-prob under this node's policy is below it "
         "(lowered below this round's own least likely text; thresholds measured in docs/results.md).",
-        -6.0,
+        -7.0,
     )
     plausibility_window: int = _help("Tokens in the window of the plausibility test (1: single tokens).", 4)
     token_weight_logprob: float = _help(

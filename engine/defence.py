@@ -87,7 +87,7 @@ class Plausibility:
     """
 
     window: int = 4
-    absolute: float = -6.0
+    absolute: float = -7.0
     margin: float = 1.0
 
     def floor(self, own_logprobs: Iterable[Sequence[float]]) -> float:
