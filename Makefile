@@ -50,7 +50,7 @@ $(STAMP): pyproject.toml Makefile
 	@$(MAKE) --no-print-directory system-deps
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	# torch first and exactly pinned: pip then takes the local CPU build (FACTS.md).
+	# torch first and exactly pinned: pip then takes the CPU build (docs/platform-notes.md).
 	$(BIN)/pip install -q torch==2.13.0
 	$(call install_llama_cpp,$(VENV))
 	$(BIN)/pip install -q -e ".[dev,bench,mlx,mlx-cpu,tryit]"
@@ -105,7 +105,7 @@ PYINSTALLER_DIR := build/pyinstaller/$(SAPLING_TORCH_VARIANT)
 ONE_FOLDER      := $(PYINSTALLER_DIR)/dist/sapling
 # binutils: PyInstaller's objdump; dpkg-dev: dpkg-architecture; nsis: makensis.
 INSTALLER_APT_PACKAGES := binutils dpkg-dev nsis
-SAPLING_VERSION := $(shell sed -n 's/^version *= *"\([^"]*\)".*/\1/p' pyproject.toml | head -1)
+SAPLING_VERSION := $(shell sed -n 's/^__version__ *= *"\([^"]*\)".*/\1/p' engine/__init__.py | head -1)
 
 .PHONY: installer-deps installer-onefolder installer-linux installer-windows-check test-installers
 

@@ -31,6 +31,7 @@ from PySide6.QtWidgets import (
     QScrollArea,
     QSizePolicy,
     QSplitter,
+    QTabWidget,
     QVBoxLayout,
     QWidget,
 )
@@ -43,6 +44,7 @@ from app.dialogs import FirstRunDialog, ProblemDialog, SettingsDialog
 from app.panels import LogView, PeersPanel
 from app.session import describe_device, describe_model, number
 from app.settings import AppSettings, EngineSettings, SettingsError, SettingsStore
+from app.tryit import TRAINING_PHASES, ExportDialog, TryItPanel, node_command, settings_flags
 from engine.device import cpu_name
 
 PHASE_WORDS = {
@@ -183,7 +185,11 @@ class MainWindow(QMainWindow):
         left_layout.setContentsMargins(0, 0, 0, 0)
         left_layout.setSpacing(10)
         left_layout.addLayout(self._tiles())
-        left_layout.addWidget(scroll, 1)
+        self.tryit = TryItPanel(lambda: node_command("chat", self._engine_flags()))
+        self.tabs = QTabWidget()
+        self.tabs.addTab(scroll, "Training")
+        self.tabs.addTab(self.tryit, "Try it")
+        left_layout.addWidget(self.tabs, 1)
         self.log_view = LogView(str(controller.paths.log_dir))
         log_card = QFrame()
         log_card.setObjectName("card")
@@ -218,6 +224,7 @@ class MainWindow(QMainWindow):
         session = self.session
         controller.phaseChanged.connect(self.refresh_state)
         controller.phaseChanged.connect(self.refresh_identity)
+        controller.phaseChanged.connect(lambda phase: self.tryit.set_training(phase in TRAINING_PHASES))
         controller.problem.connect(self.show_problem)
         controller.problemCleared.connect(self._clear_problem)
         session.statusChanged.connect(self.refresh_identity)
@@ -324,6 +331,20 @@ class MainWindow(QMainWindow):
         settings.triggered.connect(self.open_settings)
         for action in (quit_action, settings):
             self.addAction(action)
+        menu = self.menuBar().addMenu("&Model")
+        menu.addAction("Try it", lambda: self.tabs.setCurrentWidget(self.tryit))
+        menu.addAction("Export model…", self.open_export)
+
+    def _engine_flags(self) -> list[str]:
+        """The settings flags this window's engine runs with (--home ...), for export and Try it."""
+        return settings_flags(self.controller.engine.command())
+
+    def open_export(self) -> ExportDialog:
+        training = self.controller.phase in TRAINING_PHASES
+        dialog = ExportDialog(lambda flags: node_command("export", [*self._engine_flags(), *flags]), training, self)
+        dialog.exported.connect(lambda path: dialog.step.setText(f"Saved to {short_path(path)}."))
+        dialog.open()
+        return dialog
 
     # -- refreshing ---------------------------------------------------------------------
     def refresh_state(self) -> None:

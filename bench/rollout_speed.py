@@ -250,7 +250,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     prompts = round_prompts[0][1]
     index = [i * 4 // len(prompts) for i in range(len(prompts))]
     seeds = [11, 12, 13, 14]
-    new_tokens = 16 if args.quick else T
+    new_tokens = 8 if args.quick else T
     base = DecodeModel(backend.model, dtype)
 
     def run(model: Any, chosen: list[int], **lora: Any) -> Any:

@@ -7,15 +7,14 @@
     sapling-node config                   # print the effective configuration as TOML
 
 A user's mistake gets one sentence on stderr and a non-zero exit code
-(2 for bad settings); Ctrl-C stops at the next safe point, twice stops now.
+(2 for bad settings). Ctrl-C or SIGTERM stops at the next safe point (within
+about a second, training included); a second one stops at once.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
-import logging.handlers
-import os
 import signal
 import sys
 from collections.abc import Sequence
@@ -23,9 +22,12 @@ from pathlib import Path
 from typing import Any
 
 from engine import __version__
-from engine.config import PRESETS, NodeConfig, build_config
-from engine.errors import ConfigError, SaplingError
+from engine.config import PRESETS, NodeConfig
+from engine.errors import SaplingError
 from engine.events import Event
+from engine.export import FORMATS as EXPORT_FORMATS
+from engine.export import QUANTS as EXPORT_QUANTS
+from engine.launch import config_from_args, run_node, setup_logging, stop_on_signals
 from engine.paths import Paths
 
 log = logging.getLogger("engine")
@@ -58,57 +60,29 @@ def build_parser() -> argparse.ArgumentParser:
     _common(run)
     serve = sub.add_parser("serve", help="train driven by JSON lines (used by the desktop app)")
     _common(serve)
-    export = sub.add_parser("export", help="write the trained model, merged, as a Hugging Face folder")
+    export = sub.add_parser("export", help="write the trained model, merged, as a Hugging Face folder or a GGUF file (docs/exporting.md)")
     _common(export)
-    export.add_argument("--out", type=Path, required=True, help="folder to write (replaced atomically)")
+    export.add_argument("--out", type=Path, required=True, help="folder (hf) or file (gguf, gguf-lora) to write, replaced atomically")
+    export.add_argument("--format", default="hf", choices=EXPORT_FORMATS, help="hf: merged Hugging Face folder; gguf: merged GGUF file for llama.cpp, Ollama, LM Studio; gguf-lora: the adapter alone, for llama.cpp's --lora")
+    export.add_argument("--quant", default="bf16", choices=EXPORT_QUANTS, help="GGUF weight type (default bf16)")
+    export.add_argument("--round", dest="export_round", type=int, metavar="N", help="the checkpoint of round N (default: the newest); 0 is the base model before training")
+    exp = sub.add_parser("experiment", help="several simulated nodes on this computer, one run per local/external mix, then a report (docs/swarm.md)")
+    exp.add_argument("--nodes", type=int, help="simulated nodes (default 4; paper 8)")
+    exp.add_argument("--mixes", help="I/J mixes to compare, e.g. 8/0,4/4 (default 8/0,4/4; paper 8/0,6/2,4/4,2/6)")
+    exp.add_argument("--rounds", type=int, help="rounds per mix (default 25, about two hours on a 2-core CPU)")
+    exp.add_argument("--out", type=Path, required=True, help="folder for checkpoints, rounds and report.json / report.md / reward.png")
+    exp.add_argument("--resume", action="store_true", help="carry on the experiment in --out with its saved settings")
+    exp.add_argument("--preset", default="default", help="default (this CPU, about two hours) or paper (the SAPO paper's 8 nodes and four mixes, for a GPU)")
+    exp.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE", help="override one node setting, as in run (repeatable)")
+    exp.add_argument("--device", help="auto, cuda or cpu (run.device)")
+    exp.add_argument("--model", help="'bundled', a local HF folder or a hub id (model.source)")
+    exp.add_argument("--seed", type=int, help="experiment seed; node k uses seed + k * 10^7 (run.seed)")
+    exp.add_argument("--threads", type=int, help="CPU threads, 0 for all (run.threads)")
+    exp.add_argument("--home", type=Path, help="where the converted model cache and logs live (as in run)")
+    exp.add_argument("-v", "--verbose", action="store_true", help="show debug logs")
     cfg = sub.add_parser("config", help="print the effective configuration as TOML")
     _common(cfg)
     return parser
-
-
-def config_from_args(args: argparse.Namespace, paths: Paths) -> NodeConfig:
-    overrides = list(args.overrides)
-    shortcuts = {"device": "run.device", "model": "model.source", "run_name": "run.run_name",
-                 "seed": "run.seed", "rounds": "run.max_rounds", "threads": "run.threads"}
-    for attr, key in shortcuts.items():
-        value = getattr(args, attr)
-        if value is not None:
-            overrides.append(f"{key}={value}" if isinstance(value, int) else f"{key}={_quote(str(value))}")
-    if getattr(args, "relay", None):
-        overrides += ["swarm.mode=relay", f"swarm.relay_url={_quote(args.relay)}"]
-    if getattr(args, "solo", None):
-        overrides.append("swarm.mode=solo")
-    toml_path = args.config if args.config is not None else paths.config_file
-    if args.config is not None and not args.config.is_file():
-        raise ConfigError(f"Config file {args.config} does not exist.")
-    return build_config(args.preset, toml_path, overrides)
-
-
-def _quote(text: str) -> str:
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
-def setup_logging(paths: Paths, verbose: bool, console: logging.Handler | None) -> None:
-    root = logging.getLogger()
-    root.setLevel(logging.DEBUG if verbose else logging.INFO)
-    for handler in list(root.handlers):
-        root.removeHandler(handler)
-    try:
-        paths.log_dir.mkdir(parents=True, exist_ok=True)
-        file_handler = logging.handlers.RotatingFileHandler(
-            paths.log_dir / "sapling-node.log", maxBytes=5 << 20, backupCount=3, encoding="utf-8"
-        )
-        file_handler.setFormatter(logging.Formatter("%(asctime)s %(process)d %(levelname)s %(name)s: %(message)s"))
-        root.addHandler(file_handler)
-    except OSError as exc:
-        print(f"sapling-node: warning: cannot write logs in {paths.log_dir}: {exc}", file=sys.stderr)
-    if console is not None:
-        root.addHandler(console)
-    for noisy in ("httpx", "urllib3", "huggingface_hub", "filelock"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
 class TerminalView:
@@ -180,48 +154,58 @@ class _ConsoleHandler(logging.Handler):
 
 
 def cmd_run(args: argparse.Namespace, paths: Paths, config: NodeConfig) -> int:
-    from engine.sapo import Control, Node
+    from engine.sapo import Control
 
     control = Control()
-    interrupts = [0]
-
-    def on_sigint(signum: int, frame: Any) -> None:
-        interrupts[0] += 1
-        if interrupts[0] == 1:
-            print("\nStopping after this step (the last checkpoint is kept). Ctrl-C again to stop now.", file=sys.stderr)
-            control.stop()
-        else:
-            raise KeyboardInterrupt
-
-    signal.signal(signal.SIGINT, on_sigint)
-    signal.signal(signal.SIGTERM, lambda s, f: control.stop())
-    from engine.exchange import open_swarm
-
-    view = TerminalView()
-    swarm = open_swarm(config, paths.identity_file, view)
-    try:
-        node = Node(config, paths, view, control, exchange=swarm.exchange,
-                    reload_config=lambda: config_from_args(args, paths))
-        node.run()
-    finally:
-        swarm.close()
-    return EXIT_INTERRUPTED if interrupts[0] else 0
+    say = lambda text: print(f"\n{text}", file=sys.stderr)  # noqa: E731
+    signals = stop_on_signals(control.stop, say)
+    run_node(config, paths, TerminalView(), control, reload_config=lambda: config_from_args(args, paths))
+    # A stop asked for with Ctrl-C says so in the exit code, as shells expect; SIGTERM is a normal end.
+    return EXIT_INTERRUPTED if signal.SIGINT in signals else 0
 
 
 def cmd_export(args: argparse.Namespace, paths: Paths, config: NodeConfig) -> int:
-    from engine.sapo import Node
+    from engine.export import export_model
 
-    node = Node(config, paths, lambda event: None)
-    node.setup()
-    if node.round == 0:
-        raise SaplingError(
-            f"Run {config.run.run_name!r} has no checkpoint yet under {node.checkpoint_root}: train first "
-            "(sapling-node run), or pick the run with --run-name."
-        )
-    if node.backend is None:
-        raise RuntimeError("setup() left no backend")
-    node.backend.export(args.out)
-    print(f"Exported round {node.round} of run {config.run.run_name!r} to {args.out}")
+    result = export_model(config, paths, args.out, args.format, args.quant, args.export_round,
+                          report=lambda message: print(message, flush=True))
+    what = "the base model" if result.round == 0 else f"round {result.round}"
+    kind = f"GGUF {result.quant}" if result.format == "gguf" else "GGUF LoRA" if result.format == "gguf-lora" else "HF folder"
+    print(f"Exported {what} of run {config.run.run_name!r} to {args.out} ({kind}, {result.bytes / 1e6:.0f} MB)", flush=True)
+    return 0
+
+
+def cmd_experiment(args: argparse.Namespace, paths: Paths) -> int:
+    from engine.experiment import Experiment, ExperimentTerminal, make_plan, plan_config
+    from engine.launch import quote_toml
+    from engine.sapo import Control
+
+    overrides = list(args.overrides)
+    for attr, key in {"device": "run.device", "model": "model.source", "seed": "run.seed", "threads": "run.threads"}.items():
+        value = getattr(args, attr)
+        if value is not None:
+            overrides.append(f"{key}={value}" if isinstance(value, int) else f"{key}={quote_toml(str(value))}")
+    plan = Experiment.saved_plan(args.out) if args.resume else None
+    if args.resume and plan is None:
+        print(f"sapling-node: error: {args.out} holds no experiment to resume.", file=sys.stderr)
+        return 2
+    if plan is None:
+        plan = make_plan(args.preset, args.nodes, args.mixes, args.rounds, overrides)
+    from engine.priority import apply_priority
+
+    log.info("Running at %s.", apply_priority(plan_config(plan).run.priority))
+    control = Control()
+    signals = stop_on_signals(control.stop, lambda text: print(f"\n{text}", file=sys.stderr))
+    view = ExperimentTerminal(len(plan.mixes))
+    try:
+        Experiment(plan, args.out, paths, view.hooks(), control).run()
+    finally:
+        view.close()
+    if control.stopping:
+        print(f"Stopped. Every node's last round is kept; run the same command (or --resume --out {args.out}) to continue.",
+              file=sys.stderr)
+        return EXIT_INTERRUPTED if signal.SIGINT in signals else 0
+    print(f"Report: {args.out / 'report.md'} (and report.json, reward.png)")
     return 0
 
 
@@ -235,6 +219,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return serve(args, paths)
     setup_logging(paths, args.verbose, _ConsoleHandler(logging.WARNING if not args.verbose else logging.DEBUG))
     try:
+        if args.command == "experiment":
+            return cmd_experiment(args, paths)
         config = config_from_args(args, paths)
         if args.command == "config":
             print(config.to_toml())

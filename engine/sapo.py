@@ -30,15 +30,26 @@ from typing import Any, Protocol
 from engine.backends import PolicyBackend, load_backend
 from engine.checkpoint import latest_good, save_checkpoint
 from engine.config import NodeConfig
+from engine.defence import Plausibility, token_weights
 from engine.device import DeviceInfo, pick_device
 from engine.errors import ConfigError
 from engine.events import Event, make_event
 from engine.metrics import MetricsLog
 from engine.models import resolve_model_dir
 from engine.paths import Paths
-from engine.rollouts import R_TOO_LONG, Completion, ExternalItem, Group, Offer, group_advantages, train_items
+from engine.priority import ThreadPolicy
+from engine.rollouts import (
+    R_IMPLAUSIBLE,
+    R_TOO_LONG,
+    Completion,
+    ExternalItem,
+    Group,
+    Offer,
+    group_advantages,
+    train_items,
+)
 from engine.rules import stable_seed
-from engine.tasks import TaskSet
+from engine.tasks import Question, TaskSet
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +77,8 @@ class Control:
         self._running.set()
         self._stop = threading.Event()
         self._reload = threading.Event()
+        self._unbans: list[str] = []
+        self._unbans_lock = threading.Lock()
 
     def pause(self) -> None:
         self._running.clear()
@@ -79,6 +92,16 @@ class Control:
 
     def request_reload(self) -> None:
         self._reload.set()
+
+    def request_unban(self, peer: str) -> None:
+        """Lift a local ban on `peer` before the next swarm sample (serve's `unban` command)."""
+        with self._unbans_lock:
+            self._unbans.append(peer)
+
+    def take_unbans(self) -> list[str]:
+        with self._unbans_lock:
+            taken, self._unbans = self._unbans, []
+        return taken
 
     @property
     def paused(self) -> bool:
@@ -145,6 +168,7 @@ class Node:
         self.taskset = self._taskset(config)
         self.device: DeviceInfo | None = None
         self.backend: PolicyBackend | None = None
+        self.threads: ThreadPolicy | None = None  # CPU threads for torch (cpu and cuda devices)
         self.round = 0  # last completed round
         self._state = "starting"
 
@@ -174,14 +198,25 @@ class Node:
     def setup(self) -> None:
         """Pick the device, load the model, resume from the newest good checkpoint."""
         run = self.config.run
-        if run.threads:
+        self.device = pick_device(run.device)
+        log.info("Device: %s", self.device.describe())
+        if self.device.kind in ("cpu", "cuda"):
             import torch
 
-            torch.set_num_threads(run.threads)
-        self.device = pick_device(run.device)
-        self.status("loading", f"Loading {self.config.model.source} on {self.device.describe()}")
+            # run.threads 0: as many threads as other programs leave free, measured as the round goes,
+            # never more than torch's own default (the physical cores, or what the caller set).
+            self.threads = ThreadPolicy(run.threads, torch.set_num_threads, max_threads=torch.get_num_threads())
+        source = "the bundled model" if self.config.model.source == "bundled" else self.config.model.source
+        self.status("loading", f"Loading {source} on {self.device.plain()}")
         model_dir = resolve_model_dir(self.config.model.source, self.paths.models_cache, self.config.model.revision or None)
         self.backend = load_backend(model_dir, self.device, self.config.grpo, run.seed, self.config.tasks.temperature)
+        self.resume()
+
+    def resume(self) -> None:
+        """Carry on from the newest good checkpoint of this run, or start at round 0 when there is none."""
+        if self.backend is None:
+            raise RuntimeError("a backend must be set before resume()")
+        run = self.config.run
         found = latest_good(self.checkpoint_root, self.config.structure_hash(), self.backend.load)
         if found is None:
             self.round = 0
@@ -202,6 +237,8 @@ class Node:
         last = [0.0]
 
         def on_step(done: int, total: int) -> None:
+            if self.threads is not None:
+                self.threads.update()  # cheap: measures the load at most every 2 s
             if self.control.paused:
                 self.status("paused", "Paused.")
                 self.control.wait_while_paused()
@@ -236,13 +273,8 @@ class Node:
                 "error", kind="ConfigError", fatal=False,
                 message="Swarm connection settings saved; they apply when the engine restarts.",
             ))
-        if new.run.threads != self.config.run.threads and self.device is not None and self.device.kind in ("cpu", "cuda"):
-            import os
-
-            import torch
-
-            torch.set_num_threads(new.run.threads or os.cpu_count() or 1)
-            log.info("Now training with %d CPU threads.", torch.get_num_threads())
+        if self.threads is not None:
+            self.threads.reconfigure(new.run.threads)
         self.config = new
         self.taskset = self._taskset(new)
         if self.backend is not None:
@@ -279,41 +311,74 @@ class Node:
         return self.round
 
     def run_round(self) -> dict[str, Any]:
-        if self.backend is None:
-            raise RuntimeError("setup() must run before run_round()")
-        backend = self.backend
+        """One round: the phases below in order (engine/experiment.py runs them across several nodes)."""
+        backend = self._backend()
         cfg = self.config
         t0 = time.perf_counter()
+        round_index, questions, prompt_ids = self.start_round()
+        G = cfg.tasks.completions_per_question
+        completions = backend.generate(prompt_ids, G, cfg.tasks.max_new_tokens, cfg.tasks.temperature, self._step("generating"))
+        gen_seconds = time.perf_counter() - t0
+        groups = self.score(questions, prompt_ids, completions)
+        mine = self.own_groups(round_index, groups)
+        external, swarm_report = self.share_and_sample(round_index, groups)
+        t1 = time.perf_counter()
+        stats = self.learn(mine + external)
+        train_seconds = time.perf_counter() - t1
+        return self.finish_round(round_index, groups, external, stats, swarm_report,
+                                 gen_seconds, train_seconds, time.perf_counter() - t0)
+
+    def _backend(self) -> PolicyBackend:
+        if self.backend is None:
+            raise RuntimeError("setup() must run before a round")
+        return self.backend
+
+    def start_round(self) -> tuple[int, list[Question], list[list[int]]]:
+        """Reseed sampling and draw the next round's questions: (round index, questions, prompt ids)."""
+        backend = self._backend()
+        cfg = self.config
         round_index = self.round + 1
         backend.reseed(derive_seed(cfg.run.seed, round_index))
         questions = self.taskset.draw(round_index, cfg.tasks.questions_per_round)
-        G = cfg.tasks.completions_per_question
         prompt_ids = [backend.encode_prompt(self.taskset.messages(q)) for q in questions]
-        completions = backend.generate(prompt_ids, G, cfg.tasks.max_new_tokens, cfg.tasks.temperature, self._step("generating"))
-        gen_seconds = time.perf_counter() - t0
+        return round_index, questions, prompt_ids
 
+    def score(self, questions: Sequence[Question], prompt_ids: Sequence[list[int]],
+              completions: Sequence[Completion]) -> list[Group]:
+        """Score each question's G completions (in order) locally: one group per question."""
+        cfg = self.config
+        G = cfg.tasks.completions_per_question
         scoring = self._step("scoring")
         groups: list[Group] = []
         for i, (question, prompt) in enumerate(zip(questions, prompt_ids, strict=True)):
-            own = completions[i * G : (i + 1) * G]
+            own = list(completions[i * G : (i + 1) * G])
             rewards = [self.taskset.reward(question, c.text) for c in own]
             groups.append(Group(question, prompt, own, rewards, group_advantages(rewards, cfg.grpo.adv_eps)))
             scoring(i + 1, len(questions))
+        return groups
 
-        # SAPO's mix: I of this node's groups and J verified groups from the swarm.
-        mine = groups
+    def own_groups(self, round_index: int, groups: list[Group]) -> list[Group]:
+        """SAPO's I: the own groups that go into the training batch (all of them when local_groups is 0)."""
+        cfg = self.config
         if 0 < cfg.swarm.local_groups < len(groups):
             pick = random.Random(derive_seed(cfg.run.seed, round_index, 1)).sample(range(len(groups)), cfg.swarm.local_groups)
-            mine = [groups[i] for i in sorted(pick)]
-        external, swarm_report = self.share_and_sample(round_index, groups)
+            return [groups[i] for i in sorted(pick)]
+        return groups
 
-        t1 = time.perf_counter()
-        stats = backend.train(train_items(mine + external), self._step("training"))
-        train_seconds = time.perf_counter() - t1
+    def learn(self, groups: Sequence[Group]) -> dict[str, float]:
+        """One GRPO update on the informative groups (local and external)."""
+        return self._backend().train(train_items(groups), self._step("training"))
+
+    def finish_round(
+        self, round_index: int, groups: list[Group], external: list[Group], stats: dict[str, float],
+        swarm_report: dict[str, Any] | None, gen_seconds: float, train_seconds: float, seconds: float,
+    ) -> dict[str, Any]:
+        """Checkpoint the round atomically, append its metrics, emit checkpoint and round events."""
+        backend = self._backend()
+        cfg = self.config
         self.progress("checkpointing", 0, 1)
         self.round = round_index
-
-        metrics = self._round_metrics(groups, external, stats, gen_seconds, train_seconds, time.perf_counter() - t0)
+        metrics = self._round_metrics(groups, external, stats, gen_seconds, train_seconds, seconds)
         if swarm_report is not None:
             metrics["swarm"] = swarm_report
         state = {
@@ -333,40 +398,61 @@ class Node:
         if self.exchange is None:
             return [], None
         cfg = self.config
+        self._lift_bans()
         self.exchange.publish(round_index, groups)
         offer = self.exchange.sample(
             round_index, cfg.swarm.external_groups, self.taskset,
             exclude={g.question.ref.key() for g in groups}, seed=derive_seed(cfg.run.seed, round_index, 2),
         )
-        external, verdicts = self._admit(offer.items)
+        external, verdicts = self._admit(offer.items, [c.logprobs for g in groups for c in g.completions])
         return external, self.exchange.settle(offer, verdicts)
 
-    def _admit(self, items: Sequence[ExternalItem]) -> tuple[list[Group], dict[int, str]]:
+    def _lift_bans(self) -> None:
+        """Apply `unban` commands received since the last round (the exchange emits `peers` after each)."""
+        unban = getattr(self.exchange, "unban", None)
+        for peer in self.control.take_unbans():
+            if unban is not None:
+                unban(peer)
+
+    def _admit(self, items: Sequence[ExternalItem],
+               own_logprobs: Sequence[Sequence[float]] = ()) -> tuple[list[Group], dict[int, str]]:
         """Tokenise verified external text for this node's policy and give it behaviour log-probs.
 
         Another model's tokenizer splits the same text differently, so an
         external completion may take up to EXTERNAL_LENGTH_SLACK times this
         node's own length cap, in this node's tokens; longer is `too_long`.
+        With `swarm.plausibility_check`, an item with a completion that this
+        node's policy finds implausible (`engine.defence.Plausibility`, against
+        the floor set by `own_logprobs`, this round's own completions) is
+        `implausible`: the log-probs are the ones computed here anyway. Tokens
+        of accepted text get truncated importance weights (`token_weights`).
         Returns the groups to train on and the rejections, by offer index.
         """
         if self.backend is None:
             raise RuntimeError("setup() must run before _admit()")
         backend, cfg = self.backend, self.config
+        sw = cfg.swarm
         cap = EXTERNAL_LENGTH_SLACK * cfg.tasks.max_new_tokens + 1  # + the EOS the encoder appends
         verdicts: dict[int, str] = {}
-        kept: list[tuple[ExternalItem, list[int], list[list[int]]]] = []
+        kept: list[tuple[int, ExternalItem, list[int], list[list[int]]]] = []
         for index, item in enumerate(items):
             token_ids = [backend.encode_completion(text) for text in item.completions]
             if any(len(ids) > cap for ids in token_ids):
                 verdicts[index] = R_TOO_LONG
                 continue
-            kept.append((item, backend.encode_prompt(self.taskset.messages(item.question)), token_ids))
-        pairs = [(prompt, ids) for _, prompt, token_ids in kept for ids in token_ids]
+            kept.append((index, item, backend.encode_prompt(self.taskset.messages(item.question)), token_ids))
+        pairs = [(prompt, ids) for _, _, prompt, token_ids in kept for ids in token_ids]
         logprobs = iter(backend.behaviour_logprobs(pairs, cfg.tasks.temperature) if pairs else [])
+        test = Plausibility(window=sw.plausibility_window, absolute=sw.implausible_logprob)
+        floor = test.floor(own_logprobs)
         groups = []
-        for item, prompt, token_ids in kept:
-            completions = [Completion(text, ids, next(logprobs), finished=True)
-                           for text, ids in zip(item.completions, token_ids, strict=True)]
+        for index, item, prompt, token_ids in kept:
+            item_logprobs = [next(logprobs) for _ in token_ids]
+            if sw.plausibility_check and not test.judge(item_logprobs, floor):
+                verdicts[index] = R_IMPLAUSIBLE
+                continue
+            completions = [Completion(text, ids, lps, finished=True, weights=token_weights(lps, sw.token_weight_logprob))
+                           for text, ids, lps in zip(item.completions, token_ids, item_logprobs, strict=True)]
             rewards = list(item.rewards)
             groups.append(Group(item.question, prompt, completions, rewards,
                                 group_advantages(rewards, cfg.grpo.adv_eps), source=item.peer))

@@ -491,11 +491,8 @@ def decode_batch(
             row_seeds = torch.randint(0, 2**62, (len(row_adapter),)).tolist()
         else:
             per = [torch.Generator().manual_seed(int(s)) for s in seeds]
-            counts = [0] * len(per)
-            row_seeds = []
-            for a in row_adapter:  # the k-th row of adapter a gets its k-th seed, wherever it sits in the call
-                counts[a] += 1
-                row_seeds.append(int(torch.randint(0, 2**62, (1,), generator=per[a])))
+            # The k-th row of adapter a gets its k-th seed, wherever it sits in the call.
+            row_seeds = [int(torch.randint(0, 2**62, (1,), generator=per[a])) for a in row_adapter]
         generators = [torch.Generator().manual_seed(int(s)) for s in row_seeds]
     stack = None
     if adapters:

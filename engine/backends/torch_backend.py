@@ -52,6 +52,7 @@ from engine.atomicio import atomic_dir
 from engine.backends import StepCallback
 from engine.backends.batching import HFTokenizerText, MicroBatchBudget, micro_batches
 from engine.backends.decode import DecodedRow, DecodeModel, LoraAdapter, decode_batch, unsupported_reason
+from engine.backends.steps import train_steps
 from engine.config import GRPOConfig
 from engine.device import DeviceInfo
 from engine.errors import CheckpointError, ModelError
@@ -458,42 +459,60 @@ class TorchBackend(HFTokenizerText):
         """`pg_steps` optimiser steps over `items`, micro-batched; returns averaged stats.
 
         A step that runs out of memory is thrown away (its partial gradients
-        too) and redone with half the micro-batch.
+        too) and redone with half the micro-batch. `on_step` is also called
+        before every decoder layer's forward, so a stop or pause takes effect
+        within one layer rather than one whole step; a stop raised there
+        leaves no gradient behind and no optimiser step half-done.
         """
-        g = self.grpo
-        if not items:
-            return {"loss": 0.0, "clip_fraction": 0.0, "kl": 0.0, "grad_norm": 0.0, "train_tokens": 0.0, "oom_retries": 0.0}
-        total_tokens = float(sum(len(it.completion_ids) for it in items))
-        sums = {"loss": 0.0, "clip_fraction": 0.0, "kl": 0.0, "grad_norm": 0.0}
-        retries = 0
         self.model.train()
-        for step in range(g.pg_steps):
-            while True:
-                chunks = micro_batches(items, *self.budget.limits(g), shared_prompts=True)
-                try:
-                    step_sums = self._accumulate_step(chunks, total_tokens, step, on_step)
-                    break
-                except torch.OutOfMemoryError:
-                    pass  # handled outside the except block, so the failed step's tensors are freed first
-                self.optimizer.zero_grad(set_to_none=True)
-                retries += 1
-                self._shrink_after_oom("training")
-            if g.max_grad_norm > 0:
-                norm = torch.nn.utils.clip_grad_norm_(self.params, g.max_grad_norm)
-                step_sums["grad_norm"] = float(norm)
-            self.optimizer.step()
-            for key, value in step_sums.items():
-                sums[key] += value / g.pg_steps
+        try:
+            with self._layer_checks(on_step) as tracked:
+                return train_steps(
+                    items, self.grpo, self.budget, shared_prompts=True, accumulate=self._accumulate_step,
+                    apply=self._apply_step, is_oom=lambda exc: isinstance(exc, torch.OutOfMemoryError),
+                    after_oom=self._after_oom, on_step=tracked,
+                )
+        finally:
+            self.optimizer.zero_grad(set_to_none=True)
+            release_memory()
+
+    @contextlib.contextmanager
+    def _layer_checks(self, on_step: StepCallback | None) -> Iterator[StepCallback | None]:
+        """Yields `on_step`, wrapped so that it is also called, with the last progress it was
+        given, before each decoder layer runs (forward and recomputation alike)."""
+        if on_step is None:
+            yield None
+            return
+        callback = on_step
+        progress = [0, 1]
+
+        def tracked(done: int, total: int) -> None:
+            progress[:] = [done, total]
+            callback(done, total)
+
+        hooks = [module.register_forward_pre_hook(lambda _module, _args: callback(progress[0], progress[1]))
+                 for module in self.model.modules() if type(module).__name__.endswith("DecoderLayer")]
+        try:
+            yield tracked
+        finally:
+            for hook in hooks:
+                hook.remove()
+
+    def _apply_step(self, _grads: object) -> float | None:
+        norm = None
+        if self.grpo.max_grad_norm > 0:
+            norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.grpo.max_grad_norm))
+        self.optimizer.step()
+        return norm
+
+    def _after_oom(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
-        release_memory()
-        sums["train_tokens"] = total_tokens
-        sums["oom_retries"] = float(retries)
-        return sums
+        self._shrink_after_oom("training")
 
     def _accumulate_step(
         self, chunks: list[list[TrainItem]], total_tokens: float, step: int, on_step: StepCallback | None
-    ) -> dict[str, float]:
-        """Forward and backward over every chunk, gradients summed; the step's stats."""
+    ) -> tuple[None, dict[str, float]]:
+        """Forward and backward over every chunk, gradients summed in the parameters; the step's stats."""
         g = self.grpo
         self.optimizer.zero_grad(set_to_none=True)
         sums = {"loss": 0.0, "clip_fraction": 0.0, "kl": 0.0, "grad_norm": 0.0}
@@ -503,6 +522,13 @@ class TorchBackend(HFTokenizerText):
             for row, it in enumerate(chunk):
                 old[row, : len(it.old_logprobs)] = torch.tensor(it.old_logprobs)
             adv = torch.tensor([it.advantage for it in chunk], dtype=torch.float32, device=self._dev)
+            weights = None
+            if any(it.weights is not None for it in chunk):
+                weights = torch.ones_like(old)
+                for row, it in enumerate(chunk):
+                    if it.weights is not None:
+                        weights[row, : len(it.weights)] = torch.tensor(it.weights)
+                weights = weights.to(self._dev)
             ref_logp = None
             with self._autocast():
                 if g.kl_beta > 0:
@@ -515,7 +541,7 @@ class TorchBackend(HFTokenizerText):
                 logp, mask = self._batch_logprobs(pairs, self.temperature)
                 loss, stats = clipped_pg_loss(
                     logp, old.to(self._dev), adv, mask, g.eps_low, g.eps_high, total_tokens,
-                    ref_logp=ref_logp, kl_beta=g.kl_beta,
+                    ref_logp=ref_logp, kl_beta=g.kl_beta, weights=weights,
                 )
             loss.backward()
             weight = stats.tokens / total_tokens
@@ -524,16 +550,65 @@ class TorchBackend(HFTokenizerText):
             sums["kl"] += stats.kl * weight
             if on_step is not None:
                 on_step(step * len(chunks) + index + 1, g.pg_steps * len(chunks))
-        return sums
+        return None, sums
 
     def reseed(self, seed: int) -> None:
         """Make this round's sampling reproducible (same seed, same round -> same rollouts)."""
         torch.manual_seed(seed)
         random.seed(seed)
 
-    def set_learning_rate(self, lr: float) -> None:
+    def apply_settings(self, grpo: GRPOConfig, temperature: float) -> None:
+        """New GRPO settings and sampling temperature, from a settings reload; the shape is unchanged."""
+        self.grpo = grpo
+        self.temperature = temperature
         for group in self.optimizer.param_groups:
-            group["lr"] = lr
+            group["lr"] = grpo.learning_rate
+
+    # -- several adapters over one frozen base (engine/experiment.py) -------------------
+    def new_adapter_slot(self, seed: int) -> AdapterSlot:
+        """A LoRA adapter of this model's shape with its own AdamW state, initialised as peft
+        initialises one (A Kaiming-uniform, drawn here from `seed`; B zero, so it starts as the base).
+
+        `use_adapter_slot` points the trainable parameters and the optimizer at a
+        slot; everything else (generate, behaviour_logprobs, train, save, load)
+        then works on that slot unchanged. The frozen base weights are shared.
+        """
+        if self.grpo.finetune != "lora":
+            raise ModelError("Several adapters over one base need grpo.finetune = 'lora'.")
+        generator = torch.Generator().manual_seed(seed)
+        tensors = []
+        for name, param in self.model.named_parameters():
+            if not param.requires_grad:
+                continue
+            tensor = torch.zeros(param.shape, dtype=param.dtype)
+            if ".lora_A." in name:  # kaiming_uniform_(a=sqrt(5)) as in peft: U(-1/sqrt(fan_in), 1/sqrt(fan_in))
+                bound = 1.0 / float(param.shape[1]) ** 0.5
+                tensor.uniform_(-bound, bound, generator=generator)
+            tensors.append(tensor.to(self._dev))
+        if len(tensors) != len(self.params):
+            raise RuntimeError("the trainable parameters changed since the backend was built")
+        # The optimizer holds the same Parameter objects as every other slot's; its state is its own.
+        optimizer = torch.optim.AdamW(self.params, lr=self.grpo.learning_rate, weight_decay=self.grpo.weight_decay)
+        return AdapterSlot(tensors, optimizer)
+
+    def use_adapter_slot(self, slot: AdapterSlot) -> None:
+        """Train, sample, save and load with `slot` from now on (no copy: the parameters alias its tensors)."""
+        for param, tensor in zip(self.params, slot.tensors, strict=True):
+            param.data = tensor
+            param.grad = None
+        self.optimizer = slot.optimizer
+
+    def slot_lora(self, slot: AdapterSlot) -> LoraAdapter:
+        """The slot as a decoder `LoraAdapter` for `generate_with_adapters`; it aliases the
+        slot's tensors, so it follows the slot's training without being rebuilt."""
+        active = [param.data for param in self.params]
+        try:
+            for param, tensor in zip(self.params, slot.tensors, strict=True):
+                param.data = tensor
+            return LoraAdapter.from_peft(self.model)
+        finally:
+            for param, tensor in zip(self.params, active, strict=True):
+                param.data = tensor
 
     # -- persistence -------------------------------------------------------------------
     def _trainable_state(self) -> dict[str, torch.Tensor]:
