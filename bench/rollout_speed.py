@@ -1,6 +1,6 @@
 """Rollout speed: the fast decoder (engine/backends/decode.py) against HF generate, measured in one run.
 
-    .venv/bin/python -m bench.rollout_speed              # full: 3 rounds, evaluation of 27 and 108, adapters, RSS
+    .venv/bin/python -m bench.rollout_speed              # full: 2 rounds, evaluation of 27, 54 and 108, adapters, RSS
     .venv/bin/python -m bench.rollout_speed --quick      # smaller (under 5 minutes on the 2-core dev machine)
     .venv/bin/python -m bench.rollout_speed --threads 1  # torch threads (default: torch's, as the engine)
 
@@ -34,6 +34,10 @@ new, repeat by repeat, so load from other processes falls on both:
    side runs `Node.run_round()` once (solo, no evaluation) and reports its
    peak RSS and the round's `tokens_per_second`.
 
+Each timed side also reports this process's CPU seconds: on a shared
+machine a side's wall time depends on what else runs meanwhile, its CPU
+seconds (with --threads 1) count its own work.
+
 llama.cpp is not measured here (docs/results.md, "Rollout speed", says why).
 The last line is always `useful tok/s new/old = X.XX`.
 """
@@ -66,6 +70,17 @@ def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
     start = time.perf_counter()
     out = fn()
     return time.perf_counter() - start, out
+
+
+def measured(fn: Callable[[], Any]) -> tuple[float, float, Any]:
+    """Wall seconds, this process's CPU seconds, and the result.
+
+    On a shared machine the wall time of each side depends on what the
+    others run meanwhile; CPU seconds count this process's own work.
+    """
+    wall, cpu = time.perf_counter(), time.process_time()
+    out = fn()
+    return time.perf_counter() - wall, time.process_time() - cpu, out
 
 
 def gemm_seconds(config: Any, rows: int, dtype: Any, repeats: int = 3) -> float:
@@ -141,7 +156,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="one round of 4 questions, 9 held-out questions, no RSS children")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (default 0: torch's default, as the engine)")
-    parser.add_argument("--rounds", type=int, default=None, help="rounds of questions to sample (default 3, quick 1)")
+    parser.add_argument("--rounds", type=int, default=None, help="rounds of questions to sample (default 2, quick 1)")
     parser.add_argument("--repeats", type=int, default=None, help="alternating repeats per side (default 2, quick 1)")
     parser.add_argument("--eval-small", type=int, default=27, help="held-out questions timed old against new (default 27, the set before this bench)")
     parser.add_argument("--eval-large", type=str, default="54,108", help="larger held-out sets timed on the new path (default 54,108)")
@@ -166,7 +181,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     cfg = NodeConfig()
     t = cfg.tasks
-    rounds = args.rounds or (1 if args.quick else 3)
+    rounds = args.rounds or (1 if args.quick else 2)
     repeats = args.repeats or (1 if args.quick else 2)
     questions = 4 if args.quick else t.questions_per_round
     G, T = t.completions_per_question, t.max_new_tokens
@@ -186,24 +201,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         round_prompts.append((r, [backend.encode_prompt(taskset.messages(q)) for q in drawn]))
     sides = {"old": backend._generate_hf, "new": backend.generate}
     seconds: dict[str, list[float]] = {"old": [], "new": []}
+    cpu_seconds: dict[str, list[float]] = {"old": [], "new": []}
     useful: dict[str, list[int]] = {"old": [], "new": []}
     for rep in range(repeats):
         for name in (("old", "new") if rep % 2 == 0 else ("new", "old")):
-            total_s, total_tokens = 0.0, 0
+            wall = cpu = 0.0
+            tokens = 0
             for r, prompts in round_prompts:
                 backend.reseed(derive_seed(cfg.run.seed, r))
-                took, out = timed(partial(sides[name], prompts, G, T, t.temperature))
-                total_s += took
-                total_tokens += sum(len(c.token_ids) for c in out)
-            seconds[name].append(total_s)
-            useful[name].append(total_tokens)
+                took, used, out = measured(partial(sides[name], prompts, G, T, t.temperature))
+                wall, cpu = wall + took, cpu + used
+                tokens += sum(len(c.token_ids) for c in out)
+            seconds[name].append(wall)
+            cpu_seconds[name].append(cpu)
+            useful[name].append(tokens)
     rate = {name: sum(useful[name]) / sum(seconds[name]) for name in sides}
+    cpu_rate = {name: sum(useful[name]) / sum(cpu_seconds[name]) for name in sides}
     rows = questions * G
     print(f"sampling, {rounds} round(s) x {repeats} repeat(s) per side (prompt + decode; the weights' merge copy included):")
     for name in sides:
         per_round = [round(s / rounds, 1) for s in seconds[name]]
-        print(f"  {name}: {rate[name]:6.1f} useful tok/s   s/round {per_round}   useful tokens/round "
+        cpu_round = [round(s / rounds, 1) for s in cpu_seconds[name]]
+        print(f"  {name}: {rate[name]:6.1f} useful tok/s   s/round {per_round}   CPU s/round {cpu_round}   "
+              f"{cpu_rate[name]:.1f} useful tokens per CPU s   useful tokens/round "
               f"{sum(useful[name]) / len(useful[name]) / rounds:.0f} of {rows * T} decoded by HF at most")
+    print(f"  useful tokens per CPU second new/old = {cpu_rate['new'] / cpu_rate['old']:.2f}")
 
     # 2. Roofline at the batch's row count.
     gemm = gemm_seconds(backend.model.config, rows, dtype)
@@ -229,21 +251,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     eval_prompts = [backend.encode_prompt(taskset.messages(q)) for q in taskset.eval_set(small)]
     greedy = {"old": backend._greedy_hf, "new": backend.greedy}
     eval_s: dict[str, list[float]] = {"old": [], "new": []}
+    eval_cpu: dict[str, list[float]] = {"old": [], "new": []}
     answers: dict[str, list[str]] = {}
     for rep in range(repeats):
         for name in (("old", "new") if rep % 2 == 0 else ("new", "old")):
-            took, answers[name] = timed(partial(greedy[name], eval_prompts, T))
+            took, used, answers[name] = measured(partial(greedy[name], eval_prompts, T))
             eval_s[name].append(took)
+            eval_cpu[name].append(used)
     old_eval, new_eval = statistics.median(eval_s["old"]), statistics.median(eval_s["new"])
+    old_cpu, new_cpu = statistics.median(eval_cpu["old"]), statistics.median(eval_cpu["new"])
     same = sum(a == b for a, b in zip(answers["old"], answers["new"], strict=True))
     print(f"greedy evaluation, {small} held-out questions: old {old_eval:.1f} s {[round(s, 1) for s in eval_s['old']]}, "
-          f"new {new_eval:.1f} s {[round(s, 1) for s in eval_s['new']]}: {old_eval / new_eval:.2f}x faster; "
-          f"{same} of {small} answers identical")
+          f"new {new_eval:.1f} s {[round(s, 1) for s in eval_s['new']]}: {old_eval / new_eval:.2f}x faster "
+          f"(CPU s old {old_cpu:.1f}, new {new_cpu:.1f}: {old_cpu / new_cpu:.2f}x); {same} of {small} answers identical")
     for large in [] if args.quick else [int(x) for x in args.eval_large.split(",") if x]:
         large_prompts = [backend.encode_prompt(taskset.messages(q)) for q in taskset.eval_set(large)]
-        large_s, _ = timed(partial(backend.greedy, large_prompts, T))
+        large_s, large_cpu, _ = measured(partial(backend.greedy, large_prompts, T))
         print(f"greedy evaluation, {large} held-out questions, new: {large_s:.1f} s = {large_s / old_eval:.2f} x the old "
-              f"path's time for {small} (one evaluation per 10 rounds)")
+              f"path's time for {small} (CPU {large_cpu:.1f} s = {large_cpu / old_cpu:.2f} x; one evaluation per 10 rounds)")
 
     # 4. Per-row adapters: the same rows, all forced to T tokens.
     adapters = random_adapters(backend, 4, seed=7)
@@ -268,11 +293,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         ],
     }
     case_s: dict[str, list[float]] = {name: [] for name in cases}
+    case_cpu: dict[str, list[float]] = {name: [] for name in cases}
     outputs: dict[str, Any] = {}
     for rep in range(repeats):
         for name in (list(cases) if rep % 2 == 0 else list(reversed(cases))):
-            took, outputs[name] = timed(cases[name])
+            took, used, outputs[name] = measured(cases[name])
             case_s[name].append(took)
+            case_cpu[name].append(used)
     separate = [row for part in outputs["4 separate runs"] for row in part]
     same_rows, worst = 0, 0.0
     for a, b in zip(outputs["4 adapters, one batch"], separate, strict=True):
@@ -280,10 +307,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         common = next((k for k, (x, y) in enumerate(zip(a.tokens, b.tokens, strict=True)) if x != y), len(a.tokens))
         worst = max([worst] + [abs(x - y) for x, y in zip(a.logprobs[: common + 1], b.logprobs[: common + 1], strict=True)])
     mixed = statistics.median(case_s["4 adapters, one batch"])
+    mixed_cpu = statistics.median(case_cpu["4 adapters, one batch"])
     print(f"per-row adapters, {len(prompts)} prompts x {G} rows x {new_tokens} tokens (no EOS), 4 adapters of rank {cfg.grpo.lora_rank}:")
     for name, values in case_s.items():
-        median = statistics.median(values)
-        print(f"  {name:36s} {median:6.1f} s {[round(v, 1) for v in values]}   4-adapter batch / this = {mixed / median:.2f}")
+        median, cpu = statistics.median(values), statistics.median(case_cpu[name])
+        print(f"  {name:36s} {median:6.1f} s {[round(v, 1) for v in values]}  CPU {cpu:6.1f} s   "
+              f"4-adapter batch / this = {mixed / median:.2f} (CPU {mixed_cpu / cpu:.2f})")
     print(f"  rows of the 4-adapter batch identical to the separate runs': {same_rows} of {len(separate)}; log-probs up to "
           f"the first differing token within {worst:.1e} (fp32 rounding can move a draw in a flat tail across a token)")
 
