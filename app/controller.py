@@ -165,6 +165,10 @@ class Controller(QObject):
         self.engine.send("pause")
         self._refresh()
 
+    def unban(self, peer_id: str) -> None:
+        """Lift this node's own ban on a peer (a ban from the settings' list stays)."""
+        self.engine.send("unban", peer=peer_id)
+
     def resume(self) -> None:
         self.user_paused = False
         self.wantsTraining.emit(True)

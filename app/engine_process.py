@@ -19,6 +19,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from PySide6.QtCore import QObject, QProcess, QProcessEnvironment, QTimer, Signal
 
@@ -105,11 +106,11 @@ class EngineProcess(QObject):
         log.info("starting engine: %s", argv)
         proc.start(argv[0], argv[1:])
 
-    def send(self, cmd: str) -> bool:
-        """Write one command line; False when no engine is running."""
+    def send(self, cmd: str, **fields: Any) -> bool:
+        """Write one command line (with its fields, e.g. unban's `peer`); False when no engine is running."""
         if not self.is_running() or self.proc is None:
             return False
-        self.proc.write((encode(make_command(cmd)) + "\n").encode("utf-8"))
+        self.proc.write((encode(make_command(cmd, **fields)) + "\n").encode("utf-8"))
         return True
 
     def stop(self) -> None:

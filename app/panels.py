@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from PySide6.QtCore import Qt, QTimer, QUrl
+from PySide6.QtCore import Qt, QTimer, QUrl, Signal
 from PySide6.QtGui import QColor, QDesktopServices, QFont, QFontDatabase, QTextCharFormat, QTextCursor
 from PySide6.QtWidgets import (
     QAbstractItemView,
@@ -23,6 +23,7 @@ from PySide6.QtWidgets import (
     QHBoxLayout,
     QHeaderView,
     QLabel,
+    QMessageBox,
     QPlainTextEdit,
     QPushButton,
     QTableWidget,
@@ -46,7 +47,8 @@ REASONS = {
     "duplicate": "Seen before",
     "zero_advantage": "Same score for every answer",
     "banned": "From a banned peer",
-    "own_batch": "Our own rollouts",
+    "implausible": "Improbable text for our model (possible injection)",
+    "not_picked": "Not needed this round",
 }
 
 
@@ -60,6 +62,8 @@ def _count(value: Any) -> str:
 
 
 class PeersPanel(QFrame):
+    unbanRequested = Signal(str)  # a peer id whose earned ban the user chose to lift
+
     def __init__(self, session: Session, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.setObjectName("card")
@@ -95,7 +99,10 @@ class PeersPanel(QFrame):
         layout.addLayout(counts)
 
         self.reasons = self._table(["Why rejected", "Count"])
-        self.peer_table = self._table(["Peer", "Accepted", "Rejected"])
+        self.peer_table = self._table(["Peer", "Accepted", "Rejected", "Status"])
+        self.peer_table.cellDoubleClicked.connect(self._on_peer_clicked)
+        self._peer_ids: list[str] = []
+        self._earned_bans: set[str] = set()
         layout.addWidget(self.reasons, 1)
         layout.addWidget(self.peer_table, 1)
         self.note = QLabel()
@@ -153,19 +160,42 @@ class PeersPanel(QFrame):
         self._fill(self.reasons, [[reason_text(str(k)), _count(v)] for k, v in ranked], "None rejected")
         by_peer = peers.get("by_peer") or {}
         peer_rows = []
+        self._earned_bans = set()
         for peer_id, info in by_peer.items():
             info = info if isinstance(info, dict) else {}
             name = str(info.get("name") or "unnamed")
-            peer_rows.append((number(info.get("accepted")) or 0, [f"{name} · {str(peer_id)[:8]}",
-                              _count(info.get("accepted")), _count(info.get("rejected"))]))
+            ban = info.get("banned")
+            status = "ok"
+            if isinstance(ban, dict):
+                earned = ban.get("source") != "config"
+                status = f"banned: {reason_text(str(ban.get('reason', '')))}" + (" (double-click to lift)" if earned else " (in Settings)")
+                if earned:
+                    self._earned_bans.add(str(peer_id))
+            peer_rows.append((number(info.get("accepted")) or 0, str(peer_id), [f"{name} · {str(peer_id)[:8]}",
+                              _count(info.get("accepted")), _count(info.get("rejected")), status]))
         peer_rows.sort(key=lambda r: -r[0])
-        self._fill(self.peer_table, [r[1] for r in peer_rows], "No peers yet")
+        self._peer_ids = [r[1] for r in peer_rows]
+        self._fill(self.peer_table, [r[2] for r in peer_rows], "No peers yet")
         if solo:
             self.note.setText("Training alone: nothing is shared. Choose a swarm in Settings to join one.")
         elif not peers:
             self.note.setText("Rollouts from other computers appear here once they join your swarm.")
         else:
             self.note.setText("Every rollout is re-checked on this computer; rewards are never taken on trust.")
+
+
+    def _on_peer_clicked(self, row: int, _column: int) -> None:
+        """Double-clicking a peer this node banned asks whether to lift the ban."""
+        if not 0 <= row < len(self._peer_ids) or self._peer_ids[row] not in self._earned_bans:
+            return
+        peer_id = self._peer_ids[row]
+        answer = QMessageBox.question(
+            self, "Lift the ban?",
+            f"This computer stopped using rollouts from peer {peer_id[:8]} because they failed its checks. "
+            "Lift the ban and check its rollouts again?",
+        )
+        if answer == QMessageBox.StandardButton.Yes:
+            self.unbanRequested.emit(peer_id)
 
 
 class LogView(QWidget):

@@ -170,6 +170,7 @@ class MainWindow(QMainWindow):
 
         self.charts = ChartsPanel(self.session)
         self.peers = PeersPanel(self.session)
+        self.peers.unbanRequested.connect(controller.unban)
         charts_card = QFrame()
         charts_card.setObjectName("card")
         charts_layout = QVBoxLayout(charts_card)

@@ -247,3 +247,34 @@ def test_a_long_status_message_wraps_instead_of_being_cut_off(qtbot, make_gui: M
     assert label.text() == long and label.fontMetrics().horizontalAdvance(long) > label.width()
     needed = label.heightForWidth(label.width())
     assert needed > label.fontMetrics().height() and label.height() >= needed
+
+
+def test_a_banned_peer_shows_in_the_panel_and_lifting_the_ban_sends_unban(qtbot, make_gui: MakeGui, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from PySide6.QtWidgets import QMessageBox
+
+    gui = make_gui()
+    w = gui.window
+    ban = {"reason": "implausible", "since": 1.0, "until": None, "source": "strikes", "name": "sly-fox-1a2b"}
+    listed = {"reason": "config", "since": 1.0, "until": None, "source": "config", "name": "bad-actor-9f9f"}
+    gui.session.handle({"type": "peers", "v": 1, "ts": 1.0, "online": 3, "received": 9, "accepted": 2, "rejected": 7,
+                        "rejected_by_reason": {"implausible": 7},
+                        "by_peer": {"1a2b3c4d5e6f7a8b9c0d": {"name": "sly-fox-1a2b", "accepted": 0, "rejected": 7, "banned": ban},
+                                    "9f9f9f9f9f9f9f9f9f9f": {"name": "bad-actor-9f9f", "accepted": 0, "rejected": 0, "banned": listed},
+                                    "0a0a0a0a0a0a0a0a0a0a": {"name": "kind-owl-0a0a", "accepted": 2, "rejected": 0, "banned": None}}})
+    table = w.peers.peer_table
+    statuses = {table.item(r, 0).text(): table.item(r, 3).text() for r in range(table.rowCount())}
+    assert statuses["sly-fox-1a2b · 1a2b3c4d"].startswith("banned: Improbable text")
+    assert "(in Settings)" in statuses["bad-actor-9f9f · 9f9f9f9f"]
+    assert statuses["kind-owl-0a0a · 0a0a0a0a"] == "ok"
+    reasons = {w.peers.reasons.item(r, 0).text() for r in range(w.peers.reasons.rowCount())}
+    assert any("Improbable" in text for text in reasons)
+
+    asked: list[str] = []
+    gui.controller.unban = asked.append  # type: ignore[method-assign]
+    w.peers.unbanRequested.disconnect()
+    w.peers.unbanRequested.connect(gui.controller.unban)
+    monkeypatch.setattr(QMessageBox, "question", lambda *a, **k: QMessageBox.StandardButton.Yes)
+    rows = {table.item(r, 0).text(): r for r in range(table.rowCount())}
+    w.peers._on_peer_clicked(rows["bad-actor-9f9f · 9f9f9f9f"], 0)  # a ban from the settings: not lifted here
+    w.peers._on_peer_clicked(rows["sly-fox-1a2b · 1a2b3c4d"], 0)
+    assert asked == ["1a2b3c4d5e6f7a8b9c0d"]
