@@ -132,10 +132,10 @@ def run_node(
     from engine.priority import apply_priority
     from engine.sapo import Node
 
-    # Before any worker thread exists, so every thread the libraries start inherits it.
-    log.info("Running at %s (run.priority = %s).", apply_priority(config.run.priority), config.run.priority)
     node = Node(config, paths, emit, control, reload_config=reload_config)
     node.status("starting", "Engine started.")
+    # Before any worker thread exists (the relay link, torch's pool), so every thread inherits it.
+    log.info("Running at %s (run.priority = %s).", apply_priority(config.run.priority), config.run.priority)
     swarm = open_swarm(config, paths.identity_file, emit)
     try:
         node.exchange = swarm.exchange
