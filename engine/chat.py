@@ -364,7 +364,7 @@ def export_flags(argv: Sequence[str]) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from engine.cli import config_from_args, setup_logging
+    from engine.launch import config_from_args, setup_logging
 
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)

@@ -210,6 +210,11 @@ def cmd_experiment(args: argparse.Namespace, paths: Paths) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["chat"]:  # the app's Try it tab (engine/chat.py): its own JSON-lines protocol and flags
+        from engine.chat import main as chat_main
+
+        return chat_main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     paths = Paths.under(args.home) if args.home else Paths.default()
