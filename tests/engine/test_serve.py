@@ -250,6 +250,6 @@ def test_export_without_a_checkpoint_says_what_to_do(tiny_model_dir: Path, tmp_p
         node_cmd("export", tmp_path / "home", tiny_model_dir, "--out", str(tmp_path / "out")),
         cwd=ROOT, capture_output=True, text=True, timeout=120,
     )
-    assert out.returncode == 1
+    assert out.returncode == 4  # CheckpointError: a person's problem, with what to do
     assert "no checkpoint yet" in out.stderr and "Traceback" not in out.stderr
     assert not (tmp_path / "out").exists()
