@@ -3,6 +3,7 @@
     .venv/bin/python -m bench.rollout_speed              # full: 2 rounds, evaluation of 27, 54 and 108, adapters, RSS
     .venv/bin/python -m bench.rollout_speed --quick      # smaller (under 5 minutes on the 2-core dev machine)
     .venv/bin/python -m bench.rollout_speed --threads 1  # torch threads (default: torch's, as the engine)
+    .venv/bin/python -m bench.rollout_speed --old-path-run /tmp/old30 --rounds 30   # a learning run on HF generate
 
 One backend (bundled SmolLM2-135M-Instruct, the default config: LoRA, bf16
 where native, else fp32) runs both sides in this process, alternating old and
@@ -152,6 +153,24 @@ def rss_round(side: str, threads: int) -> dict[str, Any]:
     }
 
 
+def old_path_run(home: Path, rounds: int, threads: int) -> int:
+    """`sapling-node run --home HOME --rounds N --solo` with HF generate for sampling and evaluation: the control run."""
+    import torch
+
+    from engine.config import build_config
+    from engine.paths import Paths
+    from engine.sapo import Node
+
+    if threads:
+        torch.set_num_threads(threads)
+    cfg = build_config("default", None, [f"run.max_rounds={rounds}", "swarm.mode='solo'", f"run.threads={threads}"])
+    node = Node(cfg, Paths.under(home), emit=lambda event: print(json.dumps(event)) if event.get("type") in ("round", "eval") else None)
+    node.setup()
+    backend: Any = node.backend
+    backend.generate, backend.greedy = backend._generate_hf, backend._greedy_hf
+    return node.run()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="one round of 4 questions, 9 held-out questions, no RSS children")
@@ -161,7 +180,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--eval-small", type=int, default=27, help="held-out questions timed old against new (default 27, the set before this bench)")
     parser.add_argument("--eval-large", type=str, default="54,108", help="larger held-out sets timed on the new path (default 54,108)")
     parser.add_argument("--rss-child", choices=["old", "new"], help=argparse.SUPPRESS)
+    parser.add_argument("--old-path-run", type=Path, metavar="HOME",
+                        help="instead of the bench: train --rounds rounds (default 30) solo under HOME with the old HF sampler")
     args = parser.parse_args(argv)
+    if args.old_path_run:
+        old_path_run(args.old_path_run, args.rounds or 30, args.threads)
+        return 0
     if args.rss_child:
         print(json.dumps(rss_round(args.rss_child, args.threads)))
         return 0
