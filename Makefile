@@ -41,7 +41,7 @@ LLAMA_CPP_CONVERT := convert_hf_to_gguf.py convert_lora_to_gguf.py conversion gg
 define install_llama_cpp
 	mkdir -p $(LLAMA_CPP_CACHE)
 	test -f $(LLAMA_CPP_SDIST) || $(1)/bin/pip download -q --no-deps --no-binary :all: -d $(LLAMA_CPP_CACHE) llama-cpp-python==$(LLAMA_CPP_VERSION)
-	CMAKE_ARGS="-DGGML_NATIVE=OFF" CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc 2>/dev/null || echo 2) $(1)/bin/pip install -q "llama-cpp-python @ file://$(LLAMA_CPP_SDIST)"
+	CMAKE_ARGS="-DGGML_NATIVE=OFF" CMAKE_BUILD_PARALLEL_LEVEL=$$(getconf _NPROCESSORS_ONLN 2>/dev/null || echo 2) $(1)/bin/pip install -q "llama-cpp-python @ file://$(LLAMA_CPP_SDIST)"
 	rm -rf $(1)/share/sapling/llama.cpp-convert && mkdir -p $(1)/share/sapling/llama.cpp-convert
 	tar -xzf $(LLAMA_CPP_SDIST) -C $(1)/share/sapling/llama.cpp-convert --strip-components=3 $(addprefix $(LLAMA_CPP_SRC)/,$(LLAMA_CPP_CONVERT))
 endef
@@ -137,3 +137,11 @@ installer-windows-check:
 
 test-installers: installer-linux installer-windows-check $(STAMP) $(PKG_STAMP)
 	$(BIN)/python -m pytest -q -m installer tests/installers
+
+# The portable llama-cpp-python and llama.cpp's converters into another venv, the same way as above:
+#   make llama-cpp-python LLAMA_VENV=build/installer-venv    (the macOS workflow's build venv)
+# The Windows workflow cannot run make; it reads LLAMA_CPP_VERSION and LLAMA_CPP_CONVERT from here.
+LLAMA_VENV ?= $(PKG_VENV)
+.PHONY: llama-cpp-python
+llama-cpp-python:
+	$(call install_llama_cpp,$(LLAMA_VENV))

@@ -5,7 +5,9 @@ home folder, so the user's settings and data are never touched, runs the real
 engine with ``--rounds 1`` (held-out evaluation off, to keep it short) on the
 bundled model, and checks that a round event arrived, reached the reward
 chart, and that the engine then exited cleanly. Flags after ``--`` go to the
-engine (``-- --model DIR`` tests another model). Installers run this.
+engine (``-- --model DIR`` tests another model). Installers run this. It also
+says whether llama.cpp (Try it, GGUF export) loads; that line is informational
+and never fails the test.
 """
 
 from __future__ import annotations
@@ -17,6 +19,15 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+
+def tryit_line() -> str:
+    """Whether Try it can run in this build: informational, never a failure (a build may lack llama.cpp)."""
+    try:
+        import llama_cpp
+    except (ImportError, OSError, RuntimeError) as exc:  # not installed, or its library does not load
+        return f"Try it: unavailable ({type(exc).__name__}: {exc})"
+    return f"Try it: llama.cpp {getattr(llama_cpp, '__version__', '?')}"
 
 
 def run_self_test(engine_flags: Sequence[str] = (), timeout_s: float = 900.0) -> int:
@@ -67,6 +78,7 @@ def run_self_test(engine_flags: Sequence[str] = (), timeout_s: float = 900.0) ->
         gui.controller.problem.connect(on_problem)
         gui.window.show()
         QTimer.singleShot(int(timeout_s * 1000), lambda: app.exit(0))
+        say(tryit_line())
         say(f"starting the engine: {' '.join(gui.engine.command())}")
         gui.controller.start()
         app.exec()

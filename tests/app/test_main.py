@@ -28,6 +28,18 @@ def test_flags_after_double_dash_go_to_the_self_test_engine() -> None:
     assert app_main.main(["--", "--model", "x"]) == 2
 
 
+def test_self_test_says_whether_try_it_can_run_without_failing(monkeypatch: pytest.MonkeyPatch) -> None:
+    import types
+
+    from app.selftest import tryit_line
+
+    monkeypatch.setitem(sys.modules, "llama_cpp", types.SimpleNamespace(__version__="9.9.9"))
+    assert tryit_line() == "Try it: llama.cpp 9.9.9"
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # `import llama_cpp` raises ModuleNotFoundError
+    line = tryit_line()
+    assert line.startswith("Try it: unavailable (ModuleNotFoundError: ") and "llama_cpp" in line
+
+
 def test_node_subcommand_runs_without_qt(tmp_path: Path) -> None:
     code = ("import sys, app.main; rc = app.main.main(['node', 'config', '--home', sys.argv[1]]); "
             "assert 'PySide6' not in sys.modules, 'node must not load Qt'; sys.exit(rc)")
