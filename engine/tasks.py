@@ -522,12 +522,21 @@ class TaskSet:
         instruction alone; a worked example of the same task raises the share
         of well-formed answers about threefold (docs/results.md). The example
         is drawn from its own seed stream, so it is never a training or
-        held-out item. The prompt is local: peers see only the question.
+        held-out item.
+
+        The example is a function of the question's reference alone (its seed
+        and index), not of this node: a receiver rebuilds exactly the prompt a
+        peer wrote its completions under. A peer's text is then judged
+        (plausibility) and weighed (behaviour log-probs) in the context it was
+        written in; judged under the receiver's own example, honest text that
+        echoed the peer's example looked improbable (docs/results.md,
+        Poisoning).
         """
         ref = question.ref
         if len(question.text) > EXAMPLE_MAX_QUESTION_CHARS:
             return question.messages()
-        example = self.rebuild(TaskRef(ref.dataset, ref.config, self.seed + EXAMPLE_SEED_OFFSET, ref.index % EXAMPLE_POOL))
+        example_seed = (ref.seed + EXAMPLE_SEED_OFFSET) % (MAX_SEED + 1)
+        example = self.rebuild(TaskRef(ref.dataset, ref.config, example_seed, ref.index % EXAMPLE_POOL))
         answer = example.reference_answer
         if answer is None:
             return question.messages()

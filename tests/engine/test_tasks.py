@@ -431,7 +431,21 @@ def test_prompt_has_a_solved_example_of_the_same_specialty(taskset: TaskSet, spe
     assert [m["role"] for m in messages] == ["system", "user", "assistant", "user"]
     assert messages[-1]["content"] == question.text
     ref = question.ref
-    example = taskset.rebuild(TaskRef(ref.dataset, ref.config, taskset.seed + EXAMPLE_SEED_OFFSET, ref.index % EXAMPLE_POOL))
+    example = taskset.rebuild(TaskRef(ref.dataset, ref.config, ref.seed + EXAMPLE_SEED_OFFSET, ref.index % EXAMPLE_POOL))
     assert messages[1]["content"] == example.text != question.text
     assert taskset.reward(example, messages[2]["content"]) == 1.0  # the worked example is right
     assert taskset.messages(question) == messages  # deterministic
+
+
+def test_a_receiver_rebuilds_the_prompt_the_writer_used() -> None:
+    """The worked example follows the question's reference, so any node builds the writer's exact prompt."""
+    writer, receiver = TaskSet({"basic_arithmetic": 1.0}, seed=2), TaskSet({"basic_arithmetic": 1.0}, seed=0)
+    question = writer.draw(5, 1)[0]
+    assert receiver.messages(receiver.rebuild(question.ref)) == writer.messages(question)
+    own = receiver.draw(5, 1)[0]
+    assert receiver.messages(own)[1] != writer.messages(question)[1]  # another seed, another example
+    # the largest seed a question may carry still has an example (the offset wraps)
+    from engine.tasks import MAX_SEED
+
+    top = receiver.rebuild(TaskRef(question.ref.dataset, question.ref.config, MAX_SEED, 3))
+    assert len(receiver.messages(top)) == 4
