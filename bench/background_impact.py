@@ -20,7 +20,9 @@ worker per CPU (a parallel build). For each:
    Slowdown = median(beside the node) / median(alone). Target: at most 1.10.
 2. Sapling under that load: the job runs without a break while the node
    finishes `--rounds` rounds; each round's time, generating and training, as
-   the node reports them.
+   the node reports them, and the share of a CPU the node got. At background
+   priority a node beside programs that fill every core gets almost none, so
+   after `--round-timeout` seconds the bench says how far it got instead.
 
 The node's nice value per thread (read from the OS) and its thread-count log
 lines are printed too.
@@ -45,6 +47,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+import psutil  # noqa: E402
 
 from engine.events import encode, make_command, parse_event  # noqa: E402
 from engine.paths import Paths  # noqa: E402
@@ -123,6 +127,7 @@ class Node:
         self.events: queue.Queue[dict[str, Any]] = queue.Queue()
         self.rounds: list[dict[str, Any]] = []
         self.thread_lines: list[str] = []
+        self.last_progress: dict[str, Any] = {}
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self) -> None:
@@ -133,7 +138,9 @@ class Node:
                 continue
             if event["type"] == "round":
                 self.rounds.append(event["metrics"])
-            if event["type"] == "log" and "thread" in event["message"]:
+            if event["type"] == "progress":
+                self.last_progress = event
+            if event["type"] == "log" and event["logger"] == "engine.priority":
                 self.thread_lines.append(f"{time.strftime('%H:%M:%S')} {event['message']}")
             if event["type"] == "error" and event.get("fatal"):
                 print(f"engine error: {event['message']}", file=sys.stderr)
@@ -209,34 +216,55 @@ def measure(node: Node, kind: str, args: argparse.Namespace) -> dict[str, Any]:
         node.pause()
         alone.append(foreground.job())
         node.resume()
+    result = {"foreground": kind, "workers": count, "steps": foreground.steps, "beside": beside, "alone": alone}
+    report_slowdown(result)
     first_round = len(node.rounds)
     stop = threading.Event()
     loaded: list[float] = []
+    engine = psutil.Process(node.proc.pid)
+    cpu_before, wall_before = sum(engine.cpu_times()[:2]), time.monotonic()
     runner = threading.Thread(target=continuous, args=(foreground, stop, loaded))
     runner.start()
-    node.wait_for(lambda e: e["type"] == "round" and len(node.rounds) >= first_round + args.rounds + 1)
+    try:
+        node.wait_for(lambda e: e["type"] == "round" and len(node.rounds) >= first_round + args.rounds + 1,
+                      timeout=args.round_timeout)
+    except TimeoutError:
+        result["timed_out"] = {"seconds": args.round_timeout, "last_progress": node.last_progress}
+    result["engine_cpu_share"] = (sum(engine.cpu_times()[:2]) - cpu_before) / (time.monotonic() - wall_before)
     stop.set()
     runner.join()
     foreground.close()
     # The first round under load began before the load did; the later ones ran under it throughout.
-    rounds = node.rounds[first_round + 1 : first_round + 1 + args.rounds]
-    return {"foreground": kind, "workers": count, "steps": foreground.steps, "beside": beside, "alone": alone,
-            "loaded_jobs": loaded, "rounds": rounds}
+    result["rounds"] = node.rounds[first_round + 1 : first_round + 1 + args.rounds]
+    result["loaded_jobs"] = loaded
+    report_rounds(result)
+    return result
 
 
-def report(result: dict[str, Any]) -> None:
+def report_slowdown(result: dict[str, Any]) -> None:
     beside, alone = statistics.median(result["beside"]), statistics.median(result["alone"])
     pairs = [b / a for b, a in zip(result["beside"], result["alone"], strict=True)]
     print(f"\nforeground '{result['foreground']}': {result['workers']} worker(s), {result['steps']:,} steps each")
     print(f"  alone (node paused):  median {alone:6.2f} s   {' '.join(f'{t:.2f}' for t in result['alone'])}")
     print(f"  beside the node:      median {beside:6.2f} s   {' '.join(f'{t:.2f}' for t in result['beside'])}")
-    print(f"  slowdown: {beside / alone:.3f}x (median of pairs {statistics.median(pairs):.3f}x; target <= 1.10)")
+    print(f"  slowdown: {beside / alone:.3f}x (median of pairs {statistics.median(pairs):.3f}x; target <= 1.10)",
+          flush=True)
+
+
+def report_rounds(result: dict[str, Any]) -> None:
+    share = result["engine_cpu_share"]
+    print(f"  while the foreground ran without a break, Sapling used {share:.2f} of a CPU")
     if result["loaded_jobs"]:
-        print(f"  jobs while the node ran {len(result['rounds'])} rounds: median "
-              f"{statistics.median(result['loaded_jobs']):.2f} s ({len(result['loaded_jobs'])} jobs)")
+        print(f"  foreground jobs meanwhile: median {statistics.median(result['loaded_jobs']):.2f} s "
+              f"({len(result['loaded_jobs'])} jobs)")
     for m in result["rounds"]:
         print(f"  Sapling round {m['round']:>3} under this load: {m['seconds']:6.1f} s "
               f"(generating {m['generate_seconds']:.1f} s, training {m['train_seconds']:.1f} s)")
+    if "timed_out" in result:
+        last = result["timed_out"]["last_progress"]
+        where = f"round {last['round']} {last['phase']} {last['done']}/{last['total']}" if last else "no progress yet"
+        print(f"  no round finished under this load within {result['timed_out']['seconds']:.0f} s (it was at {where})")
+    sys.stdout.flush()
 
 
 def main() -> int:
@@ -244,6 +272,8 @@ def main() -> int:
     parser.add_argument("--reps", type=int, default=5, help="alternations of beside/alone per foreground")
     parser.add_argument("--rounds", type=int, default=2, help="rounds timed under continuous load per foreground")
     parser.add_argument("--work", type=float, default=3.0, help="seconds one foreground job takes alone")
+    parser.add_argument("--round-timeout", type=float, default=1200.0,
+                        help="seconds to wait for the rounds under continuous load before giving up on them")
     parser.add_argument("--settle", type=float, default=1.0, help="seconds the node trains alone before each job")
     parser.add_argument("--foreground", default="one,all", help="'one', 'all' (a worker per CPU) or both")
     parser.add_argument("--engine-arg", action="append", default=[], help="extra flag for sapling-node serve")
@@ -252,20 +282,19 @@ def main() -> int:
     args = parser.parse_args()
     home = throwaway_home()
     node = Node(home, args.engine_arg)
-    print(f"engine: {' '.join(node.cmd)}")
+    print(f"engine: {' '.join(node.cmd)}", flush=True)
     try:
         node.wait_for(lambda e: e["type"] == "progress" and e["phase"] == "generating")
         nice = niceness(node.proc.pid) if os.name == "posix" else {}
-        print(f"engine pid {node.proc.pid}: nice per thread {sorted(set(nice.values()))} over {len(nice)} threads")
+        print(f"engine pid {node.proc.pid}: nice per thread {sorted(set(nice.values()))} over {len(nice)} threads",
+              flush=True)
         results = [measure(node, kind, args) for kind in args.foreground.split(",")]
     finally:
         node.stop()
         if not args.keep_home:
             shutil.rmtree(home, ignore_errors=True)
-    for result in results:
-        report(result)
     if node.thread_lines:
-        print("\nengine thread-count changes:\n  " + "\n  ".join(node.thread_lines))
+        print("\nengine priority and thread-count lines:\n  " + "\n  ".join(node.thread_lines))
     if args.json:
         args.json.write_text(json.dumps({"command": node.cmd, "results": results, "cpus": os.cpu_count()}, default=str))
     return 0
