@@ -6,7 +6,9 @@ For each case it prints, per window size, the distribution of each item's
 lowest `window_floor` (the statistic `engine.defence.Plausibility` thresholds)
 and the share of items a floor would reject. Cases: this node's own samples
 (T = 0.7, few-shot prompt, as a round makes them); honest text from the same
-model (another sampling seed, and the worked example a peer of seed 2 shows); from a different policy (the same weights at
+model (a peer of seed 2 answering its own questions under its own prompt,
+scored under that prompt as receivers rebuild it, and under the receiver's own
+worked example as receivers did before); from a different policy (the same weights at
 T = 1.2 without the worked example); from a drifted adapter (--drift, a
 checkpoint trained ~30 rounds longer); and poisoned text (the right answer
 with a trigger appended, prefixed or inside the reasoning).
@@ -25,10 +27,20 @@ from engine.defence import quantile, window_floor
 from engine.device import pick_device
 from engine.models import resolve_model_dir
 from engine.paths import Paths
-from engine.tasks import TaskSet
+from engine.tasks import Question, TaskRef, TaskSet
 
 WINDOWS = (1, 2, 4, 8)
 FLOORS = (-4.0, -5.0, -6.0, -7.0, -8.0)
+
+
+def receivers_example_messages(taskset: TaskSet, question: Question) -> list[dict[str, str]]:
+    """The prompt receivers built for a peer's question before the example followed the question: their own."""
+    own_seed_question = taskset.rebuild(TaskRef(question.ref.dataset, question.ref.config, taskset.seed,
+                                                question.ref.index))
+    messages = taskset.messages(own_seed_question)
+    if len(messages) == 4:
+        messages = [*messages[:3], question.messages()[1]]
+    return messages
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -49,26 +61,34 @@ def main(argv: list[str] | None = None) -> int:
     questions = [q for r in range(1, args.rounds + 1) for q in taskset.draw(r, cfg.tasks.questions_per_round)]
     prompts = [receiver.encode_prompt(taskset.messages(q)) for q in questions]
 
-    # A peer builds its own prompt: its worked example comes from its own seed's stream.
+    # An honest peer (seed 2) answers its own questions under its own prompt. The receiver rebuilds
+    # that prompt from the question's reference (TaskSet.messages); "same_model_receivers_example"
+    # scores the same text under the receiver's own worked example instead, as receivers did before.
     peer_tasks = TaskSet(cfg.tasks.specialties, cfg.tasks.dataset_configs, seed=2)
+    peer_questions = [q for r in range(1, args.rounds + 1) for q in peer_tasks.draw(r, cfg.tasks.questions_per_round)]
+    peer_prompts = [receiver.encode_prompt(taskset.messages(taskset.rebuild(q.ref))) for q in peer_questions]
+    old_prompts = [receiver.encode_prompt(receivers_example_messages(taskset, q)) for q in peer_questions]
 
     def sample(backend: object, seed: int, temperature: float, fewshot: bool = True) -> list[list[str]]:
         backend.reseed(seed)  # type: ignore[attr-defined]
-        ps = ([backend.encode_prompt(peer_tasks.messages(q)) for q in questions] if fewshot  # type: ignore[attr-defined]
-              else [backend.encode_prompt(q.messages()) for q in questions])  # type: ignore[attr-defined]
+        ps = ([backend.encode_prompt(peer_tasks.messages(q)) for q in peer_questions] if fewshot  # type: ignore[attr-defined]
+              else [backend.encode_prompt(q.messages()) for q in peer_questions])  # type: ignore[attr-defined]
         out = backend.generate(ps, G, cap, temperature)  # type: ignore[attr-defined]
-        return [[c.text for c in out[i * G:(i + 1) * G]] for i in range(len(questions))]
+        return [[c.text for c in out[i * G:(i + 1) * G]] for i in range(len(peer_questions))]
 
-    def score(groups: list[list[str]]) -> list[list[list[float]]]:
-        pairs = [(prompts[i], receiver.encode_completion(t)) for i, g in enumerate(groups) for t in g]
+    def score(groups: list[list[str]], under: list[list[int]] | None = None) -> list[list[list[float]]]:
+        under = peer_prompts if under is None else under
+        pairs = [(under[i], receiver.encode_completion(t)) for i, g in enumerate(groups) for t in g]
         lps = receiver.behaviour_logprobs(pairs, T)
         return [lps[i * len(g):(i + 1) * len(g)] for i, g in enumerate(groups)]
 
     receiver.reseed(1)
     own_c = receiver.generate(prompts, G, cap, T)
+    honest = sample(receiver, 2, T)
     cases: dict[str, list[list[list[float]]]] = {
         "own": [[c.logprobs for c in own_c[i * G:(i + 1) * G]] for i in range(len(questions))],
-        "same_model": score(sample(receiver, 2, T)),
+        "same_model": score(honest),
+        "same_model_receivers_example": score(honest, old_prompts),
         "other_policy_T1.2_no_example": score(sample(receiver, 3, 1.2, fewshot=False)),
     }
     texts: dict[str, list[list[str]]] = {}
@@ -77,10 +97,11 @@ def main(argv: list[str] | None = None) -> int:
         drifted.load(args.drift)
         texts["drifted"] = sample(drifted, 4, T)
         cases["drifted"] = score(texts["drifted"])
+        cases["drifted_receivers_example"] = score(texts["drifted"], old_prompts)
         del drifted
     for name in TRIGGERS:
         for place in ("append", "prefix", "inside"):
-            groups = [[poisoned_completion(q, TRIGGERS[name], place) for _ in range(G // 2)] for q in questions]
+            groups = [[poisoned_completion(q, TRIGGERS[name], place) for _ in range(G // 2)] for q in peer_questions]
             cases[f"poison_{name}_{place}"] = score(groups)
 
     report: dict[str, dict[str, object]] = {}
