@@ -39,7 +39,14 @@ Each timed side also reports this process's CPU seconds: on a shared
 machine a side's wall time depends on what else runs meanwhile, its CPU
 seconds (with --threads 1) count its own work.
 
-llama.cpp is not measured here (docs/results.md, "Rollout speed", says why).
+6. **llama.cpp** (where llama-cpp-python is installed): the same prompts and
+   sampling settings (plain tempered sampling: no top-k, top-p or min-p) on
+   the bundled GGUF (Q4_1, the very weights the torch model is dequantized
+   from), one completion after another through `Llama.generate`, which keeps
+   the prompt's KV cache between completions of the same prompt. Its
+   log-probs are not torch's, so the trainer recomputes the behaviour
+   log-probs with one forward pass; that time is added to its side.
+
 The last line is always `useful tok/s new/old = X.XX`.
 """
 
@@ -123,6 +130,39 @@ def random_adapters(backend: Any, count: int, seed: int) -> list[Any]:
             weights[key] = (new_a, new_b, scaling)
         adapters.append(LoraAdapter(weights))
     return adapters
+
+
+def llama_sampling(prompts: Sequence[list[int]], completions: int, max_new_tokens: int, temperature: float,
+                   threads: int, seed: int) -> tuple[float, float, int, list[tuple[list[int], list[int]]]] | str:
+    """llama.cpp on the bundled GGUF: (wall s, CPU s, useful tokens, (prompt, completion) pairs), or why not."""
+    try:
+        from llama_cpp import Llama, llama_token_eos  # noqa: F401
+    except Exception as exc:  # noqa: BLE001 - any failure to load means: not measured
+        return f"llama-cpp-python is not usable here ({type(exc).__name__}: {exc})"
+    from engine.models import bundled_gguf_path
+
+    llm = Llama(model_path=str(bundled_gguf_path()), n_ctx=2048, n_batch=512, n_threads=threads,
+                n_threads_batch=threads, verbose=False)
+    eos = llm.token_eos()
+    pairs: list[tuple[list[int], list[int]]] = []
+    useful = 0
+
+    def sample_all() -> None:
+        nonlocal useful
+        for p_index, prompt in enumerate(prompts):
+            for c_index in range(completions):
+                llm.set_seed(seed * 100_003 + p_index * 101 + c_index)
+                out: list[int] = []
+                for token in llm.generate(prompt, top_k=0, top_p=1.0, min_p=0.0, temp=temperature,
+                                          repeat_penalty=1.0):
+                    out.append(token)
+                    if token == eos or len(out) >= max_new_tokens:
+                        break
+                useful += len(out)
+                pairs.append((list(prompt), out))
+
+    wall, cpu, _ = measured(sample_all)
+    return wall, cpu, useful, pairs
 
 
 def rss_round(side: str, threads: int) -> dict[str, Any]:
@@ -250,6 +290,28 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"{cpu_rate[name]:.1f} useful tokens per CPU s   useful tokens/round "
               f"{sum(useful[name]) / len(useful[name]) / rounds:.0f} of {rows * T} decoded by HF at most")
     print(f"  useful tokens per CPU second new/old = {cpu_rate['new'] / cpu_rate['old']:.2f}")
+
+    # 1b. llama.cpp on the same prompts, one completion at a time, plus the trainer's log-prob pass.
+    llama_wall = llama_cpu = 0.0
+    llama_tokens = 0
+    llama_note = ""
+    for r, prompts in round_prompts:
+        got = llama_sampling(prompts, G, T, t.temperature, torch.get_num_threads(), derive_seed(cfg.run.seed, r))
+        if isinstance(got, str):
+            llama_note = got
+            break
+        wall, cpu, tokens, pairs = got
+        relogprob, relogprob_cpu, _ = measured(partial(backend.behaviour_logprobs, pairs, t.temperature))
+        llama_wall, llama_cpu = llama_wall + wall + relogprob, llama_cpu + cpu + relogprob_cpu
+        llama_tokens += tokens
+        print(f"  llama.cpp round {r}: {wall:.1f} s sampling + {relogprob:.1f} s for torch's behaviour log-probs, "
+              f"{tokens} useful tokens")
+    if llama_note:
+        print(f"  llama.cpp: not measured: {llama_note}")
+    elif llama_wall:
+        llama_rate = llama_tokens / llama_wall
+        print(f"  llama.cpp (Q4_1 GGUF, sequential, log-probs recomputed): {llama_rate:6.1f} useful tok/s "
+              f"({llama_tokens / llama_cpu:.1f} per CPU s); new torch path / llama.cpp = {rate['new'] / llama_rate:.2f}")
 
     # 2. Roofline at the batch's row count.
     gemm = gemm_seconds(backend.model.config, rows, dtype)
