@@ -286,6 +286,8 @@ def summary(out: Path, last: int = 5) -> str:
                  sum(r["trigger_logprob"] for r in final) / max(1, len(final)))
         attack = f"{att_acc} / {att_judged}" if att_judged else "-"
         honest = f"{hon_impl} / {hon_passed} ({hon_impl / hon_passed:.1%})" if hon_passed else "-"
+        if run.endswith("-off"):  # the check never ran: nothing could be refused as implausible
+            honest = f"(defence off; {hon_passed} honest items trained on)"
         lines.append(f"| {run} | {reached} | {mean:.3f} | {tail_reward:.3f} | {trig:.3f} | {probe[0]:+.2f} -> {probe[1]:+.2f} "
                      f"| {attack} | {honest} |")
     return "\n".join(lines)
