@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     def score(groups: list[list[str]], under: list[list[int]] | None = None) -> list[list[list[float]]]:
         under = peer_prompts if under is None else under
         pairs = [(under[i], receiver.encode_completion(t)) for i, g in enumerate(groups) for t in g]
-        lps = receiver.behaviour_logprobs(pairs, T)
+        lps = [lp[:-1] for lp in receiver.behaviour_logprobs(pairs, T)]  # the EOS the encoder appends is not judged
         return [lps[i * len(g):(i + 1) * len(g)] for i, g in enumerate(groups)]
 
     receiver.reseed(1)

@@ -448,7 +448,10 @@ class Node:
         groups = []
         for index, item, prompt, token_ids in kept:
             item_logprobs = [next(logprobs) for _ in token_ids]
-            if sw.plausibility_check and not test.judge(item_logprobs, floor):
+            # The last token is the EOS this node's encoder appends, not the sender's text: after a completion
+            # the sender cut at its length cap it is very unlikely (log-prob -15 to -45 measured), and judged
+            # with it an honest item read as implausible. Its training weight is truncated like any other token's.
+            if sw.plausibility_check and not test.judge([lps[:-1] for lps in item_logprobs], floor):
                 verdicts[index] = R_IMPLAUSIBLE
                 continue
             completions = [Completion(text, ids, lps, finished=True, weights=token_weights(lps, sw.token_weight_logprob))

@@ -312,6 +312,36 @@ def test_an_honest_group_from_a_slightly_different_policy_is_kept_and_a_poisoned
     assert all(0.0 < w <= 1.0 for c in external[0].completions for w in c.weights or [])
 
 
+def test_a_completion_cut_at_the_length_cap_is_kept_though_the_eos_appended_to_it_is_improbable(
+    taught: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """Text travels without its EOS; the receiver appends one. After a cut completion that EOS is not the sender's."""
+    # a window of 2 tokens: on the tiny model the EOS after a cut costs about -20, which 4 tokens would dilute
+    node, _exchange, relay, _events = receiver_node(taught[0], tmp_path / "r", "swarm.plausibility_window=2")
+    cfg = node.config
+    mine = own_groups(node)
+    question = node.taskset.draw(60, 1)[0]
+    prompt = node.backend.encode_prompt(node.taskset.messages(question))
+    node.backend.reseed(4)
+    cut = [c.text for cap in (3, 4) for c in node.backend.generate([prompt], 8, cap, cfg.tasks.temperature)
+           if not c.finished]
+    odd, even = [t for t in cut if len(t) % 2], [t for t in cut if not len(t) % 2]
+    assert odd and even, cut
+    texts = (odd[0], even[0])
+    encoded = [node.backend.encode_completion(t) for t in texts]
+    logprobs = node.backend.behaviour_logprobs([(prompt, ids) for ids in encoded], cfg.tasks.temperature)
+    test = Plausibility(window=cfg.swarm.plausibility_window, absolute=cfg.swarm.implausible_logprob)
+    floor = test.floor([c.logprobs for g in mine for c in g.completions])
+    assert not test.judge(logprobs, floor)  # judged with the appended EOS, this honest item would be refused
+    assert test.judge([lp[:-1] for lp in logprobs], floor)
+    sender = Identity.generate()
+    item = protocol.Item(question.ref.to_json(), question.text, texts, tuple(float(len(t) % 2) for t in texts))
+    relay.batches = [batch(sender, [item], 1)]
+    external, report = node.share_and_sample(1, mine)
+    assert [g.source for g in external] == [sender.peer_id]
+    assert report["rejected"] == {}
+
+
 def test_with_the_check_off_the_poisoned_group_is_trained_on(taught: tuple[Path, Path], tmp_path: Path) -> None:
     node, _exchange, relay, _events = receiver_node(taught[0], tmp_path / "r", "swarm.plausibility_check=false")
     mine = own_groups(node)
