@@ -22,12 +22,21 @@ from typing import Any
 
 
 def tryit_line() -> str:
-    """Whether Try it can run in this build: informational, never a failure (a build may lack llama.cpp)."""
+    """Whether Try it can run in this build: informational, never a failure (a build may lack llama.cpp).
+
+    It looks for the package without importing it: the app's own process never
+    loads llama.cpp (tests/test_boundaries.py); the Try it tab runs it in a child.
+    """
+    import importlib.metadata
+    import importlib.util
+
+    if importlib.util.find_spec("llama_cpp") is None:
+        return "Try it: unavailable (llama-cpp-python is not installed)"
     try:
-        import llama_cpp
-    except (ImportError, OSError, RuntimeError) as exc:  # not installed, or its library does not load
-        return f"Try it: unavailable ({type(exc).__name__}: {exc})"
-    return f"Try it: llama.cpp {getattr(llama_cpp, '__version__', '?')}"
+        version = importlib.metadata.version("llama_cpp_python")
+    except importlib.metadata.PackageNotFoundError:
+        version = "(version unknown)"
+    return f"Try it: llama.cpp {version} installed"
 
 
 def run_self_test(engine_flags: Sequence[str] = (), timeout_s: float = 900.0) -> int:
