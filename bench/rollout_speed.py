@@ -136,7 +136,7 @@ def llama_sampling(prompts: Sequence[list[int]], completions: int, max_new_token
                    threads: int, seed: int) -> tuple[float, float, int, list[tuple[list[int], list[int]]]] | str:
     """llama.cpp on the bundled GGUF: (wall s, CPU s, useful tokens, (prompt, completion) pairs), or why not."""
     try:
-        from llama_cpp import Llama, llama_token_eos  # noqa: F401
+        from llama_cpp import Llama
     except Exception as exc:  # noqa: BLE001 - any failure to load means: not measured
         return f"llama-cpp-python is not usable here ({type(exc).__name__}: {exc})"
     from engine.models import bundled_gguf_path
