@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import QProcess, Qt, Signal
+from PySide6.QtCore import QProcess, Qt, QTimer, Signal
 from PySide6.QtGui import QTextCursor
 from PySide6.QtWidgets import (
     QComboBox,
@@ -60,6 +60,7 @@ CHAT_MESSAGES: dict[str, tuple[str, ...]] = {
 }
 TRAINING_PHASES = ("starting", "training", "stopping")  # paused or waiting: training computes nothing
 TRAINING_THREADS = 1
+FLUSH_MS = 40  # streamed tokens reach an answer's text at most this late (25 updates a second)
 EXPORT_CHOICES = (
     ("GGUF, bf16 (llama.cpp, Ollama, LM Studio)", "gguf", "bf16", ".gguf"),
     ("GGUF, q8_0 (half the size)", "gguf", "q8_0", ".gguf"),
@@ -182,15 +183,34 @@ class AnswerColumn(QFrame):
         self.score.setWordWrap(True)
         for widget in (self.title, self.text, self.score):
             layout.addWidget(widget)
+        # Tokens arrive hundreds a second; the text is laid out again on every insert, so
+        # pieces wait here and go in together at most FLUSH_MS after the first of them.
+        self.pending: list[str] = []
+        self.flush_timer = QTimer(self)
+        self.flush_timer.setSingleShot(True)
+        self.flush_timer.setInterval(FLUSH_MS)
+        self.flush_timer.timeout.connect(self.flush)
 
     def clear(self) -> None:
+        self.pending.clear()
+        self.flush_timer.stop()
         self.text.clear()
         self.score.setText(" ")
 
     def append(self, piece: str) -> None:
+        self.pending.append(piece)
+        if not self.flush_timer.isActive():
+            self.flush_timer.start()
+
+    def flush(self) -> None:
+        self.flush_timer.stop()
+        if not self.pending:
+            return
+        text = "".join(self.pending)
+        self.pending.clear()
         cursor = self.text.textCursor()
         cursor.movePosition(QTextCursor.MoveOperation.End)
-        cursor.insertText(piece)
+        cursor.insertText(text)
         self.text.setTextCursor(cursor)
 
 
@@ -325,7 +345,8 @@ class TryItPanel(QWidget):
             self.status.setText(str(message["message"]))
         elif kind == "token":
             self._column(message["side"]).append(str(message["text"]))
-            self.status.setText("Answering…")
+            if self.status.text() != "Answering…":
+                self.status.setText("Answering…")
         elif kind == "answer":
             self._finish_answer(message)
         elif kind == "error":
@@ -335,6 +356,7 @@ class TryItPanel(QWidget):
 
     def _finish_answer(self, message: dict[str, Any]) -> None:
         column = self._column(message["side"])
+        column.flush()
         if message["side"] == "trained":
             rounds = int(message["round"] or 0)
             column.title.setText(f"Trained model (round {rounds})" if rounds else "Trained model (no checkpoint yet: the base)")

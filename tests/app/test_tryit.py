@@ -19,6 +19,7 @@ from PySide6.QtWidgets import QMenu
 
 from app.tryit import (
     CHAT_MESSAGES,
+    FLUSH_MS,
     TRAINING_THREADS,
     ExportDialog,
     TryItPanel,
@@ -100,6 +101,29 @@ def test_recorded_stream_fills_the_question_both_answers_and_their_scores(qtbot,
     sent = _commands(commands)
     assert [c["cmd"] for c in sent] == ["question", "threads", "ask"]
     assert sent[0]["specialty"] == "basic_arithmetic" and sent[2]["question"] == question["id"]
+
+
+def test_streamed_tokens_reach_the_text_together_within_a_frame_and_the_answer_flushes_them(qtbot) -> None:  # type: ignore[no-untyped-def]
+    panel = TryItPanel(lambda: [sys.executable, "-c", "pass"])
+    qtbot.addWidget(panel)
+    panel.ask_id = 1
+    layouts = [0]
+    panel.trained.text.document().contentsChanged.connect(lambda: layouts.__setitem__(0, layouts[0] + 1))
+    pieces = [f" t{k}" for k in range(300)]
+    for piece in pieces:
+        panel.handle({"type": "token", "id": 1, "side": "trained", "text": piece})
+    assert panel.trained.text.toPlainText() == ""  # nothing laid out per token
+    qtbot.waitUntil(lambda: panel.trained.text.toPlainText() == "".join(pieces), timeout=2_000)
+    assert layouts[0] == 1  # 300 tokens, one insert
+    panel.handle({"type": "token", "id": 1, "side": "trained", "text": " last"})
+    panel.handle({"type": "answer", "id": 1, "side": "trained", "text": "", "score": None, "round": 1, "tokens": 301,
+                  "first_token_s": 0.1, "seconds": 1.0})
+    assert panel.trained.text.toPlainText().endswith(" t299 last")  # at once, not a frame later
+    panel.trained.clear()
+    panel.handle({"type": "token", "id": 1, "side": "trained", "text": " stale"})
+    panel.trained.clear()  # a new question: pieces still waiting are dropped, not written into the next answer
+    qtbot.wait(2 * FLUSH_MS)
+    assert panel.trained.text.toPlainText() == ""
 
 
 def test_a_typed_question_is_sent_as_text_and_training_gets_one_thread(qtbot, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
