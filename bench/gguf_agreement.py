@@ -1,13 +1,17 @@
-"""Do GGUF exports answer like the torch model? Greedy answers to 10 fixed prompts, bf16 and q8_0.
+"""Do GGUF exports answer like the torch model? Greedy answers to 10 fixed prompts, per GGUF type.
 
-    .venv/bin/python -m bench.gguf_agreement --home DIR [--tokens 48]
+    .venv/bin/python -m bench.gguf_agreement --home DIR [--tokens 48] [--quants bf16,f16,q8_0,f32] [--kv f16|f32]
 
 Exports the newest checkpoint of the run in DIR (bundled SmolLM2-135M unless
 its config says otherwise) as a merged HF folder (fp32: exactly the
-checkpoint's weights) and as bf16 and q8_0 GGUF files, then compares greedy
+checkpoint's weights) and as GGUF files of each type asked for (bf16 and q8_0 by default), then compares greedy
 continuations of the same prompt tokens: torch fp32 from the HF folder, and
 llama-cpp-python from each GGUF. Prints, per format, how many of the 10
-answers are identical and the share of tokens before the first difference.
+answers are identical, the share of tokens before the first difference, and
+for each answer that differs how far apart torch's logits for the two tokens
+were where the answers part (a near tie, or a real disagreement).
+llama.cpp runs with its default f16 KV cache, as Try it does; `--kv f32`
+keeps the cache in f32.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.config import build_config
-from engine.export import export_model
+from engine.export import QUANTS, export_model
 from engine.paths import Paths
 
 PROMPTS = [
@@ -53,12 +57,37 @@ def torch_greedy(folder: Path, prompts: list[list[int]], tokens: int) -> list[li
     return out
 
 
-def llama_greedy(path: Path, prompts: list[list[int]], tokens: int) -> list[list[int]]:
-    from llama_cpp import Llama
+def tie_margins(folder: Path, prompts: list[list[int]], want: list[list[int]], got: list[list[int]]) -> list[float]:
+    """For each answer that differs: torch's logit for its own token minus its logit for llama.cpp's, where they part.
+
+    A small margin is a near tie: any change in rounding can turn it, so the
+    difference says nothing about the conversion. Answers that stop at
+    different lengths (one ends where the other goes on) are left out.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
+    margins = []
+    with torch.no_grad():
+        for prompt, a, b in zip(prompts, want, got, strict=True):
+            n = 0
+            while n < min(len(a), len(b)) and a[n] == b[n]:
+                n += 1
+            if n == min(len(a), len(b)):
+                continue
+            logits = model(torch.tensor([prompt + a[:n]])).logits[0, -1]
+            margins.append(float(logits[a[n]] - logits[b[n]]))
+    return margins
+
+
+def llama_greedy(path: Path, prompts: list[list[int]], tokens: int, kv: str = "f16") -> list[list[int]]:
+    from llama_cpp import GGML_TYPE_F16, GGML_TYPE_F32, Llama
 
     from engine.chat import greedy_tokens
 
-    llm = Llama(model_path=str(path), n_ctx=1024, n_threads=2, verbose=False)
+    kv_type = GGML_TYPE_F32 if kv == "f32" else GGML_TYPE_F16
+    llm = Llama(model_path=str(path), n_ctx=1024, n_threads=2, type_k=kv_type, type_v=kv_type, verbose=False)
     out = []
     for prompt in prompts:
         row: list[int] = []
@@ -86,7 +115,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--home", type=Path, required=True)
     parser.add_argument("--tokens", type=int, default=48)
+    parser.add_argument("--kv", choices=("f16", "f32"), default="f16",
+                        help="llama.cpp's KV cache type (f16 is its default, and Try it's)")
+    parser.add_argument("--quants", default="bf16,q8_0", help="GGUF types to compare, from " + ", ".join(QUANTS))
     args = parser.parse_args()
+    quants = [q.strip() for q in args.quants.split(",") if q.strip()]
+    if not quants or any(q not in QUANTS for q in quants):
+        parser.error(f"--quants takes a comma-separated list from {', '.join(QUANTS)}")
     from transformers import AutoTokenizer
 
     paths = Paths.under(args.home)
@@ -102,13 +137,17 @@ def main() -> int:
                                                       tokenize=True) for p in PROMPTS]
         prompts = [list(enc["input_ids"]) for enc in encoded]
         want = torch_greedy(hf.path, prompts, args.tokens)
-        for quant in ("bf16", "q8_0"):
+        for quant in quants:
             t0 = time.monotonic()
             gguf = export_model(config, paths, work / f"m.{quant}.gguf", "gguf", quant)
             took = time.monotonic() - t0
-            same, prefix = agreement(want, llama_greedy(gguf.path, prompts, args.tokens))
+            got = llama_greedy(gguf.path, prompts, args.tokens, args.kv)
+            same, prefix = agreement(want, got)
+            margins = tie_margins(hf.path, prompts, want, got)
+            ties = ", ".join(f"{m:.3f}" for m in margins) or "none"
             print(f"{quant}: {gguf.bytes / 1e6:.0f} MB, exported in {took:.0f} s; {same}/10 greedy answers identical "
-                  f"to torch fp32, {100 * prefix:.1f}% of tokens before the first difference")
+                  f"to torch fp32, {100 * prefix:.1f}% of tokens before the first difference; where they part, "
+                  f"torch's top logit leads llama.cpp's pick by {ties}", flush=True)
     return 0
 
 

@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 FORMATS = ("hf", "gguf", "gguf-lora")
-QUANTS = ("bf16", "q8_0", "f32")  # f32: the exact weights, twice bf16's size
+QUANTS = ("bf16", "f16", "q8_0", "f32")  # f16: bf16's size with 3 more mantissa bits; f32: the exact weights, twice that
 CONVERTER_ENV = "SAPLING_LLAMA_CONVERT"
 CONVERTER_FOLDER = "llama.cpp-convert"
 CONVERT_HF = "convert_hf_to_gguf.py"
