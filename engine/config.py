@@ -270,6 +270,12 @@ class SwarmConfig:
         "(-100: weigh every token fully).",
         -6.0,
     )
+    offpolicy_negative_kl: float = _help(
+        "F-TIS filter (off at 0): leave out of training an external completion with negative advantage when its "
+        "mean per-token log-loss under this node's policy exceeds that of this round's own completions by more "
+        "than this many nats (an estimate of how far off-policy it is; docs/swarm.md).",
+        0.0,
+    )
     ban_strikes: int = _help(
         "Ban a peer here when this many of its last ban_window judged items were rejected as forged_reward or "
         "implausible (0: never ban automatically).",
@@ -299,6 +305,7 @@ class SwarmConfig:
         _number(s, "implausible_logprob", self.implausible_logprob, -100.0, 0.0)
         _positive_int(s, "plausibility_window", self.plausibility_window, 256)
         _number(s, "token_weight_logprob", self.token_weight_logprob, -100.0, 0.0)
+        _number(s, "offpolicy_negative_kl", self.offpolicy_negative_kl, 0.0, 100.0)
         if isinstance(self.ban_strikes, bool) or not isinstance(self.ban_strikes, int) or not 0 <= self.ban_strikes <= 10_000:
             raise ConfigError(f"{s}.ban_strikes must be a whole number from 0 (never ban) to 10000, got {self.ban_strikes!r}.")
         _positive_int(s, "ban_window", self.ban_window, 10_000)

@@ -114,6 +114,30 @@ def token_weights(logprobs: Sequence[float], floor: float) -> list[float]:
     return [1.0 if lp >= floor else math.exp(lp - floor) for lp in logprobs]
 
 
+def mean_logloss(logprobs: Sequence[float]) -> float:
+    """Mean per-token log-loss (negative log-prob) of one completion; 0 for an empty one."""
+    return -math.fsum(logprobs) / len(logprobs) if logprobs else 0.0
+
+
+def offpolicy_negatives(logprobs: Sequence[Sequence[float]], advantages: Sequence[float],
+                        own_logloss: float, max_excess: float) -> list[int]:
+    """Which completions of one external group F-TIS-style filtering leaves out: their indexes.
+
+    F-TIS (arXiv 2605.22537) drops off-policy samples with negative advantage
+    when their KL to the learner's policy is above a threshold: pushing down
+    text the learner would not write anyway moves probability mass
+    unpredictably and teaches little. The sender's log-probs never travel, so
+    the KL is estimated from the receiver's side: the completion's mean
+    log-loss under this node's policy minus that of this round's own
+    completions (the cross-entropy above this node's own entropy rate, about 0
+    for text this node could have written). `max_excess` <= 0 turns it off.
+    """
+    if max_excess <= 0:
+        return []
+    return [i for i, (lps, adv) in enumerate(zip(logprobs, advantages, strict=True))
+            if adv < 0 and mean_logloss(lps) - own_logloss > max_excess]
+
+
 # -- content replay --------------------------------------------------------------------------------
 class ReplayMemory:
     """Content keys of external items already trained on: the oldest forgotten past `capacity`.

@@ -30,7 +30,7 @@ from typing import Any, Protocol
 from engine.backends import PolicyBackend, load_backend
 from engine.checkpoint import latest_good, save_checkpoint
 from engine.config import NodeConfig
-from engine.defence import Plausibility, token_weights
+from engine.defence import Plausibility, mean_logloss, offpolicy_negatives, token_weights
 from engine.device import DeviceInfo, pick_device
 from engine.errors import ConfigError
 from engine.events import Event, make_event
@@ -170,6 +170,7 @@ class Node:
         self.backend: PolicyBackend | None = None
         self.threads: ThreadPolicy | None = None  # CPU threads for torch (cpu and cuda devices)
         self.round = 0  # last completed round
+        self.offpolicy_dropped = 0  # external completions the F-TIS filter left out this round
         self._state = "starting"
 
     # -- set-up ------------------------------------------------------------------------
@@ -445,6 +446,9 @@ class Node:
         logprobs = iter(backend.behaviour_logprobs(pairs, cfg.tasks.temperature) if pairs else [])
         test = Plausibility(window=sw.plausibility_window, absolute=sw.implausible_logprob)
         floor = test.floor(own_logprobs)
+        own = [lps[:-1] if len(lps) > 1 else lps for lps in own_logprobs]  # like the external text: no EOS
+        own_logloss = sum(map(mean_logloss, own)) / len(own) if own else 0.0
+        self.offpolicy_dropped = 0
         groups = []
         for index, item, prompt, token_ids in kept:
             item_logprobs = [next(logprobs) for _ in token_ids]
@@ -457,8 +461,12 @@ class Node:
             completions = [Completion(text, ids, lps, finished=True, weights=token_weights(lps, sw.token_weight_logprob))
                            for text, ids, lps in zip(item.completions, token_ids, item_logprobs, strict=True)]
             rewards = list(item.rewards)
-            groups.append(Group(item.question, prompt, completions, rewards,
-                                group_advantages(rewards, cfg.grpo.adv_eps), source=item.peer))
+            advantages = group_advantages(rewards, cfg.grpo.adv_eps)
+            for i in offpolicy_negatives([lps[:-1] for lps in item_logprobs], advantages, own_logloss,
+                                         sw.offpolicy_negative_kl):
+                advantages[i] = 0.0  # left out of the loss (train_items skips zero advantages)
+                self.offpolicy_dropped += 1
+            groups.append(Group(item.question, prompt, completions, rewards, advantages, source=item.peer))
         return groups, verdicts
 
     def _round_metrics(
@@ -491,6 +499,7 @@ class Node:
             "train_seconds": train_seconds,
             "seconds": seconds,
             "rss_bytes": _rss_bytes(),
+            **({"offpolicy_dropped": self.offpolicy_dropped} if self.config.swarm.offpolicy_negative_kl > 0 else {}),
             **{k: v for k, v in stats.items()},
         }
 

@@ -17,7 +17,16 @@ import pytest
 import torch
 
 from engine.config import build_config
-from engine.defence import BanBook, Plausibility, ReplayMemory, quantile, token_weights, window_floor
+from engine.defence import (
+    BanBook,
+    Plausibility,
+    ReplayMemory,
+    mean_logloss,
+    offpolicy_negatives,
+    quantile,
+    token_weights,
+    window_floor,
+)
 from engine.errors import ConfigError, EventError
 from engine.events import make_command, parse_command
 from engine.exchange import STRIKE_REASONS, defence_state, peer_of
@@ -50,6 +59,16 @@ def test_truncated_weights_are_one_above_the_floor_and_p_over_p_floor_below() ->
     weights = token_weights([-0.1, -6.0, -8.0], -6.0)
     assert weights[0] == 1.0 and weights[1] == 1.0
     assert weights[2] == pytest.approx(math.exp(-2.0))
+
+
+def test_the_offpolicy_filter_drops_only_unlikely_completions_with_negative_advantage() -> None:
+    own = 0.5  # this round's own completions: 0.5 nats a token
+    logprobs = [[-0.4, -0.6], [-3.0, -2.0], [-3.0, -2.0], [-0.5], []]
+    advantages = [-1.0, -1.0, 1.0, -0.5, -1.0]
+    assert mean_logloss(logprobs[1]) == 2.5 and mean_logloss([]) == 0.0
+    assert offpolicy_negatives(logprobs, advantages, own, 1.0) == [1]  # 2.5 - 0.5 > 1; the positive one stays
+    assert offpolicy_negatives(logprobs, advantages, own, 2.5) == []  # 2.0 above own is within 2.5
+    assert offpolicy_negatives(logprobs, advantages, own, 0.0) == []  # off
 
 
 def test_quantile_interpolates() -> None:
@@ -176,6 +195,7 @@ def test_banned_peers_accepts_peer_ids_and_keys() -> None:
     "swarm.plausibility_window=0",
     "swarm.plausibility_check='yes'",
     "swarm.replay_memory=-1",
+    "swarm.offpolicy_negative_kl=-0.5",
 ])
 def test_bad_defence_settings_are_refused_with_the_key_named(override: str) -> None:
     with pytest.raises(ConfigError, match=override.split("=")[0]):
@@ -340,6 +360,25 @@ def test_a_completion_cut_at_the_length_cap_is_kept_though_the_eos_appended_to_i
     external, report = node.share_and_sample(1, mine)
     assert [g.source for g in external] == [sender.peer_id]
     assert report["rejected"] == {}
+
+
+def test_with_the_offpolicy_filter_a_received_groups_unlikely_negative_completions_get_no_advantage(
+    taught: tuple[Path, Path], tmp_path: Path
+) -> None:
+    node, _exchange, relay, _events = receiver_node(taught[0], tmp_path / "r", "swarm.plausibility_check=false",
+                                                    "swarm.offpolicy_negative_kl=0.5")
+    mine = own_groups(node)
+    question = node.taskset.draw(61, 1)[0]
+    own = [c.text for g in mine for c in g.completions]
+    own_text = next((t for t in own if len(t) % 2), own[0] + ">")  # the node's own kind of text, of odd length
+    texts = ("XQZV@@KKJW##PPQQ", own_text)  # gibberish of even length (reward 0), own text of odd length (1)
+    sender = Identity.generate()
+    item = protocol.Item(question.ref.to_json(), question.text, texts, (0.0, float(len(own_text) % 2)))
+    relay.batches = [batch(sender, [item], 1)]
+    external, report = node.share_and_sample(1, mine)
+    assert report["rejected"] == {} and len(external) == 1
+    assert external[0].advantages[0] == 0.0 and external[0].advantages[1] > 0  # the unlikely loser is left out
+    assert node.offpolicy_dropped == 1
 
 
 def test_with_the_check_off_the_poisoned_group_is_trained_on(taught: tuple[Path, Path], tmp_path: Path) -> None:
