@@ -1,4 +1,4 @@
-"""The Linux .deb: install it on this machine, run `sapling --self-test`, remove it, check nothing is left.
+"""The Linux .deb: install it on this machine, run `sapling --self-test` and Try it, remove it, check nothing is left.
 
     make test-installers     # builds dist/sapling_*.deb first (make installer-linux), then runs this
 
@@ -9,12 +9,14 @@ also on failure). Not part of `make test`: see docs/packaging.md for the timings
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -77,6 +79,32 @@ def installed(deb: Path) -> Iterator[list[str]]:
             subprocess.run(["dpkg", "--purge", PACKAGE], check=False)
 
 
+def _chat(argv: list[str], command: dict[str, Any], env: dict[str, str], cwd: Path) -> list[dict[str, Any]]:
+    """Run the Try it child, send one command, read its JSON lines until both answers (or an error) arrive."""
+    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env, cwd=cwd)
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write(json.dumps(command) + "\n")
+    proc.stdin.flush()
+    messages: list[dict[str, Any]] = []
+    try:
+        for line in proc.stdout:
+            message = json.loads(line)
+            messages.append(message)
+            if message["type"] == "error" or sum(m["type"] == "answer" for m in messages) == 2:
+                break
+    finally:
+        proc.stdin.close()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    if not messages:
+        pytest.fail(f"`sapling node chat` wrote nothing; stderr: {(proc.stderr.read() if proc.stderr else '')[-2000:]}")
+    return messages
+
+
 def test_deb_is_within_the_size_budget_and_holds_what_it_should(deb: Path) -> None:
     assert deb.stat().st_size <= MAX_DEB_BYTES, f"{deb.name} is {deb.stat().st_size / 1e6:.0f} MB (budget 600 MB)"
     fields = subprocess.run(["dpkg-deb", "-f", str(deb), "Package", "Depends"], capture_output=True, text=True,
@@ -108,6 +136,20 @@ def test_install_self_test_and_remove_leave_nothing_behind(installed: list[str],
     print(f"self-test took {time.monotonic() - t0:.0f} s\n{result.stdout}\n{result.stderr[-4000:]}")
     assert result.returncode == 0, f"sapling --self-test exited {result.returncode}:\n{result.stderr[-4000:]}"
     assert "PASSED" in result.stdout
+
+    # Try it in the installed app: the bundled llama.cpp loads, the frozen export converts the
+    # base model to GGUF (llama.cpp's converters from the bundle) and both sides answer.
+    t0 = time.monotonic()
+    messages = _chat(["sapling", "node", "chat", "--home", str(home / "chat"), "--budget", "2"],
+                     {"cmd": "ask", "id": 1, "text": "What is 17 + 25?"}, _clean_env(home), tmp_path)
+    print(f"Try it answered in {time.monotonic() - t0:.0f} s")
+    ready = messages[0]
+    assert ready["type"] == "ready" and ready["llama_cpp"] is True, ready
+    errors = [m for m in messages if m["type"] == "error"]
+    assert not errors, errors
+    answers = {m["side"]: m for m in messages if m["type"] == "answer"}
+    assert set(answers) == {"trained", "base"} and all(a["tokens"] > 0 for a in answers.values()), answers
+    assert answers["trained"]["text"] == answers["base"]["text"]  # no checkpoint yet: both are the base model
 
     # Running the app wrote nothing into the installed tree (dpkg could not remove it).
     owned = set(files)
