@@ -62,10 +62,10 @@ TRAINING_PHASES = ("starting", "training", "stopping")  # paused or waiting: tra
 TRAINING_THREADS = 1
 FLUSH_MS = 40  # streamed tokens reach an answer's text at most this late (25 updates a second)
 EXPORT_CHOICES = (
-    ("GGUF, bf16 (llama.cpp, Ollama, LM Studio)", "gguf", "bf16", ".gguf"),
+    ("GGUF, f16 (llama.cpp, Ollama, LM Studio)", "gguf", "f16", ".gguf"),
     ("GGUF, q8_0 (half the size)", "gguf", "q8_0", ".gguf"),
-    ("GGUF LoRA adapter (llama.cpp --lora)", "gguf-lora", "bf16", ".gguf"),
-    ("Hugging Face folder (safetensors)", "hf", "bf16", ""),
+    ("GGUF LoRA adapter (llama.cpp --lora)", "gguf-lora", "f16", ".gguf"),
+    ("Hugging Face folder (safetensors)", "hf", "f16", ""),
 )
 
 

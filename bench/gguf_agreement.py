@@ -1,17 +1,18 @@
 """Do GGUF exports answer like the torch model? Greedy answers to 10 fixed prompts, per GGUF type.
 
-    .venv/bin/python -m bench.gguf_agreement --home DIR [--tokens 48] [--quants bf16,f16,q8_0,f32] [--kv f16|f32]
+    .venv/bin/python -m bench.gguf_agreement --home DIR [--tokens 48] [--quants f16,bf16,q8_0,f32] [--kv f32|f16]
 
 Exports the newest checkpoint of the run in DIR (bundled SmolLM2-135M unless
 its config says otherwise) as a merged HF folder (fp32: exactly the
-checkpoint's weights) and as GGUF files of each type asked for (bf16 and q8_0 by default), then compares greedy
+checkpoint's weights) and as GGUF files of each type asked for (f16, bf16 and q8_0 by
+default), then compares greedy
 continuations of the same prompt tokens: torch fp32 from the HF folder, and
 llama-cpp-python from each GGUF. Prints, per format, how many of the 10
 answers are identical, the share of tokens before the first difference, and
 for each answer that differs how far apart torch's logits for the two tokens
 were where the answers part (a near tie, or a real disagreement).
-llama.cpp runs with its default f16 KV cache, as Try it does; `--kv f32`
-keeps the cache in f32.
+llama.cpp keeps its KV cache in f32, as Try it does; `--kv f16` is
+llama.cpp's own default (and Ollama's, LM Studio's).
 """
 
 from __future__ import annotations
@@ -81,7 +82,7 @@ def tie_margins(folder: Path, prompts: list[list[int]], want: list[list[int]], g
     return margins
 
 
-def llama_greedy(path: Path, prompts: list[list[int]], tokens: int, kv: str = "f16") -> list[list[int]]:
+def llama_greedy(path: Path, prompts: list[list[int]], tokens: int, kv: str = "f32") -> list[list[int]]:
     from llama_cpp import GGML_TYPE_F16, GGML_TYPE_F32, Llama
 
     from engine.chat import greedy_tokens
@@ -115,9 +116,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--home", type=Path, required=True)
     parser.add_argument("--tokens", type=int, default=48)
-    parser.add_argument("--kv", choices=("f16", "f32"), default="f16",
-                        help="llama.cpp's KV cache type (f16 is its default, and Try it's)")
-    parser.add_argument("--quants", default="bf16,q8_0", help="GGUF types to compare, from " + ", ".join(QUANTS))
+    parser.add_argument("--kv", choices=("f16", "f32"), default="f32",
+                        help="llama.cpp's KV cache type (f32: Try it's; f16: llama.cpp's own default)")
+    parser.add_argument("--quants", default="f16,bf16,q8_0", help="GGUF types to compare, from " + ", ".join(QUANTS))
     args = parser.parse_args()
     quants = [q.strip() for q in args.quants.split(",") if q.strip()]
     if not quants or any(q not in QUANTS for q in quants):

@@ -222,11 +222,13 @@ class ChatServer:
         if current is not None:
             current.llm.close()
             del self.models[side]
-        from llama_cpp import Llama
+        from llama_cpp import GGML_TYPE_F32, Llama
 
         try:
-            llm = Llama(model_path=str(path), n_ctx=CONTEXT_TOKENS, n_threads=threads,
-                        n_threads_batch=threads, verbose=False)
+            # The KV cache in f32, not llama.cpp's default f16: with it the f16 export's greedy answers equal
+            # torch's, which the held-out evaluation computes (docs/exporting.md); it costs ~50 MB more here.
+            llm = Llama(model_path=str(path), n_ctx=CONTEXT_TOKENS, n_threads=threads, n_threads_batch=threads,
+                        type_k=GGML_TYPE_F32, type_v=GGML_TYPE_F32, verbose=False)
         except (ValueError, RuntimeError, OSError) as exc:
             path.unlink(missing_ok=True)  # a damaged cache file is made again on the next question
             raise SaplingError(f"llama.cpp could not load {path.name} ({exc}); ask again to export it anew.") from exc

@@ -25,6 +25,7 @@ from engine import __version__
 from engine.config import PRESETS, NodeConfig
 from engine.errors import SaplingError
 from engine.events import Event
+from engine.export import DEFAULT_QUANT
 from engine.export import FORMATS as EXPORT_FORMATS
 from engine.export import QUANTS as EXPORT_QUANTS
 from engine.launch import config_from_args, run_node, setup_logging, stop_on_signals
@@ -64,7 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
     _common(export)
     export.add_argument("--out", type=Path, required=True, help="folder (hf) or file (gguf, gguf-lora) to write, replaced atomically")
     export.add_argument("--format", default="hf", choices=EXPORT_FORMATS, help="hf: merged Hugging Face folder; gguf: merged GGUF file for llama.cpp, Ollama, LM Studio; gguf-lora: the adapter alone, for llama.cpp's --lora")
-    export.add_argument("--quant", default="bf16", choices=EXPORT_QUANTS, help="GGUF weight type (default bf16)")
+    export.add_argument("--quant", default=DEFAULT_QUANT, choices=EXPORT_QUANTS,
+                        help=f"GGUF weight type (default {DEFAULT_QUANT})")
     export.add_argument("--round", dest="export_round", type=int, metavar="N", help="the checkpoint of round N (default: the newest); 0 is the base model before training")
     exp = sub.add_parser("experiment", help="several simulated nodes on this computer, one run per local/external mix, then a report (docs/swarm.md)")
     exp.add_argument("--nodes", type=int, help="simulated nodes (default 4; paper 8)")

@@ -1,7 +1,7 @@
 """Export a run's model for other tools: a merged Hugging Face folder, a GGUF file, or a GGUF LoRA.
 
     sapling-node export --out ./my-model                          # merged HF folder of the newest checkpoint
-    sapling-node export --format gguf --out my-model.gguf         # merged, bf16, tokenizer and chat template inside
+    sapling-node export --format gguf --out my-model.gguf         # merged, f16, tokenizer and chat template inside
     sapling-node export --format gguf --quant q8_0 --out my-model-q8_0.gguf
     sapling-node export --format gguf --round 0 --out base.gguf   # the base model, before any training
     sapling-node export --format gguf-lora --out adapter.gguf     # the LoRA alone, for llama.cpp's --lora
@@ -45,7 +45,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 FORMATS = ("hf", "gguf", "gguf-lora")
-QUANTS = ("bf16", "f16", "q8_0", "f32")  # f16: bf16's size with 3 more mantissa bits; f32: the exact weights, twice that
+QUANTS = ("f16", "bf16", "q8_0", "f32")  # f32: the exact weights, twice f16's size
+# f16 by default: bf16's size with 3 more mantissa bits. With llama.cpp's KV cache in f32 (as Try it runs
+# it) its greedy answers equalled torch fp32's on 10 of 10 prompts, bf16's on 9 (docs/exporting.md).
+DEFAULT_QUANT = "f16"
 CONVERTER_ENV = "SAPLING_LLAMA_CONVERT"
 CONVERTER_FOLDER = "llama.cpp-convert"
 CONVERT_HF = "convert_hf_to_gguf.py"
@@ -127,7 +130,7 @@ def export_model(
     paths: Paths,
     out: Path,
     fmt: str = "hf",
-    quant: str = "bf16",
+    quant: str = DEFAULT_QUANT,
     round_index: int | None = None,
     report: Report = lambda message: None,
 ) -> ExportResult:
@@ -136,7 +139,7 @@ def export_model(
         raise ConfigError(f"Export format {fmt!r} is not one of {', '.join(FORMATS)}.")
     if quant not in QUANTS:
         raise ConfigError(f"Quantisation {quant!r} is not one of {', '.join(QUANTS)}.")
-    if fmt == "hf" and quant != "bf16":
+    if fmt == "hf" and quant != DEFAULT_QUANT:
         raise ConfigError("--quant applies to GGUF exports only; the Hugging Face folder is written in fp32.")
     if round_index is not None and round_index < 0:
         raise ConfigError("--round must be 0 (the base model) or a checkpoint's round number.")
@@ -263,7 +266,7 @@ def _run_converter(script_name: str, argv: list[str]) -> None:
         sys.path[:], sys.argv = saved_path, saved_argv
 
 
-def gguf_cache_path(paths: Paths, run_name: str, round_index: int, quant: str = "bf16") -> Path:
+def gguf_cache_path(paths: Paths, run_name: str, round_index: int, quant: str = DEFAULT_QUANT) -> Path:
     """Where Try it keeps the GGUF export of one checkpoint (round 0: the base model)."""
     name = "base" if round_index == 0 else checkpoint_name(round_index)
     return paths.cache_dir / "gguf" / run_name / f"{name}.{quant}.gguf"

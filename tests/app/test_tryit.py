@@ -189,7 +189,7 @@ def test_window_has_the_try_it_tab_and_the_export_menu(qtbot, make_gui: MakeGui)
 def test_export_dialog_runs_the_command_shows_its_steps_and_where_the_file_went(qtbot, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     out = tmp_path / "model.gguf"
     seen: list[list[str]] = []
-    ok = ("import sys, time; print('Converting to GGUF (bf16)…', flush=True); time.sleep(0.3); "
+    ok = ("import sys, time; print('Converting to GGUF (f16)…', flush=True); time.sleep(0.3); "
           "open(sys.argv[sys.argv.index('--out') + 1], 'w').write('gguf')")
 
     def command(flags: list[str]) -> list[str]:
@@ -203,8 +203,8 @@ def test_export_dialog_runs_the_command_shows_its_steps_and_where_the_file_went(
         dialog.start()
         assert not dialog.export_button.isEnabled() and dialog.close_button.text() == "Cancel"
     assert signal_.args == [str(out)] and out.read_text() == "gguf"
-    assert seen == [["--format", "gguf", "--out", str(out), "--quant", "bf16", "--threads", "1"]]
-    assert dialog.step.text() == "Converting to GGUF (bf16)…" and dialog.export_button.isEnabled()
+    assert seen == [["--format", "gguf", "--out", str(out), "--quant", "f16", "--threads", "1"]]
+    assert dialog.step.text() == "Converting to GGUF (f16)…" and dialog.export_button.isEnabled()
     dialog.format.setCurrentIndex(3)
     assert dialog.path.text() == str(tmp_path / "model")
 

@@ -105,11 +105,12 @@ def _torch_greedy(folder: Path, prompts: list[list[int]], max_tokens: int) -> li
 
 
 def _llama_greedy(path: Path, prompts: list[list[int]], max_tokens: int, lora: Path | None = None) -> list[list[int]]:
-    from llama_cpp import Llama
+    from llama_cpp import GGML_TYPE_F32, Llama
 
     from engine.chat import greedy_tokens
 
-    llm = Llama(model_path=str(path), lora_path=str(lora) if lora else None, n_ctx=1024, n_threads=1, verbose=False)
+    llm = Llama(model_path=str(path), lora_path=str(lora) if lora else None, n_ctx=1024, n_threads=1,
+                type_k=GGML_TYPE_F32, type_v=GGML_TYPE_F32, verbose=False)  # the KV cache as Try it keeps it
     out = []
     for prompt in prompts:
         tokens: list[int] = []
@@ -252,15 +253,16 @@ def test_cli_exports_gguf_and_reports_what_it_wrote(tiny_smol_dir: Path, tmp_pat
 
 @pytest.mark.slow
 def test_bundled_model_gguf_answers_ten_questions_like_torch(smol_dir: Path, tmp_path: Path) -> None:
-    """The real SmolLM2-135M with a LoRA checkpoint: f32 GGUF greedy == torch fp32 greedy on 10 prompts.
+    """The real SmolLM2-135M with a LoRA checkpoint: the default (f16) GGUF's greedy answers == torch fp32's.
 
-    Not bf16: on a real round-1 checkpoint bf16 gave 8 of 10 identical answers and q8_0 3 of 10
-    (`python -m bench.gguf_agreement`), so their equality is not something to assert.
+    With llama.cpp's KV cache in f32, as Try it keeps it. Not bf16 or q8_0: at a round-30 checkpoint
+    bf16 gave 9 of 10 identical answers (the tenth parts at a 0.024-logit near tie), and q8_0 is lossy
+    (`python -m bench.gguf_agreement`, docs/exporting.md), so their equality is not something to assert.
     """
     paths = Paths.under(tmp_path / "home")
     config = _config(smol_dir)
     _make_checkpoint(config, paths, 1)
-    gguf = export_model(config, paths, tmp_path / "smol.gguf", "gguf", "f32").path
+    gguf = export_model(config, paths, tmp_path / "smol.gguf", "gguf").path
     merged = export_model(config, paths, tmp_path / "hf", "hf").path
     prompts = _prompts(merged, FIXED_PROMPTS)
     want = _torch_greedy(merged, prompts, 48)
