@@ -188,6 +188,7 @@ def main() -> int:
     if train(control_home, last).wait() != 0:
         raise SystemExit("the control run failed")
     print(f"control: rounds {first + 1}-{last} alone in {time.monotonic() - t0:.0f} s", flush=True)
+    probe.take()  # this thread waited on the control run without serving events: not a stall of the panel's
 
     panel.set_training(True)
     proc = train(home, last)
