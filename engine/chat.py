@@ -140,6 +140,7 @@ class ChatServer:
         self.models: dict[str, _Model] = {}
         self.rng = random.Random()
         self._taskset: Any = None
+        self._background: threading.Thread | None = None  # the export of a newer checkpoint, made between answers
 
     # -- questions ------------------------------------------------------------------------
     def taskset(self) -> Any:
@@ -172,16 +173,68 @@ class ChatServer:
         except CheckpointError:
             return 0
 
-    def ensure_export(self, ask_id: int, round_index: int) -> Path:
-        """The cached GGUF of one round, exported now (in a child process) when missing."""
+    def trained_export(self, ask_id: int) -> tuple[int, Path]:
+        """The round to answer with and its GGUF: the newest checkpoint's, once it is made.
+
+        While training runs a new checkpoint comes every round, and its export takes
+        longer than an answer. When an older checkpoint's export is cached, the answer
+        uses it at once and the newest is exported in the background for the next
+        question; the answer says which round answered. Only the very first question
+        (nothing cached yet) waits for an export.
+        """
+        from engine.export import gguf_cache_path
+
+        newest = self.newest_round()
+        if newest == 0 or gguf_cache_path(self.paths, self.config.run.run_name, newest).is_file():
+            return newest, self.ensure_export(ask_id, newest)
+        cached = self._newest_cached(below=newest)
+        if cached is None:
+            return newest, self.ensure_export(ask_id, newest)
+        self._export_in_background(newest)
+        self.send({"type": "status", "id": ask_id,
+                   "message": f"Answering with round {cached[0]}; round {newest} is being prepared for the next question…"})
+        return cached
+
+    def _newest_cached(self, below: int) -> tuple[int, Path] | None:
+        """The newest checkpoint export in the cache from before round `below` (never a stale later one)."""
+        from engine.export import gguf_cache_path
+
+        folder = gguf_cache_path(self.paths, self.config.run.run_name, 1).parent
+        suffix = gguf_cache_path(self.paths, self.config.run.run_name, 1).name.split(".", 1)[1]
+        found = []
+        for path in folder.glob(f"round-*.{suffix}") if folder.is_dir() else []:
+            number = path.name.split(".", 1)[0].removeprefix("round-")
+            if number.isdigit() and 0 < int(number) < below:
+                found.append((int(number), path))
+        return max(found) if found else None
+
+    def _export_in_background(self, round_index: int) -> None:
+        if self._background is not None and self._background.is_alive():
+            return
+
+        def work() -> None:
+            try:
+                self.ensure_export(None, round_index)
+            except SaplingError as exc:
+                log.warning("Try it: background export of round %d failed: %s", round_index, exc)
+
+        self._background = threading.Thread(target=work, daemon=True, name="chat-export")
+        self._background.start()
+
+    def ensure_export(self, ask_id: int | None, round_index: int) -> Path:
+        """The cached GGUF of one round, exported now (in a child process) when missing.
+
+        With `ask_id` None (a background export) it reports nothing to the panel.
+        """
         from engine.export import gguf_cache_path
 
         path = gguf_cache_path(self.paths, self.config.run.run_name, round_index)
         if path.is_file():
             return path
         what = "the base model" if round_index == 0 else f"round {round_index}"
-        self.send({"type": "status", "id": ask_id,
-                   "message": f"Preparing {what} for llama.cpp (once per checkpoint; minutes on a busy computer)…"})
+        if ask_id is not None:
+            self.send({"type": "status", "id": ask_id,
+                       "message": f"Preparing {what} for llama.cpp (once per checkpoint; minutes on a busy computer)…"})
         path.parent.mkdir(parents=True, exist_ok=True)
         argv = node_command("export", *self.export_flags, "--threads", str(self.budget), "--format", "gguf",
                             "--round", str(round_index), "--out", str(path))
@@ -192,7 +245,7 @@ class ChatServer:
         reader = threading.Thread(target=lambda: errors.extend(proc.stderr or []), daemon=True)
         reader.start()
         for line in proc.stdout or []:
-            if line.strip():
+            if line.strip() and ask_id is not None:
                 self.send({"type": "status", "id": ask_id, "message": line.strip()})
         code = proc.wait()
         reader.join(timeout=5)
@@ -205,7 +258,10 @@ class ChatServer:
     def _prune(self, folder: Path) -> None:
         rounds = sorted((p for p in folder.glob("round-*.gguf")), reverse=True)
         for old in rounds[KEEP_EXPORTS:]:
-            old.unlink(missing_ok=True)
+            try:
+                old.unlink(missing_ok=True)
+            except OSError:  # still open by llama.cpp (Windows); the next export prunes it
+                pass
 
     def threads(self) -> int:
         """Threads for the next answer: the budget, less what other programs keep busy."""
@@ -250,8 +306,8 @@ class ChatServer:
             messages = [{"role": "user", "content": str(text or "").strip()}]
             limit = TYPED_MAX_TOKENS
         started = time.monotonic()
-        round_index = self.newest_round()
-        paths = {"trained": self.ensure_export(ask_id, round_index), "base": self.ensure_export(ask_id, 0)}
+        round_index, trained = self.trained_export(ask_id)
+        paths = {"trained": trained, "base": self.ensure_export(ask_id, 0)}
         streams = []
         threads = self.threads()
         for side in SIDES:

@@ -268,3 +268,32 @@ def test_bundled_model_gguf_answers_ten_questions_like_torch(smol_dir: Path, tmp
     want = _torch_greedy(merged, prompts, 48)
     assert _llama_greedy(gguf, prompts, 48) == want
     shutil.rmtree(merged)
+
+
+def test_try_it_answers_with_the_cached_checkpoint_while_the_newest_is_exported_in_the_background(
+    tiny_smol_dir: Path, tmp_path: Path
+) -> None:
+    """While training runs a checkpoint comes every round; only the first question waits for an export."""
+    from engine.chat import ChatServer
+
+    home = tmp_path / "home"
+    paths = Paths.under(home)
+    config = _config(tiny_smol_dir)
+    flags = ["--home", str(home), "--model", str(tiny_smol_dir), "--device", "cpu", "--set", "grpo.precision='fp32'"]
+    sent: list[dict[str, Any]] = []
+    server = ChatServer(config, paths, flags, sent.append, budget=1)
+    assert not server.problem
+
+    def ask(ask_id: int) -> dict[str, Any]:
+        server.handle({"cmd": "ask", "id": ask_id, "text": "What is 17 + 25?"})
+        assert not [m for m in sent if m["type"] == "error"], sent
+        return next(m for m in sent if m["type"] == "answer" and m["id"] == ask_id and m["side"] == "trained")
+
+    _make_checkpoint(config, paths, 1)
+    assert ask(1)["round"] == 1  # nothing cached: this one waits for the export
+    _make_checkpoint(config, paths, 2, seed=2)
+    assert ask(2)["round"] == 1  # at once, with round 1; round 2 is exported meanwhile
+    assert any(m["type"] == "status" and m["id"] == 2 and "round 2 is being prepared" in m["message"] for m in sent)
+    assert server._background is not None
+    server._background.join(timeout=300)
+    assert ask(3)["round"] == 2
