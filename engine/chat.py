@@ -73,6 +73,9 @@ COMMANDS = ("question", "ask", "threads", "cancel")
 TYPED_MAX_TOKENS = 256
 CONTEXT_TOKENS = 2048
 KEEP_EXPORTS = 2  # checkpoints' GGUF files kept per run (the base model's is kept too)
+# While training runs a checkpoint comes every round, and exporting one costs several CPU seconds that
+# training would otherwise get; a cached export younger than this answers instead of a newer checkpoint's.
+REFRESH_S = 300.0
 # Questions come from a seed stream of their own: never a training, held-out or worked-example item.
 QUESTION_SEED_OFFSET = 3_000_000_021
 INSTALL_HINT = "run `make run` once, which builds it, or `pip install llama-cpp-python==0.3.36`"
@@ -141,6 +144,7 @@ class ChatServer:
         self.rng = random.Random()
         self._taskset: Any = None
         self._background: threading.Thread | None = None  # the export of a newer checkpoint, made between answers
+        self.refresh_s = REFRESH_S
 
     # -- questions ------------------------------------------------------------------------
     def taskset(self) -> Any:
@@ -179,8 +183,9 @@ class ChatServer:
         While training runs a new checkpoint comes every round, and its export takes
         longer than an answer. When an older checkpoint's export is cached, the answer
         uses it at once and the newest is exported in the background for the next
-        question; the answer says which round answered. Only the very first question
-        (nothing cached yet) waits for an export.
+        question, unless the cached one is younger than `refresh_s` (each export takes
+        CPU from training); the answer says which round answered. Only the very first
+        question (nothing cached yet) waits for an export.
         """
         from engine.export import gguf_cache_path
 
@@ -190,6 +195,10 @@ class ChatServer:
         cached = self._newest_cached(below=newest)
         if cached is None:
             return newest, self.ensure_export(ask_id, newest)
+        if time.time() - cached[1].stat().st_mtime < self.refresh_s:
+            self.send({"type": "status", "id": ask_id, "message": f"Answering with round {cached[0]}; a newer "
+                       f"checkpoint is prepared at most every {self.refresh_s / 60:.0f} minutes while you ask…"})
+            return cached
         self._export_in_background(newest)
         self.send({"type": "status", "id": ask_id,
                    "message": f"Answering with round {cached[0]}; round {newest} is being prepared for the next question…"})

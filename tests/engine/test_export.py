@@ -292,8 +292,10 @@ def test_try_it_answers_with_the_cached_checkpoint_while_the_newest_is_exported_
     _make_checkpoint(config, paths, 1)
     assert ask(1)["round"] == 1  # nothing cached: this one waits for the export
     _make_checkpoint(config, paths, 2, seed=2)
-    assert ask(2)["round"] == 1  # at once, with round 1; round 2 is exported meanwhile
-    assert any(m["type"] == "status" and m["id"] == 2 and "round 2 is being prepared" in m["message"] for m in sent)
+    assert ask(2)["round"] == 1 and server._background is None  # round 1's export is fresh: no new export yet
+    server.refresh_s = 0.0
+    assert ask(3)["round"] == 1  # at once, with round 1; round 2 is exported meanwhile
+    assert any(m["type"] == "status" and m["id"] == 3 and "round 2 is being prepared" in m["message"] for m in sent)
     assert server._background is not None
     server._background.join(timeout=300)
-    assert ask(3)["round"] == 2
+    assert ask(4)["round"] == 2
