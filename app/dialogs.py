@@ -10,6 +10,7 @@ dialog stays open.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import replace
 
 from PySide6.QtCore import Qt, Signal
@@ -18,6 +19,7 @@ from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
     QDialog,
+    QDoubleSpinBox,
     QFileDialog,
     QFormLayout,
     QGridLayout,
@@ -29,6 +31,7 @@ from PySide6.QtWidgets import (
     QPushButton,
     QRadioButton,
     QSpinBox,
+    QTabWidget,
     QVBoxLayout,
     QWidget,
 )
@@ -257,6 +260,92 @@ class SettingsForm(QWidget):
             self.model_folder.setChecked(True)
 
 
+class ProtectionForm(QWidget):
+    """Protection from bad peers: the plausibility check, automatic bans and the list of banned peers."""
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.setSpacing(8)
+
+        check_box = QGroupBox("Answers from other peers")
+        check = QVBoxLayout(check_box)
+        check.setSpacing(2)
+        self.check = QCheckBox("Refuse answers your model finds implausible (recommended)")
+        check.addWidget(self.check)
+        check.addWidget(_hint("Catches answers that are correct but carry injected text, such as an advert "
+                              "after the answer, before your model learns from them. Every answer is also "
+                              "re-scored here, whatever this says. In a swarm of different models, turn it "
+                              "off: it would refuse most of their honest answers too."))
+        layout.addWidget(check_box)
+
+        ban_box = QGroupBox("Banning peers")
+        bans = QVBoxLayout(ban_box)
+        rule = QHBoxLayout()
+        self.ban_strikes = QSpinBox()
+        self.ban_strikes.setRange(0, 10_000)
+        self.ban_strikes.setSpecialValueText("Never")
+        self.ban_window = QSpinBox()
+        self.ban_window.setRange(1, 10_000)
+        rule.addWidget(QLabel("Ban a peer after"))
+        rule.addWidget(self.ban_strikes)
+        rule.addWidget(QLabel("forged or implausible answers among its last"))
+        rule.addWidget(self.ban_window)
+        rule.addStretch(1)
+        bans.addLayout(rule)
+        length = QHBoxLayout()
+        self.hours = QDoubleSpinBox()
+        self.hours.setRange(0, 24 * 365)
+        self.hours.setDecimals(1)
+        self.hours.setSuffix(" hours")
+        self.hours.setSpecialValueText("until I lift it")
+        length.addWidget(QLabel("for"))
+        length.addWidget(self.hours)
+        length.addStretch(1)
+        bans.addLayout(length)
+        self.persist = QCheckBox("Remember bans when Sapling restarts")
+        bans.addWidget(self.persist)
+        bans.addWidget(_hint("A ban shows in the Swarm panel; double-click the peer there to lift it."))
+        bans.addWidget(QLabel("Never train on these peers:"))
+        self.banned = QPlainTextEdit()
+        self.banned.setPlaceholderText("Peer ids (20 characters, as in the Swarm panel) or public keys, one per line")
+        self.banned.setMaximumHeight(80)
+        bans.addWidget(self.banned)
+        bans.addWidget(_hint("Peers listed here can only be unbanned here."))
+        layout.addWidget(ban_box)
+
+        self.error = QLabel()
+        self.error.setWordWrap(True)
+        self.error.setStyleSheet(f"color: {theme.ERROR}; font-weight: 600;")
+        self.error.hide()
+        layout.addWidget(self.error)
+        layout.addStretch(1)
+
+    def set_values(self, engine: EngineSettings) -> None:
+        self.check.setChecked(engine.plausibility_check)
+        self.ban_strikes.setValue(engine.ban_strikes)
+        self.ban_window.setValue(engine.ban_window)
+        self.hours.setValue(engine.ban_hours)
+        self.persist.setChecked(engine.persist_bans)
+        self.banned.setPlainText("\n".join(engine.banned_peers))
+
+    def values(self, engine: EngineSettings) -> EngineSettings:
+        """`engine` with these choices; SettingsError (shown here) when one cannot be used."""
+        peers = [p for p in re.split(r"[\s,;]+", self.banned.toPlainText()) if p]
+        chosen = replace(engine, plausibility_check=self.check.isChecked(), ban_strikes=self.ban_strikes.value(),
+                         ban_window=self.ban_window.value(), ban_hours=self.hours.value(),
+                         persist_bans=self.persist.isChecked(), banned_peers=list(dict.fromkeys(peers)))
+        try:
+            validate(chosen)
+        except SettingsError as exc:
+            self.error.setText(str(exc))
+            self.error.show()
+            raise
+        self.error.hide()
+        return chosen
+
+
 class _SettingsDialogBase(QDialog):
     def __init__(self, engine: EngineSettings, app: AppSettings, idle_supported: bool, ac_supported: bool,
                  parent: QWidget | None = None) -> None:
@@ -282,9 +371,13 @@ class _SettingsDialogBase(QDialog):
             row.addWidget(button)
         return row
 
+    def collect(self) -> tuple[EngineSettings, AppSettings]:
+        """The chosen settings; SettingsError, shown in the dialog, when one cannot be used."""
+        return self.form.values(self.engine_settings, self.app_settings)
+
     def try_accept(self, start_training: bool = False) -> bool:
         try:
-            self.engine_settings, self.app_settings = self.form.values(self.engine_settings, self.app_settings)
+            self.engine_settings, self.app_settings = self.collect()
         except SettingsError:
             return False
         self.start_training = start_training
@@ -335,7 +428,20 @@ class SettingsDialog(_SettingsDialogBase):
         title = QLabel("Settings")
         title.setObjectName("sectionTitle")
         layout.addWidget(title)
-        layout.addWidget(self.form)
+        self.protection = ProtectionForm()
+        self.protection.set_values(engine)
+        self.tabs = QTabWidget()
+        general = QWidget()
+        general_layout = QVBoxLayout(general)
+        general_layout.setContentsMargins(8, 8, 8, 8)
+        general_layout.addWidget(self.form)
+        protection = QWidget()
+        protection_layout = QVBoxLayout(protection)
+        protection_layout.setContentsMargins(8, 8, 8, 8)
+        protection_layout.addWidget(self.protection)
+        self.tabs.addTab(general, "General")
+        self.tabs.addTab(protection, "Protection")
+        layout.addWidget(self.tabs)
         where = QLabel(f"Saved in {config_file}. Other engine settings stay as they are in that file.")
         where.setObjectName("muted")
         where.setWordWrap(True)
@@ -343,6 +449,18 @@ class SettingsDialog(_SettingsDialogBase):
         layout.addWidget(where)
         layout.addLayout(self._buttons([("Save", True, False)]))
         self.setMinimumWidth(660)
+
+    def collect(self) -> tuple[EngineSettings, AppSettings]:
+        try:
+            engine, app = self.form.values(self.engine_settings, self.app_settings)
+        except SettingsError:
+            self.tabs.setCurrentIndex(0)
+            raise
+        try:
+            return self.protection.values(engine), app
+        except SettingsError:
+            self.tabs.setCurrentIndex(1)
+            raise
 
 
 class ProblemDialog(QDialog):

@@ -3,7 +3,8 @@
     QT_QPA_PLATFORM=offscreen .venv/bin/python -m app.screenshots docs/screenshots
 
 Writes main-idle.png (first start, nothing trained yet), main-training.png (a
-run in progress), first-run.png, settings.png and main-crashed.png. The data
+run in progress), first-run.png, settings.png, settings-protection.png and
+main-crashed.png. The data
 is recorded, not live: the history is tests/app/fixtures/history.jsonl (a real
 40-round CPU run of the bundled model) with a second real run's rewards shown
 as the swarm's; the swarm identity and peer counts are illustrative. A stand-in
@@ -25,6 +26,7 @@ from PySide6.QtCore import QCoreApplication, QEventLoop, QTimer
 from PySide6.QtWidgets import QApplication, QDialog, QWidget
 
 from app import theme
+from app.dialogs import SettingsDialog
 from app.guards import route_qt_messages
 from app.gui import Gui, build_gui
 from app.power import PowerPolicy
@@ -148,6 +150,10 @@ def main(argv: list[str]) -> int:
         idle.window.open_settings()
         assert idle.window.dialog is not None
         save(idle.window.dialog, out, "settings.png")
+        dialog = idle.window.dialog
+        if isinstance(dialog, SettingsDialog):
+            dialog.tabs.setCurrentIndex(1)
+            save(dialog, out, "settings-protection.png")
         idle.window.dialog.reject()
         close(idle)
 

@@ -24,12 +24,12 @@ import logging
 import tempfile
 import time
 import tomllib
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
 from engine.atomicio import atomic_write_json, atomic_write_text
-from engine.config import PRIORITIES, build_config, edit_config_text
+from engine.config import PRIORITIES, SwarmConfig, build_config, edit_config_text
 from engine.errors import ConfigError
 from engine.paths import Paths
 from engine.rules import check_model_source, check_relay_url, split_invite
@@ -40,9 +40,10 @@ __all__ = ["AppSettings", "EngineSettings", "SettingsError", "SettingsStore", "c
 log = logging.getLogger(__name__)
 
 APP_SETTINGS_NAME = "sapling-app.json"
-CONFIG_HEADER = ("Sapling engine settings. The desktop app edits model, swarm and run threads/priority;",
+CONFIG_HEADER = ("Sapling engine settings. The desktop app edits model, swarm, protection and run threads/priority;",
                  "every key is explained by `sapling-node config`. Your own comments here are kept.")
 SWARM_MODES = ("embedded", "relay", "solo")
+_SWARM = SwarmConfig()  # the engine's defaults for the protection settings below, one copy
 
 
 # A value the user typed cannot be used; the message says what to type instead. It is the
@@ -60,6 +61,13 @@ class EngineSettings:
     join_token: str = ""  # [swarm] join_token
     threads: int = 0  # [run] threads (0: automatic)
     priority: str = "background"  # [run] priority: "background" or "normal"
+    # Protection from bad peers (Settings ▸ Protection; docs/swarm.md "Poisoning")
+    plausibility_check: bool = _SWARM.plausibility_check  # [swarm] plausibility_check
+    ban_strikes: int = _SWARM.ban_strikes  # [swarm] ban_strikes (0: never ban automatically)
+    ban_window: int = _SWARM.ban_window  # [swarm] ban_window
+    ban_hours: float = _SWARM.ban_hours  # [swarm] ban_hours (0: until lifted)
+    persist_bans: bool = _SWARM.persist_bans  # [swarm] persist_bans
+    banned_peers: list[str] = field(default_factory=list)  # [swarm] banned_peers
 
     KEYS = (
         ("model", "source", "model_source"),
@@ -68,6 +76,12 @@ class EngineSettings:
         ("swarm", "join_token", "join_token"),
         ("run", "threads", "threads"),
         ("run", "priority", "priority"),
+        ("swarm", "plausibility_check", "plausibility_check"),
+        ("swarm", "ban_strikes", "ban_strikes"),
+        ("swarm", "ban_window", "ban_window"),
+        ("swarm", "ban_hours", "ban_hours"),
+        ("swarm", "persist_bans", "persist_bans"),
+        ("swarm", "banned_peers", "banned_peers"),
     )
 
     def needs_restart(self, other: EngineSettings) -> bool:
@@ -107,6 +121,10 @@ def validate(settings: EngineSettings) -> None:
         raise SettingsError("CPU threads must be 0 (automatic) or a number of threads.")
     if settings.priority not in PRIORITIES:
         raise SettingsError(f"Priority must be one of {', '.join(PRIORITIES)}.")
+    # The protection settings: the engine's own rules (engine/config.py, SwarmConfig), one copy.
+    replace(_SWARM, plausibility_check=settings.plausibility_check, ban_strikes=settings.ban_strikes,
+            ban_window=settings.ban_window, ban_hours=settings.ban_hours, persist_bans=settings.persist_bans,
+            banned_peers=list(settings.banned_peers))
 
 
 # -- TOML ------------------------------------------------------------------------------
@@ -173,7 +191,10 @@ class SettingsStore:
         settings = EngineSettings()
         for section, key, attr in EngineSettings.KEYS:
             value = data.get(section, {}).get(key)
-            if value is not None and isinstance(value, type(getattr(settings, attr))):
+            default = getattr(settings, attr)
+            if isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
+                value = float(value)  # ban_hours = 24 in the file
+            if value is not None and isinstance(value, type(default)):
                 setattr(settings, attr, value)
         return settings
 

@@ -205,3 +205,49 @@ def test_priority_defaults_to_background_and_round_trips_through_config_and_the_
 def test_a_priority_the_engine_does_not_know_is_refused() -> None:
     with pytest.raises(SettingsError, match="Priority must be one of background, normal"):
         validate(EngineSettings(priority="realtime"))
+
+
+def test_protection_settings_round_trip_through_the_dialog_and_the_engine_reads_them(
+        qtbot, make_gui: MakeGui, paths: Paths) -> None:  # type: ignore[no-untyped-def]
+    defaults = build_config().swarm
+    settings = EngineSettings()
+    assert (settings.plausibility_check, settings.ban_strikes, settings.ban_window, settings.ban_hours,
+            settings.persist_bans, settings.banned_peers) == (
+        defaults.plausibility_check, defaults.ban_strikes, defaults.ban_window, defaults.ban_hours,
+        defaults.persist_bans, defaults.banned_peers)
+    gui = make_gui()
+    w = gui.window
+    w.show()
+    w.open_settings()
+    dialog = w.dialog
+    assert dialog is not None
+    protection = dialog.protection
+    assert protection.check.isChecked() and protection.ban_strikes.value() == defaults.ban_strikes
+    # a rule the engine would refuse: the error is shown on the Protection tab, nothing is written
+    protection.ban_strikes.setValue(20)
+    assert not dialog.try_accept()
+    assert dialog.tabs.currentIndex() == 1 and "ban_window" in protection.error.text()
+    assert not paths.config_file.exists()
+    protection.ban_strikes.setValue(3)
+    protection.banned.setPlainText("3750d8d5a1b2c3d4e5f6\nnot-a-peer")
+    assert not dialog.try_accept() and "not-a-peer" in protection.error.text()
+    protection.banned.setPlainText("3750d8d5a1b2c3d4e5f6, 3750d8d5a1b2c3d4e5f6")
+    protection.hours.setValue(0)
+    protection.persist.setChecked(False)
+    protection.check.setChecked(False)
+    assert dialog.try_accept()
+    swarm = build_config("default", paths.config_file).swarm  # the engine reads what the app wrote
+    assert (swarm.plausibility_check, swarm.ban_strikes, swarm.ban_hours, swarm.persist_bans, swarm.banned_peers) == (
+        False, 3, 0.0, False, ["3750d8d5a1b2c3d4e5f6"])
+    w.open_settings()
+    again = w.dialog.protection  # type: ignore[union-attr]
+    assert not again.check.isChecked() and again.ban_strikes.value() == 3
+    assert again.hours.specialValueText() == "until I lift it" and again.hours.value() == 0
+    assert again.banned.toPlainText() == "3750d8d5a1b2c3d4e5f6"
+    w.dialog.reject()  # type: ignore[union-attr]
+
+
+def test_a_whole_number_of_ban_hours_in_the_file_is_read(paths: Paths) -> None:
+    paths.config_dir.mkdir(parents=True)
+    paths.config_file.write_text("[swarm]\nban_hours = 48\n")
+    assert SettingsStore(paths).load_engine().ban_hours == 48.0
