@@ -227,12 +227,53 @@ def write_report(report: dict[str, Any], out: Path) -> None:
     atomic_write_bytes(out / "reward.png", plot_rewards(report))
 
 
+def compare(a_dir: Path, b_dir: Path, label: str) -> dict[str, Any]:
+    """The same mix in two experiment folders run on the same seeds (a setting changed): A against B.
+
+    Rounds are paired by number over the rounds both have finished; the ratio of
+    cumulative rewards and the difference per node-round get the same two-way
+    bootstrap as a mix against 8/0, and the first round where any node's reward
+    differs says when the runs parted.
+    """
+    from engine.experiment import PROGRESS_FILE, ROUNDS_FILE, Experiment, Mix, _read_json, read_rounds
+
+    mix = Mix(*(int(x) for x in label.split("/")))
+    tables = []
+    for folder in (Path(a_dir), Path(b_dir)):
+        plan = Experiment.saved_plan(folder)
+        if plan is None or label not in [m.label for m in plan.mixes]:
+            raise ValueError(f"{folder} holds no experiment with mix {label}.")
+        done = int((_read_json(folder / mix.slug / PROGRESS_FILE) or {}).get("round", 0))
+        tables.append((plan, read_rounds(folder / mix.slug / ROUNDS_FILE, done)))
+    (plan_a, recs_a), (plan_b, recs_b) = tables
+    if plan_a.nodes != plan_b.nodes:
+        raise ValueError(f"the two experiments have {plan_a.nodes} and {plan_b.nodes} nodes; they do not pair.")
+    common = min(len(recs_a), len(recs_b))
+    nodes = plan_a.nodes
+    a = [[rec["rewards"][k] for rec in recs_a[:common]] for k in range(nodes)]
+    b = [[rec["rewards"][k] for rec in recs_b[:common]] for k in range(nodes)]
+    parted = next((r + 1 for r in range(common) if any(a[k][r] != b[k][r] for k in range(nodes))), None)
+    return {"mix": label, "a": str(a_dir), "b": str(b_dir), "rounds": common, "nodes": nodes,
+            "cumulative_a": sum(map(sum, a)), "cumulative_b": sum(map(sum, b)), "first_round_that_differs": parted,
+            **two_way_bootstrap(a, b)}
+
+
 def main(argv: list[str] | None = None) -> int:
     from engine.experiment import START_EVAL_FILE, Experiment, _read_json, plan_config
 
     args = sys.argv[1:] if argv is None else argv
+    if len(args) == 4 and args[0] == "--compare":
+        try:
+            result = compare(Path(args[1]), Path(args[2]), args[3])
+        except (ValueError, OSError) as exc:
+            print(f"experiment_report: {exc}", file=sys.stderr)
+            return 2
+        print(json.dumps(result, indent=1))
+        return 0
     if len(args) != 1:
-        print("usage: python -m engine.experiment_report DIR", file=sys.stderr)
+        print("usage: python -m engine.experiment_report DIR\n"
+              "       python -m engine.experiment_report --compare DIR_A DIR_B MIX   (the same mix, same seeds, "
+              "one setting changed: A against B)", file=sys.stderr)
         return 2
     out = Path(args[0])
     plan = Experiment.saved_plan(out)

@@ -21,7 +21,7 @@ from engine.experiment import (
     make_plan,
     parse_mixes,
 )
-from engine.experiment_report import baseline_of, two_way_bootstrap
+from engine.experiment_report import baseline_of, compare, two_way_bootstrap
 from engine.paths import Paths
 from engine.sapo import Control
 
@@ -189,3 +189,24 @@ def test_the_baseline_of_a_mix_is_the_all_local_mix_of_the_same_size() -> None:
     assert baseline_of("1/1", ["2/0", "1/1"]) == "2/0"
     assert baseline_of("8/0", ["8/0", "4/4"]) is None
     assert baseline_of("1/2", ["2/0", "1/2"]) is None
+
+
+def _fake_experiment(folder: Path, rewards: list[list[float]]) -> None:
+    """An experiment folder with one 4/4 mix whose rounds carry these [round][node] rewards."""
+    (folder / "mix-4-4").mkdir(parents=True)
+    (folder / "experiment.json").write_text(json.dumps(
+        {"nodes": 2, "mixes": ["4/4"], "rounds": len(rewards), "preset": "default", "overrides": []}))
+    (folder / "mix-4-4" / "progress.json").write_text(json.dumps({"round": len(rewards)}))
+    (folder / "mix-4-4" / "rounds.jsonl").write_text(
+        "".join(json.dumps({"round": r + 1, "rewards": row}) + "\n" for r, row in enumerate(rewards)))
+
+
+def test_compare_pairs_the_same_mix_of_two_experiments_round_by_round(tmp_path: Path) -> None:
+    _fake_experiment(tmp_path / "a", [[0.1, 0.2], [0.3, 0.3], [0.4, 0.2]])
+    _fake_experiment(tmp_path / "b", [[0.1, 0.2], [0.3, 0.1]])  # one round fewer, parted in round 2
+    result = compare(tmp_path / "a", tmp_path / "b", "4/4")
+    assert result["rounds"] == 2 and result["first_round_that_differs"] == 2
+    assert result["cumulative_a"] == pytest.approx(0.9) and result["cumulative_b"] == pytest.approx(0.7)
+    assert result["ratio"] == pytest.approx(0.9 / 0.7)
+    with pytest.raises(ValueError, match="no experiment with mix 8/0"):
+        compare(tmp_path / "a", tmp_path / "b", "8/0")
