@@ -195,7 +195,11 @@ class ChatServer:
         cached = self._newest_cached(below=newest)
         if cached is None:
             return newest, self.ensure_export(ask_id, newest)
-        if time.time() - cached[1].stat().st_mtime < self.refresh_s:
+        try:
+            age = time.time() - cached[1].stat().st_mtime
+        except OSError:  # pruned meanwhile: export the newest now
+            return newest, self.ensure_export(ask_id, newest)
+        if age < self.refresh_s:
             self.send({"type": "status", "id": ask_id, "message": f"Answering with round {cached[0]}; a newer "
                        f"checkpoint is prepared at most every {self.refresh_s / 60:.0f} minutes while you ask…"})
             return cached
@@ -224,7 +228,7 @@ class ChatServer:
         def work() -> None:
             try:
                 self.ensure_export(None, round_index)
-            except SaplingError as exc:
+            except (SaplingError, OSError) as exc:  # the next question tries again; this one was answered
                 log.warning("Try it: background export of round %d failed: %s", round_index, exc)
 
         self._background = threading.Thread(target=work, daemon=True, name="chat-export")
