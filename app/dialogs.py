@@ -52,6 +52,15 @@ WHAT_IT_DOES = (
 )
 
 
+def _error_label() -> QLabel:
+    """The red sentence under a form that says what to fix; hidden until there is one."""
+    label = QLabel()
+    label.setWordWrap(True)
+    label.setStyleSheet(f"color: {theme.ERROR}; font-weight: 600;")
+    label.hide()
+    return label
+
+
 def _hint(text: str) -> QLabel:
     label = QLabel(text)
     label.setObjectName("muted")
@@ -162,10 +171,7 @@ class SettingsForm(QWidget):
         limits.addWidget(self.autostart)
         layout.addWidget(limits_box)
 
-        self.error = QLabel()
-        self.error.setWordWrap(True)
-        self.error.setStyleSheet(f"color: {theme.ERROR}; font-weight: 600;")
-        self.error.hide()
+        self.error = _error_label()
         layout.addWidget(self.error)
 
         for choice in (*self.model_group.buttons(), *self.swarm_group.buttons()):
@@ -315,10 +321,7 @@ class ProtectionForm(QWidget):
         bans.addWidget(_hint("Peers listed here can only be unbanned here."))
         layout.addWidget(ban_box)
 
-        self.error = QLabel()
-        self.error.setWordWrap(True)
-        self.error.setStyleSheet(f"color: {theme.ERROR}; font-weight: 600;")
-        self.error.hide()
+        self.error = _error_label()
         layout.addWidget(self.error)
         layout.addStretch(1)
 

@@ -299,3 +299,33 @@ def test_try_it_answers_with_the_cached_checkpoint_while_the_newest_is_exported_
     assert server._background is not None
     server._background.join(timeout=300)
     assert ask(4)["round"] == 2
+
+
+def test_try_it_recovers_when_the_cached_export_vanishes_or_a_background_export_fails(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Neither is a crash of the chat child: the answer still comes, the failure is logged."""
+    from engine.chat import ChatServer
+
+    paths = Paths.under(tmp_path / "home")
+    server = ChatServer(build_config("default", None, ["run.device='cpu'"]), paths, [], lambda m: None, budget=1)
+    exported: list[int] = []
+
+    def fake_export(ask_id: int | None, round_index: int) -> Path:
+        exported.append(round_index)
+        return tmp_path / f"round-{round_index}.gguf"
+
+    monkeypatch.setattr(server, "newest_round", lambda: 2)
+    monkeypatch.setattr(server, "ensure_export", fake_export)
+    # round 1's export was listed, then pruned before it could be used: round 2 is exported now instead
+    monkeypatch.setattr(server, "_newest_cached", lambda below: (1, tmp_path / "pruned.gguf"))
+    assert server.trained_export(7) == (2, tmp_path / "round-2.gguf") and exported == [2]
+
+    def failing_export(ask_id: int | None, round_index: int) -> Path:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(server, "ensure_export", failing_export)
+    server._export_in_background(3)
+    assert server._background is not None
+    server._background.join(timeout=10)
+    assert "background export of round 3 failed" in caplog.text and "No space left" in caplog.text
