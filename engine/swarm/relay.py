@@ -534,6 +534,11 @@ class Relay:
                     return
                 self.reject(conn, exc.code)
                 conn.send(protocol.msg_error(exc.code, exc.message, exc.request_id))
+            if conn.outbox:
+                # Frames that arrived together are read without a pause; let the writer take
+                # this answer first, so the queue measures a peer that does not read, not a
+                # burst of requests the socket would have taken at once.
+                await asyncio.sleep(0)
 
     async def _handle(self, conn: Connection, bucket: TokenBucket, data: str | bytes) -> None:
         decoded = protocol.decode_client(data)
