@@ -192,7 +192,7 @@ def cmd_experiment(args: argparse.Namespace, paths: Paths) -> int:
         print(f"sapling-node: error: {args.out} holds no experiment to resume.", file=sys.stderr)
         return 2
     if plan is None:
-        plan = make_plan(args.preset, args.nodes, args.mixes, args.rounds, overrides)
+        plan = Experiment.widened_plan(args.out, make_plan(args.preset, args.nodes, args.mixes, args.rounds, overrides))
     from engine.priority import apply_priority
 
     log.info("Running at %s.", apply_priority(plan_config(plan).run.priority))

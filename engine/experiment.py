@@ -348,9 +348,22 @@ class Experiment:
         except (KeyError, TypeError, ValueError) as exc:
             raise ConfigError(f"{Path(out) / PLAN_FILE} is not an experiment plan ({exc}); use another --out.") from exc
 
+    @classmethod
+    def widened_plan(cls, out: Path, plan: Plan) -> Plan:
+        """`plan`, or, where `out` holds the same experiment with other mixes, its mixes and then `plan`'s new ones.
+
+        The nodes, seeds, rounds and settings are the same, so a mix added later pairs with
+        the earlier ones exactly, as if it had been in the list from the start.
+        """
+        saved = cls.saved_plan(out)
+        if saved is None or saved == plan or replace(saved, mixes=plan.mixes) != plan:
+            return plan
+        return replace(saved, mixes=saved.mixes + tuple(m for m in plan.mixes if m not in saved.mixes))
+
     def _claim_out(self) -> None:
+        self.plan = self.widened_plan(self.out, self.plan)
         saved = self.saved_plan(self.out)
-        if saved is not None and saved != self.plan:
+        if saved is not None and replace(saved, mixes=self.plan.mixes) != self.plan:
             raise ConfigError(f"{self.out} holds an experiment with other settings ({json.dumps(saved.to_json())}); "
                               "run it with --resume or choose another --out.")
         self.out.mkdir(parents=True, exist_ok=True)

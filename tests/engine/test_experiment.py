@@ -165,6 +165,23 @@ def test_an_out_folder_holding_other_settings_is_not_reused(tiny_model_dir: Path
     assert Experiment.saved_plan(tmp_path / "out") == first
 
 
+def test_a_mix_added_to_a_finished_experiment_runs_alone_and_pairs_with_the_others(tiny_model_dir: Path, tmp_path: Path) -> None:
+    _, straight = run(make_plan("default", 2, "2/0,1/1", 1, fast(tiny_model_dir)), tmp_path / "straight", tmp_path / "home")
+    run(make_plan("default", 2, "2/0", 1, fast(tiny_model_dir)), tmp_path / "grown", tmp_path / "home")
+    first_rounds = (tmp_path / "grown" / "mix-2-0" / "rounds.jsonl").read_text()
+    started: list[str] = []
+    _, grown = run(make_plan("default", 2, "1/1", 1, fast(tiny_model_dir)), tmp_path / "grown", tmp_path / "home",
+                   mix_started=lambda mix, number, done, rounds: started.append(f"{mix.label}:{done}"))
+
+    assert [m.label for m in Experiment.saved_plan(tmp_path / "grown").mixes] == ["2/0", "1/1"]  # type: ignore[union-attr]
+    assert (tmp_path / "grown" / "mix-2-0" / "rounds.jsonl").read_text() == first_rounds  # not run again
+    assert started == ["1/1:0"]
+    for label in ("2/0", "1/1"):
+        for key in ("cumulative_reward", "reward_by_round", "reward_by_node"):
+            assert grown["mixes"][label][key] == straight["mixes"][label][key], (label, key)
+    assert grown["mixes"]["1/1"]["against_baseline"]["baseline"] == "2/0"
+
+
 def test_the_paper_preset_is_the_papers_eight_nodes_and_four_mixes() -> None:
     plan = make_plan("paper", None, None, None, [])
     assert plan.nodes == 8 and [m.label for m in plan.mixes] == ["8/0", "6/2", "4/4", "2/6"]
