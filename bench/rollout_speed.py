@@ -53,6 +53,7 @@ The last line is always `useful tok/s new/old = X.XX`.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import subprocess
@@ -66,6 +67,19 @@ from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
+
+def unique_prompt_tokens(prompts: list[list[int]]) -> int:
+    """Prompt tokens the fast decoder computes: each prompt's tokens after its longest common prefix with the one before in sorted order."""
+    ordered = sorted(prompts)
+    total = len(ordered[0]) if ordered else 0
+    for before, prompt in itertools.pairwise(ordered):
+        common = 0
+        for x, y in zip(before, prompt, strict=False):
+            if x != y:
+                break
+            common += 1
+        total += len(prompt) - min(common, len(prompt) - 1)
+    return total
 
 def peak_rss_bytes() -> int:
     import resource
@@ -334,7 +348,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     # 3. Greedy evaluation.
     small = 9 if args.quick else args.eval_small
-    eval_prompts = [backend.encode_prompt(taskset.messages(q)) for q in taskset.eval_set(small)]
+    eval_prompts = [backend.encode_prompt(taskset.eval_messages(q)) for q in taskset.eval_set(small)]
+    varied = [backend.encode_prompt(taskset.messages(q)) for q in taskset.eval_set(small)]
+    print(f"held-out prompts: {sum(map(len, eval_prompts))} tokens with one worked example per specialty (the evaluation's), "
+          f"{sum(map(len, varied))} with one per question (training's); of these the decoder computes about {unique_prompt_tokens(eval_prompts)} and "
+          f"{unique_prompt_tokens(varied)} (the rest are shared prefixes)")
     greedy = {"old": backend._greedy_hf, "new": backend.greedy}
     eval_s: dict[str, list[float]] = {"old": [], "new": []}
     eval_cpu: dict[str, list[float]] = {"old": [], "new": []}
@@ -351,7 +369,7 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"new {new_eval:.1f} s {[round(s, 1) for s in eval_s['new']]}: {old_eval / new_eval:.2f}x faster "
           f"(CPU s old {old_cpu:.1f}, new {new_cpu:.1f}: {old_cpu / new_cpu:.2f}x); {same} of {small} answers identical")
     for large in [] if args.quick else [int(x) for x in args.eval_large.split(",") if x]:
-        large_prompts = [backend.encode_prompt(taskset.messages(q)) for q in taskset.eval_set(large)]
+        large_prompts = [backend.encode_prompt(taskset.eval_messages(q)) for q in taskset.eval_set(large)]
         large_s, large_cpu, _ = measured(partial(backend.greedy, large_prompts, T))
         print(f"greedy evaluation, {large} held-out questions, new: {large_s:.1f} s = {large_s / old_eval:.2f} x the old "
               f"path's time for {small} (CPU {large_cpu:.1f} s = {large_cpu / old_cpu:.2f} x; one evaluation per 10 rounds)")

@@ -436,7 +436,7 @@ class Experiment:
         """Greedy pass@1 of each node on the same held-out set, all nodes in one batch."""
         cfg = self.config
         questions = self.taskset.eval_set(cfg.tasks.eval_questions)
-        prompts = [self.shared.encode_prompt(self.taskset.messages(q)) for q in questions]
+        prompts = [self.shared.encode_prompt(self.taskset.eval_messages(q)) for q in questions]
         adapters = [v.lora() for v in views]
         index = [k for k in range(len(views)) for _ in prompts]
         rows = self.shared.generate_with_adapters(

@@ -509,7 +509,7 @@ class Node:
             raise RuntimeError("setup() must run before evaluate()")
         t0 = time.perf_counter()
         questions = self.taskset.eval_set(self.config.tasks.eval_questions)
-        prompts = [self.backend.encode_prompt(self.taskset.messages(q)) for q in questions]
+        prompts = [self.backend.encode_prompt(self.taskset.eval_messages(q)) for q in questions]
         answers = self.backend.greedy(prompts, self.config.tasks.max_new_tokens, self._step("evaluating"))
         rewards = [self.taskset.reward(q, a) for q, a in zip(questions, answers, strict=True)]
         per: dict[str, list[float]] = defaultdict(list)

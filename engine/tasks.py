@@ -515,7 +515,19 @@ class TaskSet:
             questions.append(self.rebuild(ref))
         return questions
 
-    def messages(self, question: Question) -> list[dict[str, str]]:
+    def eval_messages(self, question: Question) -> list[dict[str, str]]:
+        """The held-out prompt: as `messages`, with one worked example per specialty for the whole set.
+
+        The example is part of the test, like its questions: fixed, it measures
+        the checkpoint on the question and nothing else. And every held-out
+        prompt of a specialty then begins with the same tokens, which the decoder
+        computes once for all of them (`decode_batch` shares common prefixes):
+        the example is about half of a held-out prompt's tokens, and the prompts'
+        first pass most of an evaluation's time (docs/results.md, "Rollout speed").
+        """
+        return self.messages(question, example_index=0)
+
+    def messages(self, question: Question, example_index: int | None = None) -> list[dict[str, str]]:
         """The chat prompt this node uses: one solved example of the same specialty, then the question.
 
         Small models (the bundled 135M) rarely use the <answer> format from an
@@ -536,7 +548,8 @@ class TaskSet:
         if len(question.text) > EXAMPLE_MAX_QUESTION_CHARS:
             return question.messages()
         example_seed = (ref.seed + EXAMPLE_SEED_OFFSET) % (MAX_SEED + 1)
-        example = self.rebuild(TaskRef(ref.dataset, ref.config, example_seed, ref.index % EXAMPLE_POOL))
+        index = ref.index % EXAMPLE_POOL if example_index is None else example_index % EXAMPLE_POOL
+        example = self.rebuild(TaskRef(ref.dataset, ref.config, example_seed, index))
         answer = example.reference_answer
         if answer is None:
             return question.messages()

@@ -437,6 +437,22 @@ def test_prompt_has_a_solved_example_of_the_same_specialty(taskset: TaskSet, spe
     assert taskset.messages(question) == messages  # deterministic
 
 
+def test_the_held_out_prompts_of_a_specialty_share_one_worked_example(taskset: TaskSet) -> None:
+    questions = taskset.eval_set(4 * len(SAPO_SPECIALTIES))
+    by_specialty: dict[str, set[tuple[str, str]]] = {}
+    for question in questions:
+        messages = taskset.eval_messages(question)
+        assert messages[-1]["content"] == question.text
+        if len(messages) == 4:
+            assert messages[1]["content"] != question.text
+            by_specialty.setdefault(question.ref.dataset, set()).add((messages[1]["content"], messages[2]["content"]))
+    assert len(by_specialty) >= len(SAPO_SPECIALTIES) - 1  # arc_1d brings its own examples
+    assert all(len(examples) == 1 for examples in by_specialty.values())
+    # Training prompts keep drawing their example from the pool, question by question.
+    drawn = TaskSet({"basic_arithmetic": 1.0}, seed=3).draw(1, 4)
+    assert len({taskset.messages(q)[1]["content"] for q in drawn}) > 1
+
+
 def test_a_receiver_rebuilds_the_prompt_the_writer_used() -> None:
     """The worked example follows the question's reference, so any node builds the writer's exact prompt."""
     writer, receiver = TaskSet({"basic_arithmetic": 1.0}, seed=2), TaskSet({"basic_arithmetic": 1.0}, seed=0)
