@@ -56,8 +56,12 @@ PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "
 # The fused matmuls of a block and the projections each one concatenates (in output order).
 FUSED = {"qkv": ("q_proj", "k_proj", "v_proj"), "o": ("o_proj",), "gate_up": ("gate_proj", "up_proj"), "down": ("down_proj",)}
 # KV cache per chunk of prompts. The default round (8 prompts x 8 completions, 48 tokens) fits in one
-# chunk in fp32; greedy evaluation runs 40-60 prompts a chunk. HF generate held 64 copies of each prompt.
-CACHE_BYTES = 512 * 2**20
+# chunk in fp32. Greedy evaluation is most of the reason for the size: every chunk decodes until its
+# longest answer ends, and each step reads all the weights, so fewer chunks mean fewer steps. The 108
+# held-out prompts take 2 chunks here (4 at 512 MiB: 38.8 s against 32.5 s), and the evaluation's peak
+# RSS, 2.67 GB, stays near a training round's 2.61 GB (docs/results.md, "Rollout speed").
+# HF generate held 64 copies of each prompt.
+CACHE_BYTES = 1024 * 2**20
 MAX_ROWS = 256
 PREFILL_TOKENS = 2048  # prompt tokens per packed prefill forward (activations stay in the tens of MB)
 SAMPLING_BLOCK = 256  # inverse-CDF sampling picks a block of the vocabulary, then a token in it
