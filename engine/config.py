@@ -130,8 +130,8 @@ class TaskConfig:
     temperature: float = _help("Sampling temperature for rollouts.", 0.7)
     eval_every: int = _help("Run the held-out evaluation every N rounds (0: never).", 10)
     eval_questions: int = _help(
-        "Size of the fixed held-out evaluation set (greedy pass@1); 54 is 6 per specialty, in less time on the "
-        "fast decoder than 27 took on HF generate (docs/results.md, Rollout speed).", 54,
+        "Size of the fixed held-out evaluation set (greedy pass@1); 108 is 12 per specialty, in no more time on the "
+        "fast decoder than 27 took on HF generate (docs/results.md, Rollout speed).", 108,
     )
 
     def __post_init__(self) -> None:

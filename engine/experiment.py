@@ -336,6 +336,7 @@ class Experiment:
         self.shared: Any = None
         self.taskset: Any = None
         self.threads: Any = None  # engine.priority.ThreadPolicy, once the model is loaded
+        self.eval_examples = "per_specialty"  # the held-out prompts' worked examples (TaskSet.eval_messages)
 
     # -- the plan on disk ---------------------------------------------------------------------
     @staticmethod
@@ -422,6 +423,9 @@ class Experiment:
         path = self.out / START_EVAL_FILE
         saved = _read_json(path)
         if saved is not None:
+            # A folder measured before the held-out set shared one worked example per specialty
+            # keeps its prompts, so that all its mixes are measured on the same test.
+            self.eval_examples = str(saved.get("examples", "per_question"))
             return saved
         self._load_model()
         slot = self.shared.new_adapter_slot(derive_seed(self.config.run.seed, 0, 7))
@@ -436,7 +440,8 @@ class Experiment:
         """Greedy pass@1 of each node on the same held-out set, all nodes in one batch."""
         cfg = self.config
         questions = self.taskset.eval_set(cfg.tasks.eval_questions)
-        prompts = [self.shared.encode_prompt(self.taskset.eval_messages(q)) for q in questions]
+        messages = self.taskset.eval_messages if self.eval_examples == "per_specialty" else self.taskset.messages
+        prompts = [self.shared.encode_prompt(messages(q)) for q in questions]
         adapters = [v.lora() for v in views]
         index = [k for k in range(len(views)) for _ in prompts]
         rows = self.shared.generate_with_adapters(
@@ -451,6 +456,7 @@ class Experiment:
                              "reward_mean": sum(rewards) / len(rewards)})
         return {
             "questions": len(questions),
+            "examples": self.eval_examples,
             "accuracy": sum(n["accuracy"] for n in per_node) / len(per_node),
             "reward_mean": sum(n["reward_mean"] for n in per_node) / len(per_node),
             "nodes": per_node,

@@ -180,6 +180,18 @@ def test_a_mix_added_to_a_finished_experiment_runs_alone_and_pairs_with_the_othe
         for key in ("cumulative_reward", "reward_by_round", "reward_by_node"):
             assert grown["mixes"][label][key] == straight["mixes"][label][key], (label, key)
     assert grown["mixes"]["1/1"]["against_baseline"]["baseline"] == "2/0"
+    assert grown["mixes"]["1/1"]["eval_end"]["examples"] == "per_specialty"
+
+
+def test_a_folder_measured_with_an_example_per_question_keeps_its_held_out_prompts(tiny_model_dir: Path, tmp_path: Path) -> None:
+    run(make_plan("default", 2, "2/0", 1, fast(tiny_model_dir)), tmp_path / "out", tmp_path / "home")
+    start = json.loads((tmp_path / "out" / "eval-start.json").read_text())
+    assert start["examples"] == "per_specialty"
+    del start["examples"]  # as written before the held-out set shared one example per specialty
+    (tmp_path / "out" / "eval-start.json").write_text(json.dumps(start))
+    _, report = run(make_plan("default", 2, "1/1", 1, fast(tiny_model_dir)), tmp_path / "out", tmp_path / "home")
+    assert report["mixes"]["1/1"]["eval_end"]["examples"] == "per_question"
+    assert report["mixes"]["2/0"]["eval_end"]["examples"] == "per_specialty"  # measured before the edit
 
 
 def test_the_paper_preset_is_the_papers_eight_nodes_and_four_mixes() -> None:
