@@ -252,6 +252,11 @@ class SwarmConfig:
         0,
     )
     external_groups: int = _help("J: rollouts sampled from the swarm for each round's training batch (0: solo).", 4)
+    local_informative_first: bool = _help(
+        "With local_groups below the round's questions: fill the I own slots with informative rollouts first (rewards "
+        "that differ, as the J external ones always are), instead of I picked at random (docs/swarm.md).",
+        False,
+    )
     plausibility_check: bool = _help(
         "Reject external completions that this node's own model finds implausible (injected text, docs/swarm.md "
         "'Poisoning'); they are counted as 'implausible'. Uses the log-probs the node computes anyway.",
@@ -299,7 +304,7 @@ class SwarmConfig:
 
     def __post_init__(self) -> None:
         s = "swarm"
-        for key in ("plausibility_check", "persist_bans"):
+        for key in ("plausibility_check", "persist_bans", "local_informative_first"):
             if not isinstance(getattr(self, key), bool):
                 raise ConfigError(f"{s}.{key} must be true or false, got {getattr(self, key)!r}.")
         _number(s, "implausible_logprob", self.implausible_logprob, -100.0, 0.0)

@@ -362,8 +362,12 @@ class Node:
         """SAPO's I: the own groups that go into the training batch (all of them when local_groups is 0)."""
         cfg = self.config
         if 0 < cfg.swarm.local_groups < len(groups):
-            pick = random.Random(derive_seed(cfg.run.seed, round_index, 1)).sample(range(len(groups)), cfg.swarm.local_groups)
-            return [groups[i] for i in sorted(pick)]
+            rng = random.Random(derive_seed(cfg.run.seed, round_index, 1))
+            if cfg.swarm.local_informative_first:  # a stable sort: informative ones first, each kind in a random order
+                pick = sorted(rng.sample(range(len(groups)), len(groups)), key=lambda i: not groups[i].informative)
+            else:
+                pick = rng.sample(range(len(groups)), cfg.swarm.local_groups)
+            return [groups[i] for i in sorted(pick[: cfg.swarm.local_groups])]
         return groups
 
     def learn(self, groups: Sequence[Group]) -> dict[str, float]:

@@ -369,3 +369,24 @@ def test_when_the_hosting_node_stops_another_local_node_takes_the_relay_over(tin
         assert second.exchange.client.wait_connected(10)
     finally:
         second.close()
+
+
+@pytest.mark.parametrize("informative_first", [False, True])
+def test_the_i_own_groups_are_random_or_informative_first(tiny_model_dir: Path, tmp_path: Path, informative_first: bool) -> None:
+    from engine.rollouts import Group
+
+    cfg = config(tiny_model_dir, "tasks.questions_per_round=8", "swarm.local_groups=3",
+                 f"swarm.local_informative_first={'true' if informative_first else 'false'}")
+    node = Node(cfg, Paths.under(tmp_path / "n"), lambda event: None)
+    questions = node.taskset.draw(1, 8)
+    # Groups 2 and 6 are the round's only informative ones.
+    groups = [Group(q, [i], [], [0.0, 1.0], [-1.0, 1.0] if i in (2, 6) else [0.0, 0.0]) for i, q in enumerate(questions)]
+    picks = [[groups.index(g) for g in node.own_groups(r, groups)] for r in range(1, 41)]
+    assert all(len(p) == 3 and p == sorted(p) for p in picks)
+    assert node.own_groups(7, groups) == node.own_groups(7, groups)  # a function of the seed and round
+    with_both = sum(1 for p in picks if {2, 6} <= set(p))
+    if informative_first:
+        assert with_both == 40  # and the third slot is random among the rest
+        assert len({p[0] if p[0] not in (2, 6) else p[1] if p[1] not in (2, 6) else p[2] for p in picks}) > 3
+    else:
+        assert with_both < 20  # by chance in 3 of 28 draws of 3 from 8
