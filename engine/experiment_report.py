@@ -202,6 +202,8 @@ def plot_rewards(report: dict[str, Any]) -> bytes:
     fig, ax = plt.subplots(figsize=(8, 4.5), dpi=110)
     for label, m in report["mixes"].items():
         ys = m["reward_by_round"]
+        if not ys:  # not started yet: no line, and no "cumulative 0.0" in the legend
+            continue
         xs = list(range(1, len(ys) + 1))
         line = ax.plot(xs, ys, linewidth=0.8, alpha=0.45)[0]
         smooth = [sum(ys[max(0, i - 4) : i + 1]) / len(ys[max(0, i - 4) : i + 1]) for i in range(len(ys))]
