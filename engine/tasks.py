@@ -522,8 +522,8 @@ class TaskSet:
         the checkpoint on the question and nothing else. And every held-out
         prompt of a specialty then begins with the same tokens, which the decoder
         computes once for all of them (`decode_batch` shares common prefixes):
-        the example is about half of a held-out prompt's tokens, and the prompts'
-        first pass most of an evaluation's time (docs/results.md, "Rollout speed").
+        the example is about half of a held-out prompt's tokens, and the prompt
+        pass a third or more of an evaluation's time (docs/results.md, "Rollout speed").
         """
         return self.messages(question, example_index=0)
 
