@@ -58,8 +58,8 @@ FUSED = {"qkv": ("q_proj", "k_proj", "v_proj"), "o": ("o_proj",), "gate_up": ("g
 # KV cache per chunk of prompts. The default round (8 prompts x 8 completions, 48 tokens) fits in one
 # chunk in fp32. Greedy evaluation is most of the reason for the size: every chunk decodes until its
 # longest answer ends, and each step reads all the weights, so fewer chunks mean fewer steps. The 108
-# held-out prompts take 2 chunks here (4 at 512 MiB: 38.8 s against 32.5 s), and the evaluation's peak
-# RSS, 2.67 GB, is about a training round's (2.61-2.69 GB in two runs; docs/results.md, "Rollout speed").
+# held-out prompts take 2 chunks here (4 at 512 MiB: 0.84-0.97x the time in four runs, bench/eval_cache.py),
+# and the evaluation's peak RSS, 2.67-2.80 GB, is near a training round's 2.61-2.69 GB (docs/results.md).
 # HF generate held 64 copies of each prompt.
 CACHE_BYTES = 1024 * 2**20
 MAX_ROWS = 256
