@@ -40,21 +40,12 @@ def child(questions: int, cache_mib: int, threads: int) -> dict[str, object]:
     backend = TorchBackend(model_dir, pick_device("cpu"), cfg.grpo, cfg.run.seed, cfg.tasks.temperature)
     prompts = [backend.encode_prompt(taskset.eval_messages(q)) for q in taskset.eval_set(questions)]
     budget = cache_mib * 2**20
-    config = backend.model.config  # the chunking rule of decode_batch (n = 1), without building a second weight copy
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    slot = config.num_hidden_layers * 2 * config.num_key_value_heads * head_dim * torch.finfo(torch.float32).bits // 8
-    chunks, current = 0, list[list[int]]()
-    for prompt in sorted(prompts):
-        trial = [*current, prompt]
-        if current and len(trial) * (max(map(len, trial)) + cfg.tasks.max_new_tokens) * slot > budget:
-            chunks, current = chunks + 1, [prompt]
-        else:
-            current = trial
-    chunks += bool(current)
+    totals: list[int] = []  # decode_batch reports max_new_tokens x its chunks as the progress total
     started = time.perf_counter()
-    rows = backend._decode_rows(prompts, 1, cfg.tasks.max_new_tokens, None, None, cache_bytes=budget)
+    rows = backend._decode_rows(prompts, 1, cfg.tasks.max_new_tokens, None, lambda done, total: totals.append(total),
+                                cache_bytes=budget)
     seconds = time.perf_counter() - started
-    return {"cache_mib": cache_mib, "chunks": chunks, "seconds": seconds,
+    return {"cache_mib": cache_mib, "chunks": totals[-1] // cfg.tasks.max_new_tokens, "seconds": seconds,
             "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9,
             "answers": [r.tokens for r in rows]}
 

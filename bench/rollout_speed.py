@@ -70,15 +70,12 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 
 def unique_prompt_tokens(prompts: list[list[int]]) -> int:
     """Prompt tokens the fast decoder computes: each prompt's tokens after its longest common prefix with the one before in sorted order."""
+    from engine.backends.decode import common_prefix
+
     ordered = sorted(prompts)
     total = len(ordered[0]) if ordered else 0
     for before, prompt in itertools.pairwise(ordered):
-        common = 0
-        for x, y in zip(before, prompt, strict=False):
-            if x != y:
-                break
-            common += 1
-        total += len(prompt) - min(common, len(prompt) - 1)
+        total += len(prompt) - min(common_prefix(before, prompt), len(prompt) - 1)
     return total
 
 def peak_rss_bytes() -> int:

@@ -112,6 +112,13 @@ class Plan:
                    tuple(obj["overrides"]))
 
 
+def _widen(saved: Plan | None, plan: Plan) -> Plan:
+    """`plan`, or the saved plan's mixes and then `plan`'s new ones when only the mixes differ."""
+    if saved is None or replace(saved, mixes=plan.mixes) != plan:
+        return plan
+    return replace(saved, mixes=saved.mixes + tuple(m for m in plan.mixes if m not in saved.mixes))
+
+
 @dataclass(frozen=True)
 class ExperimentPreset:
     nodes: int
@@ -356,17 +363,14 @@ class Experiment:
         The nodes, seeds, rounds and settings are the same, so a mix added later pairs with
         the earlier ones exactly, as if it had been in the list from the start.
         """
-        saved = cls.saved_plan(out)
-        if saved is None or saved == plan or replace(saved, mixes=plan.mixes) != plan:
-            return plan
-        return replace(saved, mixes=saved.mixes + tuple(m for m in plan.mixes if m not in saved.mixes))
+        return _widen(cls.saved_plan(out), plan)
 
     def _claim_out(self) -> None:
-        self.plan = self.widened_plan(self.out, self.plan)
         saved = self.saved_plan(self.out)
         if saved is not None and replace(saved, mixes=self.plan.mixes) != self.plan:
             raise ConfigError(f"{self.out} holds an experiment with other settings ({json.dumps(saved.to_json())}); "
                               "run it with --resume or choose another --out.")
+        self.plan = _widen(saved, self.plan)
         self.out.mkdir(parents=True, exist_ok=True)
         atomic_write_json(self.out / PLAN_FILE, self.plan.to_json())
 

@@ -532,6 +532,16 @@ def decode_batch(
     return [r for r in results if r is not None]
 
 
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens two prompts share (the part `decode_batch` computes once)."""
+    common = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        common += 1
+    return common
+
+
 def _decode_chunk(
     model: DecodeModel, prompts: list[list[int]], n: int, max_new: int, eos: int, temperature: float | None,
     group_adapter: list[int], generators: list[torch.Generator | None], stack: _AdapterStack | None,
@@ -542,12 +552,7 @@ def _decode_chunk(
     # Prompts come sorted by (adapter, tokens): the earlier prompt sharing the longest prefix is the one before.
     shared = [(0, 0)]
     for b in range(1, len(prompts)):
-        common = 0
-        if group_adapter[b] == group_adapter[b - 1]:
-            for x, y in zip(prompts[b - 1], prompts[b], strict=False):
-                if x != y:
-                    break
-                common += 1
+        common = common_prefix(prompts[b - 1], prompts[b]) if group_adapter[b] == group_adapter[b - 1] else 0
         shared.append((b - 1, min(common, len(prompts[b]) - 1)))  # the last token is always run: its logits are needed
     first = []
     packs: list[list[int]] = []  # prompts packed up to PREFILL_TOKENS computed tokens a forward
