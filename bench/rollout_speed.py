@@ -102,23 +102,30 @@ def measured(fn: Callable[[], Any]) -> tuple[float, float, Any]:
     return time.perf_counter() - wall, time.process_time() - cpu, out
 
 
-def gemm_seconds(config: Any, rows: int, dtype: Any, repeats: int = 3) -> float:
-    """Median time of the model's matmuls for one decode step of `rows` rows, as plain GEMMs."""
+def gemm_seconds(config: Any, rows: int, dtype: Any, repeats: int = 3, packed: bool = False) -> float:
+    """Median time of the model's matmuls for one decode step of `rows` rows, as plain GEMMs.
+
+    packed: with the weights reordered for oneDNN, as the decoder runs them on the CPU in fp32.
+    """
     import torch
+
+    from engine.backends.decode import _matmul, _pack
 
     hidden, inter = config.hidden_size, config.intermediate_size
     head_dim = getattr(config, "head_dim", None) or hidden // config.num_attention_heads
     q, kv = config.num_attention_heads * head_dim, config.num_key_value_heads * head_dim
     shapes = [(hidden, q + 2 * kv), (q, hidden), (hidden, 2 * inter), (inter, hidden)]
-    weights = [torch.randn(out, fan_in).to(dtype) for fan_in, out in shapes]
+    prepare = _pack if packed else (lambda w: w)
+    # One weight set per layer, as the model has: one set reused would stay in cache.
+    layers = [[prepare(torch.randn(out, fan_in).to(dtype)) for fan_in, out in shapes] for _ in range(config.num_hidden_layers)]
     inputs = [torch.randn(rows, fan_in).to(dtype) for fan_in, _ in shapes]
-    head, head_in = torch.randn(config.vocab_size, hidden).to(dtype), torch.randn(rows, hidden).to(dtype)
+    head, head_in = prepare(torch.randn(config.vocab_size, hidden).to(dtype)), torch.randn(rows, hidden).to(dtype)
 
     def step() -> None:
-        for _ in range(config.num_hidden_layers):
+        for weights in layers:
             for x, w in zip(inputs, weights, strict=True):
-                torch.nn.functional.linear(x, w)
-        torch.nn.functional.linear(head_in, head)
+                _matmul(x, w, None)
+        _matmul(head_in, head, None)
 
     step()
     return statistics.median(timed(step)[0] for _ in range(repeats))
@@ -243,7 +250,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     import torch
 
-    from engine.backends.decode import DecodeModel, decode_batch
+    from engine.backends.decode import DecodeModel, can_pack, decode_batch
     from engine.backends.torch_backend import TorchBackend
     from engine.config import NodeConfig
     from engine.device import pick_device
@@ -274,12 +281,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     for r in range(1, rounds + 1):
         drawn = taskset.draw(r, questions)
         round_prompts.append((r, [backend.encode_prompt(taskset.messages(q)) for q in drawn]))
+
+    def plain(fn: Callable[..., Any]) -> Callable[..., Any]:
+        """fn on the new path with plain matmul weights (not reordered for oneDNN)."""
+        def run(*args: Any) -> Any:
+            backend.pack_weights = False
+            try:
+                return fn(*args)
+            finally:
+                backend.pack_weights = None
+        return run
+
     sides = {"old": backend._generate_hf, "new": backend.generate}
-    seconds: dict[str, list[float]] = {"old": [], "new": []}
-    cpu_seconds: dict[str, list[float]] = {"old": [], "new": []}
-    useful: dict[str, list[int]] = {"old": [], "new": []}
+    if can_pack(torch.device(backend.device.torch_device), dtype):
+        sides["new, plain matmuls"] = plain(backend.generate)
+    seconds: dict[str, list[float]] = {name: [] for name in sides}
+    cpu_seconds: dict[str, list[float]] = {name: [] for name in sides}
+    useful: dict[str, list[int]] = {name: [] for name in sides}
     for rep in range(repeats):
-        for name in (("old", "new") if rep % 2 == 0 else ("new", "old")):
+        for name in (list(sides) if rep % 2 == 0 else list(reversed(sides))):
             wall = cpu = 0.0
             tokens = 0
             for r, prompts in round_prompts:
@@ -301,6 +321,8 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"{cpu_rate[name]:.1f} useful tokens per CPU s   useful tokens/round "
               f"{sum(useful[name]) / len(useful[name]) / rounds:.0f} of {rows * T} decoded by HF at most")
     print(f"  useful tokens per CPU second new/old = {cpu_rate['new'] / cpu_rate['old']:.2f}")
+    if "new, plain matmuls" in rate:
+        print(f"  weights reordered for oneDNN against plain matmuls: {rate['new'] / rate['new, plain matmuls']:.2f}x useful tok/s")
 
     # 1b. llama.cpp on the same prompts, one completion at a time, plus the trainer's log-prob pass.
     llama_wall = llama_cpu = 0.0
@@ -326,10 +348,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     # 2. Roofline at the batch's row count.
     gemm = gemm_seconds(backend.model.config, rows, dtype)
+    if can_pack(torch.device(backend.device.torch_device), dtype):
+        packed_gemm = gemm_seconds(backend.model.config, rows, dtype, packed=True)
+        print(f"roofline: the model's matmuls for one {rows}-row step (its 30 layers' own weights) take {gemm * 1000:.0f} ms "
+              f"as plain GEMMs, {packed_gemm * 1000:.0f} ms with the weights reordered for oneDNN; the faster is the roofline")
+        gemm = min(gemm, packed_gemm)
     roofline = rows / gemm
-    print(f"roofline: the model's matmuls for one {rows}-row step take {gemm * 1000:.0f} ms as plain "
-          f"{str(dtype).replace('torch.', '')} GEMMs = {roofline:.0f} tok/s; new path {rate['new'] / roofline:.1%} "
-          f"of it, old {rate['old'] / roofline:.1%}")
+    print(f"roofline: {rows} rows / {gemm * 1000:.0f} ms of {str(dtype).replace('torch.', '')} GEMMs = {roofline:.0f} tok/s; "
+          f"new path {rate['new'] / roofline:.1%} of it, old {rate['old'] / roofline:.1%}")
 
     # The sampler alone, on one step's logits: HF's (softmax, multinomial, and the recorder's log_softmax) against ours.
     from engine.backends.decode import _choose
@@ -351,11 +377,13 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"{sum(map(len, varied))} with one per question (training's); of these the decoder computes about {unique_prompt_tokens(eval_prompts)} and "
           f"{unique_prompt_tokens(varied)} (the rest are shared prefixes)")
     greedy = {"old": backend._greedy_hf, "new": backend.greedy}
-    eval_s: dict[str, list[float]] = {"old": [], "new": []}
-    eval_cpu: dict[str, list[float]] = {"old": [], "new": []}
+    if "new, plain matmuls" in sides:
+        greedy["new, plain matmuls"] = plain(backend.greedy)
+    eval_s: dict[str, list[float]] = {name: [] for name in greedy}
+    eval_cpu: dict[str, list[float]] = {name: [] for name in greedy}
     answers: dict[str, list[str]] = {}
     for rep in range(repeats):
-        for name in (("old", "new") if rep % 2 == 0 else ("new", "old")):
+        for name in (list(greedy) if rep % 2 == 0 else list(reversed(greedy))):
             took, used, answers[name] = measured(partial(greedy[name], eval_prompts, T))
             eval_s[name].append(took)
             eval_cpu[name].append(used)
@@ -365,6 +393,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"greedy evaluation, {small} held-out questions: old {old_eval:.1f} s {[round(s, 1) for s in eval_s['old']]}, "
           f"new {new_eval:.1f} s {[round(s, 1) for s in eval_s['new']]}: {old_eval / new_eval:.2f}x faster "
           f"(CPU s old {old_cpu:.1f}, new {new_cpu:.1f}: {old_cpu / new_cpu:.2f}x); {same} of {small} answers identical")
+    if "new, plain matmuls" in eval_s:
+        plain_eval = statistics.median(eval_s["new, plain matmuls"])
+        same_plain = sum(a == b for a, b in zip(answers["new, plain matmuls"], answers["new"], strict=True))
+        print(f"  new with plain matmuls: {plain_eval:.1f} s {[round(s, 1) for s in eval_s['new, plain matmuls']]} "
+              f"({old_eval / plain_eval:.2f}x the old path); oneDNN weights {plain_eval / new_eval:.2f}x faster, "
+              f"{same_plain} of {small} answers identical to them")
     for large in [] if args.quick else [int(x) for x in args.eval_large.split(",") if x]:
         large_prompts = [backend.encode_prompt(taskset.eval_messages(q)) for q in taskset.eval_set(large)]
         large_s, large_cpu, _ = measured(partial(backend.greedy, large_prompts, T))

@@ -229,22 +229,27 @@ def write_report(report: dict[str, Any], out: Path) -> None:
     atomic_write_bytes(out / "reward.png", plot_rewards(report))
 
 
-def compare(a_dir: Path, b_dir: Path, label: str) -> dict[str, Any]:
-    """The same mix in two experiment folders run on the same seeds (a setting changed): A against B.
+def compare(a_dir: Path, b_dir: Path, label: str, label_b: str | None = None) -> dict[str, Any]:
+    """A mix in two experiment folders run on the same seeds (a setting changed): A against B.
+
+    label_b: B's mix when it is another one (e.g. 4/4 with a setting changed against 8/0).
 
     Rounds are paired by number over the rounds both have finished; the ratio of
     cumulative rewards and the difference per node-round get the same two-way
     bootstrap as a mix against 8/0, and the first round where any node's reward
     differs says when the runs parted.
     """
-    from engine.experiment import PROGRESS_FILE, ROUNDS_FILE, Experiment, Mix, _read_json, read_rounds
+    from engine.experiment import PROGRESS_FILE, ROUNDS_FILE, Experiment, _read_json, parse_mixes, read_rounds
 
-    mix = Mix(*(int(x) for x in label.split("/")))
     tables = []
-    for folder in (Path(a_dir), Path(b_dir)):
+    for folder, side in ((Path(a_dir), label), (Path(b_dir), label_b or label)):
+        try:
+            mix = parse_mixes(side)[0]
+        except ValueError:
+            raise ValueError(f"{side!r} is not a mix of two whole numbers like 4/4.") from None
         plan = Experiment.saved_plan(folder)
-        if plan is None or label not in [m.label for m in plan.mixes]:
-            raise ValueError(f"{folder} holds no experiment with mix {label}.")
+        if plan is None or side not in [m.label for m in plan.mixes]:
+            raise ValueError(f"{folder} holds no experiment with mix {side}.")
         done = int((_read_json(folder / mix.slug / PROGRESS_FILE) or {}).get("round", 0))
         tables.append((plan, read_rounds(folder / mix.slug / ROUNDS_FILE, done)))
     (plan_a, recs_a), (plan_b, recs_b) = tables
@@ -255,7 +260,7 @@ def compare(a_dir: Path, b_dir: Path, label: str) -> dict[str, Any]:
     a = [[rec["rewards"][k] for rec in recs_a[:common]] for k in range(nodes)]
     b = [[rec["rewards"][k] for rec in recs_b[:common]] for k in range(nodes)]
     parted = next((r + 1 for r in range(common) if any(a[k][r] != b[k][r] for k in range(nodes))), None)
-    return {"mix": label, "a": str(a_dir), "b": str(b_dir), "rounds": common, "nodes": nodes,
+    return {"mix": label, **({"mix_b": label_b} if label_b else {}), "a": str(a_dir), "b": str(b_dir), "rounds": common, "nodes": nodes,
             "cumulative_a": sum(map(sum, a)), "cumulative_b": sum(map(sum, b)), "first_round_that_differs": parted,
             **two_way_bootstrap(a, b)}
 
@@ -264,9 +269,9 @@ def main(argv: list[str] | None = None) -> int:
     from engine.experiment import START_EVAL_FILE, Experiment, _read_json, plan_config
 
     args = sys.argv[1:] if argv is None else argv
-    if len(args) == 4 and args[0] == "--compare":
+    if len(args) in (4, 5) and args[0] == "--compare":
         try:
-            result = compare(Path(args[1]), Path(args[2]), args[3])
+            result = compare(Path(args[1]), Path(args[2]), *args[3:])
         except (ValueError, OSError) as exc:
             print(f"experiment_report: {exc}", file=sys.stderr)
             return 2
@@ -274,8 +279,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if len(args) != 1:
         print("usage: python -m engine.experiment_report DIR\n"
-              "       python -m engine.experiment_report --compare DIR_A DIR_B MIX   (the same mix, same seeds, "
-              "one setting changed: A against B)", file=sys.stderr)
+              "       python -m engine.experiment_report --compare DIR_A DIR_B MIX [MIX_B]   (same seeds, "
+              "a setting changed: A's MIX against B's MIX_B, by default the same mix)", file=sys.stderr)
         return 2
     out = Path(args[0])
     plan = Experiment.saved_plan(out)

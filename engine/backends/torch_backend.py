@@ -151,6 +151,9 @@ class TorchBackend(HFTokenizerText):
             log.warning("bf16 was asked for but %s has no native bf16; it will be slow.", device.name)
         self.autocast = grpo.precision == "bf16" or (grpo.precision == "auto" and device.bf16)
         self.budget = MicroBatchBudget(device)
+        # The decoder's matmul weights reordered for oneDNN: None lets it decide (yes on the CPU in fp32,
+        # engine.backends.decode.can_pack); bench/rollout_speed.py sets False to measure the plain path.
+        self.pack_weights: bool | None = None
         if self._dev.type == "cuda":
             torch.set_float32_matmul_precision("high")  # TF32 where the GPU has it; fp32 elsewhere
         torch.manual_seed(seed)
@@ -253,7 +256,7 @@ class TorchBackend(HFTokenizerText):
         dtype = torch.bfloat16 if self.autocast else torch.float32
         merge = LoraAdapter.from_peft(self.model) if not adapters and self.grpo.finetune == "lora" else None
         rows = decode_batch(
-            DecodeModel(self.model, dtype, merge=merge), prompts, n, max_new_tokens, self.eos_token_id, temperature,
+            DecodeModel(self.model, dtype, merge=merge, packed=self.pack_weights), prompts, n, max_new_tokens, self.eos_token_id, temperature,
             on_step, adapters=adapters, **options,
         )
         release_memory()

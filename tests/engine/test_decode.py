@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import torch
 
-from engine.backends.decode import DecodedRow, DecodeModel, LoraAdapter, decode_batch, unsupported_reason
+from engine.backends.decode import DecodedRow, DecodeModel, LoraAdapter, can_pack, decode_batch, unsupported_reason
 from engine.backends.torch_backend import TorchBackend
 from engine.config import GRPOConfig
 from engine.device import pick_device
@@ -105,6 +105,21 @@ def test_leaving_rows_and_chunking_change_no_completion(sharp: Any, variant: dic
     chunks = len(PROMPTS) if "cache_bytes" in variant else 1
     assert {total for _, total in steps} == {NEW * chunks}
     assert [done for done, _ in steps] == sorted(done for done, _ in steps)
+
+
+@pytest.mark.skipif(not can_pack(torch.device("cpu"), torch.float32), reason="this torch has no oneDNN")
+def test_weights_packed_for_onednn_give_what_plain_matmuls_give(sharp: Any) -> None:
+    """The CPU fp32 default (packed) against F.linear on plain weights: same tokens, log-probs to float rounding."""
+    packed, plain = DecodeModel(sharp, torch.float32), DecodeModel(sharp, torch.float32, packed=False)
+    assert packed.packed and not plain.packed
+    assert packed.blocks[0].mats["qkv"][0].is_mkldnn and not plain.blocks[0].mats["qkv"][0].is_mkldnn
+    eos = eos_ending_some_rows(plain)
+    a, b = sample(packed, 0, eos), sample(plain, 0, eos)
+    assert [r.tokens for r in a] == [r.tokens for r in b] and len({len(r.tokens) for r in a}) > 1
+    for x, y in zip(a, b, strict=True):
+        assert x.logprobs == pytest.approx(y.logprobs, rel=1e-5, abs=1e-5)
+    greedy = [decode_batch(m, PROMPTS, 1, NEW, eos, None) for m in (packed, plain)]
+    assert [r.tokens for r in greedy[0]] == [r.tokens for r in greedy[1]]
 
 
 def test_the_same_seed_gives_the_same_completions_and_another_seed_others(sharp: Any) -> None:

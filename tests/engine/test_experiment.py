@@ -220,13 +220,14 @@ def test_the_baseline_of_a_mix_is_the_all_local_mix_of_the_same_size() -> None:
     assert baseline_of("1/2", ["2/0", "1/2"]) is None
 
 
-def _fake_experiment(folder: Path, rewards: list[list[float]]) -> None:
-    """An experiment folder with one 4/4 mix whose rounds carry these [round][node] rewards."""
-    (folder / "mix-4-4").mkdir(parents=True)
+def _fake_experiment(folder: Path, rewards: list[list[float]], mix: str = "4/4") -> None:
+    """An experiment folder with one mix whose rounds carry these [round][node] rewards."""
+    slug = folder / ("mix-" + mix.replace("/", "-"))
+    slug.mkdir(parents=True)
     (folder / "experiment.json").write_text(json.dumps(
-        {"nodes": 2, "mixes": ["4/4"], "rounds": len(rewards), "preset": "default", "overrides": []}))
-    (folder / "mix-4-4" / "progress.json").write_text(json.dumps({"round": len(rewards)}))
-    (folder / "mix-4-4" / "rounds.jsonl").write_text(
+        {"nodes": 2, "mixes": [mix], "rounds": len(rewards), "preset": "default", "overrides": []}))
+    (slug / "progress.json").write_text(json.dumps({"round": len(rewards)}))
+    (slug / "rounds.jsonl").write_text(
         "".join(json.dumps({"round": r + 1, "rewards": row}) + "\n" for r, row in enumerate(rewards)))
 
 
@@ -239,3 +240,12 @@ def test_compare_pairs_the_same_mix_of_two_experiments_round_by_round(tmp_path: 
     assert result["ratio"] == pytest.approx(0.9 / 0.7)
     with pytest.raises(ValueError, match="no experiment with mix 8/0"):
         compare(tmp_path / "a", tmp_path / "b", "8/0")
+
+
+def test_compare_can_pair_a_mix_with_another_folders_baseline(tmp_path: Path) -> None:
+    _fake_experiment(tmp_path / "a", [[0.2, 0.4], [0.3, 0.3]])
+    _fake_experiment(tmp_path / "b", [[0.1, 0.2], [0.3, 0.2]], mix="8/0")
+    result = compare(tmp_path / "a", tmp_path / "b", "4/4", "8/0")
+    assert result["mix_b"] == "8/0" and result["ratio"] == pytest.approx(1.2 / 0.8)
+    with pytest.raises(ValueError, match="not a mix"):
+        compare(tmp_path / "a", tmp_path / "b", "4/4", "eight")
