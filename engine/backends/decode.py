@@ -155,7 +155,7 @@ def can_pack(device: torch.device, dtype: torch.dtype) -> bool:
 
     Only fp32 is measured (the dev machine has no native bf16); bf16 keeps `F.linear`.
     """
-    return device.type == "cpu" and dtype == torch.float32 and torch.backends.mkldnn.is_available()
+    return device.type == "cpu" and dtype == torch.float32 and torch.backends.mkldnn.is_available() and bool(torch.backends.mkldnn.enabled)
 
 
 def _pack(weight: torch.Tensor) -> torch.Tensor:
@@ -221,9 +221,16 @@ class DecodeModel:
             # the 135M model, about 4% of a round's peak); the embedding lookup needs the plain one.
             self.packed = can_pack(self.device, dtype) if packed is None else packed
             if self.packed:
-                self.lm_head = _pack(self.lm_head)
-                for block in self.blocks:
-                    block.mats = {kind: (_pack(weight), bias) for kind, (weight, bias) in block.mats.items()}
+                try:  # block by block, so that each plain copy is freed as its reordered one is made
+                    self.lm_head = _pack(self.lm_head)
+                    for block in self.blocks:
+                        block.mats = {kind: (_pack(weight), bias) for kind, (weight, bias) in block.mats.items()}
+                except RuntimeError as exc:  # a oneDNN build that cannot reorder these shapes
+                    if packed:
+                        raise
+                    # Weights reordered before the failure stay so: `_matmul` takes either kind.
+                    log.warning("Decoding with plain matmuls: oneDNN could not reorder the weights (%s).", exc)
+                    self.packed = False
         self._cos = self._sin = torch.empty(0)
 
     @staticmethod

@@ -122,6 +122,32 @@ def test_weights_packed_for_onednn_give_what_plain_matmuls_give(sharp: Any) -> N
     assert [r.tokens for r in greedy[0]] == [r.tokens for r in greedy[1]]
 
 
+def test_a_onednn_that_cannot_reorder_falls_back_to_plain_matmuls(
+    sharp: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import engine.backends.decode as decode
+
+    calls = []
+
+    def refuse_the_third(weight: torch.Tensor) -> torch.Tensor:
+        calls.append(weight.shape)
+        if len(calls) == 3:
+            raise RuntimeError("unsupported layout")
+        return torch.ops.mkldnn._reorder_linear_weight(weight, None) if can_pack(torch.device("cpu"), torch.float32) else weight
+
+    monkeypatch.setattr(decode, "can_pack", lambda device, dtype: True)
+    monkeypatch.setattr(decode, "_pack", refuse_the_third)
+    with caplog.at_level(logging.WARNING, logger="engine.backends.decode"):
+        model = DecodeModel(sharp, torch.float32)
+    assert not model.packed and "plain matmuls" in caplog.text
+    plain = DecodeModel(sharp, torch.float32, packed=False)
+    assert [r.tokens for r in decode_batch(model, PROMPTS, 1, NEW, NO_EOS, None)] == \
+        [r.tokens for r in decode_batch(plain, PROMPTS, 1, NEW, NO_EOS, None)]
+    with pytest.raises(RuntimeError, match="unsupported layout"):  # asked for explicitly: the error stands
+        calls.clear()
+        DecodeModel(sharp, torch.float32, packed=True)
+
+
 def test_the_same_seed_gives_the_same_completions_and_another_seed_others(sharp: Any) -> None:
     model = DecodeModel(sharp, torch.float32)
     first, again, other = sample(model, 5, NO_EOS), sample(model, 5, NO_EOS), sample(model, 6, NO_EOS)
