@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import random
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -214,7 +215,7 @@ def plot_rewards(report: dict[str, Any]) -> bytes:
     ax.set_xlabel("round")
     ax.set_ylabel("mean reward of own rollouts")
     ax.grid(alpha=0.3)
-    ax.legend(title="I/J (5-round running mean)")
+    ax.legend(title=report.get("legend_title", "I/J (5-round running mean)"))
     fig.tight_layout()
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png")
@@ -229,6 +230,21 @@ def write_report(report: dict[str, Any], out: Path) -> None:
     atomic_write_bytes(out / "reward.png", plot_rewards(report))
 
 
+def _mix_rounds(folder: Path, label: str) -> tuple[Any, list[dict[str, Any]]]:
+    """The plan of the experiment in `folder` and the round records of its mix `label` finished so far."""
+    from engine.experiment import PROGRESS_FILE, ROUNDS_FILE, Experiment, _read_json, parse_mixes, read_rounds
+
+    try:
+        mix = parse_mixes(label)[0]
+    except ValueError:
+        raise ValueError(f"{label!r} is not a mix of two whole numbers like 4/4.") from None
+    plan = Experiment.saved_plan(folder)
+    if plan is None or label not in [m.label for m in plan.mixes]:
+        raise ValueError(f"{folder} holds no experiment with mix {label}.")
+    done = int((_read_json(folder / mix.slug / PROGRESS_FILE) or {}).get("round", 0))
+    return plan, read_rounds(folder / mix.slug / ROUNDS_FILE, done)
+
+
 def compare(a_dir: Path, b_dir: Path, label: str, label_b: str | None = None) -> dict[str, Any]:
     """A mix in two experiment folders run on the same seeds (a setting changed): A against B.
 
@@ -239,19 +255,7 @@ def compare(a_dir: Path, b_dir: Path, label: str, label_b: str | None = None) ->
     bootstrap as a mix against 8/0, and the first round where any node's reward
     differs says when the runs parted.
     """
-    from engine.experiment import PROGRESS_FILE, ROUNDS_FILE, Experiment, _read_json, parse_mixes, read_rounds
-
-    tables = []
-    for folder, side in ((Path(a_dir), label), (Path(b_dir), label_b or label)):
-        try:
-            mix = parse_mixes(side)[0]
-        except ValueError:
-            raise ValueError(f"{side!r} is not a mix of two whole numbers like 4/4.") from None
-        plan = Experiment.saved_plan(folder)
-        if plan is None or side not in [m.label for m in plan.mixes]:
-            raise ValueError(f"{folder} holds no experiment with mix {side}.")
-        done = int((_read_json(folder / mix.slug / PROGRESS_FILE) or {}).get("round", 0))
-        tables.append((plan, read_rounds(folder / mix.slug / ROUNDS_FILE, done)))
+    tables = [_mix_rounds(Path(a_dir), label), _mix_rounds(Path(b_dir), label_b or label)]
     (plan_a, recs_a), (plan_b, recs_b) = tables
     if plan_a.nodes != plan_b.nodes:
         raise ValueError(f"the two experiments have {plan_a.nodes} and {plan_b.nodes} nodes; they do not pair.")
@@ -263,6 +267,25 @@ def compare(a_dir: Path, b_dir: Path, label: str, label_b: str | None = None) ->
     return {"mix": label, **({"mix_b": label_b} if label_b else {}), "a": str(a_dir), "b": str(b_dir), "rounds": common, "nodes": nodes,
             "cumulative_a": sum(map(sum, a)), "cumulative_b": sum(map(sum, b)), "first_round_that_differs": parted,
             **two_way_bootstrap(a, b)}
+
+
+def variants_plot(variants: Sequence[str]) -> bytes:
+    """One reward plot of mixes from several folders run on the same seeds: each variant is LABEL=DIR:MIX."""
+    mixes: dict[str, dict[str, Any]] = {}
+    nodes = set()
+    for spec in variants:
+        label, equals, rest = spec.partition("=")
+        folder, colon, side = rest.rpartition(":")
+        if not equals or not colon or not label or not folder:
+            raise ValueError(f"{spec!r} is not LABEL=DIR:MIX, like '4/4, filter=docs/_work/swarm-d2-ftis:4/4'.")
+        plan, records = _mix_rounds(Path(folder), side)
+        by_round = [sum(rec["rewards"]) / len(rec["rewards"]) for rec in records]
+        mixes[label] = {"reward_by_round": by_round, "cumulative_reward": sum(sum(rec["rewards"]) for rec in records)}
+        nodes.add(plan.nodes)
+    if len(nodes) != 1:
+        raise ValueError(f"the variants have different node counts ({sorted(nodes)}); they do not pair.")
+    return plot_rewards({"mixes": mixes, "plan": {"nodes": nodes.pop()}, "settings": {"model": "same seeds"},
+                         "legend_title": "run (5-round running mean)"})
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -277,8 +300,18 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         print(json.dumps(result, indent=1))
         return 0
+    if len(args) >= 3 and args[0] == "--plot":
+        try:
+            atomic_write_bytes(Path(args[1]), variants_plot(args[2:]))
+        except (ValueError, OSError) as exc:
+            print(f"experiment_report: {exc}", file=sys.stderr)
+            return 2
+        print(f"wrote {args[1]}")
+        return 0
     if len(args) != 1:
         print("usage: python -m engine.experiment_report DIR\n"
+              "       python -m engine.experiment_report --plot OUT.png LABEL=DIR:MIX ...   (mixes of several folders "
+              "run on the same seeds, in one plot)\n"
               "       python -m engine.experiment_report --compare DIR_A DIR_B MIX [MIX_B]   (same seeds, "
               "a setting changed: A's MIX against B's MIX_B, by default the same mix)", file=sys.stderr)
         return 2

@@ -242,6 +242,19 @@ def test_compare_pairs_the_same_mix_of_two_experiments_round_by_round(tmp_path: 
         compare(tmp_path / "a", tmp_path / "b", "8/0")
 
 
+def test_the_variants_plot_draws_mixes_of_several_folders_and_refuses_bad_specs(tmp_path: Path) -> None:
+    from engine.experiment_report import main
+
+    _fake_experiment(tmp_path / "a", [[0.2, 0.4], [0.3, 0.3]])
+    _fake_experiment(tmp_path / "b", [[0.1, 0.2], [0.3, 0.2]], mix="8/0")
+    out = tmp_path / "both.png"
+    assert main(["--plot", str(out), f"4/4, a={tmp_path / 'a'}:4/4", f"8/0={tmp_path / 'b'}:8/0"]) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert main(["--plot", str(tmp_path / "x.png"), f"{tmp_path / 'a'}:4/4"]) == 2  # no LABEL=
+    assert main(["--plot", str(tmp_path / "x.png"), f"a={tmp_path / 'a'}:8/0"]) == 2  # no such mix there
+    assert not (tmp_path / "x.png").exists()
+
+
 def test_compare_can_pair_a_mix_with_another_folders_baseline(tmp_path: Path) -> None:
     _fake_experiment(tmp_path / "a", [[0.2, 0.4], [0.3, 0.3]])
     _fake_experiment(tmp_path / "b", [[0.1, 0.2], [0.3, 0.2]], mix="8/0")
