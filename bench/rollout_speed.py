@@ -350,7 +350,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     gemm = gemm_seconds(backend.model.config, rows, dtype)
     if can_pack(torch.device(backend.device.torch_device), dtype):
         packed_gemm = gemm_seconds(backend.model.config, rows, dtype, packed=True)
-        print(f"roofline: the model's matmuls for one {rows}-row step (its 30 layers' own weights) take {gemm * 1000:.0f} ms "
+        print(f"roofline: the model's matmuls for one {rows}-row step (its {backend.model.config.num_hidden_layers} layers' own weights) take {gemm * 1000:.0f} ms "
               f"as plain GEMMs, {packed_gemm * 1000:.0f} ms with the weights reordered for oneDNN; the faster is the roofline")
         gemm = min(gemm, packed_gemm)
     roofline = rows / gemm

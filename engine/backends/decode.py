@@ -23,11 +23,12 @@ does differently from HF `generate`, each for a measured reason
   `torch.multinomial` over the whole vocabulary drew 64 x 49152 random
   numbers a step, and cost more than the model's matmuls here.
 - **On the CPU in fp32 the weights are reordered once for oneDNN** (`packed`),
-  whose matmul then skips the per-call packing of the weight that the
-  default BLAS path repeats on every call. Measured on a 2-core EPYC with the
-  model's own shapes: 2.4x faster at 5 rows, 1.6x at 27, 1.5x at 64 and
-  1.2x at 2048 (docs/results.md, "Rollout speed"); results agree with
-  `F.linear` to float rounding (tested).
+  whose linear on them skips the per-call work the default BLAS path
+  repeats on every call, most of the time when few rows are left. On a
+  2-core EPYC with the model's own shapes (bench/matmul_layout.py, three
+  runs): 1.8-2.5x at 5 rows, 1.0-1.6x at 27 and 64, 1.0-1.1x at 2048;
+  end to end 1.3x for sampling and for greedy evaluation (docs/results.md,
+  "Rollout speed"). Results agree with `F.linear` to float rounding (tested).
 - **Rows may use different LoRA adapters** over one frozen base: the base
   matmul runs once for all rows, each adapter's low-rank delta on its own
   rows (`LoraAdapter`, a per-prompt adapter index). docs/backends.md
