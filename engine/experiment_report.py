@@ -68,9 +68,13 @@ def two_way_bootstrap(a: list[list[float]], b: list[list[float]], samples: int =
     }
 
 
+def _reward_table(records: list[dict[str, Any]], nodes: int) -> tuple[list[list[float]], list[float]]:
+    """Each node's reward by round [node][round], and the nodes' mean reward by round."""
+    return [[rec["rewards"][k] for rec in records] for k in range(nodes)], [sum(rec["rewards"]) / nodes for rec in records]
+
+
 def _mix_summary(records: list[dict[str, Any]], nodes: int) -> dict[str, Any]:
-    table = [[rec["rewards"][k] for rec in records] for k in range(nodes)]  # [node][round]
-    per_round = [sum(rec["rewards"]) / nodes for rec in records]
+    table, per_round = _reward_table(records, nodes)
     rejected: dict[str, int] = {}
     for rec in records:
         for counts in rec.get("rejected", []):
@@ -261,8 +265,8 @@ def compare(a_dir: Path, b_dir: Path, label: str, label_b: str | None = None) ->
         raise ValueError(f"the two experiments have {plan_a.nodes} and {plan_b.nodes} nodes; they do not pair.")
     common = min(len(recs_a), len(recs_b))
     nodes = plan_a.nodes
-    a = [[rec["rewards"][k] for rec in recs_a[:common]] for k in range(nodes)]
-    b = [[rec["rewards"][k] for rec in recs_b[:common]] for k in range(nodes)]
+    a, _ = _reward_table(recs_a[:common], nodes)
+    b, _ = _reward_table(recs_b[:common], nodes)
     parted = next((r + 1 for r in range(common) if any(a[k][r] != b[k][r] for k in range(nodes))), None)
     return {"mix": label, **({"mix_b": label_b} if label_b else {}), "a": str(a_dir), "b": str(b_dir), "rounds": common, "nodes": nodes,
             "cumulative_a": sum(map(sum, a)), "cumulative_b": sum(map(sum, b)), "first_round_that_differs": parted,
@@ -279,8 +283,8 @@ def variants_plot(variants: Sequence[str]) -> bytes:
         if not equals or not colon or not label or not folder:
             raise ValueError(f"{spec!r} is not LABEL=DIR:MIX, like '4/4, filter=docs/_work/swarm-d2-ftis:4/4'.")
         plan, records = _mix_rounds(Path(folder), side)
-        by_round = [sum(rec["rewards"]) / len(rec["rewards"]) for rec in records]
-        mixes[label] = {"reward_by_round": by_round, "cumulative_reward": sum(sum(rec["rewards"]) for rec in records)}
+        table, per_round = _reward_table(records, plan.nodes)
+        mixes[label] = {"reward_by_round": per_round, "cumulative_reward": sum(map(sum, table))}
         nodes.add(plan.nodes)
     if len(nodes) != 1:
         raise ValueError(f"the variants have different node counts ({sorted(nodes)}); they do not pair.")

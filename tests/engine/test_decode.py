@@ -128,12 +128,13 @@ def test_a_onednn_that_cannot_reorder_falls_back_to_plain_matmuls(
     import engine.backends.decode as decode
 
     calls = []
+    reorder = decode._pack if can_pack(torch.device("cpu"), torch.float32) else (lambda weight: weight)
 
     def refuse_the_third(weight: torch.Tensor) -> torch.Tensor:
         calls.append(weight.shape)
         if len(calls) == 3:
             raise RuntimeError("unsupported layout")
-        return torch.ops.mkldnn._reorder_linear_weight(weight, None) if can_pack(torch.device("cpu"), torch.float32) else weight
+        return reorder(weight)
 
     monkeypatch.setattr(decode, "can_pack", lambda device, dtype: True)
     monkeypatch.setattr(decode, "_pack", refuse_the_third)
