@@ -172,7 +172,14 @@ def _matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) ->
 
 
 def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """HF's LlamaRMSNorm, op for op: normalise in fp32, cast back, then scale."""
+    """HF's LlamaRMSNorm: normalise in fp32, cast back, then scale.
+
+    In fp32 torch's fused kernel gives the same numbers (bit for bit on the
+    dev machine) in one op instead of five; a decode step runs 61 of them.
+    Other dtypes follow HF op for op (it scales after the cast back).
+    """
+    if x.dtype == torch.float32 and weight.dtype == torch.float32:
+        return F.rms_norm(x, (x.shape[-1],), weight, eps)
     h = x.float()
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
     return weight * h.to(x.dtype)
@@ -182,6 +189,21 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
     half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     return x * cos + rotated * sin
+
+
+def _rope_rolled(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """`_rope` with the sign folded into the sine table (`_signed`): the same products, fewer ops.
+
+    Faster for a decode step's few rows; slower than `_rope` for a prompt
+    pass's thousands (measured on the dev machine), so the prompt pass keeps `_rope`.
+    """
+    return x * cos + x.roll(x.shape[-1] // 2, -1) * signed_sin
+
+
+def _signed(sin: torch.Tensor) -> torch.Tensor:
+    """The sine table with its first half negated: rotate_half(x) * sin == x.roll(half) * _signed(sin)."""
+    half = sin.shape[-1] // 2
+    return torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
 
 
 @dataclass
@@ -246,16 +268,20 @@ class DecodeModel:
                 bases.append(_base(module))
             deltas = [merge.weights.get(f"layers.{index}.{name}") if merge is not None else None for name in names]
             weights = [b.weight.detach() for b in bases]
-            fused = weights[0] if len(weights) == 1 else torch.cat(weights)
             if any(d is not None for d in deltas):
-                if fused is weights[0]:
-                    fused = fused.clone()
+                # W + scaling * B @ A, in the training dtype (then cast), written straight into the fused copy.
+                fused = weights[0].new_empty(sum(w.shape[0] for w in weights), weights[0].shape[1])
                 row = 0
                 for weight, delta in zip(weights, deltas, strict=True):
-                    if delta is not None:  # W += scaling * B @ A, in the training dtype, then cast
+                    part = fused[row : row + weight.shape[0]]
+                    if delta is None:
+                        part.copy_(weight)
+                    else:
                         lora_a, lora_b, scaling = delta
-                        fused[row : row + weight.shape[0]].addmm_(lora_b.to(fused.dtype), lora_a.to(fused.dtype), alpha=scaling)
+                        torch.addmm(weight, lora_b.to(fused.dtype), lora_a.to(fused.dtype), alpha=scaling, out=part)
                     row += weight.shape[0]
+            else:
+                fused = weights[0] if len(weights) == 1 else torch.cat(weights)
             bias = None
             if any(b.bias is not None for b in bases):
                 bias = torch.cat([b.bias.detach() if b.bias is not None else w.new_zeros(w.shape[0]) for b, w in zip(bases, weights, strict=True)])
@@ -334,17 +360,17 @@ class DecodeModel:
         """One token for each computed row (cache.rows); returns logits [rows, vocab]."""
         rows = tokens.shape[0]
         cos, sin = self.rope_table(int(cache.max_position) + 1)
-        cos, sin = cos[cache.positions][:, None], sin[cache.positions][:, None]
+        cos, sin = cos[cache.positions][:, None], _signed(sin[cache.positions][:, None])
         groups, n, g = cache.keys[0].shape[0], cache.n, self.heads // self.kv_heads
         mask = cache.mask()
         x = F.embedding(tokens, self.embed)
+        qk_width = (self.heads + self.kv_heads) * self.head_dim
         for index, block in enumerate(self.blocks):
             h = _rms(x, block.norm1, self.eps)
-            q, k, v = self._linear(block, "qkv", h, lora, index).split(
-                [self.heads * self.head_dim, self.kv_heads * self.head_dim, self.kv_heads * self.head_dim], dim=-1
-            )
-            q = _rope(q.view(rows, self.heads, self.head_dim), cos, sin)
-            k = _rope(k.view(rows, self.kv_heads, self.head_dim), cos, sin)
+            qkv = self._linear(block, "qkv", h, lora, index)
+            # Queries and keys rotated in one go: [rows, heads + kv_heads, dim].
+            qk = _rope_rolled(qkv[:, :qk_width].view(rows, self.heads + self.kv_heads, self.head_dim), cos, sin)
+            q, k, v = qk[:, : self.heads], qk[:, self.heads :], qkv[:, qk_width:]
             cache.keys[index][cache.group_of_row, :, cache.column] = k
             cache.values[index][cache.group_of_row, :, cache.column] = v.view(rows, self.kv_heads, self.head_dim)
             # Queries of a group side by side: [groups, kv_heads, n * g, dim], one attention call for all.

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+import weakref
 from pathlib import Path
 
 import pytest
@@ -19,6 +21,23 @@ def test_sampling_leaves_the_training_weights_untouched(tiny_model_dir: Path) ->
     backend.greedy([backend.encode_prompt([{"role": "user", "content": "y"}])], 6)
     after = backend.model.state_dict()
     assert all(v.dtype == after[k].dtype and bool((v == after[k]).all()) for k, v in before.items())
+
+
+def test_the_loaded_model_is_kept_out_of_full_collections_and_later_garbage_is_not(tiny_model_dir: Path) -> None:
+    backend = TorchBackend(tiny_model_dir, pick_device("cpu"), GRPOConfig(), 0, 1.0)
+    # The model's objects were frozen at load: a full collection no longer walks them.
+    assert gc.get_freeze_count() > 0
+    assert not any(obj is backend.model for obj in gc.get_objects())
+
+    class Cycle:
+        pass
+
+    later = Cycle()
+    later.me = later  # type: ignore[attr-defined]
+    dead = weakref.ref(later)
+    del later
+    gc.collect()
+    assert dead() is None  # objects made after the load are still collected
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
