@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from typing import Any
 import pytest
 import torch
 
+from engine.backends import decode
 from engine.backends.decode import DecodedRow, DecodeModel, LoraAdapter, can_pack, decode_batch, unsupported_reason
 from engine.backends.torch_backend import TorchBackend
 from engine.config import GRPOConfig
@@ -62,7 +64,34 @@ def eos_ending_some_rows(model: DecodeModel) -> int:
     return rows[0].tokens[3]
 
 
-def test_sampled_logprobs_equal_a_full_forward(sharp: Any) -> None:
+@pytest.fixture(params=["one bucket", "a bucket per prompt length"])
+def bucketing(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Decode steps attend in one call, or in one per prompt length, each from its own first column."""
+    if request.param == "one bucket":
+        monkeypatch.setattr(decode, "BUCKET_CALL_COLUMNS", 10**9)
+    else:  # a free call and no column alignment: every distinct length is its own bucket at its own column
+        monkeypatch.setattr(decode, "BUCKET_CALL_COLUMNS", 0)
+        monkeypatch.setattr(decode, "COLUMN_ALIGN", 1)
+    return str(request.param)
+
+
+def test_prompts_are_split_into_runs_of_similar_length() -> None:
+    # Two short prompts beside two long ones: two runs pay for their second attention call.
+    assert decode._partition([60, 60, 300, 300], tail=24) == [(0, 2), (2, 4)]
+    # Nearly equal lengths: one call reads little more than two would.
+    assert decode._partition([100, 101, 102], tail=24) == [(0, 3)]
+    assert decode._partition([7], tail=0) == [(0, 1)]
+    # The held-out set's lengths (27 questions): a few runs, each read from its own longest prompt.
+    lengths = [60, 60, 60, 97, 98, 99, 100, 105, 109, 124, 124, 126, 152, 155, 156, 164, 167, 168, 239, 249, 249,
+               267, 267, 267, 309, 309, 314]
+    runs = decode._partition(lengths, tail=24)
+    assert 2 <= len(runs) <= 8 and runs[0][0] == 0 and runs[-1][1] == len(lengths)
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(runs))
+    read = sum((end - first) * lengths[end - 1] for first, end in runs)
+    assert read < 0.7 * len(lengths) * max(lengths)
+
+
+def test_sampled_logprobs_equal_a_full_forward(sharp: Any, bucketing: str) -> None:
     model = DecodeModel(sharp, torch.float32)
     eos = eos_ending_some_rows(model)
     rows = sample(model, 0, eos)
@@ -74,7 +103,7 @@ def test_sampled_logprobs_equal_a_full_forward(sharp: Any) -> None:
     assert len({tuple(r.tokens) for r in rows[:3]}) > 1  # the 3 completions of a prompt are not copies
 
 
-def test_greedy_tokens_equal_hf_generate(sharp: Any) -> None:
+def test_greedy_tokens_equal_hf_generate(sharp: Any, bucketing: str) -> None:
     model = DecodeModel(sharp, torch.float32)
     eos = eos_ending_some_rows(model)
     rows = decode_batch(model, PROMPTS, 1, NEW, eos, None)
