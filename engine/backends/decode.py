@@ -10,11 +10,15 @@ does differently from HF `generate`, each for a measured reason
 - **Each prompt's KV cache is stored once**, however many completions it
   has. A prompt and its n completions are one group:
   `[groups, kv_heads, prompt_max + n * max_new_tokens, head_dim]`, the
-  prompt in the first columns and the completions' tokens interleaved
+  prompt before column prompt_max and the completions' tokens interleaved
   after it (column `prompt_max + step * n + row`), so every step attends to
-  one contiguous prefix of the buffer. The buffer is preallocated: nothing
+  one contiguous range of the buffer. The buffer is preallocated: nothing
   is copied per step. Groups whose rows have all finished are dropped when
   half of them are.
+- **Prompts of similar length attend together.** Groups sit in the cache
+  by prompt length, in runs of similar length (`_partition`); a step
+  attends run by run, each from its own first column, so short prompts do
+  not read a long one's padding (`_Cache`).
 - **One uniform per row per step**, from a generator per row whose seed is
   drawn from torch's global RNG (or from the caller's seed per adapter),
   and inverse-CDF sampling. A row's completion therefore depends on the
