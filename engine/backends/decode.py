@@ -344,7 +344,7 @@ class DecodeModel:
             attn = torch.empty_like(q)
             keys, values = cache.keys[index], cache.values[index]
             for group, start, length, (parent, known) in zip(groups, starts, lengths, shared, strict=True):
-                # A prompt ends at column prompt_max (right-aligned): it starts at its group's offset.
+                # A prompt's columns start at its group's offset, its run's first column (see _Cache).
                 end, full, at = start + length, known + length, cache.offset_list[group]
                 keys[group, :, at + known : at + full] = k[:, start:end]
                 values[group, :, at + known : at + full] = v[:, start:end]
