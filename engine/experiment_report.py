@@ -37,19 +37,36 @@ def two_way_bootstrap(a: list[list[float]], b: list[list[float]], samples: int =
                       seed: int = 0) -> dict[str, Any]:
     """Ratio sum(a)/sum(b) and difference mean(a)-mean(b) of paired [node][round] tables, with
     95% intervals from resampling nodes and rounds independently (percentile bootstrap)."""
-    nodes, rounds = len(a), len(a[0]) if a else 0
-    if nodes == 0 or rounds == 0:
+    return stratified_bootstrap([(a, b)], samples, seed)
+
+
+def stratified_bootstrap(strata: Sequence[tuple[list[list[float]], list[list[float]]]], samples: int = BOOTSTRAP_SAMPLES,
+                         seed: int = 0) -> dict[str, Any]:
+    """`two_way_bootstrap` over several independent pairs of tables (e.g. one per experiment seed).
+
+    Each stratum's nodes and rounds are resampled within it, as in the
+    two-way bootstrap, and the strata's sums are added: seeds are not
+    mixed, since a round of one seed has nothing to do with the same round
+    of another. With one stratum it is exactly `two_way_bootstrap`.
+    """
+    strata = [(a, b) for a, b in strata if a and a[0]]
+    if not strata:
         return {"ratio": None, "ratio_ci95": None, "difference": None, "difference_ci95": None}
     rng = random.Random(seed)
-    total_b = sum(map(sum, b))
+    cells = sum(len(a) * len(a[0]) for a, _ in strata)
+    total_a = sum(sum(map(sum, a)) for a, _ in strata)
+    total_b = sum(sum(map(sum, b)) for _, b in strata)
     ratios: list[float] = []
     diffs: list[float] = []
     for _ in range(samples):
-        ks = [rng.randrange(nodes) for _ in range(nodes)]
-        rs = [rng.randrange(rounds) for _ in range(rounds)]
-        sa = sum(a[k][r] for k in ks for r in rs)
-        sb = sum(b[k][r] for k in ks for r in rs)
-        diffs.append((sa - sb) / (nodes * rounds))
+        sa = sb = 0.0
+        for a, b in strata:
+            nodes, rounds = len(a), len(a[0])
+            ks = [rng.randrange(nodes) for _ in range(nodes)]
+            rs = [rng.randrange(rounds) for _ in range(rounds)]
+            sa += sum(a[k][r] for k in ks for r in rs)
+            sb += sum(b[k][r] for k in ks for r in rs)
+        diffs.append((sa - sb) / cells)
         if sb > 0:
             ratios.append(sa / sb)
     ratios.sort()
@@ -61,9 +78,9 @@ def two_way_bootstrap(a: list[list[float]], b: list[list[float]], samples: int =
         return [values[int(0.025 * (len(values) - 1))], values[int(0.975 * (len(values) - 1))]]
 
     return {
-        "ratio": sum(map(sum, a)) / total_b if total_b > 0 else None,
+        "ratio": total_a / total_b if total_b > 0 else None,
         "ratio_ci95": interval(ratios),
-        "difference": (sum(map(sum, a)) - total_b) / (nodes * rounds),
+        "difference": (total_a - total_b) / cells,
         "difference_ci95": interval(diffs),
     }
 
@@ -259,18 +276,44 @@ def compare(a_dir: Path, b_dir: Path, label: str, label_b: str | None = None) ->
     bootstrap as a mix against 8/0, and the first round where any node's reward
     differs says when the runs parted.
     """
-    tables = [_mix_rounds(Path(a_dir), label), _mix_rounds(Path(b_dir), label_b or label)]
-    (plan_a, recs_a), (plan_b, recs_b) = tables
-    if plan_a.nodes != plan_b.nodes:
-        raise ValueError(f"the two experiments have {plan_a.nodes} and {plan_b.nodes} nodes; they do not pair.")
-    common = min(len(recs_a), len(recs_b))
-    nodes = plan_a.nodes
-    a, _ = _reward_table(recs_a[:common], nodes)
-    b, _ = _reward_table(recs_b[:common], nodes)
+    a, b = _paired_tables(Path(a_dir), Path(b_dir), label, label_b or label)
+    common, nodes = len(a[0]) if a else 0, len(a)
     parted = next((r + 1 for r in range(common) if any(a[k][r] != b[k][r] for k in range(nodes))), None)
     return {"mix": label, **({"mix_b": label_b} if label_b else {}), "a": str(a_dir), "b": str(b_dir), "rounds": common, "nodes": nodes,
             "cumulative_a": sum(map(sum, a)), "cumulative_b": sum(map(sum, b)), "first_round_that_differs": parted,
             **two_way_bootstrap(a, b)}
+
+
+def _paired_tables(a_dir: Path, b_dir: Path, label: str, label_b: str) -> tuple[list[list[float]], list[list[float]]]:
+    """The [node][round] rewards of A's mix and B's over the rounds both have finished."""
+    (plan_a, recs_a), (plan_b, recs_b) = _mix_rounds(a_dir, label), _mix_rounds(b_dir, label_b)
+    if plan_a.nodes != plan_b.nodes:
+        raise ValueError(f"the two experiments have {plan_a.nodes} and {plan_b.nodes} nodes; they do not pair.")
+    common = min(len(recs_a), len(recs_b))
+    return _reward_table(recs_a[:common], plan_a.nodes)[0], _reward_table(recs_b[:common], plan_a.nodes)[0]
+
+
+def pooled_compare(pairs: Sequence[tuple[Path, Path]], label: str, label_b: str) -> dict[str, Any]:
+    """MIX in A against MIX_B in B, pooled over several (A, B) pairs, each pair run on its own seed.
+
+    Within a pair, rounds are paired as in `compare`; the pairs are the
+    strata of `stratified_bootstrap`. Each pair's own comparison is
+    reported beside the pooled one.
+    """
+    if not pairs:
+        raise ValueError("give at least one DIR_A,DIR_B pair.")
+    strata = []
+    each = []
+    for a_dir, b_dir in pairs:
+        a, b = _paired_tables(Path(a_dir), Path(b_dir), label, label_b)
+        if not a or not a[0]:
+            raise ValueError(f"{a_dir} ({label}) and {b_dir} ({label_b}) have no finished round in common.")
+        strata.append((a, b))
+        one = two_way_bootstrap(a, b)
+        each.append({"a": str(a_dir), "b": str(b_dir), "rounds": len(a[0]), "cumulative_a": sum(map(sum, a)),
+                     "cumulative_b": sum(map(sum, b)), "ratio": one["ratio"], "ratio_ci95": one["ratio_ci95"]})
+    return {"mix": label, "mix_b": label_b, "pairs": each, "cumulative_a": sum(p["cumulative_a"] for p in each),
+            "cumulative_b": sum(p["cumulative_b"] for p in each), **stratified_bootstrap(strata)}
 
 
 def variants_plot(variants: Sequence[str]) -> bytes:
@@ -304,6 +347,20 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         print(json.dumps(result, indent=1))
         return 0
+    if len(args) >= 4 and args[0] == "--pool":
+        try:
+            pairs = []
+            for spec in args[3:]:
+                a_dir, comma, b_dir = spec.partition(",")
+                if not comma or not a_dir or not b_dir:
+                    raise ValueError(f"{spec!r} is not DIR_A,DIR_B.")
+                pairs.append((Path(a_dir), Path(b_dir)))
+            result = pooled_compare(pairs, args[1], args[2])
+        except (ValueError, OSError) as exc:
+            print(f"experiment_report: {exc}", file=sys.stderr)
+            return 2
+        print(json.dumps(result, indent=1))
+        return 0
     if len(args) >= 3 and args[0] == "--plot":
         try:
             atomic_write_bytes(Path(args[1]), variants_plot(args[2:]))
@@ -317,7 +374,9 @@ def main(argv: list[str] | None = None) -> int:
               "       python -m engine.experiment_report --plot OUT.png LABEL=DIR:MIX ...   (mixes of several folders "
               "run on the same seeds, in one plot)\n"
               "       python -m engine.experiment_report --compare DIR_A DIR_B MIX [MIX_B]   (same seeds, "
-              "a setting changed: A's MIX against B's MIX_B, by default the same mix)", file=sys.stderr)
+              "a setting changed: A's MIX against B's MIX_B, by default the same mix)\n"
+              "       python -m engine.experiment_report --pool MIX MIX_B DIR_A,DIR_B ...   (that comparison pooled "
+              "over several seeds, one pair of folders per seed)", file=sys.stderr)
         return 2
     out = Path(args[0])
     plan = Experiment.saved_plan(out)

@@ -21,7 +21,7 @@ from engine.experiment import (
     make_plan,
     parse_mixes,
 )
-from engine.experiment_report import baseline_of, compare, two_way_bootstrap
+from engine.experiment_report import baseline_of, compare, pooled_compare, stratified_bootstrap, two_way_bootstrap
 from engine.paths import Paths
 from engine.sapo import Control
 
@@ -262,3 +262,30 @@ def test_compare_can_pair_a_mix_with_another_folders_baseline(tmp_path: Path) ->
     assert result["mix_b"] == "8/0" and result["ratio"] == pytest.approx(1.2 / 0.8)
     with pytest.raises(ValueError, match="not a mix"):
         compare(tmp_path / "a", tmp_path / "b", "4/4", "eight")
+
+
+def test_the_stratified_bootstrap_of_one_stratum_is_the_two_way_bootstrap() -> None:
+    a = [[0.3, 0.1, 0.5], [0.2, 0.4, 0.0]]
+    b = [[0.1, 0.2, 0.3], [0.4, 0.0, 0.2]]
+    assert stratified_bootstrap([(a, b)], samples=300, seed=4) == two_way_bootstrap(a, b, samples=300, seed=4)
+
+
+def test_pooling_two_seeds_adds_their_sums_and_keeps_each_seeds_own_comparison(tmp_path: Path) -> None:
+    from engine.experiment_report import main
+
+    _fake_experiment(tmp_path / "s0a", [[0.2, 0.4], [0.3, 0.3]])
+    _fake_experiment(tmp_path / "s0b", [[0.1, 0.2], [0.3, 0.2]], mix="8/0")
+    _fake_experiment(tmp_path / "s1a", [[0.5, 0.1], [0.1, 0.1], [0.9, 0.9]])  # a round its baseline has not finished
+    _fake_experiment(tmp_path / "s1b", [[0.2, 0.2], [0.2, 0.2]], mix="8/0")
+    result = pooled_compare([(tmp_path / "s0a", tmp_path / "s0b"), (tmp_path / "s1a", tmp_path / "s1b")], "4/4", "8/0")
+    assert [p["rounds"] for p in result["pairs"]] == [2, 2]
+    assert [p["ratio"] for p in result["pairs"]] == pytest.approx([1.2 / 0.8, 0.8 / 0.8])
+    assert result["cumulative_a"] == pytest.approx(2.0) and result["cumulative_b"] == pytest.approx(1.6)
+    assert result["ratio"] == pytest.approx(2.0 / 1.6)
+    assert result["difference"] == pytest.approx(0.4 / 8)  # 2 seeds x 2 nodes x 2 rounds
+    lo, hi = result["ratio_ci95"]
+    assert lo <= 2.0 / 1.6 <= hi
+    pair = f"{tmp_path / 's0a'},{tmp_path / 's0b'}"
+    assert main(["--pool", "4/4", "8/0", pair]) == 0
+    assert main(["--pool", "4/4", "8/0", str(tmp_path / "s0a")]) == 2  # not DIR_A,DIR_B
+    assert main(["--pool", "8/0", "8/0", pair]) == 2  # no 8/0 in s0a
