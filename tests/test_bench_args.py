@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench import decode_profile, matmul_layout
+from bench import decode_profile, draft_lookup, matmul_layout
 
 
 @pytest.mark.parametrize("rows", ["x", "1,,2", "0", "5,-1"])
@@ -19,3 +19,17 @@ def test_decode_profile_refuses_negative_counts(args: list[str], capsys: pytest.
     assert decode_profile.main(args) == 2
     err = capsys.readouterr().err
     assert err.startswith("decode_profile: ") and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("args", [["--eval", "0"], ["--drafts", "4,x"], ["--drafts", "0"], ["--drafts", ""]])
+def test_draft_lookup_refuses_bad_counts(args: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert draft_lookup.main(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("draft_lookup: ") and err.count("\n") == 1
+
+
+def test_looked_up_drafts_shorten_a_repeated_answer_and_not_a_new_one() -> None:
+    # "7 8 9" is in the prompt: after its first token, drafts of 2 take it two tokens a step.
+    assert draft_lookup.steps_with_drafts([1, 7, 8, 9, 2], [7, 8, 9, 7, 8, 9], k=2) == 3
+    assert draft_lookup.steps_with_drafts([1, 2], [5, 6, 7, 8], k=4) == 4  # nothing to look up: a step a token
+    assert draft_lookup.draft([3, 4, 5, 3, 4], k=2) == [5, 3]
