@@ -106,20 +106,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     import torch
 
+    from bench.bundled import bundled_cpu
     from engine.backends import decode
-    from engine.backends.torch_backend import TorchBackend
-    from engine.config import NodeConfig
-    from engine.device import pick_device
-    from engine.models import resolve_model_dir
-    from engine.paths import Paths
     from engine.sapo import derive_seed
-    from engine.tasks import TaskSet
 
-    cfg = NodeConfig()
+    cfg, backend, taskset = bundled_cpu()
     t = cfg.tasks
-    backend = TorchBackend(resolve_model_dir("bundled", Paths.default().models_cache), pick_device("cpu"), cfg.grpo,
-                           cfg.run.seed, t.temperature)
-    taskset = TaskSet(t.specialties, t.dataset_configs, seed=cfg.run.seed)
     prompts = [backend.encode_prompt(taskset.messages(q)) for q in taskset.draw(1, t.questions_per_round)]
     held_out = [backend.encode_prompt(taskset.eval_messages(q)) for q in taskset.eval_set(args.eval)]
     jobs: dict[str, Callable[[], Any]] = {}

@@ -58,18 +58,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("draft_lookup: --eval and every --drafts length must be whole numbers from 1.", file=sys.stderr)
         return 2
 
-    from engine.backends.torch_backend import TorchBackend
-    from engine.config import NodeConfig
-    from engine.device import pick_device
-    from engine.models import resolve_model_dir
-    from engine.paths import Paths
-    from engine.tasks import TaskSet
+    from bench.bundled import bundled_cpu
 
-    cfg = NodeConfig()
+    cfg, backend, taskset = bundled_cpu()
     t = cfg.tasks
-    backend = TorchBackend(resolve_model_dir("bundled", Paths.default().models_cache), pick_device("cpu"), cfg.grpo,
-                           cfg.run.seed, t.temperature)
-    taskset = TaskSet(t.specialties, t.dataset_configs, seed=cfg.run.seed)
     prompts = [backend.encode_prompt(taskset.eval_messages(q)) for q in taskset.eval_set(args.eval)]
     answers = [row.tokens for row in backend._decode_rows(prompts, 1, t.max_new_tokens, None, None)]
     longest = max(len(a) for a in answers)

@@ -250,26 +250,18 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     import torch
 
+    from bench.bundled import bundled_cpu
     from engine.backends.decode import DecodeModel, can_pack, decode_batch
-    from engine.backends.torch_backend import TorchBackend
-    from engine.config import NodeConfig
-    from engine.device import pick_device
-    from engine.models import resolve_model_dir
-    from engine.paths import Paths
     from engine.sapo import derive_seed
-    from engine.tasks import TaskSet
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    cfg = NodeConfig()
+    cfg, backend, taskset = bundled_cpu()
     t = cfg.tasks
     rounds = args.rounds or (1 if args.quick else 2)
     repeats = args.repeats or (1 if args.quick else 2)
     questions = 4 if args.quick else t.questions_per_round
     G, T = t.completions_per_question, t.max_new_tokens
-    model_dir = resolve_model_dir("bundled", Paths.default().models_cache)
-    backend = TorchBackend(model_dir, pick_device("cpu"), cfg.grpo, cfg.run.seed, t.temperature)
-    taskset = TaskSet(t.specialties, t.dataset_configs, seed=cfg.run.seed)
     dtype = torch.bfloat16 if backend.autocast else torch.float32
     print(f"rollout_speed: bundled SmolLM2-135M, {questions} questions x {G} completions, up to {T} new tokens, "
           f"temperature {t.temperature}, rounds 1..{rounds}, {torch.get_num_threads()} threads, "

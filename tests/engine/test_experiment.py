@@ -289,3 +289,7 @@ def test_pooling_two_seeds_adds_their_sums_and_keeps_each_seeds_own_comparison(t
     assert main(["--pool", "4/4", "8/0", pair]) == 0
     assert main(["--pool", "4/4", "8/0", str(tmp_path / "s0a")]) == 2  # not DIR_A,DIR_B
     assert main(["--pool", "8/0", "8/0", pair]) == 2  # no 8/0 in s0a
+    _fake_experiment(tmp_path / "s2a", [[0.2, 0.4]])
+    (tmp_path / "s2a" / "mix-4-4" / "progress.json").write_text(json.dumps({"round": 0}))  # nothing finished yet
+    with pytest.raises(ValueError, match="no finished round in common"):
+        pooled_compare([(tmp_path / "s2a", tmp_path / "s0b")], "4/4", "8/0")

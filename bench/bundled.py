@@ -1,0 +1,21 @@
+"""The benches' common setup: the default node config, a CPU backend on the bundled model, and its task set."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def bundled_cpu() -> tuple[Any, Any, Any]:
+    """(NodeConfig(), TorchBackend on the CPU with the bundled model, TaskSet) as a default node builds them."""
+    from engine.backends.torch_backend import TorchBackend
+    from engine.config import NodeConfig
+    from engine.device import pick_device
+    from engine.models import resolve_model_dir
+    from engine.paths import Paths
+    from engine.tasks import TaskSet
+
+    cfg = NodeConfig()
+    t = cfg.tasks
+    backend = TorchBackend(resolve_model_dir("bundled", Paths.default().models_cache), pick_device("cpu"), cfg.grpo,
+                           cfg.run.seed, t.temperature)
+    return cfg, backend, TaskSet(t.specialties, t.dataset_configs, seed=cfg.run.seed)
