@@ -26,13 +26,17 @@ does differently from HF `generate`, each for a measured reason
   running, nor on the batch's split into cache-sized chunks.
   `torch.multinomial` over the whole vocabulary drew 64 x 49152 random
   numbers a step, and cost more than the model's matmuls here.
-- **On the CPU in fp32 the weights are reordered once for oneDNN** (`packed`),
-  whose linear on them skips the per-call work the default BLAS path
-  repeats on every call, most of the time when few rows are left. On a
-  2-core EPYC with the model's own shapes (bench/matmul_layout.py, three
-  runs): 1.8-2.5x at 5 rows, 1.0-1.6x at 27 and 64, 1.0-1.1x at 2048;
-  end to end 1.3x for sampling and for greedy evaluation (docs/results.md,
-  "Rollout speed"). Results agree with `F.linear` to float rounding (tested).
+- **On the CPU in fp32 the decode steps run on weights reordered once for
+  oneDNN** (`packed`), whose linear on them skips the per-call work the
+  default BLAS path repeats on every call, most of the time when few rows
+  are left. On a 2-core EPYC with the model's own shapes
+  (bench/matmul_layout.py, four runs): 1.8-2.5x at 5 rows, 1.0-1.8x at 27
+  and 64; end to end 1.3x for sampling and for greedy evaluation
+  (docs/results.md, "Rollout speed"). The prompt pass runs before the
+  reorder, on the plain weights: at 2,048 rows the reordered ones were
+  0.91-1.07x as fast, and the 27-question evaluation took 0.96x the time
+  with its prompt pass on the plain ones. Results agree with `F.linear` to
+  float rounding (tested).
 - **Rows may use different LoRA adapters** over one frozen base: the base
   matmul runs once for all rows, each adapter's low-rank delta on its own
   rows (`LoraAdapter`, a per-prompt adapter index). docs/backends.md
@@ -252,18 +256,33 @@ class DecodeModel:
             # None: wherever it is measured to help. A tied head then gets its own packed copy (+113 MB for
             # the 135M model, about 4% of a round's peak); the embedding lookup needs the plain one.
             self.packed = can_pack(self.device, dtype) if packed is None else packed
-            if self.packed:
-                try:  # block by block, so that each plain copy is freed as its reordered one is made
-                    self.lm_head = _pack(self.lm_head)
-                    for block in self.blocks:
-                        block.mats = {kind: (_pack(weight), bias) for kind, (weight, bias) in block.mats.items()}
-                except RuntimeError as exc:  # a oneDNN build that cannot reorder these shapes
-                    if packed:
-                        raise
-                    # Weights reordered before the failure stay so: `_matmul` takes either kind.
-                    log.warning("Decoding with plain matmuls: oneDNN could not reorder the weights (%s).", exc)
-                    self.packed = False
+        self._explicit = packed is not None
+        # The reorder waits for the first decode step: the prompt pass, thousands of rows a matmul, runs
+        # faster on the plain weights (MKL's sgemm: 184 against 164 GFLOP/s on the dev machine at 2,048
+        # rows), a step with a few rows faster on the reordered ones (docs/results.md, "Rollout speed").
+        self.pending = self.packed
         self._cos = self._sin = torch.empty(0)
+
+    def reorder(self) -> None:
+        """Reorders the weights for oneDNN (once; `step` calls it), block by block, each plain copy freed as its reordered one is made.
+
+        When oneDNN cannot reorder them, decoding goes on with plain matmuls
+        (a warning), unless `packed=True` was asked for: then the error stands.
+        """
+        if not self.pending:
+            return
+        self.pending = False
+        with torch.no_grad():
+            try:
+                self.lm_head = _pack(self.lm_head)
+                for block in self.blocks:
+                    block.mats = {kind: (_pack(weight), bias) for kind, (weight, bias) in block.mats.items()}
+            except RuntimeError as exc:  # a oneDNN build that cannot reorder these shapes
+                if self._explicit:
+                    raise
+                # Weights reordered before the failure stay so: `_matmul` takes either kind.
+                log.warning("Decoding with plain matmuls: oneDNN could not reorder the weights (%s).", exc)
+                self.packed = False
 
     @staticmethod
     def _block(index: int, layer: Any, dtype: torch.dtype, merge: LoraAdapter | None) -> _Block:
@@ -333,6 +352,14 @@ class DecodeModel:
         cos, sin = cos[positions][:, None], sin[positions][:, None]
         x = F.embedding(torch.tensor([t for p, (_, k) in zip(prompts, shared, strict=True) for t in p[k:]], device=self.device), self.embed)
         tokens = x.shape[0]
+        # A prompt with a known prefix attends to it and causally to its own tokens; the mask is additive
+        # (0 or -inf) and made once for all layers.
+        causal = [
+            None if known == 0 else torch.zeros(length, known + length, dtype=self.dtype, device=self.device).masked_fill_(
+                torch.arange(known + length, device=self.device)[None, :] > torch.arange(known, known + length, device=self.device)[:, None],
+                float("-inf"))
+            for length, (_, known) in zip(lengths, shared, strict=True)
+        ]
         for index, block in enumerate(self.blocks):
             h = _rms(x, block.norm1, self.eps)
             q, k, v = self._linear(block, "qkv", h, lora, index).split(
@@ -341,9 +368,11 @@ class DecodeModel:
             q = _rope(q.view(tokens, self.heads, self.head_dim), cos, sin).transpose(0, 1)
             k = _rope(k.view(tokens, self.kv_heads, self.head_dim), cos, sin).transpose(0, 1)
             v = v.view(tokens, self.kv_heads, self.head_dim).transpose(0, 1)
-            attn = torch.empty_like(q)
+            # Heads side by side per token, as the output projection reads them: no copy after attention.
+            out = q.new_empty(tokens, self.heads, self.head_dim)
+            attn = out.transpose(0, 1)
             keys, values = cache.keys[index], cache.values[index]
-            for group, start, length, (parent, known) in zip(groups, starts, lengths, shared, strict=True):
+            for group, start, length, (parent, known), mask in zip(groups, starts, lengths, shared, causal, strict=True):
                 # A prompt's columns start at its group's offset, its run's first column (see _Cache).
                 end, full, at = start + length, known + length, cache.offset_list[group]
                 keys[group, :, at + known : at + full] = k[:, start:end]
@@ -356,27 +385,29 @@ class DecodeModel:
                 source = cache.offset_list[parent]
                 keys[group, :, at : at + known] = keys[parent, :, source : source + known]
                 values[group, :, at : at + known] = values[parent, :, source : source + known]
-                causal = torch.arange(full, device=self.device)[None, :] <= torch.arange(known, full, device=self.device)[:, None]
                 attn[:, start:end] = F.scaled_dot_product_attention(
                     q[None, :, start:end], keys[None, group, :, at : at + full], values[None, group, :, at : at + full],
-                    attn_mask=causal, enable_gqa=True,
+                    attn_mask=mask, enable_gqa=True,
                 )[0]
-            x = x + self._linear(block, "o", attn.transpose(0, 1).reshape(tokens, -1), lora, index)
+            x += self._linear(block, "o", out.view(tokens, -1), lora, index)
             h = _rms(x, block.norm2, self.eps)
             gate, up = self._linear(block, "gate_up", h, lora, index).chunk(2, dim=-1)
-            x = x + self._linear(block, "down", F.silu(gate) * up, lora, index)
+            x += self._linear(block, "down", F.silu(gate, inplace=True).mul_(up), lora, index)
         last = torch.tensor([s + n - 1 for s, n in zip(starts, lengths, strict=True)], device=self.device)
         return _matmul(_rms(x.index_select(0, last), self.norm, self.eps), self.lm_head, None)
 
     def step(self, tokens: torch.Tensor, cache: _Cache, lora: _LoraStep | None) -> torch.Tensor:
         """One token for each computed row (cache.rows); returns logits [rows, vocab]."""
+        self.reorder()
         rows = tokens.shape[0]
         cos, sin = self.rope_table(int(cache.max_position) + 1)
         cos, sin = cos[cache.positions][:, None], _signed(sin[cache.positions][:, None])
         groups, n, g = cache.keys[0].shape[0], cache.n, self.heads // self.kv_heads
         buckets = cache.buckets()
         mask = cache.mask()
-        masks = [mask[first:last, :, :, start:].contiguous() for first, last, start in buckets]
+        # Additive masks (0 or -inf), made once a step: given a boolean mask, attention converts it in every layer.
+        masks = [torch.zeros(part.shape, dtype=self.dtype, device=self.device).masked_fill_(~part, float("-inf"))
+                 for part in (mask[first:last, :, :, start:] for first, last, start in buckets)]
         x = F.embedding(tokens, self.embed)
         qk_width = (self.heads + self.kv_heads) * self.head_dim
         for index, block in enumerate(self.blocks):
@@ -385,8 +416,8 @@ class DecodeModel:
             # Queries and keys rotated in one go: [rows, heads + kv_heads, dim].
             qk = _rope_rolled(qkv[:, :qk_width].view(rows, self.heads + self.kv_heads, self.head_dim), cos, sin)
             q, k, v = qk[:, : self.heads], qk[:, self.heads :], qkv[:, qk_width:]
-            cache.keys[index][cache.group_of_row, :, cache.column] = k
-            cache.values[index][cache.group_of_row, :, cache.column] = v.view(rows, self.kv_heads, self.head_dim)
+            cache.keys[index].view(-1, self.head_dim).index_copy_(0, cache.slot_index, k.reshape(-1, self.head_dim))
+            cache.values[index].view(-1, self.head_dim).index_copy_(0, cache.slot_index, v.reshape(-1, self.head_dim))
             # Queries of a group side by side: [groups, kv_heads, n * g, dim], one attention call for all.
             q = q.view(rows, self.kv_heads, g, self.head_dim)
             if cache.slots is not None:
@@ -404,10 +435,10 @@ class DecodeModel:
             attn = attn.view(groups, self.kv_heads, n, g, self.head_dim).transpose(1, 2).reshape(groups * n, -1)
             if cache.slots is not None:
                 attn = attn.index_select(0, cache.slots)
-            x = x + self._linear(block, "o", attn, lora, index)
+            x += self._linear(block, "o", attn, lora, index)
             h = _rms(x, block.norm2, self.eps)
             gate, up = self._linear(block, "gate_up", h, lora, index).chunk(2, dim=-1)
-            x = x + self._linear(block, "down", F.silu(gate) * up, lora, index)
+            x += self._linear(block, "down", F.silu(gate, inplace=True).mul_(up), lora, index)
         return _matmul(_rms(x, self.norm, self.eps), self.lm_head, None)
 
 
@@ -446,7 +477,7 @@ class _Cache:
         self.query_row = torch.arange(n * (model.heads // model.kv_heads), device=model.device) // (model.heads // model.kv_heads)
         self.step = 0
         self.slots: torch.Tensor | None = None
-        self.group_of_row = self.column = self.positions = torch.empty(0, dtype=torch.long)
+        self.group_of_row = self.column = self.positions = self.slot_index = torch.empty(0, dtype=torch.long)
         self.max_position = 0
 
     def place(self, slots: list[int], step: int) -> None:
@@ -459,6 +490,10 @@ class _Cache:
         self.group_of_row = index // self.n
         self.column = self.prompt_max + (step - 1) * self.n + index % self.n
         self.positions = self.lengths[self.group_of_row] + (step - 1)
+        # Where each row's key (and value) of each kv head goes, as a row of the cache viewed as [-1, head_dim].
+        heads, columns = self.keys[0].shape[1:3]
+        head = torch.arange(heads, device=device)
+        self.slot_index = ((self.group_of_row[:, None] * heads + head) * columns + self.column[:, None]).view(-1)
         self.max_position = self.prompt_max + step
 
     @property

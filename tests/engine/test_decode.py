@@ -138,12 +138,17 @@ def test_leaving_rows_and_chunking_change_no_completion(sharp: Any, variant: dic
 
 @pytest.mark.skipif(not can_pack(torch.device("cpu"), torch.float32), reason="this torch has no oneDNN")
 def test_weights_packed_for_onednn_give_what_plain_matmuls_give(sharp: Any) -> None:
-    """The CPU fp32 default (packed) against F.linear on plain weights: same tokens, log-probs to float rounding."""
+    """The CPU fp32 default (packed) against F.linear on plain weights: same tokens, log-probs to float rounding.
+
+    The reorder waits for the first decode step: the prompt pass runs on the plain weights.
+    """
     packed, plain = DecodeModel(sharp, torch.float32), DecodeModel(sharp, torch.float32, packed=False)
     assert packed.packed and not plain.packed
-    assert packed.blocks[0].mats["qkv"][0].is_mkldnn and not plain.blocks[0].mats["qkv"][0].is_mkldnn
+    assert not packed.blocks[0].mats["qkv"][0].is_mkldnn and packed.pending
     eos = eos_ending_some_rows(plain)
     a, b = sample(packed, 0, eos), sample(plain, 0, eos)
+    assert packed.blocks[0].mats["qkv"][0].is_mkldnn and packed.lm_head.is_mkldnn and not packed.pending
+    assert not plain.blocks[0].mats["qkv"][0].is_mkldnn and not plain.pending
     assert [r.tokens for r in a] == [r.tokens for r in b] and len({len(r.tokens) for r in a}) > 1
     for x, y in zip(a, b, strict=True):
         assert x.logprobs == pytest.approx(y.logprobs, rel=1e-5, abs=1e-5)
@@ -167,15 +172,16 @@ def test_a_onednn_that_cannot_reorder_falls_back_to_plain_matmuls(
 
     monkeypatch.setattr(decode, "can_pack", lambda device, dtype: True)
     monkeypatch.setattr(decode, "_pack", refuse_the_third)
-    with caplog.at_level(logging.WARNING, logger="engine.backends.decode"):
-        model = DecodeModel(sharp, torch.float32)
-    assert not model.packed and "plain matmuls" in caplog.text
+    model = DecodeModel(sharp, torch.float32)
     plain = DecodeModel(sharp, torch.float32, packed=False)
-    assert [r.tokens for r in decode_batch(model, PROMPTS, 1, NEW, NO_EOS, None)] == \
-        [r.tokens for r in decode_batch(plain, PROMPTS, 1, NEW, NO_EOS, None)]
+    with caplog.at_level(logging.WARNING, logger="engine.backends.decode"):
+        tokens = [r.tokens for r in decode_batch(model, PROMPTS, 1, NEW, NO_EOS, None)]
+    assert len(calls) == 3 and not model.packed and "plain matmuls" in caplog.text
+    assert tokens == [r.tokens for r in decode_batch(plain, PROMPTS, 1, NEW, NO_EOS, None)]
+    calls.clear()
+    explicit = DecodeModel(sharp, torch.float32, packed=True)
     with pytest.raises(RuntimeError, match="unsupported layout"):  # asked for explicitly: the error stands
-        calls.clear()
-        DecodeModel(sharp, torch.float32, packed=True)
+        decode_batch(explicit, PROMPTS, 1, NEW, NO_EOS, None)
 
 
 def test_the_same_seed_gives_the_same_completions_and_another_seed_others(sharp: Any) -> None:
