@@ -167,7 +167,10 @@ def _layer_key(module_name: str) -> str:
 def can_pack(device: torch.device, dtype: torch.dtype) -> bool:
     """Whether `DecodeModel` reorders its matmul weights for oneDNN here (CPU, fp32, oneDNN built in).
 
-    Only fp32 is measured (the dev machine has no native bf16); bf16 keeps `F.linear`.
+    bf16 keeps `F.linear`: on an EPYC with native bf16, the reordered weights ran the model's decode-step
+    matmuls 1.1-1.9x as fast in isolation, but whole rounds and evaluations took the same time within
+    this machine's noise (0.99x and 0.96x, alternated, identical tokens), so the extra copy of the LM head
+    was not worth it (docs/results.md, "Rollout speed").
     """
     return device.type == "cpu" and dtype == torch.float32 and torch.backends.mkldnn.is_available() and bool(torch.backends.mkldnn.enabled)
 
@@ -602,13 +605,16 @@ class _LoraStep:
         if mats is None:
             return y
         lora_a, lora_b = mats
+        # y is the base matmul's fresh output: the deltas are added in place.
         if self.single is not None:
-            return y + (x @ lora_a[self.single]) @ lora_b[self.single]
+            return y.add_((x @ lora_a[self.single]) @ lora_b[self.single])
         if self.adapters is not None:
             lora_a, lora_b = lora_a.index_select(0, self.adapters), lora_b.index_select(0, self.adapters)
+        if self.valid.dtype != x.dtype:
+            self.valid = self.valid.to(x.dtype)
         xs = x.index_select(0, self.index).view(self.groups, self.width, -1)
-        delta = torch.bmm(torch.bmm(xs, lora_a), lora_b).view(self.groups * self.width, -1) * self.valid.to(x.dtype)
-        return y.index_add(0, self.index, delta)
+        delta = torch.bmm(torch.bmm(xs, lora_a), lora_b).view(self.groups * self.width, -1).mul_(self.valid)
+        return y.index_add_(0, self.index, delta)
 
 
 def _choose(logits: torch.Tensor, temperature: float | None, uniforms: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
