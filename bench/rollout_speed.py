@@ -442,7 +442,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"  {name:36s} {median:6.1f} s {[round(v, 1) for v in values]}  CPU {cpu:6.1f} s   "
               f"4-adapter batch / this = {mixed / median:.2f} (CPU {mixed_cpu / cpu:.2f})")
     print(f"  rows of the 4-adapter batch identical to the separate runs': {same_rows} of {len(separate)}; log-probs up to "
-          f"the first differing token within {worst:.1e} (float rounding, which depends on a matmul's row count, can move a draw in a flat tail across a token)")
+          f"the first differing token within {worst:.1e} (attention spans the batch's longest prompt, masked columns included, which moves its float rounding; that can carry a draw across a token, in bf16 often)")
 
     # 5. Peak RSS of a default round, one child per side.
     if not args.quick:
