@@ -480,7 +480,7 @@ class _Cache:
         self.query_row = torch.arange(n * (model.heads // model.kv_heads), device=model.device) // (model.heads // model.kv_heads)
         self.step = 0
         self.slots: torch.Tensor | None = None
-        self.group_of_row = self.column = self.positions = self.slot_index = torch.empty(0, dtype=torch.long)
+        self.positions = self.slot_index = torch.empty(0, dtype=torch.long)
         self.max_position = 0
 
     def place(self, slots: list[int], step: int) -> None:
@@ -490,13 +490,13 @@ class _Cache:
         all_slots = slots == list(range(self.keys[0].shape[0] * self.n))
         index = torch.tensor(slots, device=device)
         self.slots = None if all_slots else index
-        self.group_of_row = index // self.n
-        self.column = self.prompt_max + (step - 1) * self.n + index % self.n
-        self.positions = self.lengths[self.group_of_row] + (step - 1)
+        group_of_row = index // self.n
+        column = self.prompt_max + (step - 1) * self.n + index % self.n
+        self.positions = self.lengths[group_of_row] + (step - 1)
         # Where each row's key (and value) of each kv head goes, as a row of the cache viewed as [-1, head_dim].
         heads, columns = self.keys[0].shape[1:3]
         head = torch.arange(heads, device=device)
-        self.slot_index = ((self.group_of_row[:, None] * heads + head) * columns + self.column[:, None]).view(-1)
+        self.slot_index = ((group_of_row[:, None] * heads + head) * columns + column[:, None]).view(-1)
         self.max_position = self.prompt_max + step
 
     @property
@@ -594,10 +594,11 @@ class _LoraStep:
         if self.single is None:
             members = [[r for r, a in enumerate(row_adapter) if a == p] for p in present]
             width = max(len(m) for m in members)
-            device = next(iter(stack.mats.values()))[0].device if stack.mats else None
-            self.index = torch.tensor([m[i] if i < len(m) else 0 for m in members for i in range(width)], device=device)
-            self.valid = torch.tensor([[float(i < len(m))] for m in members for i in range(width)], device=device)
-            self.adapters = None if len(present) == stack.count else torch.tensor(present, device=device)
+            # The stack's device and dtype (fp32 on the CPU when there are no matrices at all: unused then).
+            like = next(iter(stack.mats.values()))[0] if stack.mats else torch.empty(0)
+            self.index = torch.tensor([m[i] if i < len(m) else 0 for m in members for i in range(width)], device=like.device)
+            self.valid = torch.tensor([[float(i < len(m))] for m in members for i in range(width)], dtype=like.dtype, device=like.device)
+            self.adapters = None if len(present) == stack.count else torch.tensor(present, device=like.device)
             self.groups, self.width = len(present), width
 
     def add(self, layer: int, kind: str, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -610,8 +611,6 @@ class _LoraStep:
             return y.add_((x @ lora_a[self.single]) @ lora_b[self.single])
         if self.adapters is not None:
             lora_a, lora_b = lora_a.index_select(0, self.adapters), lora_b.index_select(0, self.adapters)
-        if self.valid.dtype != x.dtype:
-            self.valid = self.valid.to(x.dtype)
         xs = x.index_select(0, self.index).view(self.groups, self.width, -1)
         delta = torch.bmm(torch.bmm(xs, lora_a), lora_b).view(self.groups * self.width, -1).mul_(self.valid)
         return y.index_add_(0, self.index, delta)
