@@ -3,7 +3,8 @@
 The app may import this module (it loads nothing heavy), so a rule written
 here is the same on both sides of the process boundary:
 
-- invites and relay addresses (`split_invite`, `check_relay_url`);
+- invites and relay addresses (`parse_invite`, `Invite`, `split_invite`,
+  `check_relay_url`): the one parser the relay, the node and the app use;
 - what a model source names (`model_source_kind`): the bundled model, a
   folder, or a Hugging Face hub id;
 - stable seeds (`stable_seed`): the same integer in every process, on every OS.
@@ -16,8 +17,9 @@ from __future__ import annotations
 import hashlib
 import re
 from pathlib import Path
+from dataclasses import dataclass
 from typing import Literal
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 from engine.errors import ConfigError
 
@@ -55,6 +57,104 @@ def check_relay_url(url: str) -> str:
     if not parts.hostname or (port is not None and not 0 < port < 65536) or " " in url:
         raise ConfigError(f"The relay address has no valid host name, {RELAY_EXAMPLE}; got {url!r}.")
     return url
+
+
+# -- invites --------------------------------------------------------------------------------------
+# An invite names a swarm: one or more relay addresses (tried in turn: failover), the join token of a
+# private swarm, and the swarm's name as its organiser wrote it. Three spellings are accepted:
+#   sapling://join?relay=wss%3A%2F%2Fhost%2Fws&relay=...&token=T&name=N   (opens Sapling)
+#   https://HOST/join?relay=...&token=T&name=N                          (the relay's own web page)
+#   wss://HOST/ws[?token=T]                                             (a bare relay address)
+INVITE_SCHEME = "sapling"
+INVITE_MAX_CHARS = 4096  # a whole invite; a relay address alone must fit in it
+INVITE_MAX_RELAYS = 8
+INVITE_MAX_TOKEN = 256
+INVITE_MAX_NAME = 80
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+@dataclass(frozen=True)
+class Invite:
+    """A swarm to join: relay addresses in order of preference, its join token and its name."""
+
+    relays: tuple[str, ...]
+    token: str = ""
+    name: str = ""
+
+    def _query(self) -> str:
+        pairs = [("relay", url) for url in self.relays]
+        if self.token:
+            pairs.append(("token", self.token))
+        if self.name:
+            pairs.append(("name", self.name))
+        return urlencode(pairs, quote_via=quote)
+
+    def link(self) -> str:
+        """The `sapling://join?...` link that opens Sapling."""
+        return f"{INVITE_SCHEME}://join?{self._query()}"
+
+    def page_url(self, base: str = "") -> str:
+        """The `https://HOST/join?...` page a relay serves (for people without Sapling yet).
+
+        base: the site, e.g. https://relay.example.org; by default the first relay's host
+        (wss -> https, ws -> http)."""
+        if not base:
+            first = urlsplit(self.relays[0])
+            base = urlunsplit(("https" if first.scheme == "wss" else "http", first.netloc, "", "", ""))
+        return f"{base.rstrip('/')}/join?{self._query()}"
+
+
+def _invite_text(value: str, what: str, limit: int) -> str:
+    if _CONTROL.search(value):
+        raise ConfigError(f"The invite's {what} contains control characters; ask for a fresh invite.")
+    if len(value) > limit:
+        raise ConfigError(f"The invite's {what} is longer than {limit} characters; ask for a fresh invite.")
+    return value
+
+
+def parse_invite(text: str) -> Invite:
+    """A `sapling://join?...` link, an `https://HOST/join?...` page address or a bare ws(s):// relay
+    address -> Invite; anything else is a ConfigError naming what is wrong, in one sentence."""
+    text = str(text).strip()
+    if not text:
+        raise ConfigError(f"Paste the invite link you were given (sapling://join?...) or a relay address, {RELAY_EXAMPLE}.")
+    if len(text) > INVITE_MAX_CHARS:
+        raise ConfigError(f"The invite is {len(text)} characters long, more than the {INVITE_MAX_CHARS} an invite may have.")
+    if _CONTROL.search(text):
+        raise ConfigError("The invite contains control characters; copy it again from the message you got.")
+    parts = urlsplit(text)
+    scheme = parts.scheme.lower()
+    if scheme in ("ws", "wss"):
+        url, token = split_invite(text)
+        return Invite((check_relay_url(url),), _invite_text(token, "join token", INVITE_MAX_TOKEN))
+    if scheme == INVITE_SCHEME:
+        if (parts.netloc or parts.path.strip("/")) != "join":
+            raise ConfigError(f"A Sapling link must start with sapling://join?, got {text[:40]!r}.")
+    elif scheme in ("https", "http"):
+        if parts.path.rstrip("/") != "/join":
+            raise ConfigError(f"That web address is not an invite page (its path is not /join): {text[:80]!r}.")
+    elif scheme:
+        raise ConfigError(f"An invite starts with sapling://, https:// or wss://, not {scheme}:.")
+    else:
+        raise ConfigError(f"That is not an invite link or a relay address, {RELAY_EXAMPLE}.")
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    relays = [value.strip() for key, value in query if key == "relay"]
+    if not relays:
+        raise ConfigError("The invite names no relay (it has no relay=... part); ask for a fresh invite.")
+    if len(relays) > INVITE_MAX_RELAYS:
+        raise ConfigError(f"The invite lists {len(relays)} relays, more than the {INVITE_MAX_RELAYS} allowed.")
+    checked: list[str] = []
+    for relay in relays:
+        url, inner_token = split_invite(relay)
+        url = check_relay_url(url)
+        if inner_token:
+            raise ConfigError("A relay address inside an invite must not carry its own token; ask for a fresh invite.")
+        if url not in checked:
+            checked.append(url)
+    values = dict(query)
+    token = _invite_text(values.get("token", "").strip(), "join token", INVITE_MAX_TOKEN)
+    name = _invite_text(values.get("name", "").strip(), "swarm name", INVITE_MAX_NAME)
+    return Invite(tuple(checked), token, name)
 
 
 # -- model sources --------------------------------------------------------------------------------
