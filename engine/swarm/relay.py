@@ -2,7 +2,7 @@
 
     sapling-relay --port 8765                        # one process, in-memory window
     sapling-relay --redis redis://host:6379/0        # several processes, one swarm
-    python -m engine.swarm.relay --help              # every setting
+    python -m engine.swarm.relay --help              # every setting (engine/swarm/relay_settings.py)
 
 The relay is not trusted by anyone, but it still refuses what it can see is
 wrong, so a bad peer costs the swarm as little as possible:
@@ -29,24 +29,17 @@ The wire format is engine/swarm/protocol.py and docs/protocol.md.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import base64
-import binascii
 import contextlib
 import hmac
-import json
 import logging
 import secrets
 import signal
 import sys
 import threading
 import time
-import tomllib
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field, fields
-from pathlib import Path
 from typing import Any
 
 from aiohttp import WebSocketError, WSCloseCode, WSMsgType, web
@@ -54,6 +47,9 @@ from aiohttp import WebSocketError, WSCloseCode, WSMsgType, web
 from engine.swarm import protocol
 from engine.swarm.brokers import Broker, Entry, MemoryBroker, RedisBroker
 from engine.swarm.identity import verify
+from engine.swarm.relay_settings import JsonLogFormatter, RelaySettings, build_parser, settings_from_args
+
+__all__ = ["EmbeddedRelay", "Relay", "RelaySettings", "build_parser", "main", "serve", "settings_from_args"]
 
 log = logging.getLogger("sapling.relay")
 
@@ -75,44 +71,6 @@ MAX_LOGGED_SOURCES = 10_000
 # Handshake failures reported under their own code; every other problem with a hello is `not_authenticated`.
 HANDSHAKE_CODES = frozenset({protocol.E_VERSION, protocol.E_BAD_SIGNATURE, protocol.E_STALE})
 SHUTDOWN_MESSAGE = "the relay is restarting; reconnect shortly"
-
-
-@dataclass
-class RelaySettings:
-    host: str = field(default="127.0.0.1", metadata={"help": "address to listen on (0.0.0.0 for every interface)"})
-    port: int = field(default=8765, metadata={"help": "TCP port (0 picks a free one)"})
-    redis: str = field(default="", metadata={"help": "redis://host:port/db to share one swarm between relay processes"})
-    swarm: str = field(default="default", metadata={"help": "swarm name: the Redis key prefix, so one Redis can hold several swarms"})
-    join_token: str = field(default="", metadata={"help": "private swarm: nodes must present this token (with allow-keys, both must pass)"})
-    allow_keys: list[str] = field(default_factory=list, metadata={"help": "private swarm: only these public keys (base64) or peer ids may join"})
-    ban_keys: list[str] = field(default_factory=list, metadata={"help": "public keys (base64) or peer ids that may not join"})
-    max_conn_per_ip: int = field(default=protocol.DEFAULT_MAX_CONN_PER_IP, metadata={"help": "open connections allowed from one IP address"})
-    rate: float = field(default=protocol.DEFAULT_RATE_PER_S, metadata={"help": "requests per second per peer (token-bucket refill)"})
-    burst: float = field(default=protocol.DEFAULT_BURST, metadata={"help": "token-bucket capacity per peer"})
-    window: int = field(default=protocol.DEFAULT_WINDOW_BATCHES, metadata={"help": "recent batches kept for sampling"})
-    send_queue: int = field(default=protocol.DEFAULT_SEND_QUEUE, metadata={"help": "messages queued to one connection before it is dropped as a slow consumer"})
-    heartbeat: float = field(default=protocol.HEARTBEAT_S, metadata={"help": "websocket ping interval in seconds; a peer answering neither of two pings is dropped"})
-    reject_log_every: float = field(default=60.0, metadata={"help": "seconds between info-level summaries of refused messages per peer"})
-    name: str = field(default="sapling-relay", metadata={"help": "relay name shown to nodes"})
-    log_level: str = field(default="info", metadata={"help": "debug, info, warning or error"})
-
-    def check(self) -> None:
-        if not 0 <= self.port <= 65535:
-            raise ValueError(f"port must be 0-65535, got {self.port}")
-        for key in ("max_conn_per_ip", "window", "send_queue"):
-            if getattr(self, key) < 1:
-                raise ValueError(f"{key.replace('_', '-')} must be at least 1")
-        if self.rate <= 0 or self.burst < 1 or self.heartbeat <= 0 or self.reject_log_every <= 0:
-            raise ValueError("rate, heartbeat and reject-log-every must be positive and burst at least 1")
-        if self.log_level not in ("debug", "info", "warning", "error"):
-            raise ValueError("log-level must be debug, info, warning or error")
-        if self.redis and not self.redis.startswith(("redis://", "rediss://", "unix://")):
-            raise ValueError("redis must be a redis://, rediss:// or unix:// URL")
-
-    def limits(self) -> dict[str, Any]:
-        """The `limits` object of the welcome: the protocol's constants and this relay's flags."""
-        return protocol.limits(rate_per_s=self.rate, burst=self.burst, max_conn_per_ip=self.max_conn_per_ip,
-                               send_queue=self.send_queue, window_batches=self.window, heartbeat_s=self.heartbeat)
 
 
 class TokenBucket:
@@ -626,99 +584,6 @@ class EmbeddedRelay:
 
 
 # -- command line ----------------------------------------------------------------------------
-class JsonLogFormatter(logging.Formatter):
-    """One JSON object per log line: ts, level, msg, and any `extra=` fields."""
-
-    _skip = frozenset(logging.makeLogRecord({}).__dict__) | {"message", "asctime"}
-
-    def format(self, record: logging.LogRecord) -> str:
-        out: dict[str, Any] = {
-            "ts": round(record.created, 3),
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "msg": record.getMessage(),
-        }
-        out.update({k: v for k, v in record.__dict__.items() if k not in self._skip})
-        if record.exc_info:
-            out["exc"] = self.formatException(record.exc_info)
-        return json.dumps(out, default=str)
-
-
-def _read_keys(path: str) -> list[str]:
-    text = Path(path).read_text(encoding="utf-8")
-    keys = [line.split("#", 1)[0].strip() for line in text.splitlines()]
-    return [k for k in keys if k]
-
-
-def _valid_key(text: str) -> bool:
-    if len(text) == protocol.PEER_ID_HEX and all(c in "0123456789abcdef" for c in text):
-        return True
-    try:
-        return len(base64.b64decode(text, validate=True)) == protocol.PUBLIC_KEY_BYTES
-    except (binascii.Error, ValueError):
-        return False
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="sapling-relay",
-        description="Relay for a Sapling swarm: nodes publish signed rollout batches and pull uniform samples of "
-        "other nodes' batches. Settings come from defaults < --config TOML (keys as below, with underscores) < flags.",
-    )
-    parser.add_argument("--config", type=Path, help="TOML file with any of the settings below (keys with underscores)")
-    defaults = RelaySettings()
-    for f in fields(RelaySettings):
-        flag = "--" + f.name.replace("_", "-")
-        help_text = f.metadata.get("help", "")
-        if f.name in ("allow_keys", "ban_keys"):
-            parser.add_argument(flag + "-file", dest=f.name, metavar="FILE", default=None,
-                                help=f"{help_text}; one per line, '#' comments")
-            continue
-        parser.add_argument(flag, type=type(getattr(defaults, f.name)), default=None, help=f"{help_text} (default: {getattr(defaults, f.name)!r})")
-    return parser
-
-
-def settings_from_args(argv: list[str] | None) -> RelaySettings:
-    args = build_parser().parse_args(argv)
-    values: dict[str, Any] = {}
-    if args.config is not None:
-        try:
-            data = tomllib.loads(args.config.read_text(encoding="utf-8"))
-        except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-            raise ValueError(f"cannot read {args.config}: {exc}") from exc
-        known = {f.name for f in fields(RelaySettings)}
-        for key, value in data.items():
-            if key not in known:
-                raise ValueError(f"{args.config}: unknown setting {key!r}; allowed: {', '.join(sorted(known))}")
-            values[key] = value
-    for f in fields(RelaySettings):
-        value = getattr(args, f.name, None)
-        if value is None:
-            continue
-        if f.name in ("allow_keys", "ban_keys"):
-            try:
-                value = _read_keys(value)
-            except (OSError, UnicodeDecodeError) as exc:
-                raise ValueError(f"cannot read {f.name.replace('_', '-')} file: {exc}") from exc
-        values[f.name] = value
-    defaults = RelaySettings()
-    for name, value in values.items():
-        want = type(getattr(defaults, name))
-        flag = name.replace("_", "-")
-        if want is list:
-            if not isinstance(value, list) or not all(isinstance(k, str) and _valid_key(k.strip()) for k in value):
-                raise ValueError(f"{flag}: every entry must be a base64 Ed25519 public key or a peer id")
-        elif want is float:
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise ValueError(f"{flag} must be a number, got {value!r}")
-            values[name] = float(value)
-        elif isinstance(value, bool) or not isinstance(value, want):
-            raise ValueError(f"{flag} must be a {want.__name__}, got {value!r}")
-    settings = RelaySettings(**values)
-    settings.check()
-    return settings
-
-
 async def serve(relay: Relay) -> int:
     """Serve until SIGTERM or SIGINT, then close every connection; 0, or 1 if the port cannot be bound.
 
