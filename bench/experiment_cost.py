@@ -31,7 +31,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from engine.experiment import Experiment, Hooks, Mix, NodeBackend, make_plan, node_config
+from engine.experiment import Experiment, Hooks, NodeBackend, node_config
+from engine.experiment_plan import Mix, make_plan
 from engine.paths import Paths
 from engine.sapo import Node, derive_seed
 
@@ -79,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
                 relay, url = experiment._start_relay() if mix.external else (None, "")
                 if relay is not None:
                     relays.append(relay)
-                nodes, views = experiment._nodes(mix, root / mix.slug, url, sessions)
+                nodes, views = experiment._nodes(mix, root / mix.slug, url, sessions, plan.nodes)
                 setups[mix.label] = (mix, nodes, views, relay)
             for round_index in range(1, args.rounds + 1):
                 t = time.perf_counter()

@@ -74,6 +74,10 @@ def build_parser() -> argparse.ArgumentParser:
     exp.add_argument("--rounds", type=int, help="rounds per mix (default 25, about two hours on a 2-core CPU)")
     exp.add_argument("--out", type=Path, required=True, help="folder for checkpoints, rounds and report.json / report.md / reward.png")
     exp.add_argument("--resume", action="store_true", help="carry on the experiment in --out with its saved settings")
+    exp.add_argument("--veterans", type=int, default=0, metavar="N",
+                     help="the first N nodes are veterans: they train --veteran-rounds rounds alone first (kept in "
+                          "OUT/veterans), then every mix starts them from there beside the fresh nodes (docs/swarm.md)")
+    exp.add_argument("--veteran-rounds", type=int, default=0, metavar="R", help="rounds the veterans train before the others join")
     exp.add_argument("--preset", default="default", help="default (this CPU, about two hours) or paper (the SAPO paper's 8 nodes and four mixes, for a GPU)")
     exp.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE", help="override one node setting, as in run (repeatable)")
     exp.add_argument("--device", help="auto, cuda or cpu (run.device)")
@@ -178,7 +182,8 @@ def cmd_export(args: argparse.Namespace, paths: Paths, config: NodeConfig) -> in
 
 
 def cmd_experiment(args: argparse.Namespace, paths: Paths) -> int:
-    from engine.experiment import Experiment, ExperimentTerminal, make_plan, plan_config
+    from engine.experiment import Experiment, ExperimentTerminal
+    from engine.experiment_plan import make_plan, plan_config
     from engine.launch import quote_toml
     from engine.sapo import Control
 
@@ -192,7 +197,8 @@ def cmd_experiment(args: argparse.Namespace, paths: Paths) -> int:
         print(f"sapling-node: error: {args.out} holds no experiment to resume.", file=sys.stderr)
         return 2
     if plan is None:
-        plan = Experiment.widened_plan(args.out, make_plan(args.preset, args.nodes, args.mixes, args.rounds, overrides))
+        plan = Experiment.widened_plan(args.out, make_plan(args.preset, args.nodes, args.mixes, args.rounds, overrides,
+                                                            args.veterans, args.veteran_rounds))
     from engine.priority import apply_priority
 
     log.info("Running at %s.", apply_priority(plan_config(plan).run.priority))

@@ -37,151 +37,33 @@ from typing import Any
 
 from engine.atomicio import append_line, atomic_write_json
 from engine.checkpoint import checkpoint_name, verify
-from engine.config import PRESETS, NodeConfig, build_config
+from engine.config import NodeConfig
 from engine.errors import CheckpointError, ConfigError, DeviceError
 from engine.events import Event
+from engine.experiment_plan import (
+    EVAL_FILE,
+    NODE_SEED_SPACING,
+    PLAN_FILE,
+    PROGRESS_FILE,
+    ROUNDS_FILE,
+    START_EVAL_FILE,
+    VETERANS_FOLDER,
+    Mix,
+    Plan,
+    check_plan,
+    plan_config,
+    read_json,
+    same_experiment,
+    saved_plan,
+    widen,
+)
 from engine.paths import Paths
 from engine.rollouts import Completion, Group, Offer
 from engine.sapo import Control, Node, RoundAborted, derive_seed
 
 log = logging.getLogger(__name__)
 
-# Node k's seed is seed + k * NODE_SEED_SPACING. reasoning-gym builds item (seed, index) from
-# Random(seed + index), and a round's questions take indices round * 1024 + slot, so seeds one apart
-# would hand node 1 node 0's questions one slot later; 10^7 apart, streams never meet before round 9765.
-NODE_SEED_SPACING = 10_000_000
-MAX_NODES = 64
-# At least this many held-out questions: 27 move by one question for a 3.7-point change.
-MIN_EVAL_QUESTIONS = 200
 PUBLISH_WAIT_S = 30.0
-
-PLAN_FILE = "experiment.json"
-PROGRESS_FILE = "progress.json"
-ROUNDS_FILE = "rounds.jsonl"
-EVAL_FILE = "eval.json"
-START_EVAL_FILE = "eval-start.json"
-
-
-@dataclass(frozen=True)
-class Mix:
-    """SAPO's I/J: I own groups and J external groups in each round's training batch."""
-
-    local: int
-    external: int
-
-    @property
-    def label(self) -> str:
-        return f"{self.local}/{self.external}"
-
-    @property
-    def slug(self) -> str:
-        return f"mix-{self.local}-{self.external}"
-
-
-def parse_mixes(text: str) -> tuple[Mix, ...]:
-    """'8/0,4/4' -> mixes; anything else is a ConfigError (one sentence, exit 2)."""
-    mixes: list[Mix] = []
-    for part in str(text).split(","):
-        left, slash, right = part.strip().partition("/")
-        if not slash or not left.isdigit() or not right.isdigit():
-            raise ConfigError(f"--mixes takes I/J pairs of whole numbers separated by commas, like 8/0,4/4; got {part.strip()!r}.")
-        mix = Mix(int(left), int(right))
-        if mix in mixes:
-            raise ConfigError(f"--mixes lists {mix.label} twice.")
-        mixes.append(mix)
-    return tuple(mixes)
-
-
-@dataclass(frozen=True)
-class Plan:
-    """What an experiment runs; saved in --out so that a resumed run uses the same."""
-
-    nodes: int
-    mixes: tuple[Mix, ...]
-    rounds: int
-    preset: str  # the experiment preset
-    overrides: tuple[str, ...]  # --set, after the preset's own
-
-    def to_json(self) -> dict[str, Any]:
-        return {"nodes": self.nodes, "mixes": [m.label for m in self.mixes], "rounds": self.rounds,
-                "preset": self.preset, "overrides": list(self.overrides)}
-
-    @classmethod
-    def from_json(cls, obj: dict[str, Any]) -> Plan:
-        return cls(int(obj["nodes"]), parse_mixes(",".join(obj["mixes"])), int(obj["rounds"]), str(obj["preset"]),
-                   tuple(obj["overrides"]))
-
-
-def _widen(saved: Plan | None, plan: Plan) -> Plan:
-    """`plan`, or the saved plan's mixes and then `plan`'s new ones when only the mixes differ."""
-    if saved is None or replace(saved, mixes=plan.mixes) != plan:
-        return plan
-    return replace(saved, mixes=saved.mixes + tuple(m for m in plan.mixes if m not in saved.mixes))
-
-
-@dataclass(frozen=True)
-class ExperimentPreset:
-    nodes: int
-    mixes: str
-    rounds: int
-    config_preset: str
-    settings: tuple[str, ...]  # applied before the user's --set
-
-
-# default: about two hours on a 2-core CPU (docs/results.md, "Swarm"). paper: the SAPO paper's
-# controlled experiment (8 nodes, one question per specialty per round, 8 completions, all four mixes), for a GPU.
-EXPERIMENT_PRESETS = {
-    "default": ExperimentPreset(4, "8/0,4/4", 25, "default", (f"tasks.eval_questions={MIN_EVAL_QUESTIONS}",)),
-    "paper": ExperimentPreset(8, "8/0,6/2,4/4,2/6", 500, "paper",
-                              ("tasks.questions_per_round=9", f"tasks.eval_questions={MIN_EVAL_QUESTIONS}")),
-}
-
-
-def make_plan(preset: str, nodes: int | None, mixes: str | None, rounds: int | None, overrides: Sequence[str]) -> Plan:
-    if preset not in EXPERIMENT_PRESETS:
-        raise ConfigError(f"--preset must be one of {', '.join(EXPERIMENT_PRESETS)}, got {preset!r}.")
-    base = EXPERIMENT_PRESETS[preset]
-    plan = Plan(base.nodes if nodes is None else nodes, parse_mixes(base.mixes if mixes is None else mixes),
-                base.rounds if rounds is None else rounds, preset, tuple(overrides))
-    check_plan(plan, plan_config(plan))
-    return plan
-
-
-def plan_config(plan: Plan) -> NodeConfig:
-    """The settings every node shares (defaults < config preset < experiment preset < --set)."""
-    base = EXPERIMENT_PRESETS[plan.preset]
-    if base.config_preset not in PRESETS:
-        raise ConfigError(f"unknown config preset {base.config_preset!r}")
-    return build_config(base.config_preset, None, [*base.settings, *plan.overrides])
-
-
-def check_plan(plan: Plan, config: NodeConfig) -> None:
-    """Refuse, in one sentence, a plan that cannot run as asked."""
-    if plan.nodes < 2:
-        raise ConfigError(f"--nodes must be at least 2 (an experiment compares sharing between nodes), got {plan.nodes}.")
-    if plan.nodes > MAX_NODES:
-        raise ConfigError(f"--nodes must be at most {MAX_NODES}, got {plan.nodes}.")
-    if plan.rounds < 1:
-        raise ConfigError(f"--rounds must be at least 1, got {plan.rounds}.")
-    if not plan.mixes:
-        raise ConfigError("--mixes must name at least one I/J mix, like 8/0,4/4.")
-    B = config.tasks.questions_per_round
-    for mix in plan.mixes:
-        if mix.local < 1:
-            raise ConfigError(f"Mix {mix.label}: I must be at least 1 (a node trains on some of its own groups).")
-        if mix.local > B:
-            raise ConfigError(f"Mix {mix.label}: I is more than the {B} questions a node writes each round "
-                              f"(raise tasks.questions_per_round).")
-        offered = (plan.nodes - 1) * B
-        if mix.external > offered:
-            raise ConfigError(f"Mix {mix.label}: J is more than the {offered} groups the other {plan.nodes - 1} "
-                              f"node(s) offer each round ({B} questions each).")
-    if config.grpo.finetune != "lora":
-        raise ConfigError("The experiment needs grpo.finetune = 'lora': the nodes share one frozen base model.")
-    if config.run.seed + (plan.nodes - 1) * NODE_SEED_SPACING >= 2**31:
-        raise ConfigError(f"run.seed is too large for {plan.nodes} nodes; use a seed below 2000000000 - "
-                          f"{(plan.nodes - 1) * NODE_SEED_SPACING}.")
-
 
 def node_seed(config: NodeConfig, index: int) -> int:
     return config.run.seed + index * NODE_SEED_SPACING
@@ -292,6 +174,18 @@ Say = Callable[[str], None]
 Progress = Callable[[str, int, int], None]
 
 
+@dataclass(frozen=True)
+class Stage:
+    """A run of rounds in one folder: a mix of the plan, or the veterans' training before them."""
+
+    mix: Mix
+    folder: Path
+    nodes: int
+    rounds: int
+    offset: int  # the nodes' round counters start here (the veterans' rounds)
+    starts: dict[int, Path]  # node index -> the checkpoint it begins from (the veterans)
+
+
 @dataclass
 class Hooks:
     """How the experiment talks to a person (the CLI's terminal view), and test doubles."""
@@ -301,31 +195,6 @@ class Hooks:
     round_done: Callable[[Mix, dict[str, Any]], None] = lambda mix, record: None
     mix_started: Callable[[Mix, int, int, int], None] = lambda mix, number, start, rounds: None
     reward: Reward | None = None  # tests: a verifier a random model can satisfy
-
-
-def _read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
-def read_rounds(path: Path, upto: int) -> list[dict[str, Any]]:
-    """The round records of a mix, one per round up to `upto` (a redone round's last record wins)."""
-    records: dict[int, dict[str, Any]] = {}
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except OSError:
-        return []
-    for line in lines:
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue  # a torn last line
-        if isinstance(record, dict) and isinstance(record.get("round"), int) and 1 <= record["round"] <= upto:
-            records[record["round"]] = record
-    return [records[r] for r in sorted(records)]
 
 
 class Experiment:
@@ -348,13 +217,7 @@ class Experiment:
     # -- the plan on disk ---------------------------------------------------------------------
     @staticmethod
     def saved_plan(out: Path) -> Plan | None:
-        data = _read_json(Path(out) / PLAN_FILE)
-        if data is None:
-            return None
-        try:
-            return Plan.from_json(data)
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ConfigError(f"{Path(out) / PLAN_FILE} is not an experiment plan ({exc}); use another --out.") from exc
+        return saved_plan(out)
 
     @classmethod
     def widened_plan(cls, out: Path, plan: Plan) -> Plan:
@@ -363,14 +226,16 @@ class Experiment:
         The nodes, seeds, rounds and settings are the same, so a mix added later pairs with
         the earlier ones exactly, as if it had been in the list from the start.
         """
-        return _widen(cls.saved_plan(out), plan)
+        return widen(saved_plan(out), plan)
 
     def _claim_out(self) -> None:
-        saved = self.saved_plan(self.out)
-        if saved is not None and replace(saved, mixes=self.plan.mixes) != self.plan:
-            raise ConfigError(f"{self.out} holds an experiment with other settings ({json.dumps(saved.to_json())}); "
+        saved = saved_plan(self.out)
+        if saved is not None and not same_experiment(saved, self.plan):
+            raise ConfigError(f"{self.out} holds an experiment with other settings ({json.dumps(saved.to_json()['mixes'])} "
+                              f"over {saved.nodes} nodes, {saved.rounds} rounds, --set {' '.join(saved.overrides) or 'none'}); "
                               "run it with --resume or choose another --out.")
-        self.plan = _widen(saved, self.plan)
+        self.plan = widen(saved, self.plan).frozen()
+        self.config = plan_config(self.plan)
         self.out.mkdir(parents=True, exist_ok=True)
         atomic_write_json(self.out / PLAN_FILE, self.plan.to_json())
 
@@ -408,8 +273,10 @@ class Experiment:
         start_eval = None
         try:
             start_eval = self._start_eval()
+            if self.plan.veterans:
+                self._run_stage(self._veteran_stage(), 0)
             for number, mix in enumerate(self.plan.mixes, 1):
-                self._run_mix(mix, number)
+                self._run_stage(self._mix_stage(mix), number)
         except RoundAborted as exc:  # a stop request: the report says how far every mix got
             log.info("Experiment stopped while %s; the last finished round of every mix is kept.", exc)
         report = build_report(self.plan, self.config, self.out, start_eval)
@@ -425,7 +292,7 @@ class Experiment:
         if not self._eval_enabled():
             return None
         path = self.out / START_EVAL_FILE
-        saved = _read_json(path)
+        saved = read_json(path)
         if saved is not None:
             # A folder measured before the held-out set shared one worked example per specialty
             # keeps its prompts, so that all its mixes are measured on the same test.
@@ -473,33 +340,58 @@ class Experiment:
             self.threads.update()
         self.hooks.progress(phase, done, total)
 
-    def _run_mix(self, mix: Mix, number: int) -> None:
-        folder = self.out / mix.slug
-        progress = _read_json(folder / PROGRESS_FILE) or {}
-        done = int(progress.get("round", 0))
-        if done >= self.plan.rounds and (not self._eval_enabled() or (folder / EVAL_FILE).is_file()):
+    def _mix_stage(self, mix: Mix) -> Stage:
+        plan = self.plan
+        starts = {k: self._veteran_checkpoint(k) for k in range(plan.veterans)}
+        return Stage(mix, self.out / mix.slug, plan.nodes, plan.rounds, plan.veteran_rounds, starts)
+
+    def _veteran_stage(self) -> Stage:
+        """The veterans' own training before the experiment: alone (B/0), in the folder's veterans/."""
+        B = self.config.tasks.questions_per_round
+        return Stage(Mix(B, 0), self.out / VETERANS_FOLDER, self.plan.veterans, self.plan.veteran_rounds, 0, {})
+
+    def _veteran_checkpoint(self, index: int) -> Path:
+        home = self.out / VETERANS_FOLDER / f"node-{index}"
+        return Paths.under(home).checkpoints(f"node-{index}") / checkpoint_name(self.plan.veteran_rounds)
+
+    def _run_stage(self, stage: Stage, number: int) -> None:
+        """Run a mix (number >= 1) or the veterans' training (number 0) from its last finished round."""
+        mix, folder = stage.mix, stage.folder
+        done = int((read_json(folder / PROGRESS_FILE) or {}).get("round", 0))
+        if done >= stage.rounds and (not self._eval_enabled() or (folder / EVAL_FILE).is_file()):
             return
         self._load_model()
-        self.hooks.mix_started(mix, number, done, self.plan.rounds)
+        if number:
+            self.hooks.mix_started(mix, number, done, stage.rounds)
+        else:
+            self.hooks.say(f"veterans: {stage.nodes} node(s) train {stage.rounds} rounds alone first "
+                           f"({done} done), in {folder}")
         relay = None
         sessions: list[Any] = []
         try:
             url = ""
             if mix.external:
                 relay, url = self._start_relay()
-            nodes, views = self._nodes(mix, folder, url, sessions)
-            for node in nodes:
-                self._load_round(node, done)
-            for round_index in range(done + 1, self.plan.rounds + 1):
-                record = self._round(mix, round_index, nodes, views, relay)
+            nodes, views = self._nodes(mix, folder, url, sessions, stage.nodes)
+            for k, node in enumerate(nodes):
+                self._load_round(node, stage.offset + done, done == 0, stage.starts.get(k) if done == 0 else None)
+            for round_index in range(done + 1, stage.rounds + 1):
+                record = self._round(mix, stage.offset + round_index, nodes, views, relay)
+                record["round"] = round_index
+                if stage.offset:
+                    record["node_round"] = stage.offset + round_index
                 append_line(folder / ROUNDS_FILE, json.dumps(record, sort_keys=True))
                 atomic_write_json(folder / PROGRESS_FILE, {"round": round_index})
-                self.hooks.round_done(mix, record)
+                if number:
+                    self.hooks.round_done(mix, record)
+                else:
+                    self.hooks.say(f"veterans round {round_index:>4} | reward by node "
+                                   + " ".join(f"{r:.3f}" for r in record["rewards"]))
             if self._eval_enabled() and not (folder / EVAL_FILE).is_file():
                 result = self._evaluate(views)
-                atomic_write_json(folder / EVAL_FILE, {"round": self.plan.rounds, **result})
-                self.hooks.say(f"mix {mix.label}: held-out accuracy after round {self.plan.rounds}: "
-                               f"{100 * result['accuracy']:.1f}% (mean of {len(views)} nodes)")
+                atomic_write_json(folder / EVAL_FILE, {"round": stage.rounds, **result})
+                self.hooks.say(f"{f'mix {mix.label}' if number else 'veterans'}: held-out accuracy after round "
+                               f"{stage.rounds}: {100 * result['accuracy']:.1f}% (mean of {len(views)} nodes)")
         finally:
             for session in sessions:
                 session.close()
@@ -515,12 +407,12 @@ class Experiment:
                                             name="sapling-experiment"))
         return relay, relay.start()
 
-    def _nodes(self, mix: Mix, folder: Path, url: str, sessions: list[Any]) -> tuple[list[Node], list[NodeBackend]]:
+    def _nodes(self, mix: Mix, folder: Path, url: str, sessions: list[Any], count: int) -> tuple[list[Node], list[NodeBackend]]:
         from engine.exchange import open_swarm
 
         nodes: list[Node] = []
         views: list[NodeBackend] = []
-        for k in range(self.plan.nodes):
+        for k in range(count):
             cfg = node_config(self.config, mix, k, url)
             home = folder / f"node-{k}"
             paths = Paths(config_dir=home / "config", data_dir=home, cache_dir=self.paths.cache_dir, log_dir=self.paths.log_dir)
@@ -549,14 +441,19 @@ class Experiment:
         elif kind == "error":
             self.hooks.say(f"error: {event['message']}")
 
-    def _load_round(self, node: Node, round_index: int) -> None:
-        """Every node at the experiment's last finished round (a node a round ahead from a crash is reloaded too)."""
+    def _load_round(self, node: Node, round_index: int, fresh: bool, start: Path | None = None) -> None:
+        """Every node at its stage's last finished round (a node a round ahead from a crash is reloaded too).
+
+        fresh: the stage has not begun; the node starts from `start` (a veteran's checkpoint: its
+        adapter and optimizer, still training) or from a new adapter, its round counter at `round_index`.
+        """
         node.round = round_index
-        if round_index == 0:
+        if fresh and start is None:
             return
-        path = node.checkpoint_root / checkpoint_name(round_index)
+        path = start if start is not None else node.checkpoint_root / checkpoint_name(round_index)
         if not path.is_dir():
-            raise CheckpointError(f"{path} is missing, but {PROGRESS_FILE} says round {round_index} finished; "
+            what = "the veterans' training finished" if start is not None else f"round {round_index} finished"
+            raise CheckpointError(f"{path} is missing, but {PROGRESS_FILE} says {what}; "
                                   "the experiment cannot resume from this folder.")
         verify(path)
         assert node.backend is not None

@@ -22,6 +22,18 @@ from typing import Any
 
 from engine.atomicio import atomic_write_bytes, atomic_write_json, atomic_write_text
 from engine.config import NodeConfig
+from engine.experiment_plan import (
+    EVAL_FILE,
+    ROUNDS_FILE,
+    START_EVAL_FILE,
+    VETERANS_FOLDER,
+    parse_mixes,
+    plan_config,
+    read_json,
+    read_rounds,
+    rounds_done,
+    saved_plan,
+)
 
 # The SAPO paper's cumulative rewards (8 Qwen2.5-0.5B nodes, I + J = 8), arXiv 2509.08721.
 PAPER_CUMULATIVE = {"8/0": 561.79, "6/2": 854.43, "4/4": 1093.31, "2/6": 945.87}
@@ -116,27 +128,73 @@ def _mix_summary(records: list[dict[str, Any]], nodes: int) -> dict[str, Any]:
 
 
 def baseline_of(label: str, labels: list[str]) -> str | None:
-    """The all-local mix with the same I + J (8/0 for 4/4), when the experiment ran it."""
+    """The all-local mix a mix is measured against, when the experiment ran it: the one with the same
+    I + J (8/0 for 4/4, the paper's comparison), else the node alone with its same I own groups
+    (8/0 for 8/4: a default node, which trains on all its own groups plus J from the swarm)."""
     i, j = (int(x) for x in label.split("/"))
-    base = f"{i + j}/0"
-    return base if base in labels and base != label else None
+    if j == 0:
+        return None
+    for base in (f"{i + j}/0", f"{i}/0"):
+        if base in labels:
+            return base
+    return None
+
+
+# A newcomer "reaches" the veterans when its mean reward over this many rounds first equals their starting reward.
+REACH_WINDOW = 5
+
+
+def veterans_start(out: Path, plan: Any) -> dict[str, Any] | None:
+    """The veterans' reward when the newcomers joined: their mean over the last REACH_WINDOW rounds of their
+    own training, and their held-out accuracy then."""
+    folder = Path(out) / VETERANS_FOLDER
+    records = read_rounds(folder / ROUNDS_FILE, rounds_done(folder))
+    if len(records) < plan.veteran_rounds:
+        return None
+    tail = records[-REACH_WINDOW:]
+    reward = sum(sum(rec["rewards"]) / len(rec["rewards"]) for rec in tail) / len(tail)
+    evaluation = read_json(folder / EVAL_FILE)
+    return {"rounds": plan.veteran_rounds, "reward": reward,
+            "accuracy": evaluation["accuracy"] if evaluation else None}
+
+
+def first_reach(rewards: list[float], target: float, window: int = REACH_WINDOW) -> int | None:
+    """The first round (1-based, the window's last) at which the mean of the last `window` rewards is >= target."""
+    for end in range(window, len(rewards) + 1):
+        if sum(rewards[end - window : end]) / window >= target:
+            return end
+    return None
+
+
+def newcomer_summary(records: list[dict[str, Any]], plan: Any, start: dict[str, Any] | None,
+                     evaluation: dict[str, Any] | None) -> dict[str, Any]:
+    """The fresh nodes' own numbers in a mix of a veterans experiment."""
+    fresh = list(range(plan.veterans, plan.nodes))
+    table = [[rec["rewards"][k] for rec in records] for k in fresh]
+    result: dict[str, Any] = {"nodes": fresh, "cumulative_reward": sum(map(sum, table)),
+                              "reward_by_node": [sum(row) for row in table]}
+    if start is not None:
+        result["reached_veterans_round"] = [first_reach(row, start["reward"]) for row in table]
+    if evaluation and "nodes" in evaluation:
+        result["held_out_accuracy"] = [evaluation["nodes"][k]["accuracy"] for k in fresh]
+    return result
 
 
 def build_report(plan: Any, config: NodeConfig, out: Path, start_eval: dict[str, Any] | None) -> dict[str, Any]:
-    from engine.experiment import EVAL_FILE, PROGRESS_FILE, ROUNDS_FILE, _read_json, read_rounds
-
     out = Path(out)
     labels = [m.label for m in plan.mixes]
     records: dict[str, list[dict[str, Any]]] = {}
     mixes: dict[str, Any] = {}
     for mix in plan.mixes:
-        done = int((_read_json(out / mix.slug / PROGRESS_FILE) or {}).get("round", 0))
-        records[mix.label] = read_rounds(out / mix.slug / ROUNDS_FILE, done)
+        records[mix.label] = read_rounds(out / mix.slug / ROUNDS_FILE, rounds_done(out / mix.slug))
         summary = _mix_summary(records[mix.label], plan.nodes)
         summary["complete"] = summary["rounds_done"] >= plan.rounds
         summary["eval_start"] = start_eval
-        summary["eval_end"] = _read_json(out / mix.slug / EVAL_FILE)
+        summary["eval_end"] = read_json(out / mix.slug / EVAL_FILE)
         summary["paper_cumulative_reward"] = PAPER_CUMULATIVE.get(mix.label)
+        if plan.veterans:
+            summary["veterans_start"] = veterans = veterans_start(out, plan)
+            summary["newcomers"] = newcomer_summary(records[mix.label], plan, veterans, summary["eval_end"])
         mixes[mix.label] = summary
     for label in labels:
         base = baseline_of(label, labels)
@@ -146,6 +204,10 @@ def build_report(plan: Any, config: NodeConfig, out: Path, start_eval: dict[str,
         a = [[rec["rewards"][k] for rec in records[label][:common]] for k in range(plan.nodes)]
         b = [[rec["rewards"][k] for rec in records[base][:common]] for k in range(plan.nodes)]
         mixes[label]["against_baseline"] = {"baseline": base, "rounds": common, **two_way_bootstrap(a, b)}
+        if plan.veterans:
+            fresh = slice(plan.veterans, plan.nodes)
+            mixes[label]["newcomers"]["against_baseline"] = {"baseline": base, "rounds": common,
+                                                             **two_way_bootstrap(a[fresh], b[fresh])}
         if base in PAPER_CUMULATIVE and label in PAPER_CUMULATIVE:
             mixes[label]["against_baseline"]["paper_ratio"] = PAPER_CUMULATIVE[label] / PAPER_CUMULATIVE[base]
     t = config.tasks
@@ -208,6 +270,24 @@ def report_markdown(report: dict[str, Any]) -> str:
         rejected = ", ".join(f"{k} {v}" for k, v in sorted(m["rejected_external_items"].items())) or "-"
         lines.append(f"| {label} | {_fmt(m['trained_own_informative_per_node_round'], 2)} | "
                      f"{_fmt(m['external_groups_per_node_round'], 2)} | {rejected} | {_fmt(m['seconds_per_round'], 1)} |")
+    newcomers = {label: m for label, m in report["mixes"].items() if "newcomers" in m}
+    if newcomers:
+        start = next(iter(newcomers.values())).get("veterans_start") or {}
+        lines += ["", f"Newcomers (nodes {', '.join(map(str, next(iter(newcomers.values()))['newcomers']['nodes']))}) "
+                  f"beside {plan.get('veterans', 0)} veterans trained {plan.get('veteran_rounds', 0)} rounds alone "
+                  f"(their reward then: {_fmt(start.get('reward'))}, held-out {_pct(start if start.get('accuracy') is not None else None)}).", "",
+                  "| mix | newcomers' cumulative reward | ratio to baseline [95% CI] | round its 5-round mean reached the veterans' | held-out at the end |",
+                  "|---|---|---|---|---|"]
+        for label, m in newcomers.items():
+            n = m["newcomers"]
+            against = n.get("against_baseline")
+            ratio = "-"
+            if against and against["ratio"] is not None:
+                ci = against["ratio_ci95"] or [None, None]
+                ratio = f"{against['ratio']:.3f} [{_fmt(ci[0])}, {_fmt(ci[1])}] vs {against['baseline']}"
+            reached = ", ".join("not yet" if r is None else str(r) for r in n.get("reached_veterans_round", [])) or "-"
+            held = ", ".join(f"{100 * a:.1f}%" for a in n.get("held_out_accuracy", [])) or "-"
+            lines.append(f"| {label} | {n['cumulative_reward']:.2f} | {ratio} | {reached} | {held} |")
     lines += ["", "![reward per round](reward.png)", ""]
     return "\n".join(lines)
 
@@ -253,17 +333,14 @@ def write_report(report: dict[str, Any], out: Path) -> None:
 
 def _mix_rounds(folder: Path, label: str) -> tuple[Any, list[dict[str, Any]]]:
     """The plan of the experiment in `folder` and the round records of its mix `label` finished so far."""
-    from engine.experiment import PROGRESS_FILE, ROUNDS_FILE, Experiment, _read_json, parse_mixes, read_rounds
-
     try:
         mix = parse_mixes(label)[0]
     except ValueError:
         raise ValueError(f"{label!r} is not a mix of two whole numbers like 4/4.") from None
-    plan = Experiment.saved_plan(folder)
+    plan = saved_plan(folder)
     if plan is None or label not in [m.label for m in plan.mixes]:
         raise ValueError(f"{folder} holds no experiment with mix {label}.")
-    done = int((_read_json(folder / mix.slug / PROGRESS_FILE) or {}).get("round", 0))
-    return plan, read_rounds(folder / mix.slug / ROUNDS_FILE, done)
+    return plan, read_rounds(folder / mix.slug / ROUNDS_FILE, rounds_done(folder / mix.slug))
 
 
 def compare(a_dir: Path, b_dir: Path, label: str, label_b: str | None = None) -> dict[str, Any]:
@@ -336,8 +413,6 @@ def variants_plot(variants: Sequence[str]) -> bytes:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from engine.experiment import START_EVAL_FILE, Experiment, _read_json, plan_config
-
     args = sys.argv[1:] if argv is None else argv
     if len(args) in (4, 5) and args[0] == "--compare":
         try:
@@ -379,11 +454,11 @@ def main(argv: list[str] | None = None) -> int:
               "over several seeds, one pair of folders per seed)", file=sys.stderr)
         return 2
     out = Path(args[0])
-    plan = Experiment.saved_plan(out)
+    plan = saved_plan(out)
     if plan is None:
         print(f"{out} holds no experiment ({out / 'experiment.json'} is missing).", file=sys.stderr)
         return 2
-    report = build_report(plan, plan_config(plan), out, _read_json(out / START_EVAL_FILE))
+    report = build_report(plan, plan_config(plan), out, read_json(out / START_EVAL_FILE))
     write_report(report, out)
     print(json.dumps({k: {"rounds": m["rounds_done"], "cumulative_reward": m["cumulative_reward"]}
                       for k, m in report["mixes"].items()}))

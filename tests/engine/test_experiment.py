@@ -13,14 +13,8 @@ from safetensors.torch import load_file
 from engine.cli import main
 from engine.config import build_config
 from engine.errors import ConfigError
-from engine.experiment import (
-    Experiment,
-    Hooks,
-    Mix,
-    NodeBackend,
-    make_plan,
-    parse_mixes,
-)
+from engine.experiment import Experiment, Hooks, NodeBackend
+from engine.experiment_plan import Mix, make_plan, parse_mixes
 from engine.experiment_report import baseline_of, compare, pooled_compare, stratified_bootstrap, two_way_bootstrap
 from engine.paths import Paths
 from engine.sapo import Control
