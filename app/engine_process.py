@@ -5,9 +5,10 @@ with `engine.events.parse_event` and emits the events; a malformed line is
 reported on `badLine` and skipped, never fatal. stderr goes out line by line
 on `stderrLine` (the log view shows it). Commands go in on stdin.
 
-In a dev checkout the child is ``python -m engine.cli serve``; in a frozen
-build it is the same executable with the ``node`` subcommand
-(``sapling node serve``), which `app.main` hands to `engine.cli.main`.
+The command line comes from `engine.events.node_command`: ``python -m
+engine.cli serve`` in a dev checkout; in a frozen build the same executable
+with the ``node`` subcommand (``sapling node serve``), which `app.main` hands
+to `engine.cli.main`.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from PySide6.QtCore import QObject, QProcess, QProcessEnvironment, QTimer, Signa
 
 import engine
 from engine.errors import EventError
-from engine.events import MAX_LINE_CHARS, encode, make_command, parse_event
+from engine.events import MAX_LINE_CHARS, encode, make_command, node_command, parse_event
 
 log = logging.getLogger(__name__)
 
@@ -33,10 +34,8 @@ TAIL_LINES = 60
 
 
 def engine_command(flags: Sequence[str] = ()) -> list[str]:
-    """The command line that starts `sapling-node serve` with `flags`."""
-    if getattr(sys, "frozen", False):
-        return [sys.executable, "node", "serve", *flags]
-    return [sys.executable, "-m", "engine.cli", "serve", *flags]
+    """The command line that starts `sapling-node serve` with `flags` (`engine.events.node_command`)."""
+    return node_command("serve", flags)
 
 
 def engine_environment() -> QProcessEnvironment:

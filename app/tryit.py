@@ -10,9 +10,9 @@ runs the child gets a budget of 1 thread (`TRAINING_THREADS`), else every core.
 `ExportDialog` runs `sapling-node export` as a child process with the chosen
 format and shows its progress lines, then where the file went.
 
-The messages `engine/chat.py` sends are listed in `CHAT_MESSAGES`; the app
-imports only the light engine modules (tests/app/test_main.py), and
-tests/app/test_tryit.py checks this list against the engine's.
+The messages `engine/chat.py` sends, and the command line that starts it,
+come from `engine.events` (`CHAT_MESSAGE_FIELDS`, `node_command`), the one
+engine module both sides of the process boundary import.
 """
 
 from __future__ import annotations
@@ -46,18 +46,11 @@ from PySide6.QtWidgets import (
 
 from app.engine_process import engine_environment
 from engine.config import SAPO_SPECIALTIES
-from engine.events import encode
+from engine.events import CHAT_MESSAGE_FIELDS, encode
+from engine.events import node_command as node_command  # the window starts `chat` and `export` with it
 
 log = logging.getLogger(__name__)
 
-CHAT_MESSAGES: dict[str, tuple[str, ...]] = {
-    "ready": ("llama_cpp", "message", "specialties"),
-    "question": ("id", "specialty", "text", "answer"),
-    "status": ("id", "message"),
-    "token": ("id", "side", "text"),
-    "answer": ("id", "side", "text", "score", "round", "tokens", "first_token_s", "seconds"),
-    "error": ("id", "message"),
-}
 TRAINING_PHASES = ("starting", "training", "stopping")  # paused or waiting: training computes nothing
 TRAINING_THREADS = 1
 FLUSH_MS = 40  # streamed tokens reach an answer's text at most this late (25 updates a second)
@@ -67,14 +60,6 @@ EXPORT_CHOICES = (
     ("GGUF LoRA adapter (llama.cpp --lora)", "gguf-lora", "f16", ".gguf"),
     ("Hugging Face folder (safetensors)", "hf", "f16", ""),
 )
-
-
-def node_command(subcommand: str, flags: Sequence[str] = ()) -> list[str]:
-    """A `sapling-node` subcommand as a child: `python -m engine.<module>` here, `sapling node ...` frozen."""
-    if getattr(sys, "frozen", False):
-        return [sys.executable, "node", subcommand, *flags]
-    module = "engine.chat" if subcommand == "chat" else "engine.cli"
-    return [sys.executable, "-m", module, *([] if subcommand == "chat" else [subcommand]), *flags]
 
 
 def settings_flags(engine_argv: Sequence[str]) -> list[str]:
@@ -90,10 +75,10 @@ def parse_chat_line(line: bytes) -> dict[str, Any] | None:
     except ValueError:
         log.warning("Try it: ignored a line that is not JSON: %.120r", line)
         return None
-    if not isinstance(message, dict) or message.get("type") not in CHAT_MESSAGES:
+    if not isinstance(message, dict) or message.get("type") not in CHAT_MESSAGE_FIELDS:
         log.warning("Try it: ignored an unknown message: %.120r", line)
         return None
-    missing = [name for name in CHAT_MESSAGES[message["type"]] if name not in message]
+    missing = [name for name in CHAT_MESSAGE_FIELDS[message["type"]] if name not in message]
     if missing:
         log.warning("Try it: a %s message lacks %s", message["type"], ", ".join(missing))
         return None

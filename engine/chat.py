@@ -1,6 +1,6 @@
 """Try it: a question answered token by token by the newest checkpoint and, beside it, by the base model.
 
-    python -m engine.chat [--home DIR] [--run-name NAME] [--budget N]    (a frozen build: sapling node chat ...)
+    sapling-node chat [--home DIR] [--run-name NAME] [--budget N]    (the app starts it with engine.events.node_command)
 
 The desktop app's Try it panel runs this as a child process and talks to it
 in JSON lines. It answers with llama.cpp (llama-cpp-python) from GGUF exports:
@@ -23,7 +23,7 @@ Commands (stdin), one JSON object per line:
     {"cmd": "threads", "n": 1}                              thread budget from the next answer on
     {"cmd": "cancel"}                                       stop the answer being written
 
-Messages (stdout), each with "type":
+Messages (stdout), each with "type" (their required fields: `engine.events.CHAT_MESSAGE_FIELDS`):
 
     ready     llama_cpp (bool), message (one sentence when llama.cpp is unusable, else ""), specialties
     question  id, specialty, text, answer (a reference answer, or null)
@@ -55,21 +55,12 @@ from typing import Any
 
 from engine.config import SAPO_SPECIALTIES, NodeConfig
 from engine.errors import SaplingError
-from engine.events import encode
+from engine.events import CHAT_COMMANDS, encode, node_command
 from engine.paths import Paths
 
 log = logging.getLogger(__name__)
 
 SIDES = ("trained", "base")
-MESSAGE_FIELDS: dict[str, tuple[str, ...]] = {
-    "ready": ("llama_cpp", "message", "specialties"),
-    "question": ("id", "specialty", "text", "answer"),
-    "status": ("id", "message"),
-    "token": ("id", "side", "text"),
-    "answer": ("id", "side", "text", "score", "round", "tokens", "first_token_s", "seconds"),
-    "error": ("id", "message"),
-}
-COMMANDS = ("question", "ask", "threads", "cancel")
 TYPED_MAX_TOKENS = 256
 CONTEXT_TOKENS = 2048
 KEEP_EXPORTS = 2  # checkpoints' GGUF files kept per run (the base model's is kept too)
@@ -92,13 +83,6 @@ def llama_cpp_problem() -> str:
     except (OSError, RuntimeError) as exc:
         return f"llama-cpp-python is installed but its library does not load here ({exc}); reinstall it: {INSTALL_HINT}."
     return ""
-
-
-def node_command(*args: str) -> list[str]:
-    """How to run a `sapling-node` subcommand from this process: the same executable in a frozen build."""
-    if getattr(sys, "frozen", False):
-        return [sys.executable, "node", *args]
-    return [sys.executable, "-m", "engine.cli", *args]
 
 
 @dataclass
@@ -249,8 +233,8 @@ class ChatServer:
             self.send({"type": "status", "id": ask_id,
                        "message": f"Preparing {what} for llama.cpp (once per checkpoint; minutes on a busy computer)…"})
         path.parent.mkdir(parents=True, exist_ok=True)
-        argv = node_command("export", *self.export_flags, "--threads", str(self.budget), "--format", "gguf",
-                            "--round", str(round_index), "--out", str(path))
+        argv = node_command("export", [*self.export_flags, "--threads", str(self.budget), "--format", "gguf",
+                                       "--round", str(round_index), "--out", str(path)])
         log.info("exporting for Try it: %s", argv)
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 encoding="utf-8", errors="replace")
@@ -398,7 +382,7 @@ def _reader(server: ChatServer, commands: queue.Queue[dict[str, Any] | None]) ->
         except ValueError:
             log.warning("ignoring a line that is not JSON: %.80s", line)
             continue
-        if not isinstance(command, dict) or command.get("cmd") not in COMMANDS:
+        if not isinstance(command, dict) or command.get("cmd") not in CHAT_COMMANDS:
             log.warning("ignoring an unknown command: %.80s", line)
             continue
         if command["cmd"] == "cancel":
@@ -412,10 +396,10 @@ def _reader(server: ChatServer, commands: queue.Queue[dict[str, Any] | None]) ->
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from engine.cli import _common
+    from engine.launch import add_settings_flags
 
     parser = argparse.ArgumentParser(prog="sapling-node chat", description=__doc__.split("\n\n")[0] if __doc__ else None)
-    _common(parser)
+    add_settings_flags(parser)
     parser.add_argument("--budget", type=int, default=max(1, os.cpu_count() or 1),
                         help="threads for llama.cpp and for exports (the app gives 1 while training runs)")
     return parser

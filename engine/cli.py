@@ -22,13 +22,13 @@ from pathlib import Path
 from typing import Any
 
 from engine import __version__
-from engine.config import PRESETS, NodeConfig
+from engine.config import NodeConfig
 from engine.errors import SaplingError
 from engine.events import Event
 from engine.export import DEFAULT_QUANT
 from engine.export import FORMATS as EXPORT_FORMATS
 from engine.export import QUANTS as EXPORT_QUANTS
-from engine.launch import config_from_args, run_node, setup_logging, stop_on_signals
+from engine.launch import add_settings_flags, config_from_args, run_node, setup_logging, stop_on_signals
 from engine.paths import Paths
 
 log = logging.getLogger("engine")
@@ -36,33 +36,16 @@ log = logging.getLogger("engine")
 EXIT_INTERRUPTED = 130
 
 
-def _common(parser: argparse.ArgumentParser) -> None:
-    g = parser.add_argument_group("configuration (defaults < preset < config file < flags)")
-    g.add_argument("--home", type=Path, help="keep config, data, cache and logs under this one folder")
-    g.add_argument("--config", type=Path, help="config file (default: config.toml in the config dir)")
-    g.add_argument("--preset", default="default", choices=sorted(PRESETS), help="starting settings: default fits a CPU laptop; paper is the SAPO paper's")
-    g.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE", help="override one setting, e.g. grpo.learning_rate=1e-4 (repeatable)")
-    g.add_argument("--device", help="auto, cuda, mlx or cpu (run.device)")
-    g.add_argument("--model", help="'bundled', a local HF folder or a hub id (model.source)")
-    g.add_argument("--run-name", help="name of the run; checkpoints are per run (run.run_name)")
-    g.add_argument("--seed", type=int, help="node seed (run.seed)")
-    g.add_argument("--rounds", type=int, help="stop after this round number; 0 trains until stopped (run.max_rounds)")
-    g.add_argument("--threads", type=int, help="CPU threads, 0 for all (run.threads)")
-    g.add_argument("--relay", metavar="URL", help="join this relay (ws://host:port/ws, or an invite with ?token=) (swarm.mode=relay)")
-    g.add_argument("--solo", action="store_true", default=None, help="train alone, share nothing (swarm.mode=solo)")
-    parser.add_argument("-v", "--verbose", action="store_true", help="show debug logs")
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sapling-node", description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--version", action="version", version=f"sapling {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     run = sub.add_parser("run", help="train in this terminal, with progress bars and one line per round")
-    _common(run)
+    add_settings_flags(run)
     serve = sub.add_parser("serve", help="train driven by JSON lines (used by the desktop app)")
-    _common(serve)
+    add_settings_flags(serve)
     export = sub.add_parser("export", help="write the trained model, merged, as a Hugging Face folder or a GGUF file (docs/exporting.md)")
-    _common(export)
+    add_settings_flags(export)
     export.add_argument("--out", type=Path, required=True, help="folder (hf) or file (gguf, gguf-lora) to write, replaced atomically")
     export.add_argument("--format", default="hf", choices=EXPORT_FORMATS, help="hf: merged Hugging Face folder; gguf: merged GGUF file for llama.cpp, Ollama, LM Studio; gguf-lora: the adapter alone, for llama.cpp's --lora")
     export.add_argument("--quant", default=DEFAULT_QUANT, choices=EXPORT_QUANTS,
@@ -87,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     exp.add_argument("--home", type=Path, help="where the converted model cache and logs live (as in run)")
     exp.add_argument("-v", "--verbose", action="store_true", help="show debug logs")
     cfg = sub.add_parser("config", help="print the effective configuration as TOML")
-    _common(cfg)
+    add_settings_flags(cfg)
     return parser
 
 

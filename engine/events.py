@@ -30,6 +30,11 @@ Commands: ``{"cmd": "pause" | "resume" | "stop" | "reload", "v": 1}`` and
 ``stop`` finishes at the next safe point with a checkpoint; ``reload`` re-reads
 config.toml and applies it at the next round boundary; ``unban`` lifts a local
 ban before the next swarm sample and is answered by a `peers` event.
+
+Two more rules cross the same boundary and live here too: the messages of
+Try it's child, `sapling-node chat` (`CHAT_MESSAGE_FIELDS`, `CHAT_COMMANDS`;
+engine/chat.py explains each), and how any process starts a `sapling-node`
+subcommand as a child (`node_command`).
 """
 
 from __future__ import annotations
@@ -37,8 +42,9 @@ from __future__ import annotations
 import json
 import logging
 import math
+import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from engine.errors import EventError
@@ -64,6 +70,29 @@ COMMANDS = ("pause", "resume", "stop", "reload", "unban")
 COMMAND_FIELDS: Mapping[str, tuple[tuple[str, type], ...]] = {"unban": (("peer", str),)}
 
 Event = dict[str, Any]
+
+# `sapling-node chat` (engine/chat.py, the app's Try it tab): the messages it writes and their required
+# fields, and the commands it reads.
+CHAT_MESSAGE_FIELDS: Mapping[str, tuple[str, ...]] = {
+    "ready": ("llama_cpp", "message", "specialties"),
+    "question": ("id", "specialty", "text", "answer"),
+    "status": ("id", "message"),
+    "token": ("id", "side", "text"),
+    "answer": ("id", "side", "text", "score", "round", "tokens", "first_token_s", "seconds"),
+    "error": ("id", "message"),
+}
+CHAT_COMMANDS = ("question", "ask", "threads", "cancel")
+
+
+def node_command(subcommand: str, flags: Sequence[str] = ()) -> list[str]:
+    """The command line that starts `sapling-node SUBCOMMAND FLAGS...` as a child of this process.
+
+    From a checkout or a pip install: this Python with ``-m engine.cli``. In a frozen build there is
+    no Python to run modules with: the same executable with its ``node`` subcommand (app.main).
+    """
+    if getattr(sys, "frozen", False):
+        return [sys.executable, "node", subcommand, *flags]
+    return [sys.executable, "-m", "engine.cli", subcommand, *flags]
 
 
 def _clean(value: Any) -> Any:

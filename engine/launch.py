@@ -1,5 +1,7 @@
-"""What `sapling-node run` and `serve` share: settings from flags, logging, signals, one node run.
+"""What `sapling-node run`, `serve`, `export`, `config` and `chat` share: settings flags, logging, signals, a run.
 
+- `add_settings_flags`: the settings flags every node subcommand takes
+  (--home, --config, --preset, --set and their shortcuts), one definition.
 - `config_from_args`: defaults < preset < config file < flags, as one `NodeConfig`.
 - `setup_logging`: a rotating file in the log dir for everything; the
   console (or the app, under `serve`) gets the node's own messages only.
@@ -23,9 +25,10 @@ import os
 import signal
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
-from engine.config import NodeConfig, build_config
+from engine.config import PRESETS, NodeConfig, build_config
 from engine.errors import ConfigError
 from engine.events import Event
 from engine.paths import Paths
@@ -35,6 +38,24 @@ log = logging.getLogger(__name__)
 # The exit code of a process ended by a second SIGTERM or Ctrl-C (128 + the signal number).
 EXIT_FORCED = {signal.SIGINT: 130, signal.SIGTERM: 143}
 LIBRARY_LOGGERS = ("httpx", "urllib3", "huggingface_hub", "filelock")
+
+
+def add_settings_flags(parser: argparse.ArgumentParser) -> None:
+    """The settings flags (defaults < preset < config file < flags) and -v, as every node subcommand takes them."""
+    g = parser.add_argument_group("configuration (defaults < preset < config file < flags)")
+    g.add_argument("--home", type=Path, help="keep config, data, cache and logs under this one folder")
+    g.add_argument("--config", type=Path, help="config file (default: config.toml in the config dir)")
+    g.add_argument("--preset", default="default", choices=sorted(PRESETS), help="starting settings: default fits a CPU laptop; paper is the SAPO paper's")
+    g.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE", help="override one setting, e.g. grpo.learning_rate=1e-4 (repeatable)")
+    g.add_argument("--device", help="auto, cuda, mlx or cpu (run.device)")
+    g.add_argument("--model", help="'bundled', a local HF folder or a hub id (model.source)")
+    g.add_argument("--run-name", help="name of the run; checkpoints are per run (run.run_name)")
+    g.add_argument("--seed", type=int, help="node seed (run.seed)")
+    g.add_argument("--rounds", type=int, help="stop after this round number; 0 trains until stopped (run.max_rounds)")
+    g.add_argument("--threads", type=int, help="CPU threads, 0 for all (run.threads)")
+    g.add_argument("--relay", metavar="URL", help="join this relay (ws://host:port/ws, or an invite with ?token=) (swarm.mode=relay)")
+    g.add_argument("--solo", action="store_true", default=None, help="train alone, share nothing (swarm.mode=solo)")
+    parser.add_argument("-v", "--verbose", action="store_true", help="show debug logs")
 
 
 def config_from_args(args: argparse.Namespace, paths: Paths) -> NodeConfig:

@@ -60,7 +60,7 @@ from mlx_lm.utils import load_model
 from transformers import AutoTokenizer
 
 from engine.atomicio import atomic_dir
-from engine.backends import StepCallback
+from engine.backends.base import StepCallback
 from engine.backends.batching import HFTokenizerText, MicroBatchBudget
 from engine.backends.steps import train_steps
 from engine.config import GRPOConfig

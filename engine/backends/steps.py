@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from engine.backends import StepCallback
+from engine.backends.base import StepCallback
 from engine.backends.batching import MicroBatchBudget, micro_batches
 from engine.config import GRPOConfig
 from engine.rollouts import TrainItem

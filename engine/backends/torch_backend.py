@@ -49,7 +49,7 @@ from transformers import (
 )
 
 from engine.atomicio import atomic_dir
-from engine.backends import StepCallback
+from engine.backends.base import StepCallback
 from engine.backends.batching import HFTokenizerText, MicroBatchBudget, micro_batches
 from engine.backends.decode import DecodedRow, DecodeModel, LoraAdapter, decode_batch, unsupported_reason
 from engine.backends.steps import train_steps

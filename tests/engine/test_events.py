@@ -2,13 +2,27 @@ from __future__ import annotations
 
 import json
 import logging
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.errors import EventError
-from engine.events import EVENT_FIELDS, encode, make_command, make_event, parse_command, parse_event
+from engine.events import (
+    CHAT_MESSAGE_FIELDS,
+    EVENT_FIELDS,
+    encode,
+    make_command,
+    make_event,
+    node_command,
+    parse_command,
+    parse_event,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_every_event_type_round_trips() -> None:
@@ -63,3 +77,19 @@ def test_parsers_never_raise_anything_but_event_error(line: str | bytes) -> None
             parser(line)
         except EventError:
             pass
+
+
+def test_node_command_runs_the_cli_here_and_the_node_subcommand_when_frozen(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert node_command("chat", ["--home", "/h"]) == [sys.executable, "-m", "engine.cli", "chat", "--home", "/h"]
+    monkeypatch.setattr(sys, "frozen", True, raising=False)
+    assert node_command("export", ["--out", "x"]) == [sys.executable, "node", "export", "--out", "x"]
+
+
+@pytest.mark.integration
+def test_the_chat_child_starts_from_node_command_and_says_ready(tmp_path: Path) -> None:
+    """`sapling-node chat` as every caller starts it: its first line is a `ready` message with its fields."""
+    argv = node_command("chat", ["--home", str(tmp_path / "home"), "--budget", "1"])
+    out = subprocess.run(argv, input="", capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    first = json.loads(out.stdout.splitlines()[0])
+    assert first["type"] == "ready" and set(CHAT_MESSAGE_FIELDS["ready"]) <= set(first)

@@ -1,0 +1,61 @@
+"""What a training backend is: the `PolicyBackend` protocol the round loop calls, and `StepCallback`.
+
+Its own module so that the backends import it without importing
+`engine.backends`, whose `load_backend` imports them (no import cycle).
+Imports nothing heavy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+from engine.config import GRPOConfig
+from engine.device import DeviceInfo
+from engine.rollouts import Completion, TrainItem
+
+# Called with (steps done, steps total); may block (pause) or raise (stop).
+StepCallback = Callable[[int, int], None]
+
+
+class PolicyBackend(Protocol):
+    """What the round loop needs from a model: sample, score text, learn, persist."""
+
+    device: DeviceInfo
+    eos_token_id: int
+
+    def encode_prompt(self, messages: list[dict[str, str]]) -> list[int]: ...
+
+    def decode(self, token_ids: Sequence[int]) -> str: ...
+
+    def encode_completion(self, text: str) -> list[int]: ...
+
+    def generate(
+        self,
+        prompts: Sequence[list[int]],
+        n: int,
+        max_new_tokens: int,
+        temperature: float,
+        on_step: StepCallback | None = None,
+    ) -> list[Completion]: ...
+
+    def greedy(self, prompts: Sequence[list[int]], max_new_tokens: int, on_step: StepCallback | None = None) -> list[str]: ...
+
+    def behaviour_logprobs(self, items: Sequence[tuple[list[int], list[int]]], temperature: float) -> list[list[float]]: ...
+
+    def train(self, items: Sequence[TrainItem], on_step: StepCallback | None = None) -> dict[str, float]: ...
+
+    def reseed(self, seed: int) -> None: ...
+
+    def apply_settings(self, grpo: GRPOConfig, temperature: float) -> None:
+        """Take reloaded settings (learning rate, clipping, temperature...); the model's shape is unchanged."""
+        ...
+
+    def save(self, folder: Path) -> list[str]: ...
+
+    def load(self, folder: Path) -> None: ...
+
+    def export(self, folder: Path) -> None: ...
+
+    def rng_state(self) -> dict[str, Any]: ...
