@@ -14,6 +14,12 @@ failing at start-up on an older one.
 
 A soname missing from the table is an error naming the file that needs it:
 add the package here rather than ship a .deb that might not start.
+
+The NVIDIA driver's own libraries (libcuda.so.1, libnvidia-ml.so.1, ...) are the
+exception: a CUDA build of torch links them, but they come with the driver the
+user installed (its package name differs between distros and driver series), are
+never bundled, and are loaded only when a GPU is there. They are left out of
+Depends and named on stderr.
 """
 
 from __future__ import annotations
@@ -57,6 +63,10 @@ PACKAGES = {
     "libstdc++.so.6": "libstdc++6",
     "libgcc_s.so.1": "libgcc-s1",
 }
+# The NVIDIA driver's user-space libraries: libcuda.so.1, libnvidia-ml.so.1, libnvidia-ptxjitcompiler.so.1,
+# libnvcuvid.so.1, libcudadebugger.so.1 ... (not libcudart, libcublas etc.: those are CUDA toolkit
+# libraries, which a CUDA build of torch bundles).
+DRIVER_LIBRARY = re.compile(r"^lib(cuda|cudadebugger|nvcuvid|nvidia-[a-z0-9-]+|nvoptix)\.so(\.\d+)*$")
 XCB = re.compile(r"^libxcb-([a-z-]+)\.so\.(\d+)$")  # libxcb-render-util.so.0 -> libxcb-render-util0
 
 
@@ -67,6 +77,10 @@ def package_for(soname: str) -> str | None:
     if match:
         return f"libxcb-{match.group(1)}{match.group(2)}"
     return None
+
+
+def is_driver_library(soname: str) -> bool:
+    return DRIVER_LIBRARY.match(soname) is not None
 
 
 def elf_files(root: Path) -> list[Path]:
@@ -88,8 +102,8 @@ def version_key(text: str) -> tuple[int, ...]:
     return tuple(int(part) for part in text.split("."))
 
 
-def depends(root: Path) -> str:
-    bundled = {p.name for p in root.rglob("*")}
+def needed_sonames(root: Path) -> tuple[dict[str, Path], str]:
+    """Every NEEDED soname in the build (with the first file that needs it) and the newest GLIBC_x.y in use."""
     needed: dict[str, Path] = {}
     glibc = "2.17"
     for path in elf_files(root):
@@ -100,20 +114,39 @@ def depends(root: Path) -> str:
         for version in re.findall(r"GLIBC_(\d+\.\d+(?:\.\d+)?)", objdump("-T", path)):
             if version_key(version) > version_key(glibc):
                 glibc = version
+    return needed, glibc
+
+
+def resolve(needed: dict[str, str], bundled: set[str], glibc: str) -> tuple[list[str], list[str], list[str]]:
+    """(Depends entries, driver libraries left to the user's NVIDIA driver, unknown sonames with their users)."""
     packages = {f"libc6 (>= {glibc})"}
-    unknown = []
-    for soname, path in sorted(needed.items()):
+    driver: list[str] = []
+    unknown: list[str] = []
+    for soname, user in sorted(needed.items()):
         if soname in bundled or soname in GLIBC_SONAMES:
+            continue
+        if is_driver_library(soname):
+            driver.append(soname)
             continue
         package = package_for(soname)
         if package is None:
-            unknown.append(f"{soname} (needed by {path.relative_to(root)})")
+            unknown.append(f"{soname} (needed by {user})")
         else:
             packages.add(package)
+    return sorted(packages), driver, unknown
+
+
+def depends(root: Path) -> str:
+    bundled = {p.name for p in root.rglob("*")}
+    needed, glibc = needed_sonames(root)
+    packages, driver, unknown = resolve({name: str(path.relative_to(root)) for name, path in needed.items()},
+                                        bundled, glibc)
     if unknown:
         raise SystemExit("debdeps: no Debian package known for: " + ", ".join(unknown)
                          + "\nAdd it to PACKAGES in installers/linux/debdeps.py, or leave the file out of the build.")
-    return ", ".join(sorted(packages))
+    if driver:
+        print("debdeps: left to the NVIDIA driver (not in Depends): " + ", ".join(driver), file=sys.stderr)
+    return ", ".join(packages)
 
 
 if __name__ == "__main__":
