@@ -351,8 +351,13 @@ class Experiment:
         return Stage(Mix(B, 0), self.out / VETERANS_FOLDER, self.plan.veterans, self.plan.veteran_rounds, 0, {})
 
     def _veteran_checkpoint(self, index: int) -> Path:
-        home = self.out / VETERANS_FOLDER / f"node-{index}"
-        return Paths.under(home).checkpoints(f"node-{index}") / checkpoint_name(self.plan.veteran_rounds)
+        paths = self._node_paths(self.out / VETERANS_FOLDER, index)
+        return paths.checkpoints(f"node-{index}") / checkpoint_name(self.plan.veteran_rounds)
+
+    def _node_paths(self, folder: Path, index: int) -> Paths:
+        """Node `index`'s data in a stage's folder (identity, checkpoints, metrics); the model cache is shared."""
+        home = folder / f"node-{index}"
+        return Paths(config_dir=home / "config", data_dir=home, cache_dir=self.paths.cache_dir, log_dir=self.paths.log_dir)
 
     def _run_stage(self, stage: Stage, number: int) -> None:
         """Run a mix (number >= 1) or the veterans' training (number 0) from its last finished round."""
@@ -414,8 +419,7 @@ class Experiment:
         views: list[NodeBackend] = []
         for k in range(count):
             cfg = node_config(self.config, mix, k, url)
-            home = folder / f"node-{k}"
-            paths = Paths(config_dir=home / "config", data_dir=home, cache_dir=self.paths.cache_dir, log_dir=self.paths.log_dir)
+            paths = self._node_paths(folder, k)
             session = open_swarm(cfg, paths.identity_file, self._node_event)
             sessions.append(session)
             exchange = None

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import hashlib
 import re
-from pathlib import Path
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 

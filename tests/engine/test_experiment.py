@@ -287,3 +287,86 @@ def test_pooling_two_seeds_adds_their_sums_and_keeps_each_seeds_own_comparison(t
     (tmp_path / "s2a" / "mix-4-4" / "progress.json").write_text(json.dumps({"round": 0}))  # nothing finished yet
     with pytest.raises(ValueError, match="no finished round in common"):
         pooled_compare([(tmp_path / "s2a", tmp_path / "s0b")], "4/4", "8/0")
+
+
+def test_veterans_start_from_their_own_training_and_the_newcomer_starts_fresh(tiny_model_dir: Path, tmp_path: Path) -> None:
+    plan = make_plan("default", 3, "2/0,2/2", 2, fast(tiny_model_dir), veterans=2, veteran_rounds=2)
+    out = tmp_path / "out"
+    _, report = run(plan, out, tmp_path / "home")
+
+    # The veterans trained alone, once, in the folder's veterans/ (2 nodes, 2 rounds, mix B/0).
+    veteran_rounds = [json.loads(line) for line in (out / "veterans" / "rounds.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in veteran_rounds] == [1, 2] and all(len(r["rewards"]) == 2 for r in veteran_rounds)
+    assert all(r["external_groups"] == [0, 0] for r in veteran_rounds)
+    veteran_adapters = [load_file(str(out / "veterans" / f"node-{k}" / "checkpoints" / f"node-{k}" / "round-000002" /
+                                      "adapter.safetensors")) for k in range(2)]
+    # In each mix every node's round counter runs on from the veterans' rounds (3 and 4 here), and the
+    # newcomer (node 2) is the same fresh node in both mixes: its first round is identical.
+    for label in ("2/0", "2/2"):
+        records = [json.loads(line) for line in (out / Mix(2, int(label[-1])).slug / "rounds.jsonl").read_text().splitlines()]
+        assert [(r["round"], r["node_round"]) for r in records] == [(1, 3), (2, 4)]
+        assert (out / Mix(2, int(label[-1])).slug / "node-0" / "checkpoints" / "node-0" / "round-000004").is_dir()
+        assert not (out / Mix(2, int(label[-1])).slug / "node-2" / "checkpoints" / "node-2" / "round-000002").exists()
+    first = {label: report["mixes"][label] for label in ("2/0", "2/2")}
+    assert first["2/0"]["newcomers"]["nodes"] == [2]
+    a, b = (json.loads((out / slug / "rounds.jsonl").read_text().splitlines()[0]) for slug in ("mix-2-0", "mix-2-2"))
+    assert a["rewards"] == b["rewards"]  # round 1 is trained on after it is scored: same start in both mixes
+    # A veteran carries on its own training (adapter and AdamW state): after the mix's 2 rounds its optimizer
+    # has taken more steps than the 2 rounds allow, while the newcomer's started from nothing.
+    for label in ("mix-2-0", "mix-2-2"):
+        steps = [float(torch.load(out / label / f"node-{k}" / "checkpoints" / f"node-{k}" / "round-000004" / "optimizer.pt",
+                                  weights_only=False)["state"][0]["step"]) for k in range(3)]
+        assert steps[0] > 2 and steps[1] > 2 and steps[2] <= 2, (label, steps)
+    assert veteran_adapters[0].keys() and not all(torch.equal(veteran_adapters[0][k], veteran_adapters[1][k])
+                                                  for k in veteran_adapters[0])
+    newcomer = report["mixes"]["2/2"]["newcomers"]
+    assert newcomer["against_baseline"]["baseline"] == "2/0"
+    assert newcomer["cumulative_reward"] == pytest.approx(sum(r["rewards"][2] for r in
+        (json.loads(line) for line in (out / "mix-2-2" / "rounds.jsonl").read_text().splitlines())))
+    assert len(newcomer["held_out_accuracy"]) == 1 and len(newcomer["reached_veterans_round"]) == 1
+    assert report["mixes"]["2/2"]["veterans_start"]["rounds"] == 2
+    assert "Newcomers (nodes 2)" in (out / "report.md").read_text()
+
+
+def test_veterans_resume_mid_mix_from_the_mix_checkpoints(tiny_model_dir: Path, tmp_path: Path) -> None:
+    plan = make_plan("default", 3, "2/2", 2, fast(tiny_model_dir), veterans=2, veteran_rounds=1)
+    _, straight = run(plan, tmp_path / "straight", tmp_path / "home")
+    control = Control()
+
+    def stop_after_round_1(mix: Mix, record: dict[str, Any]) -> None:
+        if record["round"] == 1:
+            control.stop()
+
+    run(plan, tmp_path / "stopped", tmp_path / "home", control, round_done=stop_after_round_1)
+    _, resumed = run(plan, tmp_path / "stopped", tmp_path / "home")
+    assert straight["mixes"]["2/2"]["reward_by_round"] == resumed["mixes"]["2/2"]["reward_by_round"]
+    assert straight["mixes"]["2/2"]["newcomers"]["cumulative_reward"] == resumed["mixes"]["2/2"]["newcomers"]["cumulative_reward"]
+
+
+def test_a_folder_keeps_the_settings_it_began_with_when_a_default_changes(tiny_model_dir: Path, tmp_path: Path) -> None:
+    from engine.experiment_plan import plan_config, saved_plan
+
+    out = tmp_path / "out"
+    run(make_plan("default", 2, "2/0", 1, fast(tiny_model_dir)), out, tmp_path / "home")
+    began = saved_plan(out)
+    assert began is not None and began.version and began.settings["swarm"]["offpolicy_negative_kl"] == 0.0
+    # As if an older version had begun the folder with another value: the folder's value wins over today's.
+    data = json.loads((out / "experiment.json").read_text())
+    data["settings"]["swarm"]["offpolicy_negative_kl"] = 0.25
+    (out / "experiment.json").write_text(json.dumps(data))
+    assert plan_config(make_plan("default", 2, "1/1", 1, fast(tiny_model_dir))).swarm.offpolicy_negative_kl == 0.0
+    grown = Experiment.widened_plan(out, make_plan("default", 2, "1/1", 1, fast(tiny_model_dir)))
+    assert plan_config(grown).swarm.offpolicy_negative_kl == 0.25
+    assert [m.label for m in grown.mixes] == ["2/0", "1/1"]
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--nodes", "3", "--veterans", "3", "--veteran-rounds", "2"], "at least one node must start fresh"),
+    (["--nodes", "3", "--veterans", "1"], "--veteran-rounds must be from 1"),
+    (["--veteran-rounds", "4"], "--veteran-rounds needs --veterans"),
+])
+def test_a_bad_veterans_plan_gets_one_sentence_and_exit_2(argv: list[str], message: str, tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["experiment", "--out", str(tmp_path / "x"), "--home", str(tmp_path / "h"), *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
