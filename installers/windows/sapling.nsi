@@ -2,15 +2,18 @@
 ;
 ;   makensis /DPAYLOAD=C:\path\to\dist\sapling /DVERSION=0.1.0 installers\windows\sapling.nsi
 ;
-; PAYLOAD is the PyInstaller one-folder build (sapling.exe + _internal\). Optional:
-; /DOUTFILE=... (default Sapling-<VERSION>-setup.exe next to this script),
-; /DICON=... (default ..\..\assets\sapling.ico), /DVARIANT=cuda (names the CUDA build).
-; Relative paths are relative to this folder: makensis runs from the script's folder.
+; PAYLOAD is the PyInstaller one-folder build (sapling.exe + _internal\) of the CPU
+; variant. Optional: /DOUTFILE=... (default Sapling-<VERSION>-setup.exe next to this
+; script), /DICON=... (default ..\..\assets\sapling.ico). Relative paths are relative
+; to this folder: makensis runs from the script's folder. The CUDA variant is not an
+; NSIS installer: its payload is past NSIS's 2 GB limit, so it ships as a zip
+; (.github/workflows/build-windows.yml, docs/packaging.md).
 ;
 ; What it does: installs into %LOCALAPPDATA%\Programs\Sapling, adds a Start menu
 ; shortcut, optionally a desktop shortcut and start at sign-in (HKCU Run key),
-; registers an uninstaller in Settings > Apps (HKCU). The uninstaller removes all of
-; that, and on request the user's Sapling data (%LOCALAPPDATA%\sapling).
+; registers the sapling:// URL scheme for invite links (HKCU\Software\Classes\sapling)
+; and an uninstaller in Settings > Apps (HKCU). The uninstaller removes all of that,
+; and on request the user's Sapling data (%LOCALAPPDATA%\sapling).
 ; `make installer-windows-check` compiles this script on Linux against a stand-in payload.
 
 Unicode true
@@ -25,21 +28,11 @@ SetCompressorDictSize 64
 !ifndef VERSION
   !define VERSION "0.0.0"
 !endif
-!ifndef VARIANT
-  !define VARIANT "cpu"
-!endif
 !ifndef ICON
   !define ICON "..\..\assets\sapling.ico"
 !endif
-!if "${VARIANT}" == "cuda"
-  !define FLAVOUR " (NVIDIA CUDA)"
-  !define FILE_FLAVOUR "-cuda"
-!else
-  !define FLAVOUR ""
-  !define FILE_FLAVOUR ""
-!endif
 !ifndef OUTFILE
-  !define OUTFILE "Sapling${FILE_FLAVOUR}-${VERSION}-setup.exe"
+  !define OUTFILE "Sapling-${VERSION}-setup.exe"
 !endif
 
 ; Authenticode: /DSIGN_COMMAND="signtool sign /f cert.pfx /p ... /tr http://timestamp.digicert.com /td sha256 /fd sha256"
@@ -54,10 +47,12 @@ SetCompressorDictSize 64
 !define APP_KEY "Software\Sapling"
 !define UNINST_KEY "Software\Microsoft\Windows\CurrentVersion\Uninstall\Sapling"
 !define RUN_KEY "Software\Microsoft\Windows\CurrentVersion\Run"
+; sapling://join?... invite links open Sapling (per user; Windows reads HKCU\Software\Classes first).
+!define URL_KEY "Software\Classes\sapling"
 ; platformdirs' folders for "sapling" on Windows: config, data, cache and logs all live here.
 !define USER_DATA "$LOCALAPPDATA\sapling"
 
-Name "${APP_NAME}${FLAVOUR}"
+Name "${APP_NAME}"
 OutFile "${OUTFILE}"
 InstallDir "$LOCALAPPDATA\Programs\Sapling"
 InstallDirRegKey HKCU "${APP_KEY}" "InstallDir"
@@ -104,8 +99,7 @@ Section "Sapling (required)" SecApp
   CreateShortcut "$SMPROGRAMS\Sapling.lnk" "$INSTDIR\${APP_EXE}" "" "$INSTDIR\${APP_EXE}" 0
 
   WriteRegStr HKCU "${APP_KEY}" "InstallDir" "$INSTDIR"
-  WriteRegStr HKCU "${APP_KEY}" "Variant" "${VARIANT}"
-  WriteRegStr HKCU "${UNINST_KEY}" "DisplayName" "${APP_NAME}${FLAVOUR}"
+  WriteRegStr HKCU "${UNINST_KEY}" "DisplayName" "${APP_NAME}"
   WriteRegStr HKCU "${UNINST_KEY}" "DisplayVersion" "${VERSION}"
   WriteRegStr HKCU "${UNINST_KEY}" "Publisher" "Sapling contributors"
   WriteRegStr HKCU "${UNINST_KEY}" "DisplayIcon" "$INSTDIR\${APP_EXE}"
@@ -117,6 +111,11 @@ Section "Sapling (required)" SecApp
   ${GetSize} "$INSTDIR" "/S=0K" $0 $1 $2
   IntFmt $0 "0x%08X" $0
   WriteRegDWORD HKCU "${UNINST_KEY}" "EstimatedSize" "$0"
+
+  WriteRegStr HKCU "${URL_KEY}" "" "URL:Sapling invite"
+  WriteRegStr HKCU "${URL_KEY}" "URL Protocol" ""
+  WriteRegStr HKCU "${URL_KEY}\DefaultIcon" "" '"$INSTDIR\${APP_EXE}",0'
+  WriteRegStr HKCU "${URL_KEY}\shell\open\command" "" '"$INSTDIR\${APP_EXE}" "%1"'
 SectionEnd
 
 Section "Desktop shortcut" SecDesktop
@@ -141,6 +140,7 @@ Section "un.Sapling" UnSecApp
   DeleteRegValue HKCU "${RUN_KEY}" "Sapling"
   DeleteRegKey HKCU "${UNINST_KEY}"
   DeleteRegKey HKCU "${APP_KEY}"
+  DeleteRegKey HKCU "${URL_KEY}"
   ; Only what the installer put there: never RMDir /r a folder the user may have chosen.
   RMDir /r "$INSTDIR\_internal"
   Delete "$INSTDIR\${APP_EXE}"

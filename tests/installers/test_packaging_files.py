@@ -39,6 +39,13 @@ def test_info_plist_has_bundle_id_icon_minimum_macos_and_high_dpi() -> None:
     plistlib.loads((INSTALLERS / "macos" / "entitlements.plist").read_bytes())
 
 
+def test_info_plist_registers_the_sapling_url_scheme() -> None:
+    info = plistlib.loads((INSTALLERS / "macos" / "Info.plist").read_bytes())
+    schemes = [scheme for url_type in info["CFBundleURLTypes"] for scheme in url_type["CFBundleURLSchemes"]]
+    assert schemes == ["sapling"]
+    assert info["CFBundleURLTypes"][0]["CFBundleURLName"].startswith(info["CFBundleIdentifier"])
+
+
 def test_macos_bundle_id_matches_the_apps_launch_agent_label() -> None:
     from app.autostart import LABEL
 
@@ -55,6 +62,16 @@ def test_desktop_entry_starts_sapling_with_its_icon() -> None:
     assert section["Categories"].endswith(";")
 
 
+def test_desktop_entry_opens_sapling_links_with_the_url_as_argument() -> None:
+    entry = configparser.ConfigParser(interpolation=None)
+    entry.optionxform = str  # type: ignore[assignment,method-assign]
+    entry.read(INSTALLERS / "linux" / "sapling.desktop")
+    section = entry["Desktop Entry"]
+    assert "x-scheme-handler/sapling" in section["MimeType"].split(";")
+    assert section["Exec"].split() == ["sapling", "%u"]  # %u: the one URL the link was opened with
+    assert section["TryExec"] == "sapling"
+
+
 def test_nsis_script_is_per_user_with_shortcuts_login_option_and_uninstaller() -> None:
     nsi = (INSTALLERS / "windows" / "sapling.nsi").read_text()
     assert "RequestExecutionLevel user" in nsi and "$LOCALAPPDATA\\Programs\\Sapling" in nsi
@@ -65,6 +82,16 @@ def test_nsis_script_is_per_user_with_shortcuts_login_option_and_uninstaller() -
     for written in re.findall(r'CreateShortcut "([^"]+)"', nsi):
         assert f'Delete "{written}"' in nsi
     assert 'DeleteRegValue HKCU "${RUN_KEY}" "Sapling"' in nsi and 'DeleteRegKey HKCU "${UNINST_KEY}"' in nsi
+
+
+def test_nsis_script_registers_the_sapling_url_scheme_and_the_uninstaller_removes_it() -> None:
+    nsi = (INSTALLERS / "windows" / "sapling.nsi").read_text()
+    assert '!define URL_KEY "Software\\Classes\\sapling"' in nsi
+    assert 'WriteRegStr HKCU "${URL_KEY}" "URL Protocol" ""' in nsi
+    assert 'WriteRegStr HKCU "${URL_KEY}\\DefaultIcon" "" \'"$INSTDIR\\${APP_EXE}",0\'' in nsi
+    assert 'WriteRegStr HKCU "${URL_KEY}\\shell\\open\\command" "" \'"$INSTDIR\\${APP_EXE}" "%1"\'' in nsi
+    uninstall = nsi[nsi.index('Section "un.Sapling"'):]
+    assert 'DeleteRegKey HKCU "${URL_KEY}"' in uninstall[:uninstall.index("SectionEnd")]
 
 
 def test_windows_workflow_builds_self_tests_compiles_and_uploads() -> None:
