@@ -8,14 +8,14 @@ over the rounds both have, with a bootstrap 95% interval that resamples
 nodes and rounds independently (two-way), since every mix runs the same node
 seeds and question streams.
 
-    python -m engine.experiment_report DIR    # rebuild the report of a (partial) experiment
+The command line that rebuilds a report, pairs folders run on the same seeds
+(--compare), pools seeds (--pool) and plots several folders together (--plot)
+is bench/experiment_report.py.
 """
 
 from __future__ import annotations
 
-import json
 import random
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -25,10 +25,8 @@ from engine.config import NodeConfig
 from engine.experiment_plan import (
     EVAL_FILE,
     ROUNDS_FILE,
-    START_EVAL_FILE,
     VETERANS_FOLDER,
     parse_mixes,
-    plan_config,
     read_json,
     read_rounds,
     rounds_done,
@@ -343,7 +341,8 @@ def _mix_rounds(folder: Path, label: str) -> tuple[Any, list[dict[str, Any]]]:
     return plan, read_rounds(folder / mix.slug / ROUNDS_FILE, rounds_done(folder / mix.slug))
 
 
-def compare(a_dir: Path, b_dir: Path, label: str, label_b: str | None = None) -> dict[str, Any]:
+def compare(a_dir: Path, b_dir: Path, label: str, label_b: str | None = None,
+            nodes: Sequence[int] | None = None) -> dict[str, Any]:
     """A mix in two experiment folders run on the same seeds (a setting changed): A against B.
 
     label_b: B's mix when it is another one (e.g. 4/4 with a setting changed against 8/0).
@@ -353,24 +352,33 @@ def compare(a_dir: Path, b_dir: Path, label: str, label_b: str | None = None) ->
     bootstrap as a mix against 8/0, and the first round where any node's reward
     differs says when the runs parted.
     """
-    a, b = _paired_tables(Path(a_dir), Path(b_dir), label, label_b or label)
-    common, nodes = len(a[0]) if a else 0, len(a)
-    parted = next((r + 1 for r in range(common) if any(a[k][r] != b[k][r] for k in range(nodes))), None)
-    return {"mix": label, **({"mix_b": label_b} if label_b else {}), "a": str(a_dir), "b": str(b_dir), "rounds": common, "nodes": nodes,
+    a, b = _paired_tables(Path(a_dir), Path(b_dir), label, label_b or label, nodes)
+    common, count = len(a[0]) if a else 0, len(a)
+    parted = next((r + 1 for r in range(common) if any(a[k][r] != b[k][r] for k in range(count))), None)
+    return {"mix": label, **({"mix_b": label_b} if label_b else {}), "a": str(a_dir), "b": str(b_dir), "rounds": common,
+            "nodes": count, **({"only_nodes": list(nodes)} if nodes is not None else {}),
             "cumulative_a": sum(map(sum, a)), "cumulative_b": sum(map(sum, b)), "first_round_that_differs": parted,
             **two_way_bootstrap(a, b)}
 
 
-def _paired_tables(a_dir: Path, b_dir: Path, label: str, label_b: str) -> tuple[list[list[float]], list[list[float]]]:
-    """The [node][round] rewards of A's mix and B's over the rounds both have finished."""
+def _paired_tables(a_dir: Path, b_dir: Path, label: str, label_b: str,
+                   nodes: Sequence[int] | None = None) -> tuple[list[list[float]], list[list[float]]]:
+    """The [node][round] rewards of A's mix and B's over the rounds both have finished.
+
+    nodes: only these nodes' rows (e.g. the newcomers of a veterans experiment); all by default."""
     (plan_a, recs_a), (plan_b, recs_b) = _mix_rounds(a_dir, label), _mix_rounds(b_dir, label_b)
     if plan_a.nodes != plan_b.nodes:
         raise ValueError(f"the two experiments have {plan_a.nodes} and {plan_b.nodes} nodes; they do not pair.")
+    rows = list(range(plan_a.nodes)) if nodes is None else list(nodes)
+    if not rows or any(not 0 <= k < plan_a.nodes for k in rows):
+        raise ValueError(f"--nodes must name nodes from 0 to {plan_a.nodes - 1}, got {rows}.")
     common = min(len(recs_a), len(recs_b))
-    return _reward_table(recs_a[:common], plan_a.nodes)[0], _reward_table(recs_b[:common], plan_a.nodes)[0]
+    a, b = _reward_table(recs_a[:common], plan_a.nodes)[0], _reward_table(recs_b[:common], plan_a.nodes)[0]
+    return [a[k] for k in rows], [b[k] for k in rows]
 
 
-def pooled_compare(pairs: Sequence[tuple[Path, Path]], label: str, label_b: str) -> dict[str, Any]:
+def pooled_compare(pairs: Sequence[tuple[Path, Path]], label: str, label_b: str,
+                   nodes: Sequence[int] | None = None) -> dict[str, Any]:
     """MIX in A against MIX_B in B, pooled over several (A, B) pairs, each pair run on its own seed.
 
     Within a pair, rounds are paired as in `compare`; the pairs are the
@@ -382,7 +390,7 @@ def pooled_compare(pairs: Sequence[tuple[Path, Path]], label: str, label_b: str)
     strata = []
     each = []
     for a_dir, b_dir in pairs:
-        a, b = _paired_tables(Path(a_dir), Path(b_dir), label, label_b)
+        a, b = _paired_tables(Path(a_dir), Path(b_dir), label, label_b, nodes)
         if not a or not a[0]:
             raise ValueError(f"{a_dir} ({label}) and {b_dir} ({label_b}) have no finished round in common.")
         strata.append((a, b))
@@ -401,7 +409,7 @@ def variants_plot(variants: Sequence[str]) -> bytes:
         label, equals, rest = spec.partition("=")
         folder, colon, side = rest.rpartition(":")
         if not equals or not colon or not label or not folder:
-            raise ValueError(f"{spec!r} is not LABEL=DIR:MIX, like '4/4, filter=docs/_work/swarm-d2-ftis:4/4'.")
+            raise ValueError(f"{spec!r} is not LABEL=DIR:MIX, like '4/4, filter=runs/swarm-d2-ftis:4/4'.")
         plan, records = _mix_rounds(Path(folder), side)
         table, per_round = _reward_table(records, plan.nodes)
         mixes[label] = {"reward_by_round": per_round, "cumulative_reward": sum(map(sum, table))}
@@ -410,60 +418,3 @@ def variants_plot(variants: Sequence[str]) -> bytes:
         raise ValueError(f"the variants have different node counts ({sorted(nodes)}); they do not pair.")
     return plot_rewards({"mixes": mixes, "plan": {"nodes": nodes.pop()}, "settings": {"model": "same seeds"},
                          "legend_title": "run (5-round running mean)"})
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) in (4, 5) and args[0] == "--compare":
-        try:
-            result = compare(Path(args[1]), Path(args[2]), *args[3:])
-        except (ValueError, OSError) as exc:
-            print(f"experiment_report: {exc}", file=sys.stderr)
-            return 2
-        print(json.dumps(result, indent=1))
-        return 0
-    if len(args) >= 4 and args[0] == "--pool":
-        try:
-            pairs = []
-            for spec in args[3:]:
-                a_dir, comma, b_dir = spec.partition(",")
-                if not comma or not a_dir or not b_dir:
-                    raise ValueError(f"{spec!r} is not DIR_A,DIR_B.")
-                pairs.append((Path(a_dir), Path(b_dir)))
-            result = pooled_compare(pairs, args[1], args[2])
-        except (ValueError, OSError) as exc:
-            print(f"experiment_report: {exc}", file=sys.stderr)
-            return 2
-        print(json.dumps(result, indent=1))
-        return 0
-    if len(args) >= 3 and args[0] == "--plot":
-        try:
-            atomic_write_bytes(Path(args[1]), variants_plot(args[2:]))
-        except (ValueError, OSError) as exc:
-            print(f"experiment_report: {exc}", file=sys.stderr)
-            return 2
-        print(f"wrote {args[1]}")
-        return 0
-    if len(args) != 1:
-        print("usage: python -m engine.experiment_report DIR\n"
-              "       python -m engine.experiment_report --plot OUT.png LABEL=DIR:MIX ...   (mixes of several folders "
-              "run on the same seeds, in one plot)\n"
-              "       python -m engine.experiment_report --compare DIR_A DIR_B MIX [MIX_B]   (same seeds, "
-              "a setting changed: A's MIX against B's MIX_B, by default the same mix)\n"
-              "       python -m engine.experiment_report --pool MIX MIX_B DIR_A,DIR_B ...   (that comparison pooled "
-              "over several seeds, one pair of folders per seed)", file=sys.stderr)
-        return 2
-    out = Path(args[0])
-    plan = saved_plan(out)
-    if plan is None:
-        print(f"{out} holds no experiment ({out / 'experiment.json'} is missing).", file=sys.stderr)
-        return 2
-    report = build_report(plan, plan_config(plan), out, read_json(out / START_EVAL_FILE))
-    write_report(report, out)
-    print(json.dumps({k: {"rounds": m["rounds_done"], "cumulative_reward": m["cumulative_reward"]}
-                      for k, m in report["mixes"].items()}))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

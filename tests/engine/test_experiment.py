@@ -237,7 +237,7 @@ def test_compare_pairs_the_same_mix_of_two_experiments_round_by_round(tmp_path: 
 
 
 def test_the_variants_plot_draws_mixes_of_several_folders_and_refuses_bad_specs(tmp_path: Path) -> None:
-    from engine.experiment_report import main
+    from bench.experiment_report import main
 
     _fake_experiment(tmp_path / "a", [[0.2, 0.4], [0.3, 0.3]])
     _fake_experiment(tmp_path / "b", [[0.1, 0.2], [0.3, 0.2]], mix="8/0")
@@ -265,7 +265,7 @@ def test_the_stratified_bootstrap_of_one_stratum_is_the_two_way_bootstrap() -> N
 
 
 def test_pooling_two_seeds_adds_their_sums_and_keeps_each_seeds_own_comparison(tmp_path: Path) -> None:
-    from engine.experiment_report import main
+    from bench.experiment_report import main
 
     _fake_experiment(tmp_path / "s0a", [[0.2, 0.4], [0.3, 0.3]])
     _fake_experiment(tmp_path / "s0b", [[0.1, 0.2], [0.3, 0.2]], mix="8/0")
@@ -370,3 +370,22 @@ def test_a_bad_veterans_plan_gets_one_sentence_and_exit_2(argv: list[str], messa
     assert main(["experiment", "--out", str(tmp_path / "x"), "--home", str(tmp_path / "h"), *argv]) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1
+
+
+def test_compare_and_pool_can_take_only_some_nodes_such_as_the_newcomers(tmp_path: Path) -> None:
+    from bench.experiment_report import main
+
+    _fake_experiment(tmp_path / "a", [[0.2, 0.6], [0.3, 0.5]], mix="8/4")
+    _fake_experiment(tmp_path / "b", [[0.2, 0.2], [0.3, 0.3]], mix="8/0")
+    newcomer = compare(tmp_path / "a", tmp_path / "b", "8/4", "8/0", nodes=[1])
+    assert newcomer["nodes"] == 1 and newcomer["ratio"] == pytest.approx(1.1 / 0.5)
+    assert compare(tmp_path / "a", tmp_path / "b", "8/4", "8/0", nodes=[0])["ratio"] == pytest.approx(1.0)
+    pooled = pooled_compare([(tmp_path / "a", tmp_path / "b")], "8/4", "8/0", nodes=[1])
+    assert pooled["ratio"] == pytest.approx(1.1 / 0.5)
+    with pytest.raises(ValueError, match="--nodes must name nodes from 0 to 1"):
+        compare(tmp_path / "a", tmp_path / "b", "8/4", "8/0", nodes=[2])
+    pair = f"{tmp_path / 'a'},{tmp_path / 'b'}"
+    assert main(["--pool", "8/4", "8/0", pair, "--nodes", "1"]) == 0
+    assert main(["--pool", "8/4", "8/0", pair, "--nodes", "x"]) == 2
+    assert main(["--pool", "8/4", "8/0", pair, "--nodes"]) == 2
+    assert main([str(tmp_path / "nothing")]) == 2

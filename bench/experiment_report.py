@@ -1,0 +1,97 @@
+"""Read what `sapling-node experiment` left in its folders: rebuild a report, pair folders, pool seeds, plot.
+
+Does sharing help, and by how much, with what interval? The experiment
+writes its own report when it finishes; this command answers the questions
+that span folders (a setting changed on the same seeds, several seeds, the
+newcomers of a veterans experiment):
+
+    python -m bench.experiment_report DIR                                  # rebuild DIR's report (partial runs too)
+    python -m bench.experiment_report --compare DIR_A DIR_B MIX [MIX_B]    # A's MIX against B's MIX_B, same seeds
+    python -m bench.experiment_report --pool MIX MIX_B DIR_A,DIR_B ...     # that, pooled over seeds (one pair each)
+    python -m bench.experiment_report --plot OUT.png LABEL=DIR:MIX ...     # several folders' mixes in one plot
+    ... --nodes 3[,4]                                                      # only these nodes (e.g. the newcomers)
+
+Every comparison prints JSON: the ratio of cumulative rewards with its 95%
+bootstrap interval (nodes and rounds resampled; seeds kept apart when
+pooled) and the difference per node-round. Definitions: docs/swarm.md,
+"The experiment".
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from engine.atomicio import atomic_write_bytes
+from engine.experiment_plan import START_EVAL_FILE, plan_config, read_json, saved_plan
+from engine.experiment_report import build_report, compare, pooled_compare, variants_plot, write_report
+
+USAGE = (
+    "usage: python -m bench.experiment_report DIR\n"
+    "       python -m bench.experiment_report --compare DIR_A DIR_B MIX [MIX_B] [--nodes K,...]\n"
+    "       python -m bench.experiment_report --pool MIX MIX_B DIR_A,DIR_B ... [--nodes K,...]\n"
+    "       python -m bench.experiment_report --plot OUT.png LABEL=DIR:MIX ..."
+)
+
+
+def _nodes(args: list[str]) -> tuple[list[str], list[int] | None]:
+    """The arguments without `--nodes K,...`, and the node indices it names (None: all)."""
+    if "--nodes" not in args:
+        return args, None
+    at = args.index("--nodes")
+    if at + 1 >= len(args):
+        raise ValueError("--nodes needs node numbers, like --nodes 3 or --nodes 2,3.")
+    text = args[at + 1]
+    try:
+        nodes = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise ValueError(f"--nodes takes whole numbers separated by commas, got {text!r}.") from None
+    return args[:at] + args[at + 2 :], nodes
+
+
+def _run(args: list[str]) -> int:
+    args, nodes = _nodes(args)
+    if len(args) in (4, 5) and args[0] == "--compare":
+        label_b = args[4] if len(args) == 5 else None
+        print(json.dumps(compare(Path(args[1]), Path(args[2]), args[3], label_b, nodes), indent=1))
+        return 0
+    if len(args) >= 4 and args[0] == "--pool":
+        pairs = []
+        for spec in args[3:]:
+            a_dir, comma, b_dir = spec.partition(",")
+            if not comma or not a_dir or not b_dir:
+                raise ValueError(f"{spec!r} is not DIR_A,DIR_B.")
+            pairs.append((Path(a_dir), Path(b_dir)))
+        print(json.dumps(pooled_compare(pairs, args[1], args[2], nodes), indent=1))
+        return 0
+    if nodes is not None:
+        raise ValueError("--nodes goes with --compare or --pool.")
+    if len(args) >= 3 and args[0] == "--plot":
+        atomic_write_bytes(Path(args[1]), variants_plot(args[2:]))
+        print(f"wrote {args[1]}")
+        return 0
+    if len(args) != 1 or args[0].startswith("--"):
+        print(USAGE, file=sys.stderr)
+        return 2
+    out = Path(args[0])
+    plan = saved_plan(out)
+    if plan is None:
+        raise ValueError(f"{out} holds no experiment ({out / 'experiment.json'} is missing).")
+    report = build_report(plan, plan_config(plan), out, read_json(out / START_EVAL_FILE))
+    write_report(report, out)
+    print(json.dumps({k: {"rounds": m["rounds_done"], "cumulative_reward": m["cumulative_reward"]}
+                      for k, m in report["mixes"].items()}))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        return _run(list(sys.argv[1:] if argv is None else argv))
+    except (ValueError, OSError) as exc:  # ConfigError is a ValueError: a damaged plan
+        print(f"experiment_report: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
