@@ -32,14 +32,30 @@ import time
 import uuid
 from typing import Any, NamedTuple, Protocol
 
+from engine.swarm import protocol
+
 log = logging.getLogger(__name__)
 
 # How long a relay's reported peer count stays valid in Redis without a refresh.
 ONLINE_TTL_S = 15.0
 # Most peers whose last sequence number the in-memory broker remembers.
 MAX_TRACKED_PEERS = 1_000_000
+# Redis: retries of one command on a fresh connection (a stale one after a restart fails once),
+# with jittered exponential backoff from 50 ms to at most 500 ms, about 1 s in all.
+REDIS_RETRIES = 3
+REDIS_BACKOFF_S = (0.05, 0.5)
+REDIS_CONNECT_TIMEOUT_S = 2.0
+REDIS_SOCKET_TIMEOUT_S = 10.0  # above the tail's 1 s XREAD block
+TAIL_RETRY_S = 1.0  # the tail loop's wait between attempts while Redis is away
 
 Mark = tuple[int, int]  # (counter, 0) in memory; (milliseconds, sequence) of a Redis stream ID
+
+
+class BrokerUnavailable(protocol.ProtocolError):
+    """The shared store did not answer: this one request fails with `internal`, the connection stays."""
+
+    def __init__(self, what: str, exc: BaseException) -> None:
+        super().__init__(protocol.E_INTERNAL, f"the relay cannot reach its store to {what} ({exc}); try again shortly")
 
 
 class Entry(NamedTuple):
@@ -192,9 +208,20 @@ class RedisBroker:
 
     def __init__(self, url: str, window: int, swarm: str = "default") -> None:
         import redis.asyncio as aioredis
+        import redis.exceptions
+        from redis.asyncio.retry import Retry
+        from redis.backoff import ExponentialWithJitterBackoff
 
         self.url = url
-        self._redis: Any = aioredis.from_url(url, decode_responses=True)
+        # from_url alone gives each pooled connection no retry at all: after a Redis restart the
+        # first command on every stale connection failed with "Connection closed by server".
+        self._errors = (redis.exceptions.RedisError, OSError)
+        self._redis: Any = aioredis.from_url(
+            url, decode_responses=True, socket_connect_timeout=REDIS_CONNECT_TIMEOUT_S,
+            socket_timeout=REDIS_SOCKET_TIMEOUT_S,
+            retry=Retry(ExponentialWithJitterBackoff(base=REDIS_BACKOFF_S[0], cap=REDIS_BACKOFF_S[1]), REDIS_RETRIES),
+            retry_on_error=[redis.exceptions.ConnectionError, redis.exceptions.TimeoutError],
+        )
         self.window = Window(window, epoch="")  # the swarm's epoch is read from Redis in start()
         self._window_len = window
         prefix = f"sapling:{swarm}"
@@ -228,20 +255,37 @@ class RedisBroker:
             log.warning("skipping malformed stream entry %s", stream_id)
 
     async def _tail_loop(self) -> None:
-        import redis.exceptions
-
+        lost_at: float | None = None  # when the current outage began; None while Redis answers
         while True:
             try:
                 reply = await self._redis.xread({self.stream: self._cursor}, block=1000, count=500)
+                if lost_at is not None:
+                    await self._restore_epoch()
             except asyncio.CancelledError:
                 raise
-            except (redis.exceptions.RedisError, OSError) as exc:
-                log.warning("redis tail failed (%s); retrying in 1 s", exc)
-                await asyncio.sleep(1.0)
+            except self._errors as exc:
+                if lost_at is None:
+                    lost_at = time.monotonic()
+                    log.warning("redis connection lost (%s); serving the window held here and retrying every "
+                                "%g s", exc, TAIL_RETRY_S, extra={"relay_id": self.relay_id})
+                else:
+                    log.debug("redis still unreachable: %s", exc)
+                await asyncio.sleep(TAIL_RETRY_S)
                 continue
+            if lost_at is not None:
+                log.info("redis connection restored after %.1f s", time.monotonic() - lost_at,
+                         extra={"relay_id": self.relay_id, "down_s": round(time.monotonic() - lost_at, 1)})
+                lost_at = None
             for _stream, entries in reply or []:
                 for stream_id, fields in entries:
                     self._take(stream_id, fields)
+
+    async def _restore_epoch(self) -> None:
+        """After an outage: a Redis that came back empty gets this swarm's epoch again (cursors stay valid)."""
+        if await self._redis.set(self.epoch_key, self.window.epoch, nx=True):
+            log.warning("redis came back empty (restarted without persistence): the stream and the peers' "
+                        "sequence numbers start again; the windows held by the relays are kept",
+                        extra={"relay_id": self.relay_id})
 
     async def close(self) -> None:
         if self._tail is not None:
@@ -253,15 +297,21 @@ class RedisBroker:
         await self._redis.aclose()
 
     async def claim_seq(self, peer: str, seq: int) -> bool:
-        return bool(await self._claim(keys=[self.seq_key], args=[peer, seq]))
+        try:
+            return bool(await self._claim(keys=[self.seq_key], args=[peer, seq]))
+        except self._errors as exc:
+            raise BrokerUnavailable("check the sequence number", exc) from exc
 
     async def add(self, entry: Entry) -> None:
-        await self._redis.xadd(
-            self.stream,
-            {"peer": entry.peer, "payload": entry.payload, "sig": entry.sig},
-            maxlen=self._window_len,
-            approximate=True,
-        )
+        try:
+            await self._redis.xadd(
+                self.stream,
+                {"peer": entry.peer, "payload": entry.payload, "sig": entry.sig},
+                maxlen=self._window_len,
+                approximate=True,
+            )
+        except self._errors as exc:
+            raise BrokerUnavailable("store the batch", exc) from exc
 
     async def sample(self, n: int, exclude_peer: str, after: str | None = None) -> tuple[list[Entry], str]:
         return self.window.sample(n, exclude_peer, after)
