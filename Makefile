@@ -81,6 +81,20 @@ pytest: $(STAMP)
 
 test: lint typecheck pytest
 
+# A relay alone, without torch, transformers, Qt or reasoning-gym (docs/swarm.md, "Running a relay"):
+# the `relay` extra's pins from pyproject.toml, then this checkout with --no-deps.
+#   make relay-venv && build/relay-venv/bin/sapling-relay --help
+RELAY_VENV ?= build/relay-venv
+.PHONY: relay-venv
+relay-venv:
+	$(PYTHON) -m venv $(RELAY_VENV)
+	$(RELAY_VENV)/bin/python -m pip install -q --upgrade pip
+	$(RELAY_VENV)/bin/python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']['relay']))" > $(RELAY_VENV)/relay-requirements.txt
+	$(RELAY_VENV)/bin/pip install -q -r $(RELAY_VENV)/relay-requirements.txt
+	$(RELAY_VENV)/bin/pip install -q --no-deps -e .
+	$(RELAY_VENV)/bin/sapling-relay --help > /dev/null
+	@echo "$(RELAY_VENV)/bin/sapling-relay is ready (no torch, no Qt)."
+
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
 

@@ -44,10 +44,14 @@ from typing import Any
 
 from aiohttp import WebSocketError, WSCloseCode, WSMsgType, web
 
-from engine.swarm import protocol
+from engine.swarm import protocol, relay_invite
 from engine.swarm.brokers import Broker, Entry, MemoryBroker, RedisBroker
 from engine.swarm.identity import verify
+from engine.swarm.relay_info import relay_identity
+from engine.swarm.relay_limits import RejectionLog, TokenBucket
 from engine.swarm.relay_settings import JsonLogFormatter, RelaySettings, build_parser, settings_from_args
+from engine.swarm.relay_stats import LiveStats
+from engine.swarm.relay_web import RelayPages
 
 __all__ = ["EmbeddedRelay", "Relay", "RelaySettings", "build_parser", "main", "serve", "settings_from_args"]
 
@@ -64,67 +68,9 @@ MAX_BUCKETS = 100_000
 # A connection being closed gets this long to take its last messages and the close frame;
 # then its socket is cut, so a client that never reads cannot hold the relay (or its shutdown).
 DROP_GRACE_S = 5.0
-# The info-level summary of refusals names at most this many (peer, address) sources,
-# and counts at most this many between two summaries before lumping the rest together.
-LOG_TOP_SOURCES = 20
-MAX_LOGGED_SOURCES = 10_000
 # Handshake failures reported under their own code; every other problem with a hello is `not_authenticated`.
 HANDSHAKE_CODES = frozenset({protocol.E_VERSION, protocol.E_BAD_SIGNATURE, protocol.E_STALE})
 SHUTDOWN_MESSAGE = "the relay is restarting; reconnect shortly"
-
-
-class TokenBucket:
-    def __init__(self, rate: float, burst: float) -> None:
-        self.rate = rate
-        self.burst = burst
-        self.tokens = burst
-        self.stamp = time.monotonic()
-
-    def take(self) -> bool:
-        now = time.monotonic()
-        self.tokens = min(self.burst, self.tokens + (now - self.stamp) * self.rate)
-        self.stamp = now
-        if self.tokens >= 1.0:
-            self.tokens -= 1.0
-            return True
-        return False
-
-
-class RejectionLog:
-    """Refusals counted per (peer, address) and code, logged as a summary at info level."""
-
-    def __init__(self) -> None:
-        self.counts: dict[tuple[str, str], Counter[str]] = {}
-        self.others: Counter[str] = Counter()  # sources beyond MAX_LOGGED_SOURCES in one period
-        self.since = time.monotonic()
-
-    def add(self, peer: str | None, ip: str, code: str) -> None:
-        source = (peer or "-", ip)
-        counts = self.counts.get(source)
-        if counts is None:
-            if len(self.counts) >= MAX_LOGGED_SOURCES:
-                self.others[code] += 1
-                return
-            counts = self.counts[source] = Counter()
-        counts[code] += 1
-
-    def flush(self) -> None:
-        period = round(time.monotonic() - self.since, 1)
-        ranked = sorted(self.counts.items(), key=lambda kv: -sum(kv[1].values()))
-        for (peer, ip), codes in ranked[:LOG_TOP_SOURCES]:
-            log.info("refused messages", extra={"peer": peer, "ip": ip, "codes": dict(codes),
-                                                "total": sum(codes.values()), "period_s": period})
-        rest: Counter[str] = Counter(self.others)
-        for _source, codes in ranked[LOG_TOP_SOURCES:]:
-            rest.update(codes)
-        if rest:
-            log.info("refused messages from other sources", extra={
-                "sources": len(ranked) - LOG_TOP_SOURCES + (1 if self.others else 0), "codes": dict(rest),
-                "total": sum(rest.values()), "period_s": period,
-            })
-        self.counts.clear()
-        self.others.clear()
-        self.since = time.monotonic()
 
 
 class Connection:
@@ -252,6 +198,11 @@ class Relay:
         self.ban = {k.strip() for k in settings.ban_keys if k.strip()}
         self._tasks: list[asyncio.Task[None]] = []
         self.started = time.time()
+        self.identity = relay_identity(settings.data_dir)  # the relay's key: information document, receipts
+        self.live = LiveStats(settings.redis, settings.swarm)  # the status page's numbers
+
+    def window_size(self) -> int:
+        return self.broker.window_size()
 
     @property
     def online(self) -> int:
@@ -261,8 +212,7 @@ class Relay:
     def app(self) -> web.Application:
         app = web.Application()
         app.router.add_get("/ws", self.handle_ws)
-        app.router.add_get("/healthz", self.handle_health)
-        app.router.add_get("/metrics", self.handle_metrics)
+        RelayPages(self).add_routes(app)  # /, /.well-known/sapling-relay, /join, /healthz, /metrics, ...
         app.on_startup.append(self._on_startup)
         app.on_shutdown.append(self._on_shutdown)
         app.on_cleanup.append(self._on_cleanup)
@@ -270,6 +220,7 @@ class Relay:
 
     async def _on_startup(self, _app: web.Application) -> None:
         await self.broker.start()
+        await self.live.start()
         self._tasks = [
             asyncio.create_task(self._every(STATS_PERIOD_S, self._push_stats), name="relay-stats"),
             asyncio.create_task(self._every(self.settings.heartbeat, self._heartbeat), name="relay-heartbeat"),
@@ -291,6 +242,8 @@ class Relay:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         await self._log_rejections()
+        with contextlib.suppress(Exception):  # Redis gone at shutdown: the last seconds of counts are lost
+            await self.live.close()
         await self.broker.close()
 
     @staticmethod
@@ -300,6 +253,7 @@ class Relay:
             await tick()
 
     async def _push_stats(self) -> None:
+        await self.live.flush()  # never raises: counts wait for the next tick when Redis is away
         here = self.peers_here
         try:
             total = await self.broker.report_online(here)
@@ -323,49 +277,6 @@ class Relay:
     def reject(self, conn: Connection, code: str) -> None:
         self.rejections[code] += 1
         self.rejection_log.add(conn.peer, conn.ip, code)
-
-    # -- http -------------------------------------------------------------------------
-    async def handle_health(self, _request: web.Request) -> web.Response:
-        return web.json_response({
-            "status": "ok",
-            "connections": len(self.connections),
-            "online": self.online,
-            "window": self.broker.window_size(),
-            "uptime_s": round(time.time() - self.started, 1),
-        })
-
-    async def handle_metrics(self, _request: web.Request) -> web.Response:
-        lines = [
-            "# HELP sapling_relay_connections Open websocket connections.",
-            "# TYPE sapling_relay_connections gauge",
-            f"sapling_relay_connections {len(self.connections)}",
-            "# HELP sapling_relay_peers_online Authenticated peers across the swarm.",
-            "# TYPE sapling_relay_peers_online gauge",
-            f"sapling_relay_peers_online {self.online}",
-            "# HELP sapling_relay_window_batches Batches held for sampling.",
-            "# TYPE sapling_relay_window_batches gauge",
-            f"sapling_relay_window_batches {self.broker.window_size()}",
-        ]
-        for name, help_text in (
-            ("publishes", "Batches accepted."),
-            ("samples", "Sample requests answered."),
-            ("batches_served", "Batches sent in sample replies."),
-            ("handshakes", "Completed handshakes."),
-            ("bytes_in", "Websocket bytes received."),
-            ("bytes_out", "Websocket bytes sent."),
-        ):
-            lines += [
-                f"# HELP sapling_relay_{name}_total {help_text}",
-                f"# TYPE sapling_relay_{name}_total counter",
-                f"sapling_relay_{name}_total {self.metrics[name]}",
-            ]
-        lines += [
-            "# HELP sapling_relay_rejections_total Messages or connections refused, by error code.",
-            "# TYPE sapling_relay_rejections_total counter",
-        ]
-        lines += [f'sapling_relay_rejections_total{{code="{code}"}} {self.rejections[code]}'
-                  for code in protocol.ERROR_CODES]
-        return web.Response(text="\n".join(lines) + "\n", content_type="text/plain", charset="utf-8")
 
     # -- websocket --------------------------------------------------------------------
     async def handle_ws(self, request: web.Request) -> web.StreamResponse:
@@ -468,6 +379,7 @@ class Relay:
         conn.key = hello.key
         self.peers_here += 1
         self.metrics["handshakes"] += 1
+        self.live.record_join(hello.peer)
         conn.send(protocol.msg_welcome(hello.peer, self.online, self.settings.limits()))
         log.debug("peer joined", extra={"peer": hello.peer, "ip": conn.ip, "software": hello.software})
         return True
@@ -534,6 +446,7 @@ class Relay:
             raise protocol.ProtocolError(protocol.E_REPLAY, f"sequence {batch.seq} is not above this peer's last one")
         await self.broker.add(Entry(conn.peer, signed.payload, protocol.b64encode(signed.sig)))
         self.metrics["publishes"] += 1
+        self.live.record_publish(batch)
         conn.send(protocol.msg_published(batch.seq))
 
 
@@ -626,17 +539,29 @@ async def serve(relay: Relay) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """`sapling-relay [flags]` serves; `sapling-relay invite ...` prints invite links (relay_invite.py)."""
+    args = sys.argv[1:] if argv is None else list(argv)
+    if args[:1] == ["invite"]:
+        return relay_invite.main(args[1:])
     try:
-        settings = settings_from_args(argv)
+        settings = settings_from_args(args)
     except ValueError as exc:
         print(f"sapling-relay: {exc}", file=sys.stderr)
         return 2
+    if not settings.data_dir:
+        settings.data_dir = str(settings.key_path().parent)
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonLogFormatter())
     logging.basicConfig(level=settings.log_level.upper(), handlers=[handler], force=True)
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
     try:
-        return asyncio.run(serve(Relay(settings)))
+        relay = Relay(settings)
+    except OSError as exc:
+        print(f"sapling-relay: cannot keep the relay's key in {settings.data_dir} ({exc.strerror or exc}); "
+              "choose another folder with --data-dir.", file=sys.stderr)
+        return 1
+    try:
+        return asyncio.run(serve(relay))
     except KeyboardInterrupt:  # Ctrl-C where the loop cannot take signals (Windows)
         return 0
 

@@ -1,0 +1,74 @@
+"""Per-peer rate limits and the summary log of refusals, for the relay (engine/swarm/relay.py).
+
+`TokenBucket` is one peer's request budget (refill `rate` per second up to
+`burst`); `RejectionLog` counts refused messages per (peer, address) and
+code and logs them as one info-level summary per period, so a flood of bad
+frames costs one log line, not one per frame.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+
+log = logging.getLogger("sapling.relay")
+
+# The info-level summary of refusals names at most this many (peer, address) sources,
+# and counts at most this many between two summaries before lumping the rest together.
+LOG_TOP_SOURCES = 20
+MAX_LOGGED_SOURCES = 10_000
+
+
+class TokenBucket:
+    def __init__(self, rate: float, burst: float) -> None:
+        self.rate = rate
+        self.burst = burst
+        self.tokens = burst
+        self.stamp = time.monotonic()
+
+    def take(self) -> bool:
+        now = time.monotonic()
+        self.tokens = min(self.burst, self.tokens + (now - self.stamp) * self.rate)
+        self.stamp = now
+        if self.tokens >= 1.0:
+            self.tokens -= 1.0
+            return True
+        return False
+
+
+class RejectionLog:
+    """Refusals counted per (peer, address) and code, logged as a summary at info level."""
+
+    def __init__(self) -> None:
+        self.counts: dict[tuple[str, str], Counter[str]] = {}
+        self.others: Counter[str] = Counter()  # sources beyond MAX_LOGGED_SOURCES in one period
+        self.since = time.monotonic()
+
+    def add(self, peer: str | None, ip: str, code: str) -> None:
+        source = (peer or "-", ip)
+        counts = self.counts.get(source)
+        if counts is None:
+            if len(self.counts) >= MAX_LOGGED_SOURCES:
+                self.others[code] += 1
+                return
+            counts = self.counts[source] = Counter()
+        counts[code] += 1
+
+    def flush(self) -> None:
+        period = round(time.monotonic() - self.since, 1)
+        ranked = sorted(self.counts.items(), key=lambda kv: -sum(kv[1].values()))
+        for (peer, ip), codes in ranked[:LOG_TOP_SOURCES]:
+            log.info("refused messages", extra={"peer": peer, "ip": ip, "codes": dict(codes),
+                                                "total": sum(codes.values()), "period_s": period})
+        rest: Counter[str] = Counter(self.others)
+        for _source, codes in ranked[LOG_TOP_SOURCES:]:
+            rest.update(codes)
+        if rest:
+            log.info("refused messages from other sources", extra={
+                "sources": len(ranked) - LOG_TOP_SOURCES + (1 if self.others else 0), "codes": dict(rest),
+                "total": sum(rest.values()), "period_s": period,
+            })
+        self.counts.clear()
+        self.others.clear()
+        self.since = time.monotonic()

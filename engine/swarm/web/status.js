@@ -1,0 +1,107 @@
+/* The status page's live part (engine/swarm/relay_web.py serves it at /static/status.js).
+   Every few seconds it reads /stats.json and redraws the numbers and the two charts.
+   Text from the server is only ever set with textContent: nothing is parsed as HTML. */
+(function () {
+  "use strict";
+
+  var POLL_MS = 3000;
+  var HOUR_S = 3600;
+  var DAY_S = 24 * HOUR_S;
+  var CHART_HEIGHT = 180;
+  var charts = {};
+
+  function setText(id, value) {
+    var el = document.getElementById(id);
+    if (el !== null) {
+      el.textContent = String(value);
+    }
+  }
+
+  function rounded(x) {
+    return String(Math.round(Number(x) * 10) / 10);
+  }
+
+  // The server sends only the minutes that had publishes; the charts want every minute from
+  // the first one (at least an hour back, at most a day) to now, 0 rollouts and no reward between.
+  function dense(series, now) {
+    var last = Math.floor(now / 60) * 60;
+    var first = last - HOUR_S;
+    if (series.minute.length > 0 && series.minute[0] < first) {
+      first = Math.max(series.minute[0], last - DAY_S + 60);
+    }
+    var index = {};
+    for (var i = 0; i < series.minute.length; i++) {
+      index[series.minute[i]] = i;
+    }
+    var xs = [], rollouts = [], reward = [];
+    for (var t = first; t <= last; t += 60) {
+      var j = index[t];
+      xs.push(t);
+      rollouts.push(j === undefined ? 0 : series.rollouts[j]);
+      reward.push(j === undefined ? null : series.reward[j]);
+    }
+    return { xs: xs, rollouts: rollouts, reward: reward };
+  }
+
+  function chart(id, label, color, yRange, points) {
+    var el = document.getElementById(id);
+    if (el === null || typeof uPlot === "undefined") {
+      return null;
+    }
+    var options = {
+      width: Math.max(280, el.clientWidth),
+      height: CHART_HEIGHT,
+      legend: { show: false },
+      cursor: { drag: { x: false, y: false } },
+      scales: { x: { time: true }, y: { range: yRange } },
+      series: [
+        {},
+        { label: label, stroke: color, width: 2, fill: color + "22", spanGaps: false,
+          points: { show: points, size: 4, stroke: color, fill: color } }
+      ],
+      axes: [{ stroke: "#555", grid: { stroke: "#eee" } }, { stroke: "#555", grid: { stroke: "#eee" } }]
+    };
+    var plot = new uPlot(options, [[], []], el);
+    window.addEventListener("resize", function () {
+      plot.setSize({ width: Math.max(280, el.clientWidth), height: CHART_HEIGHT });
+    });
+    return plot;
+  }
+
+  function update(data) {
+    var live = data.live;
+    setText("peers-online", live.peers_online);
+    setText("publishes-per-minute", rounded(live.publishes_per_minute));
+    setText("batches-last-hour", live.batches_last_hour);
+    setText("joined-today", live.joined_today);
+    var d = dense(data.series, data.now);
+    if (charts.rollouts) {
+      charts.rollouts.setData([d.xs, d.rollouts]);
+    }
+    if (charts.reward) {
+      charts.reward.setData([d.xs, d.reward]);
+    }
+    setText("status-line", "Updated " + new Date(data.now * 1000).toLocaleTimeString() + ".");
+  }
+
+  function poll() {
+    fetch("/stats.json", { cache: "no-store", headers: { Accept: "application/json" } })
+      .then(function (response) {
+        if (!response.ok) {
+          throw new Error("the relay answered " + response.status);
+        }
+        return response.json();
+      })
+      .then(update)
+      .catch(function () {
+        setText("status-line", "Lost contact with the relay; trying again.");
+      })
+      .then(function () {
+        window.setTimeout(poll, POLL_MS);
+      });
+  }
+
+  charts.rollouts = chart("chart-rollouts", "rollouts", "#2e7d32", function () { return [0, null]; }, false);
+  charts.reward = chart("chart-reward", "reward", "#1565c0", function () { return [0, 1]; }, true);
+  poll();
+})();
