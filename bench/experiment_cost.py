@@ -67,37 +67,29 @@ def main(argv: list[str] | None = None) -> int:
         plan = make_plan("default", args.nodes, f"{B}/0,{sharing.label}", args.rounds, overrides)
         experiment = Experiment(plan, root / "out", Paths.default(), Hooks())
         t = time.perf_counter()
-        experiment._load_model()
+        experiment.load_model()
         print(f"model loaded in {time.perf_counter() - t:.1f} s; {args.nodes} nodes, B={B}, G={args.completions}, "
               f"up to {args.max_new_tokens} new tokens, {args.rounds} rounds of each kind", flush=True)
         single = single_node(experiment, root / "single")
         runs: dict[str, list[dict[str, Any]]] = {"single": [], f"{B}/0": [], sharing.label: []}
-        setups: dict[str, Any] = {}
-        sessions: list[Any] = []
-        relays: list[Any] = []
+        setups: list[Any] = []
         try:
             for mix in (Mix(B, 0), sharing):
-                relay, url = experiment._start_relay() if mix.external else (None, "")
-                if relay is not None:
-                    relays.append(relay)
-                nodes, views = experiment._nodes(mix, root / mix.slug, url, sessions, plan.nodes)
-                setups[mix.label] = (mix, nodes, views, relay)
+                setups.append(experiment.open_mix(mix, root / mix.slug))
             for round_index in range(1, args.rounds + 1):
                 t = time.perf_counter()
                 metrics = single.run_round()
                 runs["single"].append({"seconds": time.perf_counter() - t, "generate": metrics["generate_seconds"],
                                        "train": metrics["train_seconds"], "train_tokens": metrics.get("train_tokens", 0.0)})
-                for label, (mix, nodes, views, relay) in setups.items():
-                    record = experiment._round(mix, round_index, nodes, views, relay)
-                    runs[label].append({"seconds": record["seconds"], "generate": record["generate_seconds"],
-                                        "share": record["share_seconds"], "train": record["train_seconds"]})
+                for run in setups:
+                    record = run.round(round_index)
+                    runs[run.mix.label].append({"seconds": record["seconds"], "generate": record["generate_seconds"],
+                                                "share": record["share_seconds"], "train": record["train_seconds"]})
                 line = " | ".join(f"{k} {v[-1]['seconds']:.1f} s" for k, v in runs.items())
                 print(f"round {round_index}: {line}", flush=True)
         finally:
-            for session in sessions:
-                session.close()
-            for relay in relays:
-                relay.stop()
+            for run in setups:
+                run.close()
 
     print("\nmedian seconds per round (generate / share / train / whole):")
     for label, rows in runs.items():

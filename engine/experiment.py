@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import json
 import logging
-import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -186,6 +185,35 @@ class Stage:
     starts: dict[int, Path]  # node index -> the checkpoint it begins from (the veterans)
 
 
+class MixRun:
+    """The nodes of one mix, ready to run rounds one by one (`Experiment.open_mix`)."""
+
+    def __init__(self, experiment: Experiment, mix: Mix) -> None:
+        self.experiment = experiment
+        self.mix = mix
+        self.relay: Any = None
+        self.sessions: list[Any] = []
+        self.nodes: list[Node] = []
+        self.views: list[NodeBackend] = []
+
+    def round(self, round_index: int) -> dict[str, Any]:
+        """Round `round_index` of every node: generate in one batch, score, share, train, checkpoint; its record."""
+        return self.experiment._round(self.mix, round_index, self.nodes, self.views, self.relay)
+
+    def close(self) -> None:
+        for session in self.sessions:
+            session.close()
+        if self.relay is not None:
+            self.relay.stop()
+            self.relay = None
+
+    def __enter__(self) -> MixRun:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 @dataclass
 class Hooks:
     """How the experiment talks to a person (the CLI's terminal view), and test doubles."""
@@ -240,7 +268,8 @@ class Experiment:
         atomic_write_json(self.out / PLAN_FILE, self.plan.to_json())
 
     # -- the shared model -----------------------------------------------------------------------
-    def _load_model(self) -> None:
+    def load_model(self) -> None:
+        """Load the shared base model and the task set once (the first mix or evaluation does it)."""
         if self.shared is not None:
             return
         import torch
@@ -298,7 +327,7 @@ class Experiment:
             # keeps its prompts, so that all its mixes are measured on the same test.
             self.eval_examples = str(saved.get("examples", "per_question"))
             return saved
-        self._load_model()
+        self.load_model()
         slot = self.shared.new_adapter_slot(derive_seed(self.config.run.seed, 0, 7))
         result = self._evaluate([NodeBackend(self.shared, slot)])
         record = {"round": 0, **result}
@@ -365,23 +394,16 @@ class Experiment:
         done = int((read_json(folder / PROGRESS_FILE) or {}).get("round", 0))
         if done >= stage.rounds and (not self._eval_enabled() or (folder / EVAL_FILE).is_file()):
             return
-        self._load_model()
         if number:
             self.hooks.mix_started(mix, number, done, stage.rounds)
         else:
             self.hooks.say(f"veterans: {stage.nodes} node(s) train {stage.rounds} rounds alone first "
                            f"({done} done), in {folder}")
-        relay = None
-        sessions: list[Any] = []
-        try:
-            url = ""
-            if mix.external:
-                relay, url = self._start_relay()
-            nodes, views = self._nodes(mix, folder, url, sessions, stage.nodes)
-            for k, node in enumerate(nodes):
+        with self.open_mix(mix, folder, stage.nodes) as run:
+            for k, node in enumerate(run.nodes):
                 self._load_round(node, stage.offset + done, done == 0, stage.starts.get(k) if done == 0 else None)
             for round_index in range(done + 1, stage.rounds + 1):
-                record = self._round(mix, stage.offset + round_index, nodes, views, relay)
+                record = run.round(stage.offset + round_index)
                 record["round"] = round_index
                 if stage.offset:
                     record["node_round"] = stage.offset + round_index
@@ -393,15 +415,25 @@ class Experiment:
                     self.hooks.say(f"veterans round {round_index:>4} | reward by node "
                                    + " ".join(f"{r:.3f}" for r in record["rewards"]))
             if self._eval_enabled() and not (folder / EVAL_FILE).is_file():
-                result = self._evaluate(views)
+                result = self._evaluate(run.views)
                 atomic_write_json(folder / EVAL_FILE, {"round": stage.rounds, **result})
                 self.hooks.say(f"{f'mix {mix.label}' if number else 'veterans'}: held-out accuracy after round "
-                               f"{stage.rounds}: {100 * result['accuracy']:.1f}% (mean of {len(views)} nodes)")
-        finally:
-            for session in sessions:
-                session.close()
-            if relay is not None:
-                relay.stop()
+                               f"{stage.rounds}: {100 * result['accuracy']:.1f}% (mean of {len(run.views)} nodes)")
+
+    def open_mix(self, mix: Mix, folder: Path, nodes: int | None = None) -> MixRun:
+        """`nodes` nodes (the plan's by default) of `mix` with their data in `folder`, joined to a loopback relay
+        when J > 0, at round 0: `MixRun.round(r)` runs round r of all of them. Close it (a `with` block)."""
+        self.load_model()
+        run = MixRun(self, mix)
+        try:
+            url = ""
+            if mix.external:
+                run.relay, url = self._start_relay()
+            run.nodes, run.views = self._nodes(mix, folder, url, run.sessions, self.plan.nodes if nodes is None else nodes)
+        except BaseException:
+            run.close()
+            raise
+        return run
 
     def _start_relay(self) -> tuple[Any, str]:
         from engine.swarm.relay import EmbeddedRelay, RelaySettings
@@ -551,65 +583,3 @@ def _seed_relay_sampling(relay: Any, seed: int) -> None:
         log.warning("The relay's sampler could not be seeded; external draws will not repeat exactly.")
         return
     rng.seed(seed)
-
-
-# -- the terminal ---------------------------------------------------------------------------------
-class ExperimentTerminal:
-    """Bars for the mix (rounds) and the phase, and one line per round with each node's reward."""
-
-    def __init__(self, mixes: int) -> None:
-        from tqdm import tqdm
-
-        self._tqdm = tqdm
-        self.mixes = mixes
-        self.mix_bar: Any = None
-        self.phase_bar: Any = None
-        self.phase = ""
-        self.started = time.monotonic()
-
-    def hooks(self, reward: Reward | None = None) -> Hooks:
-        return Hooks(say=self.say, progress=self.progress, round_done=self.round_done,
-                     mix_started=self.mix_started, reward=reward)
-
-    def _close_phase(self) -> None:
-        if self.phase_bar is not None:
-            self.phase_bar.close()
-            self.phase_bar = None
-            self.phase = ""
-
-    def say(self, text: str) -> None:
-        self._tqdm.write(text, file=sys.stderr)
-
-    def mix_started(self, mix: Mix, number: int, start: int, rounds: int) -> None:
-        self._close_phase()
-        if self.mix_bar is not None:
-            self.mix_bar.close()
-        self.mix_bar = self._tqdm(total=rounds, initial=start, desc=f"mix {mix.label} ({number} of {self.mixes})",
-                                  unit="round", position=0, dynamic_ncols=True, file=sys.stderr)
-
-    def progress(self, phase: str, done: int, total: int) -> None:
-        if phase != self.phase or self.phase_bar is None:
-            self._close_phase()
-            self.phase = phase
-            self.phase_bar = self._tqdm(total=total, desc=f"  {phase:<11}", leave=False, position=1,
-                                        dynamic_ncols=True, file=sys.stderr)
-        self.phase_bar.total = total
-        self.phase_bar.n = done
-        self.phase_bar.refresh()
-
-    def round_done(self, mix: Mix, record: dict[str, Any]) -> None:
-        self._close_phase()
-        rewards = " ".join(f"{r:.3f}" for r in record["rewards"])
-        external = sum(record["external_groups"])
-        self._tqdm.write(
-            f"mix {mix.label} round {record['round']:>4} | reward by node {rewards} | mean "
-            f"{sum(record['rewards']) / len(record['rewards']):.3f} | external groups {external} | "
-            f"{record['seconds']:6.1f} s", file=sys.stdout)
-        if self.mix_bar is not None:
-            self.mix_bar.update(1)
-
-    def close(self) -> None:
-        self._close_phase()
-        if self.mix_bar is not None:
-            self.mix_bar.close()
-            self.mix_bar = None

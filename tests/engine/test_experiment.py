@@ -107,7 +107,7 @@ def test_a_resumed_experiment_ends_with_the_same_numbers_and_weights(tiny_model_
 def test_each_node_trains_only_its_own_adapter_over_the_one_base(tiny_model_dir: Path, tmp_path: Path) -> None:
     plan = make_plan("default", 2, "2/0", 1, fast(tiny_model_dir))
     experiment = Experiment(plan, tmp_path / "out", Paths.under(tmp_path / "home"), Hooks(reward=parity_reward))
-    experiment._load_model()
+    experiment.load_model()
     shared = experiment.shared
     one, two = (NodeBackend(shared, shared.new_adapter_slot(seed)) for seed in (1, 2))
     base = {n: p.detach().clone() for n, p in shared.model.named_parameters() if not p.requires_grad}

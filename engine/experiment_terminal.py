@@ -1,0 +1,74 @@
+"""The terminal view of `sapling-node experiment`: a bar for the mix's rounds, one for the phase, a line per round.
+
+Used by engine/cli.py; the experiment itself (engine/experiment.py) talks to it only through `Hooks`.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any
+
+from engine.experiment import Hooks, Reward
+from engine.experiment_plan import Mix
+
+
+class ExperimentTerminal:
+    """Bars for the mix (rounds) and the phase, and one line per round with each node's reward."""
+
+    def __init__(self, mixes: int) -> None:
+        from tqdm import tqdm
+
+        self._tqdm = tqdm
+        self.mixes = mixes
+        self.mix_bar: Any = None
+        self.phase_bar: Any = None
+        self.phase = ""
+        self.started = time.monotonic()
+
+    def hooks(self, reward: Reward | None = None) -> Hooks:
+        return Hooks(say=self.say, progress=self.progress, round_done=self.round_done,
+                     mix_started=self.mix_started, reward=reward)
+
+    def _close_phase(self) -> None:
+        if self.phase_bar is not None:
+            self.phase_bar.close()
+            self.phase_bar = None
+            self.phase = ""
+
+    def say(self, text: str) -> None:
+        self._tqdm.write(text, file=sys.stderr)
+
+    def mix_started(self, mix: Mix, number: int, start: int, rounds: int) -> None:
+        self._close_phase()
+        if self.mix_bar is not None:
+            self.mix_bar.close()
+        self.mix_bar = self._tqdm(total=rounds, initial=start, desc=f"mix {mix.label} ({number} of {self.mixes})",
+                                  unit="round", position=0, dynamic_ncols=True, file=sys.stderr)
+
+    def progress(self, phase: str, done: int, total: int) -> None:
+        if phase != self.phase or self.phase_bar is None:
+            self._close_phase()
+            self.phase = phase
+            self.phase_bar = self._tqdm(total=total, desc=f"  {phase:<11}", leave=False, position=1,
+                                        dynamic_ncols=True, file=sys.stderr)
+        self.phase_bar.total = total
+        self.phase_bar.n = done
+        self.phase_bar.refresh()
+
+    def round_done(self, mix: Mix, record: dict[str, Any]) -> None:
+        self._close_phase()
+        rewards = " ".join(f"{r:.3f}" for r in record["rewards"])
+        external = sum(record["external_groups"])
+        self._tqdm.write(
+            f"mix {mix.label} round {record['round']:>4} | reward by node {rewards} | mean "
+            f"{sum(record['rewards']) / len(record['rewards']):.3f} | external groups {external} | "
+            f"{record['seconds']:6.1f} s", file=sys.stdout)
+        if self.mix_bar is not None:
+            self.mix_bar.update(1)
+
+    def close(self) -> None:
+        self._close_phase()
+        if self.mix_bar is not None:
+            self.mix_bar.close()
+            self.mix_bar = None
