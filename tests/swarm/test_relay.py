@@ -22,6 +22,7 @@ from tests.swarm.conftest import StartRelay
 from tests.swarm.doc_client import DocPeer, b64, item
 
 ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.integration  # every test here starts a relay
 
 
 async def joined(url: str, **kw: object) -> DocPeer:
@@ -221,8 +222,8 @@ async def test_sigterm_closes_connections_cleanly_and_exits_zero(tmp_path: Path)
     port = _free_port()
     config = tmp_path / "relay.toml"
     config.write_text('name = "toml-relay"\nwindow = 8\n')
-    proc = subprocess.Popen([sys.executable, "-m", "engine.swarm.relay", "--port", str(port), "--config", str(config)],
-                            cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-m", "engine.swarm.relay", "--port", str(port), "--config", str(config),
+                             "--data-dir", str(tmp_path / "relay")], cwd=ROOT, stderr=subprocess.PIPE, text=True)
     try:
         url = f"ws://127.0.0.1:{port}/ws"
         deadline = time.monotonic() + 30
@@ -267,7 +268,7 @@ def test_bad_flags_and_config_exit_2_with_one_line(tmp_path: Path) -> None:
     help_text = subprocess.run([sys.executable, "-m", "engine.swarm.relay", "--help"], cwd=ROOT, capture_output=True,
                                text=True, timeout=60).stdout
     for flag in ("--redis", "--join-token", "--allow-keys-file", "--ban-keys-file", "--max-conn-per-ip", "--rate",
-                 "--send-queue", "--window"):
+                 "--send-queue", "--window", "--name", "--description", "--contact", "--public-url", "--data-dir"):
         assert flag in help_text
 
 
