@@ -74,7 +74,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check engine app tests bench
 
 typecheck: $(STAMP)
-	$(BIN)/mypy engine app
+	$(BIN)/mypy engine app bench
 
 pytest: $(STAMP)
 	$(BIN)/python -m pytest -q

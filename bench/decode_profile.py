@@ -107,7 +107,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     import torch
 
     from bench.bundled import bundled_cpu
-    from engine.backends import decode
+    from engine.backends import decode, decode_model, kv_cache
     from engine.sapo import derive_seed
 
     cfg, backend, taskset = bundled_cpu()
@@ -123,18 +123,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.only in (None, "greedy"):
         jobs[f"greedy, {len(held_out)} held-out questions"] = lambda: backend.greedy(held_out, t.max_new_tokens)
     print(f"decode_profile: bundled SmolLM2-135M, {torch.get_num_threads()} threads, decoder packed for oneDNN: "
-          f"{decode.can_pack(torch.device('cpu'), torch.float32)}")
+          f"{decode_model.can_pack(torch.device('cpu'), torch.float32)}")
 
     from engine.backends import torch_backend
 
     # Disjoint phases: none of these calls another.
     phases: dict[str, tuple[Any, str]] = {
-        "weights (merge, oneDNN reorder)": (decode.DecodeModel, "__init__"),
-        "KV cache allocation": (decode._Cache, "__init__"),
-        "prompt pass": (decode.DecodeModel, "prefill"),
-        "steps": (decode.DecodeModel, "step"),
-        "sampler": (decode, "_choose"),
-        "dropping finished groups": (decode._Cache, "keep_groups"),
+        "weights (merge, oneDNN reorder)": (decode_model.DecodeModel, "__init__"),
+        "KV cache allocation": (kv_cache.KVCache, "__init__"),
+        "prompt pass": (decode_model.DecodeModel, "prefill"),
+        "steps": (decode_model.DecodeModel, "step"),
+        "sampler": (decode, "choose_tokens"),
+        "dropping finished groups": (kv_cache.KVCache, "keep_groups"),
         "memory release (gc, malloc_trim)": (torch_backend, "release_memory"),
     }
     for name, job in jobs.items():
@@ -156,7 +156,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             calls = f" in {timer.calls[phase]} calls" if timer.calls[phase] != 1 else ""
             print(f"  {phase:36s} {timer.seconds[phase]:6.2f} s  {timer.seconds[phase] / wall:5.1%}{calls}")
         print(f"  {'the rest (bookkeeping, text)':36s} {rest:6.2f} s  {rest / wall:5.1%}")
-        shares = op_shares(job, {"prompt pass": (decode.DecodeModel, "prefill"), "steps": (decode.DecodeModel, "step")})
+        shares = op_shares(job, {"prompt pass": (decode_model.DecodeModel, "prefill"), "steps": (decode_model.DecodeModel, "step")})
         print("  self CPU time by op under torch.profiler (which adds overhead of its own):")
         for part, ops in shares.items():
             kinds: dict[str, float] = defaultdict(float)

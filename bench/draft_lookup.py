@@ -63,7 +63,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     cfg, backend, taskset = bundled_cpu()
     t = cfg.tasks
     prompts = [backend.encode_prompt(taskset.eval_messages(q)) for q in taskset.eval_set(args.eval)]
-    answers = [row.tokens for row in backend._decode_rows(prompts, 1, t.max_new_tokens, None, None)]
+    answers = [row.tokens for row in backend.decode_rows(prompts, 1, t.max_new_tokens, None, None)]
     longest = max(len(a) for a in answers)
     print(f"draft_lookup: {len(prompts)} held-out questions, greedy, up to {t.max_new_tokens} tokens; "
           f"answer lengths {sorted(len(a) for a in answers)}")

@@ -6,7 +6,7 @@
 Each budget runs in its own process (peak RSS is per process): it loads the
 bundled model as a node does, builds the held-out prompts the node uses
 (`TaskSet.eval_messages`), and times one greedy pass through
-`TorchBackend._decode_rows` with that `cache_bytes`. It prints the number of
+`TorchBackend.decode_rows` with that `cache_bytes`. It prints the number of
 chunks the prompts fall into, the seconds, the peak RSS, and each budget's
 time against the first one's, measured in the same run. The answers of every
 budget must be the same, and the bench says whether they are.
@@ -42,7 +42,7 @@ def child(questions: int, cache_mib: int, threads: int) -> dict[str, object]:
     budget = cache_mib * 2**20
     totals: list[int] = []  # decode_batch reports max_new_tokens x its chunks as the progress total
     started = time.perf_counter()
-    rows = backend._decode_rows(prompts, 1, cfg.tasks.max_new_tokens, None, lambda done, total: totals.append(total),
+    rows = backend.decode_rows(prompts, 1, cfg.tasks.max_new_tokens, None, lambda done, total: totals.append(total),
                                 cache_bytes=budget)
     seconds = time.perf_counter() - started
     return {"cache_mib": cache_mib, "chunks": totals[-1] // cfg.tasks.max_new_tokens, "seconds": seconds,

@@ -6,7 +6,7 @@
 One decode step of the bundled model's shapes (each of the 30 layers' own
 q/k/v, o, gate/up and down weights, then the LM head) at each row count,
 in fp32, timed as `F.linear` on plain weights and as oneDNN's linear on
-weights reordered once (`engine.backends.decode._pack`, what `DecodeModel`
+weights reordered once (`engine.backends.decode_model.pack_weight`, what `DecodeModel`
 does on the CPU in fp32). Which side goes first alternates by row count. The last line is the geometric mean speed-up.
 """
 
@@ -50,9 +50,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"{'rows':>6} {'plain F.linear':>15} {'oneDNN reordered':>17} {'speed-up':>9}")
     ratios = []
     for k, n in enumerate(rows):
-        times = {}
-        for packed in ((False, True) if k % 2 == 0 else (True, False)):  # alternate which side goes first
-            times[packed] = gemm_seconds(config, n, torch.float32, args.repeats, packed=packed)
+        times: dict[bool, float] = {}
+        for reordered in ((False, True) if k % 2 == 0 else (True, False)):  # alternate which side goes first
+            times[reordered] = gemm_seconds(config, n, torch.float32, args.repeats, packed=reordered)
         plain, packed = times[False], times[True]
         ratios.append(plain / packed)
         print(f"{n:6d} {plain * 1000:12.1f} ms {packed * 1000:14.1f} ms {plain / packed:8.2f}x")

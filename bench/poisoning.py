@@ -105,7 +105,7 @@ class Attacker:
     def items(self) -> list[Any]:
         from engine.swarm import protocol
 
-        items = []
+        items: list[Any] = []
         specialties = self.taskset.specialties
         while len(items) < self.groups:
             self.counter += 1
@@ -195,6 +195,7 @@ def run_one(run: str, out: Path, rounds: int, victims: int, trigger_name: str, a
         probe_qs = [q for q in nodes[0].taskset.eval_set(6) if q.answer]
         texts: dict[int, list[str]] = {}
         for i, node in enumerate(nodes):
+            assert node.backend is not None, "the node's model is loaded when it is built"
             real = node.backend.generate
 
             def generate(*a: Any, _real: Any = real, _i: int = i, **k: Any) -> Any:

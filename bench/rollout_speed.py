@@ -12,7 +12,7 @@ new, repeat by repeat, so load from other processes falls on both:
 1. **Sampling.** The default round's real questions and seeds (rounds 1..R:
    B questions x G completions, up to 48 new tokens, temperature 0.7,
    `backend.reseed(derive_seed(seed, round))` as the engine does). Old is
-   `TorchBackend._generate_hf` (HF generate), new is `generate`. Useful
+   `TorchBackend.generate_hf` (HF generate), new is `generate`. Useful
    tokens are the completions' own tokens (EOS included), as the round's
    `tokens_per_second` counts them.
 2. **Roofline and sampler.** The model's own matmuls (q/k/v, o, gate/up, down per layer,
@@ -23,7 +23,7 @@ new, repeat by repeat, so load from other processes falls on both:
    multinomial + log_softmax against the decoder's inverse CDF) is timed on
    one step's logits.
 3. **Greedy evaluation** of the held-out set of 27 (the default before this
-   bench), old (`_greedy_hf`) against new (`greedy`), with the count of
+   bench), old (`greedy_hf`) against new (`greedy`), with the count of
    identical answers; then the new path on larger sets (54, 108), against
    the old path's time for 27: one evaluation runs every 10 rounds.
 4. **Per-row adapters.** Four random LoRA adapters (the engine's rank and
@@ -109,13 +109,13 @@ def gemm_seconds(config: Any, rows: int, dtype: Any, repeats: int = 3, packed: b
     """
     import torch
 
-    from engine.backends.decode import _matmul, _pack
+    from engine.backends.decode_model import matmul, pack_weight
 
     hidden, inter = config.hidden_size, config.intermediate_size
     head_dim = getattr(config, "head_dim", None) or hidden // config.num_attention_heads
     q, kv = config.num_attention_heads * head_dim, config.num_key_value_heads * head_dim
     shapes = [(hidden, q + 2 * kv), (q, hidden), (hidden, 2 * inter), (inter, hidden)]
-    prepare = _pack if packed else (lambda w: w)
+    prepare = pack_weight if packed else (lambda w: w)
     # One weight set per layer, as the model has: one set reused would stay in cache.
     layers = [[prepare(torch.randn(out, fan_in).to(dtype)) for fan_in, out in shapes] for _ in range(config.num_hidden_layers)]
     inputs = [torch.randn(rows, fan_in).to(dtype) for fan_in, _ in shapes]
@@ -124,8 +124,8 @@ def gemm_seconds(config: Any, rows: int, dtype: Any, repeats: int = 3, packed: b
     def step() -> None:
         for weights in layers:
             for x, w in zip(inputs, weights, strict=True):
-                _matmul(x, w, None)
-        _matmul(head_in, head, None)
+                matmul(x, w, None)
+        matmul(head_in, head, None)
 
     step()
     return statistics.median(timed(step)[0] for _ in range(repeats))
@@ -201,7 +201,7 @@ def rss_round(side: str, threads: int) -> dict[str, Any]:
         node.setup()
         backend: Any = node.backend
         if side == "old":
-            backend.generate = backend._generate_hf
+            backend.generate = backend.generate_hf
         metrics = node.run_round()
     return {
         "peak_rss_bytes": peak_rss_bytes(),
@@ -225,7 +225,7 @@ def old_path_run(home: Path, rounds: int, threads: int) -> int:
     node = Node(cfg, Paths.under(home), emit=lambda event: print(json.dumps(event)) if event.get("type") in ("round", "eval") else None)
     node.setup()
     backend: Any = node.backend
-    backend.generate, backend.greedy = backend._generate_hf, backend._greedy_hf
+    backend.generate, backend.greedy = backend.generate_hf, backend.greedy_hf
     return node.run()
 
 
@@ -284,7 +284,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 backend.pack_weights = None
         return run
 
-    sides = {"old": backend._generate_hf, "new": backend.generate}
+    sides = {"old": backend.generate_hf, "new": backend.generate}
     if can_pack(torch.device(backend.device.torch_device), dtype):
         sides["new, plain matmuls"] = plain(backend.generate)
     seconds: dict[str, list[float]] = {name: [] for name in sides}
@@ -350,14 +350,14 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"new path {rate['new'] / roofline:.1%} of it, old {rate['old'] / roofline:.1%}")
 
     # The sampler alone, on one step's logits: HF's (softmax, multinomial, and the recorder's log_softmax) against ours.
-    from engine.backends.decode import _choose
+    from engine.backends.decode import choose_tokens
 
     logits = torch.randn(rows, backend.model.config.vocab_size) * 3
     uniforms = torch.rand(rows)
     hf_sampler = statistics.median(timed(lambda: (
         torch.multinomial(torch.softmax(logits / t.temperature, -1), 1), torch.log_softmax(logits / t.temperature, -1)
     ))[0] for _ in range(5))
-    our_sampler = statistics.median(timed(lambda: _choose(logits, t.temperature, uniforms))[0] for _ in range(5))
+    our_sampler = statistics.median(timed(lambda: choose_tokens(logits, t.temperature, uniforms))[0] for _ in range(5))
     print(f"sampler for one {rows}-row step: HF softmax + multinomial + log_softmax {hf_sampler * 1000:.0f} ms, "
           f"inverse CDF {our_sampler * 1000:.0f} ms")
 
@@ -368,7 +368,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"held-out prompts: {sum(map(len, eval_prompts))} tokens with one worked example per specialty (the evaluation's), "
           f"{sum(map(len, varied))} with one per question (training's); of these the decoder computes about {unique_prompt_tokens(eval_prompts)} and "
           f"{unique_prompt_tokens(varied)} (the rest are shared prefixes)")
-    greedy = {"old": backend._greedy_hf, "new": backend.greedy}
+    greedy = {"old": backend.greedy_hf, "new": backend.greedy}
     if "new, plain matmuls" in sides:
         greedy["new, plain matmuls"] = plain(backend.greedy)
     eval_s: dict[str, list[float]] = {name: [] for name in greedy}

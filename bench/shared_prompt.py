@@ -1,7 +1,7 @@
 """The training pass with shared prompts against one forward per sequence, measured in one run.
 
 A GRPO round trains on G completions of each question, and all G share the
-question's prompt. `TorchBackend._batch_logprobs` runs each distinct prompt
+question's prompt. `TorchBackend.batch_logprobs` runs each distinct prompt
 through the model once and every completion on a copy of its prompt's KV
 cache. The peer here is the plain pass it replaced: each prompt + completion
 as one left-padded row, so every prompt is recomputed G times.
@@ -91,7 +91,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         start = time.perf_counter()
         loss_sum = 0.0
         for chunk in chunks:
-            with backend._autocast():
+            with backend.autocast_context():
                 logp, mask = fn(chunk)
                 loss = -(logp * mask).sum() / total
             loss.backward()
@@ -100,7 +100,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     backend.model.train()
     sides = {
-        "shared": lambda chunk: backend._batch_logprobs(chunk, backend.temperature),
+        "shared": lambda chunk: backend.batch_logprobs(chunk, backend.temperature),
         "plain": lambda chunk: plain_logprobs(backend, chunk, backend.temperature),
     }
     times: dict[str, list[float]] = {name: [] for name in sides}

@@ -5,7 +5,8 @@
   once for all its completions, and each sampled token's log-prob under the
   tempered distribution is recorded as it is drawn (the behaviour log-probs,
   at no extra forward pass). Architectures it does not cover fall back to
-  HF `generate` (`_generate_hf`, `_greedy_hf`), with a log line.
+  HF `generate` (`generate_hf`, `greedy_hf`, engine/backends/hf_generate.py),
+  with a log line.
 - Training recomputes log-probs per micro-batch: each distinct prompt once
   (left-padded, the same position ids as generation), then every completion
   on a copy of its prompt's KV cache, so the G completions of a question do
@@ -26,11 +27,9 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import ctypes
-import gc
 import logging
 import random
-import sys
+import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,20 +37,14 @@ from typing import Any
 
 import torch
 from safetensors.torch import load_file, load_model, save_file, save_model
-from transformers import (
-    AutoModelForCausalLM,
-    AutoTokenizer,
-    GenerationConfig,
-    LogitsProcessor,
-    LogitsProcessorList,
-    StoppingCriteria,
-    StoppingCriteriaList,
-)
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from engine.atomicio import atomic_dir
 from engine.backends.base import StepCallback
 from engine.backends.batching import HFTokenizerText, MicroBatchBudget, micro_batches
 from engine.backends.decode import DecodedRow, DecodeModel, LoraAdapter, decode_batch, unsupported_reason
+from engine.backends.hf_generate import hf_greedy, hf_sample, left_pad, split_rows
+from engine.backends.memory import freeze_long_lived, release_memory
 from engine.backends.steps import train_steps
 from engine.config import GRPOConfig
 from engine.device import DeviceInfo
@@ -67,79 +60,7 @@ ADAPTER_FILE = "adapter.safetensors"
 WEIGHTS_FILE = "model.safetensors"
 OPTIMIZER_FILE = "optimizer.pt"
 RNG_FILE = "rng.pt"
-GREEDY_CHUNK = 8
-
-
-def freeze_long_lived() -> None:
-    """Moves every object alive now out of the garbage collector's sight (`gc.freeze`).
-
-    A loaded model with its tokenizer and libraries is some 420,000 Python
-    objects that live as long as the process. A full collection walks them
-    all: 0.2-0.3 s on the 2-core dev machine, and `release_memory` runs one
-    after every generate, greedy and train call (docs/results.md, "Rollout
-    speed"). Frozen, they are skipped; they are still freed by reference
-    counting, so only a reference cycle among them that becomes garbage
-    later would be kept, which a backend that lives as long as its process
-    never makes.
-    """
-    gc.collect()
-    gc.freeze()
-
-
-def release_memory() -> None:
-    """Hand freed heap pages back to the OS.
-
-    glibc keeps freed blocks in per-thread arenas; with PyTorch's varied
-    tensor sizes a long CPU run's RSS then creeps up round after round
-    although nothing is live. malloc_trim(0) returns them (Linux only).
-    """
-    gc.collect()
-    if sys.platform.startswith("linux"):
-        try:
-            ctypes.CDLL("libc.so.6").malloc_trim(0)
-        except (OSError, AttributeError):
-            pass
-
-
-class _RecordLogprobs(LogitsProcessor):
-    """Applies 1/temperature and records log p(sampled token) for every step."""
-
-    def __init__(self, temperature: float, prompt_len: int, on_step: StepCallback | None, total: int) -> None:
-        self.temperature = temperature
-        self.prompt_len = prompt_len
-        self.on_step = on_step
-        self.total = total
-        self.previous: torch.Tensor | None = None
-        self.recorded: list[torch.Tensor] = []
-
-    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        if self.previous is not None:
-            self.recorded.append(self.previous.gather(1, input_ids[:, -1:]).squeeze(1))
-        scores = scores.float() / self.temperature  # type: ignore[assignment]
-        self.previous = torch.log_softmax(scores, dim=-1)
-        if self.on_step is not None:
-            self.on_step(input_ids.shape[1] - self.prompt_len, self.total)
-        return scores
-
-    def finish(self, sequences: torch.Tensor) -> torch.Tensor:
-        """[batch, generated] log-probs, the last step included."""
-        if self.previous is not None:
-            self.recorded.append(self.previous.gather(1, sequences[:, -1:]).squeeze(1))
-            self.previous = None
-        if not self.recorded:
-            return torch.zeros(sequences.shape[0], 0)
-        return torch.stack(self.recorded, dim=1)
-
-
-class _StepHook(StoppingCriteria):
-    """Reports greedy decoding progress (pause blocks here, stop raises here)."""
-
-    def __init__(self, prompt_len: int, on_step: StepCallback, total: int, offset: int = 0) -> None:
-        self.prompt_len, self.on_step, self.total, self.offset = prompt_len, on_step, total, offset
-
-    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs: Any) -> torch.BoolTensor:
-        self.on_step(self.offset + input_ids.shape[1] - self.prompt_len, self.total)
-        return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)  # type: ignore[return-value]
+GREEDY_CHUNK = 8  # prompts per HF greedy call (greedy_hf)
 
 
 @dataclass
@@ -185,7 +106,11 @@ class TorchBackend(HFTokenizerText):
                 target_modules="all-linear",
                 task_type="CAUSAL_LM",
             )
-            model = get_peft_model(model, lora)
+            with warnings.catch_warnings():
+                # peft 0.21 asks the model for `is_gradient_checkpointing`, which transformers 5 deprecates with a
+                # FutureWarning on every call (in every node's log); the answer is right, only the name is old.
+                warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+                model = get_peft_model(model, lora)
         elif grpo.kl_beta > 0:
             self.reference = copy.deepcopy(model).eval().requires_grad_(False)
         self.model: Any = model
@@ -199,11 +124,11 @@ class TorchBackend(HFTokenizerText):
         )
 
     # -- sampling ----------------------------------------------------------------------
-    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
+    def autocast_context(self) -> contextlib.AbstractContextManager[Any]:
         return torch.autocast(self._dev.type, dtype=torch.bfloat16, enabled=self.autocast)
 
     @contextlib.contextmanager
-    def _inference(self) -> Iterator[None]:
+    def inference(self) -> Iterator[None]:
         """No-grad inference on a temporary copy of the weights: LoRA merged, bf16 where native.
 
         peft's per-layer adapter path costs about 3x in token-by-token decoding
@@ -232,25 +157,6 @@ class TorchBackend(HFTokenizerText):
             for param, data in originals:
                 param.data = data
 
-    def _left_pad(self, prompts: Sequence[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-        width = max(len(p) for p in prompts)
-        ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
-        mask = torch.zeros((len(prompts), width), dtype=torch.long)
-        for row, prompt in enumerate(prompts):
-            ids[row, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
-            mask[row, width - len(prompt) :] = 1
-        return ids.to(self._dev), mask.to(self._dev)
-
-    def _split(self, sequences: torch.Tensor, prompt_len: int) -> list[tuple[list[int], bool]]:
-        out = []
-        for row in sequences[:, prompt_len:].tolist():
-            if self.eos_token_id in row:
-                cut = row.index(self.eos_token_id) + 1
-                out.append((row[:cut], True))
-            else:
-                out.append((row, False))
-        return out
-
     def _fast_decoder(self) -> bool:
         """Whether `engine.backends.decode` covers this model (logged once when it does not)."""
         reason = unsupported_reason(self.model.config)
@@ -259,13 +165,13 @@ class TorchBackend(HFTokenizerText):
             log.info("Sampling with HF generate: the fast decoder does not support %s.", reason)
         return reason is None
 
-    def _decode_rows(
+    def decode_rows(
         self, prompts: Sequence[list[int]], n: int, max_new_tokens: int, temperature: float | None,
         on_step: StepCallback | None, adapters: Sequence[LoraAdapter] = (), **options: Any,
     ) -> list[DecodedRow]:
         """Runs `decode_batch` on a fresh inference copy of the weights, dropped afterwards.
 
-        The `_inference` idea without touching the model: the weights are
+        The `inference` idea without touching the model: the weights are
         merged with this node's LoRA (or, with per-row adapters, left as the
         frozen base) and cast to bf16 where native, in new tensors (q/k/v
         and gate/up fused); the training weights stay as they are.
@@ -293,8 +199,8 @@ class TorchBackend(HFTokenizerText):
         n completions; rows that reach EOS leave the batch (engine.backends.decode).
         """
         if not self._fast_decoder():
-            return self._generate_hf(prompts, n, max_new_tokens, temperature, on_step)
-        rows = self._decode_rows(prompts, n, max_new_tokens, temperature, on_step)
+            return self.generate_hf(prompts, n, max_new_tokens, temperature, on_step)
+        rows = self.decode_rows(prompts, n, max_new_tokens, temperature, on_step)
         return [Completion(self.decode(r.tokens), r.tokens, r.logprobs, r.finished) for r in rows]
 
     def generate_with_adapters(
@@ -319,12 +225,12 @@ class TorchBackend(HFTokenizerText):
         if not self._fast_decoder():
             raise ModelError(f"Per-row adapters need the fast decoder, which does not support {unsupported_reason(self.model.config)}.")
         resolved = [LoraAdapter.from_peft(self.model, a) if isinstance(a, str) else a for a in adapters]
-        rows = self._decode_rows(
+        rows = self.decode_rows(
             prompts, n, max_new_tokens, temperature, on_step, adapters=resolved, adapter_index=adapter_index, seeds=seeds,
         )
         return [Completion(self.decode(r.tokens), r.tokens, r.logprobs, r.finished) for r in rows]
 
-    def _generate_hf(
+    def generate_hf(
         self,
         prompts: Sequence[list[int]],
         n: int,
@@ -337,66 +243,39 @@ class TorchBackend(HFTokenizerText):
         Each prompt is run through the model once (its KV cache is then
         copied n times); every row runs until the longest completion stops.
         """
-        ids, mask = self._left_pad(prompts)
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        recorder = _RecordLogprobs(temperature, ids.shape[1], on_step, max_new_tokens)
-        config = GenerationConfig(
-            do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=max_new_tokens,
-            pad_token_id=self.pad_token_id, eos_token_id=self.eos_token_id,
-        )
-        with self._inference():
-            extra: dict[str, Any] = {}
-            if ids.shape[1] > 1:
-                prefix = self.model(
-                    input_ids=ids[:, :-1], attention_mask=mask[:, :-1], position_ids=positions[:, :-1],
-                    use_cache=True, logits_to_keep=1,  # only the cache is wanted, not prompt logits
-                )
-                prefix.cache.batch_repeat_interleave(n)
-                extra["cache"] = prefix.cache
-            sequences = self.model.generate(
-                input_ids=ids.repeat_interleave(n, dim=0), attention_mask=mask.repeat_interleave(n, dim=0),
-                generation_config=config, logits_processor=LogitsProcessorList([recorder]), **extra,
-            )
-        logprobs = recorder.finish(sequences).tolist()
-        del extra
+        ids, mask = left_pad(prompts, self.pad_token_id, self._dev)
+        with self.inference():
+            sequences, logprobs = hf_sample(self.model, ids, mask, n, max_new_tokens, temperature,
+                                            self.pad_token_id, self.eos_token_id, on_step)
         release_memory()
         completions = []
-        for (tokens, finished), lps in zip(self._split(sequences, ids.shape[1]), logprobs, strict=True):
+        for (tokens, finished), lps in zip(split_rows(sequences, ids.shape[1], self.eos_token_id), logprobs, strict=True):
             completions.append(Completion(self.decode(tokens), tokens, lps[: len(tokens)], finished))
         return completions
 
     def greedy(self, prompts: Sequence[list[int]], max_new_tokens: int, on_step: StepCallback | None = None) -> list[str]:
         """Greedy answers: all prompts in cache-sized chunks, finished rows leaving (engine.backends.decode)."""
         if not self._fast_decoder():
-            return self._greedy_hf(prompts, max_new_tokens, on_step)
-        rows = self._decode_rows(prompts, 1, max_new_tokens, None, on_step)
+            return self.greedy_hf(prompts, max_new_tokens, on_step)
+        rows = self.decode_rows(prompts, 1, max_new_tokens, None, on_step)
         return [self.decode(r.tokens) for r in rows]
 
-    def _greedy_hf(self, prompts: Sequence[list[int]], max_new_tokens: int, on_step: StepCallback | None = None) -> list[str]:
+    def greedy_hf(self, prompts: Sequence[list[int]], max_new_tokens: int, on_step: StepCallback | None = None) -> list[str]:
         """HF greedy answers, in chunks of similar prompt length so padding costs little (fallback and bench peer)."""
         order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
         chunks = [order[i : i + GREEDY_CHUNK] for i in range(0, len(order), GREEDY_CHUNK)]
         answers: dict[int, str] = {}
-        config = GenerationConfig(
-            do_sample=False, max_new_tokens=max_new_tokens,
-            pad_token_id=self.pad_token_id, eos_token_id=self.eos_token_id,
-        )
         for number, chunk in enumerate(chunks):
-            ids, mask = self._left_pad([prompts[i] for i in chunk])
-            hooks: list[StoppingCriteria] = []
-            if on_step is not None:
-                hooks.append(_StepHook(ids.shape[1], on_step, max_new_tokens * len(chunks), number * max_new_tokens))
-            with self._inference():
-                sequences = self.model.generate(
-                    input_ids=ids, attention_mask=mask, generation_config=config,
-                    stopping_criteria=StoppingCriteriaList(hooks),
-                )
-            for i, (tokens, _) in zip(chunk, self._split(sequences, ids.shape[1]), strict=True):
+            ids, mask = left_pad([prompts[i] for i in chunk], self.pad_token_id, self._dev)
+            with self.inference():
+                sequences = hf_greedy(self.model, ids, mask, max_new_tokens, self.pad_token_id, self.eos_token_id,
+                                      on_step, max_new_tokens * len(chunks), number * max_new_tokens)
+            for i, (tokens, _) in zip(chunk, split_rows(sequences, ids.shape[1], self.eos_token_id), strict=True):
                 answers[i] = self.decode(tokens)
         return [answers[i] for i in range(len(prompts))]
 
     # -- log-probs and training --------------------------------------------------------
-    def _batch_logprobs(self, pairs: Sequence[tuple[list[int], list[int]]], temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    def batch_logprobs(self, pairs: Sequence[tuple[list[int], list[int]]], temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
         """Log-probs [n, T] of each completion token, and the completion mask.
 
         The G completions of a question share its prompt, so each distinct
@@ -417,7 +296,7 @@ class TorchBackend(HFTokenizerText):
                 prompts.append(list(prompt))
             rows.append(where[key])
         n, comp_w = len(pairs), max(len(c) for _, c in pairs)
-        p_ids, p_mask = self._left_pad(prompts)
+        p_ids, p_mask = left_pad(prompts, self.pad_token_id, self._dev)
         prompt_w = p_ids.shape[1]
         c_ids = torch.full((n, comp_w), self.pad_token_id, dtype=torch.long)
         comp_mask = torch.zeros((n, comp_w), dtype=torch.float32)
@@ -450,10 +329,10 @@ class TorchBackend(HFTokenizerText):
             rows = self.budget.limits(self.grpo)[0]
             try:
                 out: list[list[float]] = []
-                with self._inference():
+                with self.inference():
                     for start in range(0, len(items), rows):
                         chunk = items[start : start + rows]
-                        logp, _ = self._batch_logprobs(chunk, temperature)
+                        logp, _ = self.batch_logprobs(chunk, temperature)
                         out.extend(row[: len(c)] for row, (_, c) in zip(logp.tolist(), chunk, strict=True))
                 return out
             except torch.OutOfMemoryError:
@@ -550,15 +429,15 @@ class TorchBackend(HFTokenizerText):
                         weights[row, : len(it.weights)] = torch.tensor(it.weights)
                 weights = weights.to(self._dev)
             ref_logp = None
-            with self._autocast():
+            with self.autocast_context():
                 if g.kl_beta > 0:
                     with torch.no_grad(), self._reference_mode() as ref_model:
                         saved, self.model = self.model, ref_model
                         try:
-                            ref_logp, _ = self._batch_logprobs(pairs, self.temperature)
+                            ref_logp, _ = self.batch_logprobs(pairs, self.temperature)
                         finally:
                             self.model = saved
-                logp, mask = self._batch_logprobs(pairs, self.temperature)
+                logp, mask = self.batch_logprobs(pairs, self.temperature)
                 loss, stats = clipped_pg_loss(
                     logp, old.to(self._dev), adv, mask, g.eps_low, g.eps_high, total_tokens,
                     ref_logp=ref_logp, kl_beta=g.kl_beta, weights=weights,

@@ -114,7 +114,7 @@ def torch_loss_and_grads(backend: TorchBackend, items: list[TrainItem], total: f
     g = backend.grpo
     backend.model.zero_grad(set_to_none=True)
     pairs = [(it.prompt_ids, it.completion_ids) for it in items]
-    logp, mask = backend._batch_logprobs(pairs, backend.temperature)
+    logp, mask = backend.batch_logprobs(pairs, backend.temperature)
     old = torch.zeros_like(logp)
     for row, it in enumerate(items):
         old[row, : len(it.old_logprobs)] = torch.tensor(it.old_logprobs)

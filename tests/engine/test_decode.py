@@ -1,4 +1,4 @@
-"""The fast decoder (engine/backends/decode.py) against HF transformers and peft, fp32 on the CPU.
+"""The fast decoder (engine/backends/decode.py and its model, cache and LoRA modules) against HF transformers and peft, fp32 on the CPU.
 
 - sampled tokens' log-probs equal a full HF forward of prompt + completion;
 - greedy tokens equal HF `generate`'s;
@@ -17,8 +17,9 @@ from typing import Any
 import pytest
 import torch
 
-from engine.backends import decode
+from engine.backends import decode_model, kv_cache
 from engine.backends.decode import DecodedRow, DecodeModel, LoraAdapter, can_pack, decode_batch, unsupported_reason
+from engine.backends.kv_cache import partition
 from engine.backends.torch_backend import TorchBackend
 from engine.config import GRPOConfig
 from engine.device import pick_device
@@ -68,23 +69,23 @@ def eos_ending_some_rows(model: DecodeModel) -> int:
 def bucketing(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Decode steps attend in one call, or in one per prompt length, each from its own first column."""
     if request.param == "one bucket":
-        monkeypatch.setattr(decode, "BUCKET_CALL_COLUMNS", 10**9)
+        monkeypatch.setattr(kv_cache, "BUCKET_CALL_COLUMNS", 10**9)
     else:  # a free call and no column alignment: every distinct length is its own bucket at its own column
-        monkeypatch.setattr(decode, "BUCKET_CALL_COLUMNS", 0)
-        monkeypatch.setattr(decode, "COLUMN_ALIGN", 1)
+        monkeypatch.setattr(kv_cache, "BUCKET_CALL_COLUMNS", 0)
+        monkeypatch.setattr(kv_cache, "COLUMN_ALIGN", 1)
     return str(request.param)
 
 
 def test_prompts_are_split_into_runs_of_similar_length() -> None:
     # Two short prompts beside two long ones: two runs pay for their second attention call.
-    assert decode._partition([60, 60, 300, 300], tail=24) == [(0, 2), (2, 4)]
+    assert partition([60, 60, 300, 300], tail=24) == [(0, 2), (2, 4)]
     # Nearly equal lengths: one call reads little more than two would.
-    assert decode._partition([100, 101, 102], tail=24) == [(0, 3)]
-    assert decode._partition([7], tail=0) == [(0, 1)]
+    assert partition([100, 101, 102], tail=24) == [(0, 3)]
+    assert partition([7], tail=0) == [(0, 1)]
     # The held-out set's lengths (27 questions): a few runs, each read from its own longest prompt.
     lengths = [60, 60, 60, 97, 98, 99, 100, 105, 109, 124, 124, 126, 152, 155, 156, 164, 167, 168, 239, 249, 249,
                267, 267, 267, 309, 309, 314]
-    runs = decode._partition(lengths, tail=24)
+    runs = partition(lengths, tail=24)
     assert 2 <= len(runs) <= 8 and runs[0][0] == 0 and runs[-1][1] == len(lengths)
     assert all(a[1] == b[0] for a, b in itertools.pairwise(runs))
     read = sum((end - first) * lengths[end - 1] for first, end in runs)
@@ -159,10 +160,8 @@ def test_weights_packed_for_onednn_give_what_plain_matmuls_give(sharp: Any) -> N
 def test_a_onednn_that_cannot_reorder_falls_back_to_plain_matmuls(
     sharp: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    import engine.backends.decode as decode
-
     calls = []
-    reorder = decode._pack if can_pack(torch.device("cpu"), torch.float32) else (lambda weight: weight)
+    reorder = decode_model.pack_weight if can_pack(torch.device("cpu"), torch.float32) else (lambda weight: weight)
 
     def refuse_the_third(weight: torch.Tensor) -> torch.Tensor:
         calls.append(weight.shape)
@@ -170,11 +169,11 @@ def test_a_onednn_that_cannot_reorder_falls_back_to_plain_matmuls(
             raise RuntimeError("unsupported layout")
         return reorder(weight)
 
-    monkeypatch.setattr(decode, "can_pack", lambda device, dtype: True)
-    monkeypatch.setattr(decode, "_pack", refuse_the_third)
+    monkeypatch.setattr(decode_model, "can_pack", lambda device, dtype: True)
+    monkeypatch.setattr(decode_model, "pack_weight", refuse_the_third)
     model = DecodeModel(sharp, torch.float32)
     plain = DecodeModel(sharp, torch.float32, packed=False)
-    with caplog.at_level(logging.WARNING, logger="engine.backends.decode"):
+    with caplog.at_level(logging.WARNING, logger="engine.backends.decode_model"):
         tokens = [r.tokens for r in decode_batch(model, PROMPTS, 1, NEW, NO_EOS, None)]
     assert len(calls) == 3 and not model.packed and "plain matmuls" in caplog.text
     assert tokens == [r.tokens for r in decode_batch(plain, PROMPTS, 1, NEW, NO_EOS, None)]

@@ -171,14 +171,14 @@ def test_halving_stops_at_one_sequence() -> None:
 
 # -- CUDA out of memory, simulated on the CPU ------------------------------------------------
 def oom_on_big_chunks(backend: Any, rows: int) -> None:
-    real = backend._batch_logprobs
+    real = backend.batch_logprobs
 
     def fragile(pairs: Any, temperature: float) -> Any:
         if len(pairs) > rows:
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
         return real(pairs, temperature)
 
-    backend._batch_logprobs = fragile
+    backend.batch_logprobs = fragile
 
 
 def tiny_items(backend: Any) -> list[TrainItem]:

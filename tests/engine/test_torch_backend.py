@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import warnings
 import weakref
 from pathlib import Path
 
@@ -21,6 +22,14 @@ def test_sampling_leaves_the_training_weights_untouched(tiny_model_dir: Path) ->
     backend.greedy([backend.encode_prompt([{"role": "user", "content": "y"}])], 6)
     after = backend.model.state_dict()
     assert all(v.dtype == after[k].dtype and bool((v == after[k]).all()) for k, v in before.items())
+
+
+def test_loading_with_lora_writes_no_is_gradient_checkpointing_warning(tiny_model_dir: Path) -> None:
+    """peft asks transformers for a deprecated property; that FutureWarning reached every node's log."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        TorchBackend(tiny_model_dir, pick_device("cpu"), GRPOConfig(finetune="lora"), 0, 1.0)
+    assert not [w for w in caught if "is_gradient_checkpointing" in str(w.message)]
 
 
 def test_the_loaded_model_is_kept_out_of_full_collections_and_later_garbage_is_not(tiny_model_dir: Path) -> None:
@@ -71,7 +80,7 @@ def test_shared_prompts_give_the_same_logprobs_and_gradients_as_one_forward_per_
         return out
 
     backend.model.zero_grad(set_to_none=True)
-    logp, mask = backend._batch_logprobs(pairs, 0.7)
+    logp, mask = backend.batch_logprobs(pairs, 0.7)
     (logp * mask * weights).sum().backward()
     fast = grads()
 
