@@ -1,12 +1,18 @@
-"""The house's two walls: engine/ never imports Qt or app/; app/ never imports training libraries."""
+"""The house's two walls: engine/ never imports Qt or app/; app/ never imports training libraries.
+
+And the docs point only at what a clone has: no git-ignored path, no link to a missing file.
+"""
 
 from __future__ import annotations
 
 import ast
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -71,3 +77,109 @@ def test_the_repository_points_only_at_its_own_files() -> None:
         text = path.read_text(encoding="utf-8", errors="replace")
         bad += [name for needle in ("../shared/", "FACTS.md", "DESIGN.md", "STYLE.md") if needle in text and name != "tests/test_boundaries.py"]
     assert not bad, f"references to files outside the repository: {sorted(set(bad))}"
+
+
+# Folders that the Makefile's own targets create in a checkout (make run / make test: .venv; make
+# installer-*: build/ and dist/): a doc may name them, since the command it documents makes them.
+MADE_BY_MAKE = (".venv/", "build/", "dist/")
+_FENCE = re.compile(r"^\s*(```|~~~)")
+_LINK = re.compile(r"!?\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)|^\s*\[[^\]]+\]:\s*(\S+)|(?:src|href)=\"([^\"]+)\"")
+_PATHLIKE = re.compile(r"[\w.@+-]+(?:/[\w.@+-]*)+")
+
+
+def _git(*args: str, stdin: str | None = None, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["git", "-c", "core.excludesFile=", *args], input=stdin, capture_output=True, text=True,
+                          cwd=cwd)
+
+
+@pytest.fixture(scope="module")
+def rules(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An empty git repository holding only this checkout's tracked .gitignore files: it answers what a fresh
+    clone ignores, without the paths having to exist (or to be free of symlinks) here."""
+    repo = tmp_path_factory.mktemp("ignore-rules")
+    assert _git("init", "-q", "--template=", cwd=repo).returncode == 0
+    for name in _git("ls-files", "-z", "--", ".gitignore", "*/.gitignore").stdout.split("\0"):
+        if name:
+            (repo / name).parent.mkdir(parents=True, exist_ok=True)
+            (repo / name).write_bytes((ROOT / name).read_bytes())
+    return repo
+
+
+def _ignored(paths: set[str], rules: Path) -> set[str]:
+    """The repo-relative paths among `paths` that .gitignore excludes (directory patterns included)."""
+    if not paths:
+        return set()
+    queries = {p: {p, p.rstrip("/") + "/"} for p in paths}
+    out = _git("check-ignore", "--stdin", "-z", stdin="\0".join(q for qs in queries.values() for q in qs), cwd=rules)
+    assert out.returncode in (0, 1), out.stderr
+    hits = set(out.stdout.split("\0"))
+    return {p for p, qs in queries.items() if qs & hits}
+
+
+def _path_tokens(text: str) -> set[str]:
+    """Repo-relative path-like words of a text: `docs/_work/run`, `.venv/bin/python`, `a/b.md`; not URLs,
+    absolute or home paths, or paths that climb out with `..`."""
+    found = set()
+    for word in re.split(r"[\s`'\"()\[\]<>{}=,;|*]+", text):
+        if "://" in word:
+            continue
+        for part in word.split(":"):
+            part = part.rstrip(".!?")
+            part = part[2:] if part.startswith("./") else part
+            if _PATHLIKE.fullmatch(part) and not part.startswith(("-", "..")) and "/../" not in part:
+                found.add(part)
+    return found
+
+
+def _links(text: str) -> list[str]:
+    """The targets of markdown links, images, reference definitions and src/href outside code blocks."""
+    targets, fenced = [], False
+    for line in text.splitlines():
+        if _FENCE.match(line):
+            fenced = not fenced
+            continue
+        if not fenced:
+            targets += [next(g for g in m.groups() if g) for m in _LINK.finditer(line)]
+    return targets
+
+
+def doc_problems(name: str, text: str, rules: Path) -> list[str]:
+    """Why the tracked doc `name` (repo-relative) points at something a clone does not have."""
+    problems = [f"{name} names {p}, which git ignores" for p in sorted(_ignored(_path_tokens(text), rules))
+                if not p.startswith(MADE_BY_MAKE)]
+    if "docs/_work" in text and not any("docs/_work" in p for p in problems):
+        problems.append(f"{name} names docs/_work, which git ignores")
+    for target in _links(text):
+        if target.startswith(("http://", "https://", "mailto:", "#")):
+            continue
+        path = target.split("#")[0].split("?")[0]
+        resolved = (ROOT / name).parent / path
+        relative = os.path.relpath(resolved, ROOT)
+        if not resolved.exists():
+            problems.append(f"{name} links to {target}, which does not exist")
+        elif not relative.startswith("..") and _ignored({relative}, rules):
+            problems.append(f"{name} links to {target}, which git ignores")
+    return problems
+
+
+def test_the_doc_checker_catches_ignored_paths_and_broken_links(rules: Path) -> None:
+    text = ("Run `sapling-node experiment --out docs/_work/swarm-d2` with .venv/bin/python; make writes dist/x.deb.\n"
+            "![plot](docs/no-such-plot.png) [ok](README.md) [anchor](README.md#top) [web](https://example.org/x)\n"
+            "```\n[in code](not/a/link.md)\n```\n"
+            "A cache: `engine/__pycache__/x.pyc`; a home path ~/sapling-experiments/swarm-d2 is fine.\n")
+    problems = doc_problems("NOTES.md", text, rules)
+    assert problems == ["NOTES.md names docs/_work/swarm-d2, which git ignores",
+                        "NOTES.md names engine/__pycache__/x.pyc, which git ignores",
+                        "NOTES.md links to docs/no-such-plot.png, which does not exist"], problems
+
+
+def test_docs_name_no_ignored_path_and_link_only_to_files_that_exist(rules: Path) -> None:
+    """Every tracked *.md: no git-ignored path (docs/_work, caches) except the folders make creates, and every
+    relative link or image resolves to a file in the checkout (anchors are not checked)."""
+    names = _git("ls-files", "-z", "--", "*.md").stdout.split("\0")
+    docs = [n for n in names if n and (ROOT / n).is_file()]
+    assert "docs/results.md" in docs
+    makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
+    assert all(folder.rstrip("/") in makefile for folder in MADE_BY_MAKE), "the Makefile no longer makes them all"
+    problems = [p for n in docs for p in doc_problems(n, (ROOT / n).read_text(encoding="utf-8"), rules)]
+    assert not problems, "\n".join(problems)
