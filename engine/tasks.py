@@ -11,7 +11,7 @@ completion itself, so a node never has to trust a peer's reward: it re-scores.
 
 Peers are not trusted, so a ref is validated before anything is built from it:
 only the nine SAPO specialties, only known config keys, and every size-driving
-value capped (`_CONFIG_RULES`) so that one rebuild stays well under a second and
+value capped (`engine.task_configs`) so that one rebuild stays well under a second and
 no value can reach code that reasoning-gym evaluates. Scoring caps the
 completion length and screens answers for datasets whose scorer calls eval().
 
@@ -47,6 +47,7 @@ from engine.config import SAPO_SPECIALTIES
 from engine.errors import TaskError
 from engine.rules import stable_seed
 from engine.swarm.protocol import MAX_COMPLETION_CHARS
+from engine.task_configs import DEFAULT_DATASET_CONFIGS, MAX_CONFIG_STRING, canonical_config, check_config
 
 log = logging.getLogger(__name__)
 
@@ -59,8 +60,6 @@ EVAL_SEED_OFFSET = 1_000_000_007
 MAX_DRAW_SIZE = 1024
 """Most questions one `draw()` may return; also the index stride between rounds."""
 MAX_EVAL_SIZE = 100_000
-MAX_CONFIG_KEYS = 32
-MAX_CONFIG_STRING = 64
 # MAX_COMPLETION_CHARS (the wire limit, engine.swarm.protocol): longer completions score
 # 0.0 (rejected, not truncated): cutting one could change which <answer> tag is last, and
 # answer extraction is quadratic in the worst case.
@@ -73,187 +72,6 @@ EXAMPLE_POOL = 64
 # Questions longer than this carry their own worked examples (arc_1d) or are long
 # enough that a second copy would double the round's cost; they get no extra example.
 EXAMPLE_MAX_QUESTION_CHARS = 520
-
-# The easiest sensible settings of each specialty: the default model (SmolLM2-135M) is
-# weak, and GRPO learns nothing from a group whose rewards are all zero. Every key is
-# explicit so that refs do not depend on reasoning-gym's own defaults.
-DEFAULT_DATASET_CONFIGS: Mapping[str, Mapping[str, Any]] = MappingProxyType(
-    {
-        "base_conversion": MappingProxyType(
-            # min_value 1: reasoning-gym renders 0 in bases other than 2/16 as "" (unanswerable).
-            {"min_base": 2, "max_base": 10, "min_value": 1, "max_value": 32}
-        ),
-        "basic_arithmetic": MappingProxyType(
-            {
-                "min_terms": 2,
-                "max_terms": 2,
-                "min_digits": 1,
-                "max_digits": 1,
-                "operators": ("+", "-"),
-                "allow_parentheses": False,
-                "allow_negation": False,
-                "format_style": "simple",
-                "whitespace": "single",
-            }
-        ),
-        "arc_1d": MappingProxyType({"min_size": 8, "max_size": 10, "num_train": 3}),
-        "bf": MappingProxyType({"difficulty": 1}),
-        "propositional_logic": MappingProxyType(
-            {
-                "min_vars": 2,
-                "max_vars": 2,
-                "min_statements": 2,
-                "max_statements": 2,
-                "min_complexity": 1,
-                "max_complexity": 2,
-            }
-        ),
-        "fraction_simplification": MappingProxyType(
-            {"min_value": 1, "max_value": 10, "min_factor": 2, "max_factor": 5, "styles": ("plain",)}
-        ),
-        "decimal_arithmetic": MappingProxyType(
-            {
-                "min_num_decimal_places": 1,
-                "max_num_decimal_places": 1,
-                "min_terms": 2,
-                "max_terms": 2,
-                "precision": 6,
-            }
-        ),
-        "calendar_arithmetic": MappingProxyType(
-            {
-                "year": 2022,
-                "tasks": ("is_leap_year", "weekday_offset", "weekday_of_date"),
-                "offset_upper_bound": 30,
-                "leap_year_range": 200,
-            }
-        ),
-        "binary_matrix": MappingProxyType({"min_n": 2, "max_n": 3, "p_zero": 0.5}),
-    }
-)
-
-
-# -- config rules: what a ref's config may contain -------------------------------------
-
-
-@dataclass(frozen=True)
-class _Int:
-    lo: int
-    hi: int
-
-    def problem(self, value: object) -> str | None:
-        if isinstance(value, bool) or not isinstance(value, int):
-            return "must be a whole number"
-        if not self.lo <= value <= self.hi:
-            return f"must be between {self.lo} and {self.hi}"
-        return None
-
-
-@dataclass(frozen=True)
-class _Fraction:
-    """A number in (0, 1]."""
-
-    def problem(self, value: object) -> str | None:
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            return "must be a number"
-        if not 0.0 < value <= 1.0:
-            return "must be above 0 and at most 1"
-        return None
-
-
-@dataclass(frozen=True)
-class _Bool:
-    def problem(self, value: object) -> str | None:
-        return None if isinstance(value, bool) else "must be true or false"
-
-
-@dataclass(frozen=True)
-class _Choice:
-    options: tuple[str, ...]
-
-    def problem(self, value: object) -> str | None:
-        return None if value in self.options else f"must be one of {', '.join(self.options)}"
-
-
-@dataclass(frozen=True)
-class _Subset:
-    options: tuple[str, ...]
-
-    def problem(self, value: object) -> str | None:
-        if not isinstance(value, tuple) or not value or any(v not in self.options for v in value):
-            return f"must be a non-empty list drawn from {', '.join(self.options)}"
-        return None
-
-
-_Rule = _Int | _Fraction | _Bool | _Choice | _Subset
-
-_CALENDAR_TASKS = (
-    "weekday_offset",
-    "weekday_of_date",
-    "weekday_of_date_from_first_date",
-    "recurring_event_day",
-    "count_days",
-    "count_business_days",
-    "is_leap_year",
-)
-
-# Caps are measured, not guessed: at these limits the slowest of thousands of items
-# builds in under ~0.3 s. Beyond them reasoning-gym can take minutes (basic_arithmetic
-# at 6 terms x 4 digits: 118 s for one item; bf difficulty 3: ~2 s per item).
-# String options are whitelisted because basic_arithmetic eval()s its operators and
-# its own check is an `assert`, which `python -O` removes.
-_CONFIG_RULES: Mapping[str, Mapping[str, _Rule]] = MappingProxyType(
-    {
-        "base_conversion": {
-            "min_base": _Int(2, 36),
-            "max_base": _Int(2, 36),
-            "min_value": _Int(0, 10**6),
-            "max_value": _Int(1, 10**6),
-        },
-        "basic_arithmetic": {
-            "min_terms": _Int(1, 5),
-            "max_terms": _Int(1, 5),
-            "min_digits": _Int(1, 3),
-            "max_digits": _Int(1, 3),
-            "operators": _Subset(("+", "-", "*", "/")),
-            "allow_parentheses": _Bool(),
-            "allow_negation": _Bool(),
-            "format_style": _Choice(("simple", "natural")),
-            "whitespace": _Choice(("no_space", "single", "random")),
-        },
-        "arc_1d": {"min_size": _Int(8, 100), "max_size": _Int(8, 100), "num_train": _Int(1, 10)},
-        "bf": {"difficulty": _Int(1, 2)},
-        "propositional_logic": {
-            "min_vars": _Int(1, 8),
-            "max_vars": _Int(1, 8),
-            "min_statements": _Int(1, 8),
-            "max_statements": _Int(1, 8),
-            "min_complexity": _Int(1, 4),
-            "max_complexity": _Int(1, 4),
-        },
-        "fraction_simplification": {
-            "min_value": _Int(1, 10_000),
-            "max_value": _Int(1, 10_000),
-            "min_factor": _Int(1, 1000),
-            "max_factor": _Int(1, 1000),
-            "styles": _Subset(("plain", "latex_inline", "latex_frac", "latex_dfrac")),
-        },
-        "decimal_arithmetic": {
-            "min_num_decimal_places": _Int(1, 8),
-            "max_num_decimal_places": _Int(1, 8),
-            "min_terms": _Int(2, 10),
-            "max_terms": _Int(2, 10),
-            "precision": _Int(3, 28),
-        },
-        "calendar_arithmetic": {
-            "year": _Int(1, 9000),
-            "tasks": _Subset(_CALENDAR_TASKS),
-            "offset_upper_bound": _Int(1, 365),
-            "leap_year_range": _Int(0, 2000),
-        },
-        "binary_matrix": {"min_n": _Int(1, 100), "max_n": _Int(1, 100), "p_zero": _Fraction()},
-    }
-)
 
 # binary_matrix's scorer eval()s the answer to accept a Python list of lists. Answers
 # reach it only if made of digits, whitespace, brackets and commas: nothing callable
@@ -270,51 +88,6 @@ _RG_SCORE_ERRORS = (ArithmeticError, AttributeError, IndexError, KeyError, Recur
 # serialises that across every TaskSet and thread; it guards *their* globals, and holds
 # no state of ours.
 _RG_PROCESS_LOCK = threading.Lock()
-
-
-def _check_config(dataset: str, config: tuple[tuple[str, Any], ...]) -> None:
-    """Raise TaskError unless `config` is a canonical, allowed config for `dataset`."""
-    rules = _CONFIG_RULES[dataset]
-    if not isinstance(config, tuple):
-        raise TaskError(f"The config of a {dataset} task must be a tuple of (key, value) pairs.")
-    if len(config) > MAX_CONFIG_KEYS:
-        raise TaskError(
-            f"The config of a {dataset} task has {len(config)} keys; at most {MAX_CONFIG_KEYS} are allowed."
-        )
-    keys: list[str] = []
-    for pair in config:
-        if not isinstance(pair, tuple) or len(pair) != 2 or not isinstance(pair[0], str):
-            raise TaskError(f"The config of a {dataset} task must be a tuple of (key, value) pairs.")
-        key, value = pair
-        if key not in rules:
-            allowed = ", ".join(rules)
-            raise TaskError(f"Config key {key[:MAX_CONFIG_STRING]!r} is not allowed for {dataset}; allowed: {allowed}.")
-        problem = rules[key].problem(value)
-        if problem is not None:
-            raise TaskError(f"Config value {dataset}.{key} = {value!r:.{MAX_CONFIG_STRING}} {problem}.")
-        keys.append(key)
-    if keys != sorted(set(keys)):
-        raise TaskError(f"The config keys of a {dataset} task must be unique and sorted.")
-    values = dict(config)
-    for key in keys:
-        upper = "max_" + key[4:]
-        if key.startswith("min_") and upper in values and values[key] > values[upper]:
-            raise TaskError(f"Config value {dataset}.{key} must not exceed {dataset}.{upper}.")
-
-
-def _canonical_config(dataset: str, config: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
-    """Sorted (key, value) pairs with lists turned into tuples, then validated."""
-    if not isinstance(config, Mapping):
-        raise TaskError(f"The config of a {dataset} task must be a table of option = value.")
-    if len(config) > MAX_CONFIG_KEYS:
-        raise TaskError(
-            f"The config of a {dataset} task has {len(config)} keys; at most {MAX_CONFIG_KEYS} are allowed."
-        )
-    if not all(isinstance(key, str) for key in config):
-        raise TaskError(f"The config keys of a {dataset} task must be strings.")
-    pairs = tuple(sorted((key, tuple(v) if isinstance(v, list) else v) for key, v in config.items()))
-    _check_config(dataset, pairs)
-    return pairs
 
 
 def _check_whole(what: str, value: object, hi: int) -> int:
@@ -342,7 +115,7 @@ class TaskRef:
             raise TaskError(
                 f"Unknown dataset {str(self.dataset)[:MAX_CONFIG_STRING]!r}; allowed: {', '.join(SAPO_SPECIALTIES)}."
             )
-        _check_config(self.dataset, self.config)
+        check_config(self.dataset, self.config)
         _check_whole("task seed", self.seed, MAX_SEED)
         _check_whole("task index", self.index, MAX_TASK_INDEX - 1)
 
@@ -353,7 +126,7 @@ class TaskRef:
             raise TaskError(
                 f"Unknown dataset {str(dataset)[:MAX_CONFIG_STRING]!r}; allowed: {', '.join(SAPO_SPECIALTIES)}."
             )
-        return cls(dataset, _canonical_config(dataset, config), seed, index)
+        return cls(dataset, canonical_config(dataset, config), seed, index)
 
     def to_json(self) -> dict[str, Any]:
         config = {key: list(value) if isinstance(value, tuple) else value for key, value in self.config}
@@ -443,7 +216,7 @@ class TaskSet:
         self._configs: dict[str, tuple[tuple[str, Any], ...]] = {}
         for name in sorted(set(enabled) | set(overrides)):
             merged = {**DEFAULT_DATASET_CONFIGS[name], **overrides.get(name, {})}
-            config = _canonical_config(name, merged)
+            config = canonical_config(name, merged)
             _validate_with_rg(name, config)
             if name in enabled:
                 self._configs[name] = config

@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 from engine.errors import TaskError
+from engine.task_configs import DEFAULT_DATASET_CONFIGS
 from engine.tasks import (
-    DEFAULT_DATASET_CONFIGS,
     EVAL_SEED_OFFSET,
     MAX_COMPLETION_CHARS,
     MAX_TASK_INDEX,
