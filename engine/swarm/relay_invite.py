@@ -26,6 +26,8 @@ from engine.rules import INVITE_MAX_NAME, INVITE_MAX_TOKEN, Invite, parse_invite
 from engine.swarm.relay_settings import RelaySettings, settings_from_namespace, split_urls
 
 QR_ERROR_LEVEL = "m"  # recovers from about 15% damage: a screen photographed at an angle
+# Longer page addresses make a code too dense for a terminal and a phone's camera: link only.
+QR_MAX_CHARS = 1000
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -79,27 +81,37 @@ def print_invite(invite: Invite, page: str, qr: bool, out: TextIO) -> None:
         print("This invite carries the swarm's join token: share it only with people you want in.", file=out)
     if not qr:
         return
-    import segno
-    from segno import DataOverflowError
-
-    try:
-        code = segno.make(page_url, error=QR_ERROR_LEVEL, micro=False)
-    except DataOverflowError:
-        print("(The invite is too long for a QR code; send the link instead.)", file=out)
+    if len(page_url) > QR_MAX_CHARS:
+        print(f"(The invite is too long for a QR code a phone can read, over {QR_MAX_CHARS} characters; "
+              "send the link instead.)", file=out)
         return
+    import segno
+
+    code = segno.make(page_url, error=QR_ERROR_LEVEL, micro=False)  # 1000 characters fit: level M holds 2331 bytes
     print("QR code of the web page (scan it with a phone):", file=out)
     code.terminal(out=out, compact=True)
+
+
+def _is_site(text: str) -> bool:
+    try:
+        parts = urlsplit(text)
+        return parts.scheme in ("https", "http") and bool(parts.hostname) and not parts.path.strip("/")
+    except ValueError:
+        return False
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        page = urlsplit(args.page)
-        if args.page and (page.scheme not in ("https", "http") or not page.hostname or page.path.strip("/")):
+        if args.page and not _is_site(args.page):
             raise ConfigError(f"--page must be a site address such as https://relay.example.org, not {args.page!r}.")
         invite = invite_from_args(args)
     except ConfigError as exc:
         print(f"sapling-relay invite: {exc}", file=sys.stderr)
+        return 2
+    except ValueError:  # urllib's own, for an address such as wss://[
+        print("sapling-relay invite: A relay address is not a valid web address; check the --url values.",
+              file=sys.stderr)
         return 2
     try:
         print_invite(invite, args.page, not args.no_qr, sys.stdout)

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from engine.errors import ConfigError
 from engine.rules import check_relay_url
 from engine.swarm import protocol
 
@@ -81,7 +82,12 @@ class RelaySettings:
         if len(self.public_url) > MAX_PUBLIC_URLS:
             raise ValueError(f"public-url: at most {MAX_PUBLIC_URLS} addresses, got {len(self.public_url)}")
         for url in self.public_url:
-            check_relay_url(url)  # ConfigError is a ValueError with one sentence
+            try:
+                check_relay_url(url)  # ConfigError: a ValueError with one sentence
+            except ConfigError:
+                raise
+            except ValueError:  # urllib's own, for an address such as wss://[
+                raise ValueError(f"public-url {url[:80]!r} is not a valid web address") from None
 
     def limits(self) -> dict[str, Any]:
         """The `limits` object of the welcome: the protocol's constants and this relay's flags."""
