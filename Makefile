@@ -6,8 +6,9 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.sapling-installed
 # Debian/Ubuntu packages: compilers for reasoning-gym's C extensions, redis-server
-# for the shared-broker tests (started by the tests on loopback, never as a service).
-APT_PACKAGES := gcc g++ python3-dev redis-server
+# for the shared-broker tests and caddy for the relay kit's HTTPS test (both started by
+# the tests on loopback, never as a service).
+APT_PACKAGES := gcc g++ python3-dev redis-server caddy
 
 .PHONY: run test lint typecheck pytest system-deps clean help
 

@@ -1,0 +1,189 @@
+"""The deployment kit's topology on loopback: Caddy (HTTPS) in front of two sapling-relay processes on one Redis.
+
+    .venv/bin/python -m pytest -q tests/swarm/test_relay_stack.py
+
+Everything is real and started from the checkout: Debian's `caddy` serving
+installers/relay/Caddyfile (with a local CA instead of Let's Encrypt, no admin
+endpoint, its storage in a temporary folder), two `.venv/bin/sapling-relay`
+processes and one `redis-server` without persistence, each on a free port.
+Nodes are the real client (engine.swarm.client.SwarmClient, run by
+installers/relay/smoke.py) trusting Caddy's CA through SSL_CERT_FILE. The two
+relay processes get different names so the test can tell which one a node
+reached. Skipped, naming the program, only when caddy or redis-server is not
+installed (`make test` installs both).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import ssl
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+KIT = ROOT / "installers" / "relay"
+CADDY = shutil.which("caddy")
+REDIS = shutil.which("redis-server")
+RELAY = Path(sys.executable).with_name("sapling-relay")
+NAMES = ("stack one", "stack two")
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(CADDY is None, reason="caddy is not installed (make test installs it: apt-get install caddy)"),
+    pytest.mark.skipif(REDIS is None, reason="redis-server is not installed (make test installs it)"),
+]
+
+# Prepended to the kit's Caddyfile, which has no global options of its own: certificates from
+# Caddy's own CA, kept out of the system trust store, no admin endpoint, nothing outside tmp.
+TEST_GLOBALS = """{
+	admin off
+	local_certs
+	skip_install_trust
+	storage file_system %(storage)s
+	http_port %(http_port)d
+	https_port %(https_port)d
+}
+
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_listening(port: int, proc: subprocess.Popen[bytes], what: str, log: Path, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"{what} did not start: {log.read_text(errors='replace')[-2000:]}") from None
+            time.sleep(0.05)
+
+
+@dataclass
+class Stack:
+    https_port: int
+    relay_ports: tuple[int, int]
+    ca: Path  # Caddy's root certificate
+    logs: Path
+
+    @property
+    def url(self) -> str:
+        return f"wss://localhost:{self.https_port}/ws"
+
+    def get(self, path: str) -> tuple[int, str]:
+        """GET https://localhost:PORT/path through Caddy, trusting its CA: (status, body)."""
+        context = ssl.create_default_context(cafile=str(self.ca))
+        try:
+            with urllib.request.urlopen(f"https://localhost:{self.https_port}{path}", context=context, timeout=10) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode()
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """The whole stack, started once for this module's tests and stopped after them."""
+    assert CADDY is not None and REDIS is not None
+    tmp_path = tmp_path_factory.mktemp("relay-stack")
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def start(name: str, argv: list[str], port: int, env: dict[str, str] | None = None) -> None:
+        log = logs / f"{name}.log"
+        with log.open("wb") as out:
+            proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=tmp_path)
+        procs.append(proc)
+        wait_listening(port, proc, name, log)
+
+    try:
+        redis_port = free_port()
+        start("redis", [REDIS, "--port", str(redis_port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+              redis_port)
+        relay_ports = (free_port(), free_port())
+        for name, port in zip(NAMES, relay_ports, strict=True):  # one after the other: the first makes the key
+            start(name.replace(" ", "-"), [str(RELAY), "--host", "127.0.0.1", "--port", str(port), "--redis",
+                                           f"redis://127.0.0.1:{redis_port}/0", "--name", name,
+                                           "--data-dir", str(tmp_path / "relay-data"), "--log-level", "info"], port)
+        https_port, http_port = free_port(), free_port()
+        storage = tmp_path / "caddy"
+        caddyfile = tmp_path / "Caddyfile"
+        caddyfile.write_text(TEST_GLOBALS % {"storage": storage, "http_port": http_port, "https_port": https_port}
+                             + (KIT / "Caddyfile").read_text())
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path),
+               "XDG_CONFIG_HOME": str(tmp_path / "xdg-config"), "XDG_DATA_HOME": str(tmp_path / "xdg-data"),
+               "SAPLING_DOMAIN": f"localhost:{https_port}",
+               "SAPLING_UPSTREAMS": " ".join(f"127.0.0.1:{port}" for port in relay_ports)}
+        start("caddy", [CADDY, "run", "--config", str(caddyfile), "--adapter", "caddyfile"], https_port, env)
+        stack = Stack(https_port, relay_ports, storage / "pki" / "authorities" / "local" / "root.crt", logs)
+        deadline = time.monotonic() + 30
+        while True:  # the certificate is issued just after Caddy starts listening
+            try:
+                if stack.ca.exists() and stack.get("/healthz")[0] == 200:
+                    break
+            except (OSError, ssl.SSLError):
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"caddy did not serve https: {(logs / 'caddy.log').read_text()[-2000:]}")
+            time.sleep(0.1)
+        yield stack
+    finally:
+        for proc in reversed(procs):
+            proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=10)
+
+
+def smoke(stack: Stack, *args: str) -> tuple[int, dict[str, Any], str]:
+    """installers/relay/smoke.py against the stack, trusting Caddy's CA: (exit code, its JSON line, its output)."""
+    env = {**os.environ, "SSL_CERT_FILE": str(stack.ca)}
+    done = subprocess.run([sys.executable, str(KIT / "smoke.py"), *args], capture_output=True, text=True,
+                          timeout=120, env=env, cwd=ROOT)
+    lines = done.stdout.strip().splitlines()
+    result = json.loads(lines[-1]) if lines and lines[-1].startswith("{") else {}
+    return done.returncode, result, done.stdout + done.stderr
+
+
+def test_a_node_publishes_over_wss_through_caddy_and_a_node_on_the_other_process_samples_it(stack: Stack) -> None:
+    code, result, output = smoke(stack, stack.url, "--timeout", "30")
+    assert code == 0 and result.get("ok") is True, output
+    # Caddy's least_conn sent the second node to the process the first one was not on, so the batch
+    # went from one relay process to the other through Redis.
+    assert sorted(result["relays"]) == sorted(NAMES), output
+
+
+def test_caddy_serves_health_and_keeps_metrics_private(stack: Stack) -> None:
+    status, body = stack.get("/healthz")
+    assert status == 200 and json.loads(body)["status"] == "ok"
+    assert stack.get("/metrics")[0] == 404  # the Caddyfile's rule: Prometheus scrapes each process directly
+    with urllib.request.urlopen(f"http://127.0.0.1:{stack.relay_ports[0]}/metrics", timeout=10) as direct:
+        assert b"sapling_relay_connections" in direct.read()
+
+
+def test_without_caddys_ca_the_node_refuses_the_certificate(stack: Stack) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "SSL_CERT_FILE"}
+    done = subprocess.run([sys.executable, str(KIT / "smoke.py"), stack.url, "--timeout", "3"], capture_output=True,
+                          text=True, timeout=60, env=env, cwd=ROOT)
+    assert done.returncode == 1
+    assert "could not join" in done.stdout and "certificate" in done.stdout.lower(), done.stdout
