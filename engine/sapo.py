@@ -134,6 +134,10 @@ class RolloutExchange(Protocol):
         """Count the offer with the loop's verdicts (index -> rejection reason); the round's swarm report."""
         ...
 
+    def unban(self, peer: str) -> str:
+        """Lift a local ban on `peer` (serve's `unban` command): "lifted", "not_banned" or "configured"."""
+        ...
+
 
 def _rss_bytes() -> int:
     """This process's resident memory, reported every round so creeping growth is visible."""
@@ -414,10 +418,9 @@ class Node:
 
     def _lift_bans(self) -> None:
         """Apply `unban` commands received since the last round (the exchange emits `peers` after each)."""
-        unban = getattr(self.exchange, "unban", None)
         for peer in self.control.take_unbans():
-            if unban is not None:
-                unban(peer)
+            if self.exchange is not None:
+                self.exchange.unban(peer)
 
     def _admit(self, items: Sequence[ExternalItem],
                own_logprobs: Sequence[Sequence[float]] = ()) -> tuple[list[Group], dict[int, str]]:
