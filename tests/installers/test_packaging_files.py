@@ -94,13 +94,24 @@ def test_nsis_script_registers_the_sapling_url_scheme_and_the_uninstaller_remove
     assert 'DeleteRegKey HKCU "${URL_KEY}"' in uninstall[:uninstall.index("SectionEnd")]
 
 
-def test_windows_workflow_builds_self_tests_compiles_and_uploads() -> None:
+def _steps_for(job: dict, variant: str) -> str:
+    """The run/uses text of the steps a matrix leg runs (steps gated on another variant left out)."""
+    return "\n".join(str(step.get("run", "")) + str(step.get("uses", "")) for step in job["steps"]
+                     if "matrix.variant ==" not in str(step.get("if", "")) or f"'{variant}'" in str(step.get("if")))
+
+
+def test_windows_workflow_installs_the_cpu_setup_and_zips_the_cuda_build() -> None:
     data = _workflow("build-windows.yml")
     job = next(iter(data["jobs"].values()))
     assert str(job["runs-on"]).startswith("windows")
-    text = _run_text(data)
-    order = [text.index(s) for s in ("pyinstaller", "--self-test", "makensis")] + [text.rindex("actions/upload-artifact")]
-    assert order == sorted(order), "PyInstaller, self-test, makensis, upload the installer: in that order"
+    cpu, cuda = _steps_for(job, "cpu"), _steps_for(job, "cuda")
+    # CPU: PyInstaller, NSIS, then the silent install / installed self-test / uninstall, then upload.
+    order = [cpu.index(s) for s in ("pyinstaller", "makensis", "smoke-install.ps1")] + [cpu.rindex("upload-artifact")]
+    assert order == sorted(order)
+    # CUDA: past NSIS's 2 GB limit, so no makensis; the folder's self-test, then a zip.
+    assert "makensis" not in cuda
+    order = [cuda.index(s) for s in ("pyinstaller", "self-test.ps1", "7z a -tzip")] + [cuda.rindex("upload-artifact")]
+    assert order == sorted(order)
 
 
 def test_macos_workflow_is_arm64_with_mlx_and_signs_only_with_secrets() -> None:
@@ -113,6 +124,10 @@ def test_macos_workflow_is_arm64_with_mlx_and_signs_only_with_secrets() -> None:
     gated = [s for s in steps.values() if re.search(r"installers/macos/(import-certificate|notarize)\.sh", str(s.get("run")))]
     assert len(gated) == 2 and all("steps.signing.outputs.sign == 'true'" in str(s.get("if")) for s in gated)
     assert "skipping codesign and notarization" in text
+    # What users get is tested: the mounted .dmg's app, after the image is made (and notarized).
+    order = [text.index(s) for s in ("make-dmg.sh", "notarize.sh", "smoke-dmg.sh")]
+    assert order == sorted(order)
+    assert "min_macos.py check" in text and "--platform" in text  # mlx wheels for the minimum macOS
 
 
 def test_test_workflow_runs_make_test_on_linux_and_the_mlx_tests_on_apple_silicon() -> None:
