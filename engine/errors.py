@@ -47,6 +47,12 @@ class CheckpointError(SaplingError):
     exit_code = 4
 
 
+class RelayError(SaplingError):
+    """A relay could not be reached, or did not answer as a Sapling relay (network, not settings)."""
+
+    exit_code = 1
+
+
 class EventError(SaplingError, ValueError):
     """A line on the engine<->app channel is not a valid event or command."""
 
