@@ -5,6 +5,7 @@
     sapling-node serve                    # JSON-lines events on stdout, commands on stdin (the app uses this)
     sapling-node export --out ./my-model  # merged HF folder of the newest checkpoint
     sapling-node config                   # print the effective configuration as TOML
+    sapling-node doctor [--relay INVITE]  # check each step of joining the swarm, with its time (docs/swarm.md)
 
 A user's mistake gets one sentence on stderr and a non-zero exit code
 (2 for bad settings). Ctrl-C or SIGTERM stops at the next safe point (within
@@ -71,6 +72,12 @@ def build_parser() -> argparse.ArgumentParser:
     exp.add_argument("-v", "--verbose", action="store_true", help="show debug logs")
     cfg = sub.add_parser("config", help="print the effective configuration as TOML")
     add_settings_flags(cfg)
+    doctor = sub.add_parser("doctor", help="check, step by step, why this computer can or cannot join the swarm")
+    doctor.add_argument("--relay", metavar="INVITE", help="an invite link or a relay address (default: the swarm in config.toml)")
+    doctor.add_argument("--home", type=Path, help="keep config, data, cache and logs under this one folder")
+    doctor.add_argument("--config", type=Path, help="config file (default: config.toml in the config dir)")
+    doctor.add_argument("--json", action="store_true", help="one JSON object per step, then one with the verdict")
+    doctor.add_argument("--timeout", type=float, default=5.0, metavar="S", help="seconds each step may take (default 5)")
     return parser
 
 
@@ -214,6 +221,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         from engine.serve import serve
 
         return serve(args, paths)
+    if args.command == "doctor":
+        from engine.doctor import run_doctor
+
+        if not 0 < args.timeout <= 600:
+            print("sapling-node: error: --timeout must be a number of seconds from 0 to 600.", file=sys.stderr)
+            return 2
+        return run_doctor(args.relay, paths.identity_file, args.config or paths.config_file, args.json, args.timeout)
     setup_logging(paths, args.verbose, _ConsoleHandler(logging.WARNING if not args.verbose else logging.DEBUG))
     try:
         if args.command == "experiment":
