@@ -28,6 +28,7 @@ from typing import Any
 import tomlkit
 
 from engine.errors import ConfigError
+from engine.rules import parse_invite
 
 SAPO_SPECIALTIES = (
     "base_conversion",
@@ -243,8 +244,13 @@ class SwarmConfig:
         "'embedded' (start a relay in this process that local nodes can join), 'relay' (join relay_url) or 'solo'.",
         "embedded",
     )
-    relay_url: str = _help("Relay websocket URL for mode 'relay', e.g. ws://relay.example:8765/ws or an invite.", "")
-    join_token: str = _help("Join token of a private swarm (empty for an open swarm).", "")
+    relay_url: str = _help(
+        "For mode 'relay': an invite link (sapling://join?relay=...&relay=...&token=...&name=..., or the "
+        "https://HOST/join?... page) or a bare relay address (wss://relay.example.org/ws). With several relays "
+        "the node uses the one that last worked and moves to the next when it fails.",
+        "",
+    )
+    join_token: str = _help("Join token of a private swarm, when relay_url does not carry one (an invite does).", "")
     embedded_host: str = _help("Address the embedded relay listens on ('127.0.0.1': this computer only).", "127.0.0.1")
     embedded_port: int = _help("Port of the embedded relay (0: pick a free one).", 8765)
     local_groups: int = _help(
@@ -327,10 +333,15 @@ class SwarmConfig:
         if isinstance(self.replay_memory, bool) or not isinstance(self.replay_memory, int) or not 0 <= self.replay_memory <= 10_000_000:
             raise ConfigError(f"{s}.replay_memory must be a whole number from 0 (off) to 10000000, got {self.replay_memory!r}.")
         _choice(s, "mode", self.mode, ("embedded", "relay", "solo"))
-        if not isinstance(self.relay_url, str) or len(self.relay_url) > 2048:
-            raise ConfigError(f"{s}.relay_url must be a ws:// or wss:// URL (or an invite), got {self.relay_url!r}.")
+        if not isinstance(self.relay_url, str):
+            raise ConfigError(f"{s}.relay_url must be an invite link or a ws:// or wss:// URL, got {self.relay_url!r}.")
         if self.mode == "relay" and not self.relay_url.strip():
             raise ConfigError(f"{s}.relay_url must be set when swarm.mode is 'relay'.")
+        if self.mode == "relay":
+            try:
+                parse_invite(self.relay_url)
+            except ConfigError as exc:
+                raise ConfigError(f"{s}.relay_url: {exc}") from None
         if not isinstance(self.join_token, str) or len(self.join_token) > 256:
             raise ConfigError(f"{s}.join_token must be a string of at most 256 characters.")
         if not isinstance(self.embedded_host, str) or not self.embedded_host:

@@ -63,9 +63,9 @@ from engine.rollouts import (
     Offer,
     rewards_differ,
 )
-from engine.rules import check_relay_url, split_invite
+from engine.rules import parse_invite
 from engine.swarm import protocol
-from engine.swarm.client import LinkState, SwarmClient
+from engine.swarm.client import LinkState, RelayMemory, SwarmClient
 from engine.swarm.identity import Identity, readable_name, verify_signed
 from engine.tasks import TaskRef, TaskSet
 
@@ -84,6 +84,8 @@ UNKNOWN_PEER = "unknown"
 STRIKE_REASONS = (R_FORGED_REWARD, R_IMPLAUSIBLE)
 # Where, in the data dir, the swarm's defence keeps its state.
 BANS_FILE = "bans.json"
+# Where, in the same folder, the node remembers which relay of its swarm last let it in.
+RELAYS_FILE = "relays.json"
 
 
 def peer_of(reference: str) -> str:
@@ -152,12 +154,14 @@ class SwarmExchange:
         banned: Sequence[str] = (),
         bans: BanBook | None = None,
         replay: ReplayMemory | None = None,
+        swarm_name: str = "",
     ) -> None:
         self.client = client
         self.identity = identity
         self.model_label = model_label
         self.emit = emit
-        self.relay_label = relay_label
+        self.relay_label = relay_label  # "embedded", or the relay address in use (it follows a failover)
+        self.swarm_name = swarm_name  # the name its invite gives the swarm ("" when none)
         # Without a BanBook (tests, tools): config bans only, never an automatic one.
         self.bans = bans or BanBook(strikes=0, window=1, hours=0.0, strike_reasons=())
         self.bans.configured.update(banned)
@@ -172,21 +176,26 @@ class SwarmExchange:
     def announce(self, state: LinkState | None = None, message: str | None = None) -> None:
         """Emit a `swarm` event with this node's identity and link state (and `message`, when given)."""
         state = state or self.client.state
+        if self.relay_label != "embedded" and state.url:
+            self.relay_label = state.url  # the relay in use: with several, it changes on a failover
         if message is None:
             message = self._link_sentence(state)
         self._announced = state.connected
         self.emit(make_event(
             "swarm", peer_id=self.identity.peer_id, name=self.identity.name, relay=self.relay_label,
             connected=state.connected, message=message, online=state.online, since=state.since,
+            swarm_name=self.swarm_name, relays=list(self.client.urls), relay_name=state.relay,
         ))
 
-    @staticmethod
-    def _link_sentence(state: LinkState) -> str:
+    def _link_sentence(self, state: LinkState) -> str:
+        several = len(self.client.urls) > 1
+        where = f" through {state.url}" if several and state.url else ""
         if state.connected:
             online = "1 peer" if state.online == 1 else f"{state.online} peers"
-            return f"Connected to the swarm ({online} online, this node included)."
+            return f"Connected to the swarm{where} ({online} online, this node included)."
         if state.last_error:
-            return f"Relay unreachable ({state.last_error}); training on local rollouts."
+            then = f"; trying {state.url} next" if several and state.url else ""
+            return f"Relay unreachable ({state.last_error}){then}; training on local rollouts."
         return "Connecting to the relay; training on local rollouts until it answers."
 
     def _check_link(self) -> None:
@@ -408,8 +417,11 @@ def open_swarm(config: NodeConfig, identity_file: Any, emit: Callable[[Event], N
                state_dir: Path | None = None) -> SwarmSession:
     """Start what `swarm.mode` asks for. Solo (or J = 0) gives a session without exchange.
 
-    Bans and the replay memory are kept in `state_dir`, by default the `swarm`
-    folder beside the identity file (the data dir).
+    Bans, the replay memory and which relay last let this node in (`relays.json`)
+    are kept in `state_dir`, by default the `swarm` folder beside the identity
+    file (the data dir). In relay mode `swarm.relay_url` is an invite or a bare
+    relay address (`engine.rules.parse_invite`); its token comes before
+    `swarm.join_token`.
     """
     from engine.swarm.local import LocalSwarm
 
@@ -420,6 +432,7 @@ def open_swarm(config: NodeConfig, identity_file: Any, emit: Callable[[Event], N
                         message="Solo: not sharing rollouts (swarm.mode = solo or external_groups = 0)."))
         return SwarmSession(None)
     token = sw.join_token
+    swarm_name = ""
     exchange_ref: list[SwarmExchange] = []
 
     def on_change(state: LinkState) -> None:
@@ -431,23 +444,27 @@ def open_swarm(config: NodeConfig, identity_file: Any, emit: Callable[[Event], N
             exchange_ref[0].relay_label = local.label
             exchange_ref[0].announce(message=text)
 
+    if state_dir is None:
+        state_dir = Path(identity_file).parent / "swarm"
     local: LocalSwarm | None = None
     if sw.mode == "relay":
-        url, invite_token = split_invite(sw.relay_url)
-        url = check_relay_url(url)
-        token = token or invite_token
-        client = SwarmClient(url, identity, token=token, on_change=on_change)
-        label = url
+        # An invite (sapling://join?relay=...&relay=...) or a bare relay address: the relays are tried in
+        # order of last success, and the node moves to the next one when its relay fails.
+        invite = parse_invite(sw.relay_url)
+        token = invite.token or token
+        swarm_name = invite.name
+        memory = RelayMemory(state_dir / RELAYS_FILE)
+        client = SwarmClient(invite.relays, identity, token=token, on_change=on_change, memory=memory)
+        label = client.url
     else:
         # Host this computer's relay, or join the node that does; take it over if that node stops.
         local = LocalSwarm(sw.embedded_host, sw.embedded_port, identity, token=token, on_change=on_change,
                            on_message=on_message)
         client = local.start()
         label = local.label
-    if state_dir is None:
-        state_dir = Path(identity_file).parent / "swarm"
     bans, replay = defence_state(sw, state_dir, config.run.run_name)
-    exchange = SwarmExchange(client, identity, config.model.source, emit, label, bans=bans, replay=replay)
+    exchange = SwarmExchange(client, identity, config.model.source, emit, label, bans=bans, replay=replay,
+                             swarm_name=swarm_name)
     exchange_ref.append(exchange)
     exchange.announce()
     if local is None:

@@ -53,7 +53,7 @@ def add_settings_flags(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--seed", type=int, help="node seed (run.seed)")
     g.add_argument("--rounds", type=int, help="stop after this round number; 0 trains until stopped (run.max_rounds)")
     g.add_argument("--threads", type=int, help="CPU threads, 0 for all (run.threads)")
-    g.add_argument("--relay", metavar="URL", help="join this relay (ws://host:port/ws, or an invite with ?token=) (swarm.mode=relay)")
+    g.add_argument("--relay", metavar="INVITE", help="join this swarm: an invite link (sapling://join?relay=...) or a relay address (wss://host/ws) (swarm.mode=relay)")
     g.add_argument("--solo", action="store_true", default=None, help="train alone, share nothing (swarm.mode=solo)")
     parser.add_argument("-v", "--verbose", action="store_true", help="show debug logs")
 

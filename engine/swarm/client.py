@@ -11,6 +11,16 @@ across reconnects and restarts without being stored.
 `sample` keeps the relay's sampling cursor between calls, so each call draws
 only from batches published since the previous one (docs/protocol.md,
 "Sampling cursors"): a node is not handed what it already has.
+
+A swarm may have several relays (an invite lists them; they share one Redis).
+The client tries them in order of last success (`RelayMemory`, a small JSON
+file in the data dir, written atomically), moves on to the next one when a
+connection fails or drops, with the same backoff, and keeps its sampling
+cursor across the move, since relays on one Redis read each other's cursors.
+
+    client = SwarmClient(["wss://a.example/ws", "wss://b.example/ws"], identity,
+                         memory=RelayMemory(data_dir / "swarm" / "relays.json"))
+    client.start(); client.wait_connected(3.0); client.state.url   # the relay in use
 """
 
 from __future__ import annotations
@@ -18,20 +28,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import json
 import logging
 import random
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 
 from engine import __version__
+from engine.atomicio import atomic_write_json
 from engine.swarm import protocol
 from engine.swarm.identity import Identity
 
@@ -52,25 +65,69 @@ class LinkState:
     window: int = 0
     last_error: str = ""
     relay: str = ""  # the name the relay gave in its challenge
+    url: str = ""  # the relay address in use (or being tried)
     since: float = field(default_factory=time.time)  # when `connected` last changed
     published: int = 0
     publish_errors: Counter[str] = field(default_factory=Counter)
+    models: Any = None  # the welcome's `models`: the swarm's model policy (engine/model_policy.py reads it)
+
+
+class RelayMemory:
+    """When each relay of a swarm last let this node in: a JSON file in the data dir, written atomically.
+
+    `order(urls)` puts the relays that worked first, the most recent first, and
+    the others after them in the order given. A missing or unreadable file is
+    an empty memory (it is only a preference)."""
+
+    MAX_RELAYS = 64
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        self.last_good: dict[str, float] = {}
+        if path is not None:
+            try:
+                data = json.loads(path.read_text(encoding="utf-8"))
+                relays = data.get("relays", {}) if isinstance(data, dict) else {}
+                self.last_good = {str(k): float(v) for k, v in relays.items()
+                                  if isinstance(v, (int, float)) and not isinstance(v, bool)}
+            except (OSError, ValueError, AttributeError):
+                self.last_good = {}
+
+    def order(self, urls: Sequence[str]) -> list[str]:
+        position = {url: i for i, url in enumerate(urls)}
+        return sorted(dict.fromkeys(urls), key=lambda u: (-self.last_good.get(u, float("-inf")), position[u]))
+
+    def remember(self, url: str) -> None:
+        self.last_good[url] = time.time()
+        newest = sorted(self.last_good.items(), key=lambda kv: -kv[1])[: self.MAX_RELAYS]
+        self.last_good = dict(newest)
+        if self.path is not None:
+            try:
+                atomic_write_json(self.path, {"v": 1, "relays": self.last_good})
+            except OSError as exc:  # a preference only: the link works without it
+                log.warning("could not remember the relay in %s: %s", self.path, exc)
 
 
 class SwarmClient:
     def __init__(
         self,
-        url: str,
+        url: str | Sequence[str],
         identity: Identity,
         token: str = "",
         on_change: Callable[[LinkState], None] | None = None,
         rng: random.Random | None = None,
+        memory: RelayMemory | None = None,
     ) -> None:
-        self.url = url
+        urls = [url] if isinstance(url, str) else list(url)
+        if not urls:
+            raise ValueError("SwarmClient needs at least one relay address")
+        self.memory = memory
+        self.urls = memory.order(urls) if memory is not None else list(dict.fromkeys(urls))
+        self._index = 0  # the relay in use, or tried next
         self.identity = identity
         self.token = token
         self.on_change = on_change
-        self.state = LinkState()
+        self.state = LinkState(url=self.urls[0])
         self._rng = rng or random.Random()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._run, name="swarm-client", daemon=True)
@@ -85,6 +142,11 @@ class SwarmClient:
         self._main: asyncio.Task[None] | None = None
         self._fatal_code = ""
         self._fatal_message = ""
+
+    @property
+    def url(self) -> str:
+        """The relay in use (or the one the next attempt goes to)."""
+        return self.urls[self._index]
 
     # -- lifecycle ----------------------------------------------------------------------
     def start(self) -> None:
@@ -158,7 +220,11 @@ class SwarmClient:
                 except (aiohttp.ClientError, OSError, TimeoutError, protocol.ProtocolError, ConnectionError) as exc:
                     if self.state.connected:
                         attempt = 0  # it had been up: start the backoff again
-                    self._set(connected=False, last_error=str(exc) or type(exc).__name__)
+                    failed = self.url
+                    if len(self.urls) > 1:  # the next relay of the swarm gets the next attempt
+                        self._index = (self._index + 1) % len(self.urls)
+                        log.info("relay %s failed (%s); trying %s next", failed, exc, self.url)
+                    self._set(connected=False, last_error=str(exc) or type(exc).__name__, url=self.url)
                 finally:
                     self._ws = None
                     for future in self._pending.values():
@@ -199,7 +265,10 @@ class SwarmClient:
                 raise protocol.ProtocolError(protocol.E_AUTH, f"expected a welcome, got {welcome['type']}")
             self._fatal_code = self._fatal_message = ""
             self._ws = ws
-            self._set(connected=True, online=welcome["online"], last_error="", relay=challenge["relay"])
+            if self.memory is not None:
+                self.memory.remember(self.url)
+            self._set(connected=True, online=welcome["online"], last_error="", relay=challenge["relay"], url=self.url,
+                      models=welcome["models"])
             log.info("joined the swarm at %s as %s (%d online)", self.url, self.identity.name, welcome["online"])
             async for msg in ws:
                 if msg.type != aiohttp.WSMsgType.TEXT:
