@@ -56,6 +56,7 @@ STATIC_TYPES = {
     "relay.css": "text/css",
     "uPlot.iife.min.js": "text/javascript",
     "uPlot.min.css": "text/css",
+    "favicon.svg": "image/svg+xml",
 }
 PAGE_NAMES = ("status.html", "join.html", "error.html")
 
@@ -143,6 +144,7 @@ class RelayPages:
         app.router.add_get("/stats.json", self.handle_stats)
         app.router.add_get("/join", self.handle_join)
         app.router.add_get("/static/{name}", self.handle_static)
+        app.router.add_get("/favicon.ico", self.handle_favicon)  # asked for by browsers that skip the <link>
         app.router.add_get("/healthz", self.handle_health)
         app.router.add_get("/metrics", self.handle_metrics)
         app.on_response_prepare.append(self._secure)
@@ -282,6 +284,10 @@ class RelayPages:
             raise web.HTTPNotFound(text="404: Not Found")
         return web.Response(body=body, content_type=STATIC_TYPES[name], charset="utf-8",
                             headers={"Cache-Control": "public, max-age=300"})
+
+    async def handle_favicon(self, _request: web.Request) -> web.Response:
+        return web.Response(body=self.static["favicon.svg"], content_type="image/svg+xml",
+                            headers={"Cache-Control": "public, max-age=86400"})
 
     # -- operations -----------------------------------------------------------------------------
     async def handle_health(self, _request: web.Request) -> web.Response:

@@ -22,7 +22,7 @@
   }
 
   // The server sends only the minutes that had publishes; the charts want every minute from
-  // the first one (at least an hour back, at most a day) to now, 0 rollouts and no reward between.
+  // the first one (at least an hour back, at most a day) to now, with no bar and no reward between.
   function dense(series, now) {
     var last = Math.floor(now / 60) * 60;
     var first = last - HOUR_S;
@@ -37,13 +37,14 @@
     for (var t = first; t <= last; t += 60) {
       var j = index[t];
       xs.push(t);
-      rollouts.push(j === undefined ? 0 : series.rollouts[j]);
+      rollouts.push(j === undefined || series.rollouts[j] === 0 ? null : series.rollouts[j]);  // no bar, not a flat one
       reward.push(j === undefined ? null : series.reward[j]);
     }
     return { xs: xs, rollouts: rollouts, reward: reward };
   }
 
-  function chart(id, label, color, yRange, points) {
+  // id: the element; yRange: uPlot's range function; bars: draw bars (counts) instead of a line with points.
+  function chart(id, label, color, yRange, bars) {
     var el = document.getElementById(id);
     if (el === null || typeof uPlot === "undefined") {
       return null;
@@ -56,8 +57,11 @@
       scales: { x: { time: true }, y: { range: yRange } },
       series: [
         {},
-        { label: label, stroke: color, width: 2, fill: color + "22", spanGaps: false,
-          points: { show: points, size: 4, stroke: color, fill: color } }
+        bars
+          ? { label: label, stroke: color, width: 1, fill: color + "99", paths: uPlot.paths.bars({ size: [0.8, 12] }),
+              points: { show: false } }
+          : { label: label, stroke: color, width: 2, spanGaps: false,
+              points: { show: true, size: 5, stroke: color, fill: color } }
       ],
       axes: [{ stroke: "#555", grid: { stroke: "#eee" } }, { stroke: "#555", grid: { stroke: "#eee" } }]
     };
@@ -101,7 +105,9 @@
       });
   }
 
-  charts.rollouts = chart("chart-rollouts", "rollouts", "#2e7d32", function () { return [0, null]; }, false);
-  charts.reward = chart("chart-reward", "reward", "#1565c0", function () { return [0, 1]; }, true);
+  charts.rollouts = chart("chart-rollouts", "rollouts", "#2e7d32", function (u, min, max) {
+    return [0, max > 0 ? Math.ceil(max * 1.1) : 1];
+  }, true);
+  charts.reward = chart("chart-reward", "reward", "#1565c0", function () { return [0, 1]; }, false);
   poll();
 })();
