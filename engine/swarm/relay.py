@@ -48,7 +48,7 @@ from engine.swarm import protocol, relay_invite
 from engine.swarm.brokers import Broker, Entry, MemoryBroker, RedisBroker
 from engine.swarm.identity import verify
 from engine.swarm.relay_info import relay_identity
-from engine.swarm.relay_limits import RejectionLog, TokenBucket
+from engine.swarm.relay_limits import QuietBadRequests, RejectionLog, TokenBucket
 from engine.swarm.relay_settings import JsonLogFormatter, RelaySettings, build_parser, settings_from_args
 from engine.swarm.relay_stats import LiveStats
 from engine.swarm.relay_web import RelayPages
@@ -554,6 +554,7 @@ def main(argv: list[str] | None = None) -> int:
     handler.setFormatter(JsonLogFormatter())
     logging.basicConfig(level=settings.log_level.upper(), handlers=[handler], force=True)
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    logging.getLogger("aiohttp.server").addFilter(QuietBadRequests())
     try:
         relay = Relay(settings)
     except OSError as exc:

@@ -3,7 +3,8 @@
 `TokenBucket` is one peer's request budget (refill `rate` per second up to
 `burst`); `RejectionLog` counts refused messages per (peer, address) and
 code and logs them as one info-level summary per period, so a flood of bad
-frames costs one log line, not one per frame.
+frames costs one log line, not one per frame. `QuietBadRequests` does
+the same for malformed HTTP requests, which aiohttp logs with a traceback.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
+
+from aiohttp.http_exceptions import HttpProcessingError
 
 log = logging.getLogger("sapling.relay")
 
@@ -72,3 +75,19 @@ class RejectionLog:
         self.counts.clear()
         self.others.clear()
         self.since = time.monotonic()
+
+
+class QuietBadRequests(logging.Filter):
+    """For the `aiohttp.server` logger: a request aiohttp could not parse (a 64 kB header, a broken
+    request line) is logged as an error with a traceback, and anyone can send one; it becomes one
+    info line naming the problem instead. Errors inside the relay's own handlers keep theirs."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if not isinstance(exc, HttpProcessingError):
+            return True
+        remote = record.args[0] if isinstance(record.args, tuple) and record.args else "?"
+        record.msg, record.args = "bad HTTP request from %s: %s", (remote, str(exc.message)[:120])
+        record.exc_info, record.exc_text = None, None
+        record.levelno, record.levelname = logging.INFO, "INFO"
+        return logging.getLogger().isEnabledFor(logging.INFO)

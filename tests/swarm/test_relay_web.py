@@ -15,8 +15,10 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -355,6 +357,37 @@ def test_bad_requests_get_a_4xx_and_the_relay_keeps_serving(start_relay: StartRe
         await other.close()
 
     asyncio.run(still_serving())
+
+
+def test_the_relay_process_logs_a_malformed_request_in_one_line(tmp_path: Path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    proc = subprocess.Popen([sys.executable, "-m", "engine.swarm.relay", "--port", str(port), "--data-dir",
+                             str(tmp_path)], cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline and proc.poll() is None, "the relay did not start"
+                time.sleep(0.1)
+        assert _raw_get(port, "/", "X-Big: " + "x" * 65536)[0] == 400
+        assert _raw_get(port, "/?" + "q" * 100_000)[0] == 400
+        assert _raw_get(port, "/healthz")[0] == 200
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    logs = proc.stderr.read() if proc.stderr else ""
+    assert "Traceback" not in logs
+    records = [json.loads(line) for line in logs.splitlines()]
+    bad = [r for r in records if r["msg"].startswith("bad HTTP request from 127.0.0.1")]
+    assert len(bad) == 2 and all(r["level"] == "info" and "8190 bytes" in r["msg"] for r in bad), bad
+    assert (tmp_path / "relay.key").exists()
 
 
 # -- in chromium --------------------------------------------------------------------------------
