@@ -76,10 +76,11 @@ E_SLOW = "slow_consumer"
 E_HEARTBEAT = "heartbeat_timeout"
 E_SHUTDOWN = "shutting_down"
 E_INTERNAL = "internal"
+E_WRONG_MODEL = "wrong_model"  # a swarm of one model: a batch labelled with another one
 ERROR_CODES = (
     E_BAD_JSON, E_BAD_SCHEMA, E_VERSION, E_TOO_LARGE, E_TOO_MANY_ITEMS, E_TOO_LONG, E_BAD_SIGNATURE,
     E_REPLAY, E_STALE, E_RATE, E_AUTH, E_FORBIDDEN, E_BANNED, E_CONN_LIMIT, E_SLOW, E_HEARTBEAT, E_SHUTDOWN,
-    E_INTERNAL,
+    E_INTERNAL, E_WRONG_MODEL,
 )
 # Codes after which the relay closes the connection (the rest only reject one message).
 FATAL_CODES = frozenset({E_VERSION, E_AUTH, E_FORBIDDEN, E_BANNED, E_CONN_LIMIT, E_SLOW, E_HEARTBEAT, E_SHUTDOWN})
@@ -433,8 +434,10 @@ def decode_relay(text: str | bytes) -> dict[str, Any]:
         return {"type": type_, "nonce": _hex(obj, "nonce", NONCE_BYTES), "relay": _str(obj, "relay", 128),
                 "time": _float(obj, "time")}
     if type_ == "welcome":
+        # `models`: the swarm's model policy (engine/model_policy.py reads it); absent or not an object: not declared
         return {"type": type_, "peer": _str(obj, "peer", PEER_ID_HEX), "online": _int(obj, "online", 0, 10**9),
-                "limits": obj.get("limits") if isinstance(obj.get("limits"), dict) else {}}
+                "limits": obj.get("limits") if isinstance(obj.get("limits"), dict) else {},
+                "models": obj.get("models") if isinstance(obj.get("models"), dict) else None}
     if type_ == "published":
         return {"type": type_, "seq": _int(obj, "seq", 1, MAX_SEQ)}
     if type_ == "batches":
@@ -468,8 +471,8 @@ def msg_hello(signed: Signed) -> dict[str, Any]:
     return {"type": "hello", "v": VERSION, **signed.to_json()}
 
 
-def msg_welcome(peer: str, online: int, limits: dict[str, Any]) -> dict[str, Any]:
-    return {"type": "welcome", "v": VERSION, "peer": peer, "online": online, "limits": limits}
+def msg_welcome(peer: str, online: int, limits: dict[str, Any], models: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {"type": "welcome", "v": VERSION, "peer": peer, "online": online, "limits": limits, "models": models}
 
 
 def msg_publish(signed: Signed) -> dict[str, Any]:
