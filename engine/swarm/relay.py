@@ -2,6 +2,7 @@
 
     sapling-relay --port 8765                        # one process, in-memory window
     sapling-relay --redis redis://host:6379/0        # several processes, one swarm
+    sapling-relay invite --url wss://HOST/ws         # invite links and a QR code (relay_invite.py)
     python -m engine.swarm.relay --help              # every setting (engine/swarm/relay_settings.py)
 
 The relay is not trusted by anyone, but it still refuses what it can see is
@@ -21,10 +22,13 @@ Every connection it ends gets an `error` naming why, then a close frame
 not read them within `DROP_GRACE_S` is cut off. Nodes *pull*: a `sample`
 request returns n batches drawn uniformly, without replacement, from the
 recent window (only those newer than the request's cursor, if it sent one),
-never the requester's own. `/healthz` and `/metrics` (Prometheus text) serve
-operations; refusals are summed per peer and logged at info level once a
-minute; SIGTERM (once or several times) closes connections and exits 0.
-The wire format is engine/swarm/protocol.py and docs/protocol.md.
+never the requester's own. Over plain HTTP the relay serves its status
+page, its information document, invite pages, `/healthz` and `/metrics`
+(engine/swarm/relay_web.py, with live numbers from relay_stats.py and the
+document from relay_info.py); refusals are summed per peer and logged at
+info level once a minute (relay_limits.py); SIGTERM (once or several times)
+closes connections and exits 0. The wire format is engine/swarm/protocol.py
+and docs/protocol.md.
 """
 
 from __future__ import annotations
