@@ -109,6 +109,7 @@ class RelayDouble:
 
     def __init__(self) -> None:
         self.state = LinkState(connected=True, online=3)
+        self.urls = ["ws://relay.test/ws"]  # a SwarmClient's swarm: its relays, in the order it tries them
         self.batches: list[p.Signed] = []
         self.published: list[str] = []
 
