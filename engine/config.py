@@ -264,8 +264,11 @@ class SwarmConfig:
         False,
     )
     plausibility_check: bool = _help(
-        "Reject external completions that this node's own model finds implausible (injected text, docs/swarm.md "
-        "'Poisoning'); they are counted as 'implausible'. Uses the log-probs the node computes anyway.",
+        "Refuse answers your model finds implausible (injected text, docs/swarm.md 'Poisoning'); they are counted "
+        "as 'implausible'. The node applies the swarm's model policy, which its relay declares: in a swarm of one "
+        "model (also any relay that declares nothing, and the local one) every answer is tested against this "
+        "node's model; in a swarm of different models an answer labelled with another model is tested against "
+        "its sender's usual answers instead, so honest peers of other models are not refused.",
         True,
     )
     implausible_logprob: float = _help(
@@ -275,6 +278,18 @@ class SwarmConfig:
         -7.0,
     )
     plausibility_window: int = _help("Tokens in the window of the plausibility test (1: single tokens).", 4)
+    probation_items: int = _help(
+        "In a swarm of different models: how many accepted answers of a sender of another model (per sender and "
+        "model label) make its baseline. Until then its answers are trained on with truncated token weights only, "
+        "never refused as implausible, and counted as 'probation' in the peers panel.",
+        8,
+    )
+    sender_spreads: float = _help(
+        "In a swarm of different models: an answer labelled with another model is 'implausible' when its least "
+        "likely plausibility_window tokens lie more than this many spreads (median absolute deviation x 1.4826, "
+        "at least 1 nat) below the median of its sender's accepted answers. Never a ban strike.",
+        4.0,
+    )
     token_weight_logprob: float = _help(
         "Tokens of accepted external text below this log-prob under this node's policy get a truncated "
         "importance weight p / exp(floor) < 1 in the loss, so one odd token cannot dominate a step "
@@ -315,6 +330,9 @@ class SwarmConfig:
                 raise ConfigError(f"{s}.{key} must be true or false, got {getattr(self, key)!r}.")
         _number(s, "implausible_logprob", self.implausible_logprob, -100.0, 0.0)
         _positive_int(s, "plausibility_window", self.plausibility_window, 256)
+        if isinstance(self.probation_items, bool) or not isinstance(self.probation_items, int) or not 1 <= self.probation_items <= 10_000:
+            raise ConfigError(f"{s}.probation_items must be a whole number from 1 to 10000, got {self.probation_items!r}.")
+        _number(s, "sender_spreads", self.sender_spreads, 0.0, 100.0, open_low=True)
         _number(s, "token_weight_logprob", self.token_weight_logprob, -100.0, 0.0)
         _number(s, "offpolicy_negative_kl", self.offpolicy_negative_kl, 0.0, 100.0)
         if isinstance(self.ban_strikes, bool) or not isinstance(self.ban_strikes, int) or not 0 <= self.ban_strikes <= 10_000:

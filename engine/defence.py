@@ -17,13 +17,20 @@ that test and the memory it needs, as plain functions and small classes:
   against a floor set by this round's own completions.
 - `token_weights(logprobs, floor)`: truncated importance weights for the
   tokens of accepted external text, so one odd token cannot dominate a step.
+- `sender_verdict(worst, history, probation, spreads)`: in a swarm of
+  different models, an item labelled with another model than the receiver's
+  is judged against its sender's own past: the robust baseline
+  (`robust_baseline`: median and MAD) of the worst windows (`item_floor`) of
+  that (peer, label)'s accepted items, kept by `SenderBaselines`. No absolute
+  floor; until the sender has `probation` accepted items, its items are on
+  probation (trained on with truncated token weights only).
 - `ReplayMemory`: content keys (`ExternalItem.content_key()`) of external
   items already trained on, bounded, kept across restarts.
 - `BanBook`: local bans, by strikes (forged or implausible items) in a
   window of a peer's judged items, or from the config's list; optionally kept
   across restarts.
 
-No torch and no I/O beyond the two small JSON files, written atomically.
+No torch and no I/O beyond three small JSON files, written atomically.
 """
 
 from __future__ import annotations
@@ -99,6 +106,106 @@ class Plausibility:
     def judge(self, item_logprobs: Sequence[Sequence[float]], floor: float) -> bool:
         """True when every completion of the item stays above `floor` (plausible)."""
         return all(window_floor(lp, self.window) >= floor for lp in item_logprobs)
+
+
+def item_floor(item_logprobs: Sequence[Sequence[float]], window: int) -> float:
+    """An item's worst window: the lowest `window_floor` of its completions (0.0 for none)."""
+    return min((window_floor(lp, window) for lp in item_logprobs), default=0.0)
+
+
+# -- a sender of another model, judged against its own past ------------------------------------------
+# The least spread a baseline is given, in nats: a sender whose text always scores alike must
+# not be refused for a window a little below its usual one.
+MIN_SPREAD = 1.0
+# MAD x this estimates the standard deviation of normally distributed values.
+MAD_TO_SD = 1.4826
+TYPICAL, PROBATION, IMPLAUSIBLE = "typical", "probation", "implausible"
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """A sender's usual plausibility under this node's policy: median and robust spread of its worst windows."""
+
+    median: float
+    spread: float  # MAD x 1.4826
+    count: int
+
+
+def robust_baseline(values: Sequence[float]) -> Baseline:
+    """The median and the scaled median absolute deviation of `values` (which must not be empty)."""
+    median = quantile(values, 0.5)
+    mad = quantile([abs(v - median) for v in values], 0.5)
+    return Baseline(median, MAD_TO_SD * mad, len(values))
+
+
+def sender_verdict(worst: float, history: Sequence[float], probation: int, spreads: float,
+                   min_spread: float = MIN_SPREAD) -> str:
+    """PROBATION, TYPICAL or IMPLAUSIBLE for an item whose worst window is `worst`, against its sender's past.
+
+    `history` holds the worst windows of the sender's items accepted so far
+    (for this model label). With fewer than `probation` of them there is no
+    baseline yet: PROBATION (train with truncated token weights, refuse
+    nothing). Otherwise the item is IMPLAUSIBLE when `worst` lies more than
+    `spreads` x max(spread, `min_spread`) below the median: an injected
+    sentence in text otherwise typical of that sender. Text that is odd under
+    this node's model but odd in the sender's usual way passes.
+    """
+    if not history or len(history) < probation:
+        return PROBATION
+    base = robust_baseline(history)
+    return IMPLAUSIBLE if worst < base.median - spreads * max(base.spread, min_spread) else TYPICAL
+
+
+class SenderBaselines:
+    """The worst windows of each (peer, model label)'s accepted items: the newest `keep` of each pair.
+
+    At most `pairs` pairs are kept, the least recently used forgotten first
+    (a peer that changes its label every item only ever stays on probation).
+    With `path` they are kept there (JSON, written atomically after each
+    `record`) and read back at start, so a restart does not put every known
+    sender back on probation.
+    """
+
+    def __init__(self, path: Path | None, keep: int = 64, pairs: int = 4096) -> None:
+        self.path = path
+        self.keep = keep
+        self.pairs = pairs
+        self._values: OrderedDict[tuple[str, str], deque[float]] = OrderedDict()
+        if path is not None and path.is_file():
+            try:
+                data = json.loads(path.read_text(encoding="utf-8"))
+                for peer, label, values in data.get("senders", [])[-pairs:]:
+                    floats = [float(v) for v in values if isinstance(v, (int, float)) and math.isfinite(v)]
+                    self._values[(str(peer), str(label))] = deque(floats[-keep:], maxlen=keep)
+            except (OSError, ValueError, TypeError, AttributeError, UnicodeDecodeError) as exc:
+                log.warning("Could not read the senders' baselines %s (%s); every sender starts on probation.",
+                            path, exc)
+                self._values.clear()
+
+    def history(self, peer: str, label: str) -> tuple[float, ...]:
+        values = self._values.get((peer, label))
+        return tuple(values) if values is not None else ()
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def record(self, entries: Iterable[tuple[str, str, float]]) -> None:
+        """Add the worst window of accepted items, as (peer, label, value); saved once for all of them."""
+        added = False
+        for peer, label, value in entries:
+            if not math.isfinite(value):
+                continue
+            key = (peer, label)
+            values = self._values.get(key)
+            if values is None:
+                values = self._values[key] = deque(maxlen=self.keep)
+            values.append(float(value))
+            self._values.move_to_end(key)
+            added = True
+        while len(self._values) > self.pairs:
+            self._values.popitem(last=False)
+        if added and self.path is not None:
+            atomic_write_json(self.path, {"senders": [[p, m, list(v)] for (p, m), v in self._values.items()]})
 
 
 def token_weights(logprobs: Sequence[float], floor: float) -> list[float]:

@@ -28,6 +28,15 @@ verdict `implausible`): an item whose content this node already trained on
 is a `duplicate` whatever its sequence number (`ReplayMemory`, kept in the
 data dir), and a peer whose judged items are too often `forged_reward` or
 `implausible` is banned here (`BanBook`); `unban(peer)` lifts an earned ban.
+
+Which test an item gets follows the swarm's model policy, which the relay
+declares in its welcome (engine/model_policy.py). In a swarm the relay
+declares `mixed`, an item labelled with another model than this node's is
+put in `offer.baselines` with its sender's past (`SenderBaselines`, kept in
+the data dir): the loop judges it against that, such an `implausible` is no
+strike, and accepted items of a sender still on probation are counted as
+`probation`. Anywhere else (one declared model, nothing declared, an
+embedded relay) every item gets the absolute test against this node's model.
 """
 
 from __future__ import annotations
@@ -43,9 +52,10 @@ from pathlib import Path
 from typing import Any
 
 from engine.config import NodeConfig, SwarmConfig
-from engine.defence import Ban, BanBook, ReplayMemory
+from engine.defence import Ban, BanBook, ReplayMemory, SenderBaselines
 from engine.errors import TaskError
 from engine.events import Event, make_event
+from engine.model_policy import ModelPolicy, policy_from_document, same_model
 from engine.rollouts import (
     R_BANNED,
     R_DUPLICATE,
@@ -100,6 +110,11 @@ def replay_file(state_dir: Path, run_name: str) -> Path:
     return state_dir / f"trained-{run_name}.json"
 
 
+def senders_file(state_dir: Path, run_name: str) -> Path:
+    """The baselines of one run's senders of other models (their worst windows under its policy)."""
+    return state_dir / f"senders-{run_name}.json"
+
+
 @dataclass
 class PeerCounts:
     """Everything one peer sent this run, each item counted once."""
@@ -108,19 +123,21 @@ class PeerCounts:
     accepted: int = 0
     rejected: int = 0
     not_picked: int = 0
+    probation: int = 0  # of the accepted, those taken while the sender was on probation (another model's)
     reasons: Counter[str] = field(default_factory=Counter)
 
     def to_json(self, ban: Ban | None = None) -> dict[str, Any]:
         return {"name": self.name, "accepted": self.accepted, "rejected": self.rejected,
-                "not_picked": self.not_picked, "reasons": dict(self.reasons),
+                "not_picked": self.not_picked, "probation": self.probation, "reasons": dict(self.reasons),
                 "banned": ban.to_json() if ban is not None else None}
 
 
-def verify_item(peer: str, item: protocol.Item, taskset: TaskSet, exclude: Set[str]) -> ExternalItem | str:
+def verify_item(peer: str, item: protocol.Item, taskset: TaskSet, exclude: Set[str],
+                model: str = "") -> ExternalItem | str:
     """Check one received item against this node's own tasks: the item, or the rejection reason.
 
     Pure: nothing is counted or remembered here. `exclude` holds the task keys
-    this node already trains on this round.
+    this node already trains on this round; `model` is its batch's label.
     """
     try:
         ref = TaskRef.from_json(item.task)
@@ -140,7 +157,7 @@ def verify_item(peer: str, item: protocol.Item, taskset: TaskSet, exclude: Set[s
             return R_FORGED_REWARD
     if not rewards_differ(rewards):
         return R_ZERO_ADVANTAGE
-    return ExternalItem(peer, question, tuple(item.completions), rewards)
+    return ExternalItem(peer, question, tuple(item.completions), rewards, model)
 
 
 class SwarmExchange:
@@ -154,6 +171,7 @@ class SwarmExchange:
         banned: Sequence[str] = (),
         bans: BanBook | None = None,
         replay: ReplayMemory | None = None,
+        senders: SenderBaselines | None = None,
         swarm_name: str = "",
     ) -> None:
         self.client = client
@@ -167,6 +185,8 @@ class SwarmExchange:
         self.bans.configured.update(banned)
         self.banned = self.bans.configured  # peer ids banned by configuration; add to ban one
         self.replay = replay
+        self.senders = senders if senders is not None else SenderBaselines(None)  # of other models, when mixed
+        self._warned_policy = ""
         self.peers: dict[str, PeerCounts] = {}
         self.received = 0
         self._seen: OrderedDict[tuple[str, int], None] = OrderedDict()
@@ -201,6 +221,27 @@ class SwarmExchange:
     def _check_link(self) -> None:
         if self._announced != self.client.state.connected:
             self.announce()
+
+    # -- the swarm's model policy -----------------------------------------------------
+    def set_model_label(self, label: str) -> None:
+        """What this node's batches say it runs (`engine.model_policy.model_label`), once its model is loaded."""
+        self.model_label = label
+
+    @property
+    def models(self) -> ModelPolicy:
+        """The swarm's model policy, as the relay's welcome declared it (not declared: this node's model)."""
+        policy = policy_from_document(getattr(self.client.state, "models", None))
+        if policy.kind == "single" and not same_model(policy.label, self.model_label) \
+                and self._warned_policy != policy.label:
+            self._warned_policy = policy.label
+            log.warning("This swarm trains only %s and this node runs %s: the relay refuses its rollouts "
+                        "(wrong_model); it still learns from the swarm's.", policy.label, self.model_label)
+        return policy
+
+    def foreign(self, model: str, policy: ModelPolicy) -> bool:
+        """Whether an item labelled `model` is judged against its sender's past: only in a mixed swarm,
+        and only when the label names another model than this node's (claiming ours gains nothing)."""
+        return policy.mixed and not same_model(model, self.model_label)
 
     # -- publish ----------------------------------------------------------------------
     def publish(self, round_index: int, groups: Sequence[Group]) -> None:
@@ -246,7 +287,8 @@ class SwarmExchange:
         self._check_link()
         offer.connected = self.client.state.connected
         now = time.time()
-        pending: list[tuple[str, protocol.Item]] = []
+        policy = self.models
+        pending: list[tuple[str, str, protocol.Item]] = []
         for signed in signed_batches:
             try:
                 batch = protocol.decode_batch(signed.payload)
@@ -264,20 +306,22 @@ class SwarmExchange:
             if reason:
                 offer.rejected.extend((peer, reason) for _ in batch.items)
                 continue
-            pending.extend((peer, item) for item in batch.items)
+            pending.extend((peer, batch.model, item) for item in batch.items)
         random.Random(seed).shuffle(pending)
         taken = set(exclude)
-        for index, (peer, item) in enumerate(pending):
+        for index, (peer, model, item) in enumerate(pending):
             if len(offer.items) >= n:
-                offer.not_picked.extend(p for p, _ in pending[index:])
+                offer.not_picked.extend(p for p, _, _ in pending[index:])
                 break
-            verdict = verify_item(peer, item, taskset, taken)
+            verdict = verify_item(peer, item, taskset, taken, model)
             if isinstance(verdict, str):
                 offer.rejected.append((peer, verdict))
             elif self.replay is not None and verdict.content_key() in self.replay:
                 offer.rejected.append((peer, R_DUPLICATE))  # trained on before, under another seq
             else:
                 taken.add(verdict.question.ref.key())
+                if self.foreign(model, policy):
+                    offer.baselines[len(offer.items)] = self.senders.history(peer, model)
                 offer.items.append(verdict)
         return offer
 
@@ -307,6 +351,8 @@ class SwarmExchange:
             if reason != R_BANNED:
                 self._judge(peer, reason)
         trained: list[str] = []
+        learned: list[tuple[str, str, float]] = []  # accepted items of senders of other models: their baselines
+        probation = 0
         for index, item in enumerate(offer.items):
             verdict = verdicts.get(index)
             if verdict:
@@ -315,9 +361,18 @@ class SwarmExchange:
                 self._peer(item.peer).accepted += 1
                 accepted += 1
                 trained.append(item.content_key())
+                if index in offer.worst:
+                    learned.append((item.peer, item.model, offer.worst[index]))
+                if index in offer.probation:
+                    self._peer(item.peer).probation += 1
+                    probation += 1
+            if index in offer.baselines and verdict == R_IMPLAUSIBLE:
+                verdict = None  # another model's text, judged against its sender's past: never a strike
             self._judge(item.peer, verdict or None)
         if self.replay is not None and trained:
             self.replay.remember(trained)
+        if learned:
+            self.senders.record(learned)
         for peer in offer.not_picked:
             self._peer(peer).not_picked += 1
         self.received += offer.received
@@ -326,6 +381,7 @@ class SwarmExchange:
             "accepted": accepted,
             "rejected": dict(rejected),
             "not_picked": len(offer.not_picked),
+            "probation": probation,
         }
         self._emit_peers(this_round)
         return {
@@ -351,7 +407,7 @@ class SwarmExchange:
             log.warning("Peer %s is banned by swarm.banned_peers; remove it there to lift the ban.", peer)
         else:
             log.info("Peer %s is not banned here; nothing to lift.", peer)
-        self._emit_peers({"received": 0, "accepted": 0, "rejected": {}, "not_picked": 0})
+        self._emit_peers({"received": 0, "accepted": 0, "rejected": {}, "not_picked": 0, "probation": 0})
         return result
 
     def _by_peer(self) -> dict[str, Any]:
@@ -374,6 +430,7 @@ class SwarmExchange:
             accepted=sum(c.accepted for c in self.peers.values()),
             rejected=sum(c.rejected for c in self.peers.values()),
             not_picked=sum(c.not_picked for c in self.peers.values()),
+            probation=sum(c.probation for c in self.peers.values()),
             rejected_by_reason=dict(rejected_by_reason),
             by_peer=self._by_peer(),
             banned={pid: {**ban.to_json(), "name": self.peers[pid].name if pid in self.peers else pid[:8]}
@@ -464,7 +521,8 @@ def open_swarm(config: NodeConfig, identity_file: Any, emit: Callable[[Event], N
         label = local.label
     bans, replay = defence_state(sw, state_dir, config.run.run_name)
     exchange = SwarmExchange(client, identity, config.model.source, emit, label, bans=bans, replay=replay,
-                             swarm_name=swarm_name)
+                             swarm_name=swarm_name,
+                             senders=SenderBaselines(senders_file(state_dir, config.run.run_name)))
     exchange_ref.append(exchange)
     exchange.announce()
     if local is None:

@@ -69,6 +69,7 @@ class ExternalItem:
     question: Question
     completions: tuple[str, ...]
     rewards: tuple[float, ...]  # scored by this node, never the sender's claim
+    model: str = ""  # the model label of the sender's batch: its claim, used only to pick the plausibility test
 
     def content_key(self) -> str:
         """The same text under any sequence number: the question's reference and the completions."""
@@ -85,6 +86,12 @@ class Offer:
     rejected: list[tuple[str, str]] = field(default_factory=list)  # (peer, reason), one per item
     not_picked: list[str] = field(default_factory=list)  # peer of each item left unverified past n
     connected: bool = False
+    # In a swarm of different models, the items (index into `items`) judged against their sender's own
+    # past rather than this node's model, each with that sender's baseline values so far
+    # (engine/defence.py, `sender_verdict`); the loop fills in the statistic and who is on probation.
+    baselines: dict[int, tuple[float, ...]] = field(default_factory=dict)
+    worst: dict[int, float] = field(default_factory=dict)  # the worst window of each of those items
+    probation: set[int] = field(default_factory=set)  # of those, accepted while their sender is on probation
 
 
 @dataclass

@@ -30,11 +30,21 @@ from typing import Any, Protocol
 from engine.backends import PolicyBackend, load_backend
 from engine.checkpoint import latest_good, save_checkpoint
 from engine.config import NodeConfig
-from engine.defence import Plausibility, mean_logloss, offpolicy_negatives, token_weights
+from engine.defence import (
+    IMPLAUSIBLE,
+    PROBATION,
+    Plausibility,
+    item_floor,
+    mean_logloss,
+    offpolicy_negatives,
+    sender_verdict,
+    token_weights,
+)
 from engine.device import DeviceInfo, pick_device
 from engine.errors import ConfigError
 from engine.events import Event, make_event
 from engine.metrics import MetricsLog
+from engine.model_policy import model_label
 from engine.models import resolve_model_dir
 from engine.paths import Paths
 from engine.priority import ThreadPolicy
@@ -215,6 +225,9 @@ class Node:
         self.status("loading", f"Loading {source} on {self.device.plain()}")
         model_dir = resolve_model_dir(self.config.model.source, self.paths.models_cache, self.config.model.revision or None)
         self.backend = load_backend(model_dir, self.device, self.config.grpo, run.seed, self.config.tasks.temperature)
+        set_label = getattr(self.exchange, "set_model_label", None)
+        if set_label is not None:  # what this node's batches say it runs: NAME@sha256 of the weights (cached)
+            set_label(model_label(self.config.model.source, model_dir, self.paths.cache_dir))
         self.resume()
 
     def resume(self) -> None:
@@ -413,7 +426,7 @@ class Node:
             round_index, cfg.swarm.external_groups, self.taskset,
             exclude={g.question.ref.key() for g in groups}, seed=derive_seed(cfg.run.seed, round_index, 2),
         )
-        external, verdicts = self._admit(offer.items, [c.logprobs for g in groups for c in g.completions])
+        external, verdicts = self._admit(offer, [c.logprobs for g in groups for c in g.completions])
         return external, self.exchange.settle(offer, verdicts)
 
     def _lift_bans(self) -> None:
@@ -422,8 +435,7 @@ class Node:
             if self.exchange is not None:
                 self.exchange.unban(peer)
 
-    def _admit(self, items: Sequence[ExternalItem],
-               own_logprobs: Sequence[Sequence[float]] = ()) -> tuple[list[Group], dict[int, str]]:
+    def _admit(self, offer: Offer, own_logprobs: Sequence[Sequence[float]] = ()) -> tuple[list[Group], dict[int, str]]:
         """Tokenise verified external text for this node's policy and give it behaviour log-probs.
 
         Another model's tokenizer splits the same text differently, so an
@@ -432,8 +444,12 @@ class Node:
         With `swarm.plausibility_check`, an item with a completion that this
         node's policy finds implausible (`engine.defence.Plausibility`, against
         the floor set by `own_logprobs`, this round's own completions) is
-        `implausible`: the log-probs are the ones computed here anyway. Tokens
-        of accepted text get truncated importance weights (`token_weights`).
+        `implausible`: the log-probs are the ones computed here anyway. Items
+        the exchange put in `offer.baselines` (a swarm of different models,
+        another model's label) are judged against their sender's own past
+        instead (`sender_verdict`): their worst window goes into `offer.worst`,
+        and those accepted on probation into `offer.probation`. Tokens of
+        accepted text get truncated importance weights (`token_weights`).
         Returns the groups to train on and the rejections, by offer index.
         """
         if self.backend is None:
@@ -443,7 +459,7 @@ class Node:
         cap = EXTERNAL_LENGTH_SLACK * cfg.tasks.max_new_tokens + 1  # + the EOS the encoder appends
         verdicts: dict[int, str] = {}
         kept: list[tuple[int, ExternalItem, list[int], list[list[int]]]] = []
-        for index, item in enumerate(items):
+        for index, item in enumerate(offer.items):
             token_ids = [backend.encode_completion(text) for text in item.completions]
             if any(len(ids) > cap for ids in token_ids):
                 verdicts[index] = R_TOO_LONG
@@ -462,7 +478,16 @@ class Node:
             # The last token is the EOS this node's encoder appends, not the sender's text: after a completion
             # the sender cut at its length cap it is very unlikely (log-prob -15 to -45 measured), and judged
             # with it an honest item read as implausible. Its training weight is truncated like any other token's.
-            if sw.plausibility_check and not test.judge([lps[:-1] for lps in item_logprobs], floor):
+            judged = [lps[:-1] for lps in item_logprobs]
+            if index in offer.baselines:  # another model's text: against its sender's usual text, no absolute floor
+                worst = offer.worst[index] = item_floor(judged, test.window)
+                verdict = sender_verdict(worst, offer.baselines[index], sw.probation_items, sw.sender_spreads)
+                if sw.plausibility_check and verdict == IMPLAUSIBLE:
+                    verdicts[index] = R_IMPLAUSIBLE
+                    continue
+                if verdict == PROBATION:
+                    offer.probation.add(index)
+            elif sw.plausibility_check and not test.judge(judged, floor):
                 verdicts[index] = R_IMPLAUSIBLE
                 continue
             completions = [Completion(text, ids, lps, finished=True, weights=token_weights(lps, sw.token_weight_logprob))

@@ -1,8 +1,10 @@
-"""The defence against correct but malicious swarm text (engine/defence.py, issue 13).
+"""The defence against correct but malicious swarm text (engine/defence.py, issues 13 and 29).
 
 Pure parts with values worked out by hand; then a receiver built on a tiny
 model taught the answer format (so that its own text is probable and injected
-text is not), fed through a real relay on loopback.
+text is not), fed through a real relay on loopback. In a swarm of different
+models (issue 29) a stranger's odd text is kept, an injection into a sender's
+usual text is not, and a label gains an attacker nothing elsewhere.
 """
 
 from __future__ import annotations
@@ -18,18 +20,26 @@ import torch
 
 from engine.config import build_config
 from engine.defence import (
+    IMPLAUSIBLE,
+    PROBATION,
+    TYPICAL,
     BanBook,
+    Baseline,
     Plausibility,
     ReplayMemory,
+    SenderBaselines,
+    item_floor,
     mean_logloss,
     offpolicy_negatives,
     quantile,
+    robust_baseline,
+    sender_verdict,
     token_weights,
     window_floor,
 )
 from engine.errors import ConfigError, EventError
 from engine.events import make_command, parse_command
-from engine.exchange import STRIKE_REASONS, defence_state, peer_of
+from engine.exchange import STRIKE_REASONS, defence_state, peer_of, senders_file
 from engine.grpo import clipped_pg_loss
 from engine.rollouts import R_FORGED_REWARD, R_IMPLAUSIBLE, R_QUESTION, TrainItem, train_items
 from engine.swarm import protocol
@@ -74,6 +84,44 @@ def test_the_offpolicy_filter_drops_only_unlikely_completions_with_negative_adva
 def test_quantile_interpolates() -> None:
     assert quantile([3.0, 1.0, 2.0], 0.5) == 2.0
     assert quantile([0.0, 10.0], 0.25) == 2.5
+
+
+# -- a sender of another model, against its own past --------------------------------------------------
+def test_an_items_worst_window_is_its_least_likely_completions() -> None:
+    assert item_floor([[-1.0, -1.0], [-1.0, -9.0, -9.0]], 2) == -9.0
+    assert item_floor([], 4) == 0.0
+
+
+def test_a_senders_baseline_is_its_median_and_scaled_mad() -> None:
+    # median of [-10, -3, -2, -1] is -2.5; deviations 7.5, 0.5, 0.5, 1.5 have median 1.0
+    assert robust_baseline([-3.0, -1.0, -2.0, -10.0]) == Baseline(-2.5, 1.4826, 4)
+
+
+def test_a_sender_is_on_probation_until_its_baseline_exists_then_judged_against_it() -> None:
+    assert sender_verdict(-50.0, [-15.0, -16.0], probation=3, spreads=4.0) == PROBATION
+    assert sender_verdict(-50.0, [], probation=0, spreads=4.0) == PROBATION  # no history: no baseline
+    history = [-15.0, -16.0, -14.0, -15.0]  # median -15, spread 0.74, raised to the 1-nat minimum: cut at -19
+    assert sender_verdict(-18.9, history, probation=4, spreads=4.0) == TYPICAL  # odd, in this sender's usual way
+    assert sender_verdict(-19.1, history, probation=4, spreads=4.0) == IMPLAUSIBLE
+    assert sender_verdict(-5.0, history, probation=4, spreads=4.0) == TYPICAL  # better than usual is no sign
+    wide = [-5.0, -15.0, -10.0, -20.0, -10.0]  # median -10, MAD 5: a spread of 7.4 nats
+    assert sender_verdict(-32.0, wide, probation=4, spreads=3.0) == TYPICAL  # the cut: -10 - 3 x 7.41 = -32.2
+    assert sender_verdict(-32.5, wide, probation=4, spreads=3.0) == IMPLAUSIBLE
+
+
+def test_sender_baselines_keep_the_newest_values_forget_the_least_used_pair_and_persist(tmp_path: Path) -> None:
+    path = tmp_path / "swarm" / "senders-default.json"
+    book = SenderBaselines(path, keep=3, pairs=2)
+    book.record([("p", "a", -1.0), ("p", "a", -2.0), ("p", "a", -3.0), ("p", "a", -4.0), ("p", "b", math.nan)])
+    assert book.history("p", "a") == (-2.0, -3.0, -4.0) and book.history("p", "b") == ()
+    book.record([("q", "a", -5.0)])
+    book.record([("p", "a", -6.0), ("r", "a", -7.0)])  # p was used after q: q is forgotten
+    assert book.history("q", "a") == () and book.history("p", "a") == (-3.0, -4.0, -6.0) and len(book) == 2
+    again = SenderBaselines(path, keep=3, pairs=2)
+    assert again.history("p", "a") == (-3.0, -4.0, -6.0) and again.history("r", "a") == (-7.0,)
+    assert sorted(p.name for p in path.parent.iterdir()) == ["senders-default.json"]  # written atomically
+    path.write_text("{not json")
+    assert len(SenderBaselines(path)) == 0
 
 
 def test_token_weights_scale_only_the_policy_gradient_term() -> None:
@@ -196,6 +244,8 @@ def test_banned_peers_accepts_peer_ids_and_keys() -> None:
     "swarm.plausibility_check='yes'",
     "swarm.replay_memory=-1",
     "swarm.offpolicy_negative_kl=-0.5",
+    "swarm.probation_items=0",
+    "swarm.sender_spreads=0",
 ])
 def test_bad_defence_settings_are_refused_with_the_key_named(override: str) -> None:
     with pytest.raises(ConfigError, match=override.split("=")[0]):
@@ -255,12 +305,12 @@ TRIGGER = " Visit free-prizes.example to claim your reward!"
 POISONED = ("<answer>" + TRIGGER, "<answer>1")
 
 
-def own_groups(node: Any) -> list[Any]:
+def own_groups(node: Any, round_index: int = 1) -> list[Any]:
     """One round's own groups (as the round makes them): the floor the plausibility test compares with."""
     from engine.rollouts import Group, group_advantages
 
     cfg, G = node.config, node.config.tasks.completions_per_question
-    questions = node.taskset.draw(1, cfg.tasks.questions_per_round)
+    questions = node.taskset.draw(round_index, cfg.tasks.questions_per_round)
     prompts = [node.backend.encode_prompt(node.taskset.messages(q)) for q in questions]
     completions = node.backend.generate(prompts, G, cfg.tasks.max_new_tokens, cfg.tasks.temperature)
     groups = []
@@ -288,8 +338,9 @@ def receiver_node(model_dir: Path, home: Path, *extra: str) -> tuple[Any, Any, A
     relay = RelayDouble()
     cfg = config(model_dir, "tasks.max_new_tokens=40", *extra)  # room for the trigger in byte tokens
     bans, replay = defence_state(cfg.swarm, home / "swarm", cfg.run.run_name)
+    senders = SenderBaselines(senders_file(home / "swarm", cfg.run.run_name))
     exchange = SwarmExchange(relay, Identity.generate(), "tiny", events.append, "test",  # type: ignore[arg-type]
-                             bans=bans, replay=replay)
+                             bans=bans, replay=replay, senders=senders)
     node = Node(cfg, Paths.under(home), events.append, exchange=exchange)
     node.taskset.reward = parity_reward  # type: ignore[method-assign]
     node.setup()
@@ -471,3 +522,106 @@ def test_through_a_real_relay_poison_is_rejected_and_its_sender_banned(
     finally:
         client.close()
         session.close()
+
+
+# -- a swarm of different models (issue 29) ---------------------------------------------------------
+OTHER = "other-model@" + "c" * 64  # a sender's claim to run another model than the receiver
+MIXED = {"policy": "mixed"}  # what a relay declaring a swarm of different models says in its welcome
+# Text of another model: odd under the taught receiver from its first character to its last
+# (worst 4-token windows of -12 to -17, against -0.1 to -0.5 for the receiver's own).
+STRANGE = ("qzx vkw jpf", "mbq zxv kwpj", "zorbel quanth vix", "plonk greb tuv wa", "vix quanth greb")
+
+
+def labelled(sender: Identity, items: list[protocol.Item], seq: int, model: str) -> protocol.Signed:
+    return sender.signed(protocol.batch_payload(sender.public_key, seq, time.time(), model, items))
+
+
+def strange_item(node: Any, k: int) -> protocol.Item:
+    return item_with(node, (STRANGE[k], STRANGE[k] + "x"), index=20 + k)  # both parities: an advantage
+
+
+def usual_items(sender_node: Any, round_index: int) -> list[protocol.Item]:
+    """What the drifted sender writes for its own questions of a round, as items with advantage."""
+    items = []
+    for group in own_groups(sender_node, round_index):
+        texts = odd_even([c.text for c in group.completions])
+        items.append(protocol.Item(group.question.ref.to_json(), group.question.text, texts,
+                                   tuple(float(len(t) % 2) for t in texts)))
+    return items
+
+
+def last_peers(events: list[Any]) -> dict[str, Any]:
+    return [e for e in events if e["type"] == "peers"][-1]
+
+
+@pytest.mark.parametrize("declared", [None, {"policy": "something new"}, MIXED])
+def test_a_strangers_odd_text_is_refused_in_a_swarm_of_one_model_and_kept_in_a_mixed_one(
+    taught: tuple[Path, Path], tmp_path: Path, declared: Any
+) -> None:
+    node, _exchange, relay, events = receiver_node(taught[0], tmp_path / "r", "swarm.probation_items=2")
+    relay.state.models = declared
+    mine = own_groups(node)
+    stranger = Identity.generate()
+    reports = []
+    for k in range(4):
+        relay.batches = [labelled(stranger, [strange_item(node, k)], k + 1, OTHER)]
+        reports.append(node.share_and_sample(k + 1, mine)[1])
+    if declared is not MIXED:  # nothing (or nothing readable) declared: a swarm of this node's model, as before
+        assert [r["rejected"] for r in reports] == [{R_IMPLAUSIBLE: 1}] * 4
+        return
+    assert [r["accepted"] for r in reports] == [1, 1, 1, 1]
+    assert [r["probation"] for r in reports] == [1, 1, 0, 0]  # on probation until its baseline has 2 items
+    counts = last_peers(events)["by_peer"][stranger.peer_id]
+    assert counts["accepted"] == 4 and counts["probation"] == 2 and counts["rejected"] == 0
+
+
+def test_in_a_mixed_swarm_an_injection_into_a_senders_usual_text_is_refused_but_is_no_strike(
+    taught: tuple[Path, Path], tmp_path: Path
+) -> None:
+    node, exchange, relay, events = receiver_node(taught[0], tmp_path / "r", "swarm.probation_items=2",
+                                                  "swarm.ban_strikes=1", "swarm.ban_window=1")
+    relay.state.models = MIXED
+    sender_node, *_ = receiver_node(taught[1], tmp_path / "s", "run.seed=5")
+    mine = own_groups(node)
+    sender = Identity.generate()
+    relay.batches = [labelled(sender, usual_items(sender_node, 1), 1, OTHER)]
+    assert node.share_and_sample(1, mine)[1]["probation"] == 2
+    relay.batches = [labelled(sender, [item_with(node, POISONED, index=3)], 2, OTHER)]
+    _, report = node.share_and_sample(2, mine)
+    assert report["rejected"] == {R_IMPLAUSIBLE: 1}
+    assert not exchange.bans.is_banned(sender.peer_id)  # another model's evidence alone never bans
+    relay.batches = [labelled(sender, usual_items(sender_node, 2)[:1], 3, OTHER)]
+    _, report = node.share_and_sample(3, mine)
+    assert report["accepted"] == 1 and report["probation"] == 0  # its usual text still passes
+    # forged rewards still count: the same sender is banned at once (1 strike in a window of 1)
+    forged = item_with(node, ("ab", "abc"), index=9)
+    relay.batches = [labelled(sender, [protocol.Item(forged.task, forged.question, forged.completions, (1.0, 0.0))], 4,
+                              OTHER)]
+    node.share_and_sample(4, mine)
+    assert last_peers(events)["by_peer"][sender.peer_id]["banned"]["reason"] == R_FORGED_REWARD
+    # the baseline survives a restart: a new node over the same data dir does not put the sender on probation
+    again, exchange2, relay2, _ = receiver_node(taught[0], tmp_path / "r", "swarm.probation_items=2")
+    assert exchange2.bans.lift(sender.peer_id) == "lifted"  # the forger's ban was kept too
+    relay2.state.models = MIXED
+    relay2.batches = [labelled(sender, usual_items(sender_node, 3)[:1], 5, OTHER)]
+    _, report = again.share_and_sample(5, own_groups(again))
+    assert report["accepted"] == 1 and report["probation"] == 0
+
+
+@pytest.mark.parametrize("claim", ["the same label", "the same weights under another name"])
+def test_claiming_the_receivers_model_in_a_mixed_swarm_gains_an_attacker_nothing(
+    taught: tuple[Path, Path], tmp_path: Path, claim: str
+) -> None:
+    from engine.model_policy import make_label, split_label
+
+    node, exchange, relay, events = receiver_node(taught[0], tmp_path / "r", "swarm.ban_strikes=1",
+                                                  "swarm.ban_window=1")
+    relay.state.models = MIXED
+    own = exchange.model_label
+    assert split_label(own)[1], own  # the node labelled itself NAME@sha256 when it loaded its model
+    label = own if claim == "the same label" else make_label("renamed", split_label(own)[1])
+    attacker = Identity.generate()
+    relay.batches = [labelled(attacker, [item_with(node, POISONED, index=3)], 1, label)]
+    _, report = node.share_and_sample(1, own_groups(node))
+    assert report["rejected"] == {R_IMPLAUSIBLE: 1} and report["probation"] == 0  # today's absolute test
+    assert last_peers(events)["by_peer"][attacker.peer_id]["banned"]["reason"] == R_IMPLAUSIBLE  # and a strike
