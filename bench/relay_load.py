@@ -1,52 +1,102 @@
-"""Relay load test on loopback: N peers held at once, publishing and sampling on a round period.
+"""Relay load on loopback: how many peers a relay process holds, and what scale-out through Redis costs.
 
-    .venv/bin/python -m bench.relay_load                 # 2000 peers, 100 publishes/s, 30 s
+    .venv/bin/python -m bench.relay_load                          # one process: 2000 peers, 100 publishes/s, 30 s
     .venv/bin/python -m bench.relay_load --peers 200 --seconds 10
+    .venv/bin/python -m bench.relay_load --processes 3 --redis    # scale-out: under 5 minutes on 2 cores
 
-The relay runs as its own process (`python -m engine.swarm.relay`), so its
+Every relay runs as its own process (`python -m engine.swarm.relay`), so its
 CPU and RSS are measured alone. Every peer does the real protocol: Ed25519
-handshake, signed ~20 KB batches, `sample` of 4 batches. Peers are spread
-evenly over the round period, which is peers / rate seconds, so the relay
-sees `--rate` publishes/s and as many sample requests/s.
+handshake, signed ~20 KB batches, `sample` of 4 batches. The load generator
+is this process, on the same cores, so each number is printed beside a peer
+measured in the same run.
 
-It prints connections held, publishes/s achieved, the sample round trip
-p50/p99 under load, and the same round trip measured on the idle relay
-before the load starts (the peer this run is compared with, since the
-machine is noisy), plus the relay's CPU and peak RSS, against the targets:
-2,000 peers held, p99 under 250 ms at 100 publishes/s, RSS under 1 GB.
-Everything is bounded: peer count, duration, and a hard deadline.
+One process (the default) asks: does one relay process hold 2,000 peers with
+the sample round trip's p99 under 250 ms at 100 publishes/s, in under 1 GB?
+Peers are spread evenly over the round period (peers / rate seconds), and
+the round trip on the idle relay, measured first, is the reference.
+
+Scale-out (`--processes N --redis`) starts a real redis-server on loopback
+and asks, in one run:
+
+1. What does sharing through Redis cost? The same load (peers spread over N
+   processes, `--rate` publishes/s in all) against N processes with the
+   in-memory broker, then against N processes on one Redis: relay CPU
+   seconds per delivered batch, and the ratio redis/memory.
+2. Does a relay process killed with SIGKILL lose acknowledged batches? A
+   checker on every process samples everything new (with cursors); every
+   batch a publisher got `published` for must reach every checker. The
+   killed process's peers must join another process within 5 s (they move
+   on as the node's client does: next address, its backoff).
+3. Does a Redis restart need a person? redis-server is stopped and started
+   again; every relay must log "redis connection lost" and "redis
+   connection restored", and publishing must resume.
+4. How many peers does one process hold? One relay process on the same
+   Redis takes more and more peers, each publishing and sampling once per
+   `--round-seconds`, until the sample round trip's p99 passes 1 s, the
+   next step would pass `--max-peers-per-process`, or the time budget ends;
+   the answer is the largest step with p99 under 250 ms, and the steps show
+   CPU, memory and bytes per peer on the way.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
+import os
 import random
+import shutil
+import signal
 import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import psutil
 
 from engine.swarm import protocol as p
+from engine.swarm.client import BACKOFF_CAP_S, BACKOFF_START_S
 from engine.swarm.identity import Identity
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET_PEERS = 2000
 TARGET_P99_MS = 250.0
 TARGET_RSS_BYTES = 1 << 30
+TARGET_REJOIN_S = 5.0
+# The capacity steps go on past the target, to show the curve, until the p99 passes this.
+GIVE_UP_P99_MS = 4 * TARGET_P99_MS
 HARD_DEADLINE_S = 600.0
+STEPS = (500, 1000, 2000, 4000, 6000, 8000, 10_000, 12_000, 15_000)
+CHECK_EVERY_S = 0.02  # a checker's pause between two samples (within the bench relays' 50 requests/s)
+SAMPLE_N = 4
+WINDOW = 4096  # relays' window: holds every batch of the fault phase a checker may still ask for
+CONNECT_CONCURRENCY = 64
 
 
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+async def wait_port(port: int, proc: subprocess.Popen[bytes], what: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"{what} did not start listening on port {port}") from None
+            await asyncio.sleep(0.05)
 
 
 def batch_items(rng: random.Random, size: int) -> list[p.Item]:
@@ -61,62 +111,6 @@ def batch_items(rng: random.Random, size: int) -> list[p.Item]:
     return items
 
 
-class Peer:
-    def __init__(self, url: str, identity: Identity) -> None:
-        self.url = url
-        self.identity = identity
-        self.ws: aiohttp.ClientWebSocketResponse | None = None
-        self.pending: dict[int, tuple[asyncio.Future[float], float]] = {}
-        self.next_id = 0
-        self.seq = 0
-        self.reader: asyncio.Task[None] | None = None
-        self.published = 0
-        self.errors: dict[str, int] = {}
-
-    async def connect(self, session: aiohttp.ClientSession) -> None:
-        self.ws = await session.ws_connect(self.url, max_msg_size=p.MAX_RESPONSE_BYTES, heartbeat=p.HEARTBEAT_S)
-        challenge = json.loads((await self.ws.receive()).data)
-        payload = p.hello_payload(self.identity.public_key, challenge["nonce"], time.time(), "", "relay-load/1")
-        await self.ws.send_str(p.encode(p.msg_hello(self.identity.signed(payload))))
-        welcome = json.loads((await self.ws.receive()).data)
-        if welcome.get("type") != "welcome":
-            raise ConnectionError(f"refused: {welcome}")
-        self.reader = asyncio.create_task(self.read())
-
-    async def read(self) -> None:
-        assert self.ws is not None
-        async for msg in self.ws:
-            if msg.type != aiohttp.WSMsgType.TEXT:
-                break
-            data = json.loads(msg.data)
-            kind = data.get("type")
-            if kind == "batches":
-                entry = self.pending.pop(data["id"], None)
-                if entry is not None and not entry[0].done():
-                    entry[0].set_result(time.perf_counter() - entry[1])
-            elif kind == "published":
-                self.published += 1
-            elif kind == "error":
-                self.errors[data["code"]] = self.errors.get(data["code"], 0) + 1
-                entry = self.pending.pop(data.get("id"), None) if data.get("id") is not None else None
-                if entry is not None and not entry[0].done():
-                    entry[0].set_exception(RuntimeError(data["code"]))
-
-    async def publish(self, items: list[p.Item]) -> None:
-        assert self.ws is not None
-        self.seq = max(self.seq + 1, int(time.time() * 1000))
-        payload = p.batch_payload(self.identity.public_key, self.seq, time.time(), "bench", items)
-        await self.ws.send_str(p.encode(p.msg_publish(self.identity.signed(payload))))
-
-    async def sample(self, n: int) -> float:
-        assert self.ws is not None
-        self.next_id += 1
-        future: asyncio.Future[float] = asyncio.get_running_loop().create_future()
-        self.pending[self.next_id] = (future, time.perf_counter())
-        await self.ws.send_str(p.encode(p.msg_sample(self.next_id, n)))
-        return await asyncio.wait_for(future, 30)
-
-
 def pct(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
@@ -124,136 +118,799 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-async def run(args: argparse.Namespace) -> int:
-    port = free_port()
-    relay = subprocess.Popen(
-        [sys.executable, "-m", "engine.swarm.relay", "--port", str(port), "--max-conn-per-ip", str(args.peers + 100),
-         "--rate", "50", "--burst", "50", "--window", "1024", "--log-level", "warning"],
-        cwd=ROOT, stderr=subprocess.DEVNULL,
-    )
-    proc = psutil.Process(relay.pid)
-    url = f"ws://127.0.0.1:{port}/ws"
-    rng = random.Random(0)
-    peak_rss = 0
-    try:
-        deadline = time.monotonic() + 30
-        while True:
+# -- processes --------------------------------------------------------------------------------
+class RelayProcess:
+    """One relay subprocess on a free port; its JSON log in a file, its CPU and memory read by psutil."""
+
+    def __init__(self, workdir: Path, name: str, *, redis_url: str = "", max_conn: int = 100, window: int = WINDOW,
+                 log_level: str = "info") -> None:
+        self.name = name
+        self.port = free_port()
+        self.url = f"ws://127.0.0.1:{self.port}/ws"
+        self.log_path = workdir / f"{name}.log"
+        argv = [sys.executable, "-m", "engine.swarm.relay", "--port", str(self.port), "--max-conn-per-ip",
+                str(max_conn), "--rate", "50", "--burst", "50", "--window", str(window),
+                "--data-dir", str(workdir / f"{name}-data"), "--log-level", log_level]
+        if redis_url:
+            argv += ["--redis", redis_url]
+        with self.log_path.open("wb") as log:
+            self.proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log)
+        self.ps = psutil.Process(self.proc.pid)
+
+    async def ready(self) -> None:
+        await wait_port(self.port, self.proc, f"relay {self.name} (log: {self.log_path})")
+
+    def cpu_s(self) -> float:
+        times = self.ps.cpu_times()
+        return float(times.user + times.system)
+
+    def rss(self) -> int:
+        return int(self.ps.memory_info().rss)
+
+    def kill(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
             try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                await asyncio.sleep(0.1)
-        connector = aiohttp.TCPConnector(limit=0)
-        async with aiohttp.ClientSession(connector=connector) as session:
-            # The peer measured in the same run: round trips on the idle relay.
-            probe, other = Peer(url, Identity.generate()), Peer(url, Identity.generate())
-            await probe.connect(session)
-            await other.connect(session)
-            for _ in range(4):
-                await other.publish(batch_items(rng, args.batch_bytes))
-                await asyncio.sleep(0.05)
-            idle = []
-            for _ in range(50):
-                idle.append(await probe.sample(4))
-                await asyncio.sleep(0.02)
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
 
-            print(f"connecting {args.peers} peers ...", flush=True)
-            identities = [Identity.generate() for _ in range(args.peers)]
-            peers = [Peer(url, ident) for ident in identities]
-            t0 = time.perf_counter()
-            sem = asyncio.Semaphore(64)
+    def log(self) -> list[dict[str, Any]]:
+        lines = []
+        for line in self.log_path.read_text(encoding="utf-8", errors="replace").splitlines():
+            try:
+                lines.append(json.loads(line))
+            except ValueError:
+                continue
+        return lines
 
-            async def join(peer: Peer) -> bool:
-                async with sem:
-                    try:
-                        await peer.connect(session)
-                        return True
-                    except (TimeoutError, aiohttp.ClientError, OSError, ConnectionError) as exc:
-                        peer.errors[type(exc).__name__] = 1
-                        return False
+    async def metrics(self, session: aiohttp.ClientSession) -> dict[str, float]:
+        async with session.get(f"http://127.0.0.1:{self.port}/metrics") as response:
+            text = await response.text()
+        values = {}
+        for line in text.splitlines():
+            if line and not line.startswith("#") and "{" not in line:
+                name, _, value = line.partition(" ")
+                values[name] = float(value)
+        return values
 
-            ok = await asyncio.gather(*(join(peer) for peer in peers))
-            held = [peer for peer, good in zip(peers, ok, strict=True) if good]
-            connect_s = time.perf_counter() - t0
-            print(f"held {len(held)}/{args.peers} connections after {connect_s:.1f} s", flush=True)
-            proc.cpu_percent(None)
 
-            period = len(held) / args.rate
-            rtts: list[float] = []
-            failures = 0
-            payloads = [batch_items(rng, args.batch_bytes) for _ in range(16)]
-            start = time.perf_counter()
-            stop_at = start + args.seconds
+class RedisProcess:
+    """redis-server on one loopback port, without persistence; it can be stopped and started there again."""
 
-            async def one_peer(i: int, peer: Peer) -> None:
-                nonlocal failures
-                await asyncio.sleep(min((i / len(held)) * period, args.seconds))
-                while time.perf_counter() < stop_at:
-                    began = time.perf_counter()
-                    try:
-                        await peer.publish(payloads[i % len(payloads)])
-                        rtts.append(await peer.sample(4))
-                    except (TimeoutError, RuntimeError, ConnectionError, aiohttp.ClientError):
-                        failures += 1
-                    wake = min(began + period, stop_at)
-                    await asyncio.sleep(max(0.0, wake - time.perf_counter()))
+    def __init__(self, binary: str, workdir: Path) -> None:
+        self.binary = binary
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.log_path = workdir / "redis.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.cpu_before = 0.0  # CPU of the instances that already ended
 
-            async def watch() -> None:
-                nonlocal peak_rss
-                while time.perf_counter() < stop_at:
-                    peak_rss = max(peak_rss, proc.memory_info().rss)
-                    await asyncio.sleep(0.5)
+    async def start(self) -> None:
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen([self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+                                          "--appendonly", "no"], stdout=log, stderr=subprocess.STDOUT)
+        await wait_port(self.port, self.proc, "redis-server")
 
-            await asyncio.wait_for(
-                asyncio.gather(watch(), *(one_peer(i, peer) for i, peer in enumerate(held))), HARD_DEADLINE_S
-            )
-            elapsed = min(time.perf_counter(), stop_at) - start
-            cpu = proc.cpu_percent(None)
-            published = sum(peer.published for peer in held)
-            still_open = sum(1 for peer in held if peer.ws is not None and not peer.ws.closed)
-            errors: dict[str, int] = {}
-            for peer in held:
-                for code, n in peer.errors.items():
-                    errors[code] = errors.get(code, 0) + n
-            for peer in [*held, probe, other]:
-                if peer.ws is not None:
-                    await peer.ws.close()
-    finally:
-        relay.terminate()
+    def cpu_s(self) -> float:
+        if self.proc is None or self.proc.poll() is not None:
+            return self.cpu_before
+        times = psutil.Process(self.proc.pid).cpu_times()
+        return self.cpu_before + float(times.user + times.system)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.cpu_before = self.cpu_s()
+            self.proc.terminate()
+            self.proc.wait(timeout=20)
+
+
+# -- peers ------------------------------------------------------------------------------------
+class Peer:
+    """One node's connection: the real handshake, signed publishes, samples and their round trip.
+
+    `urls` are the relay processes it may use, its home first. With `failover`, a peer
+    whose connection drops joins the next one after the node client's backoff (0.5 s
+    doubling, full jitter). A `watch` peer is a checker: it remembers every (key, seq)
+    it is handed and keeps the relay's sampling cursor.
+    """
+
+    def __init__(self, urls: list[str], identity: Identity, *, failover: bool = False, watch: bool = False) -> None:
+        self.urls = urls
+        self.at = 0  # index in urls of the relay in use
+        self.identity = identity
+        self.key_b64 = p.b64encode(identity.public_key)
+        self.failover = failover
+        self.watch = watch
+        self.session: aiohttp.ClientSession | None = None
+        self.ws: aiohttp.ClientWebSocketResponse | None = None
+        self.pending: dict[int, tuple[asyncio.Future[float], float, int]] = {}
+        self.next_id = 0
+        self.seq = 0
+        self.reader: asyncio.Task[None] | None = None
+        self.rejoiner: asyncio.Task[None] | None = None
+        self.connected = False
+        self.closing = False
+        self.published = 0
+        self.acked: list[tuple[int, float]] = []  # (seq, when) for every `published` answer
+        self.delivered = 0  # batches received in sample answers
+        self.errors: Counter[str] = Counter()
+        self.seen: set[tuple[str, int]] = set()
+        self.cursor: str | None = None
+        self.full_answers = 0  # checker answers holding as many batches as asked: some new ones may be skipped
+        self.moves: list[tuple[float, float]] = []  # (dropped at, joined the next relay at), perf_counter
+        self.rng = random.Random()
+
+    @property
+    def url(self) -> str:
+        return self.urls[self.at]
+
+    async def connect(self, session: aiohttp.ClientSession) -> None:
+        self.session = session
+        ws = await session.ws_connect(self.url, max_msg_size=p.MAX_RESPONSE_BYTES, heartbeat=p.HEARTBEAT_S)
         try:
-            relay.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            relay.kill()
+            challenge = json.loads((await asyncio.wait_for(ws.receive(), 30)).data)
+            payload = p.hello_payload(self.identity.public_key, challenge["nonce"], time.time(), "", "relay-load/2")
+            await ws.send_str(p.encode(p.msg_hello(self.identity.signed(payload))))
+            welcome = json.loads((await asyncio.wait_for(ws.receive(), 30)).data)
+        except BaseException:
+            await ws.close()
+            raise
+        if welcome.get("type") != "welcome":
+            await ws.close()
+            raise ConnectionError(f"refused: {welcome}")
+        self.ws = ws
+        self.connected = True
+        self.reader = asyncio.create_task(self.read(ws))
 
-    p50, p99 = pct(rtts, 0.50) * 1000, pct(rtts, 0.99) * 1000
+    async def read(self, ws: aiohttp.ClientWebSocketResponse) -> None:
+        async for msg in ws:
+            if msg.type != aiohttp.WSMsgType.TEXT:
+                break
+            data = json.loads(msg.data)
+            kind = data.get("type")
+            if kind == "batches":
+                self.on_batches(data)
+            elif kind == "published":
+                self.published += 1
+                self.acked.append((int(data["seq"]), time.perf_counter()))
+            elif kind == "error":
+                self.errors[data["code"]] += 1
+                entry = self.pending.pop(data.get("id"), None) if data.get("id") is not None else None
+                if entry is not None and not entry[0].done():
+                    entry[0].set_exception(RuntimeError(data["code"]))
+        self.connected = False
+        for future, _, _ in self.pending.values():
+            if not future.done():
+                future.set_exception(ConnectionError("connection lost"))
+        self.pending.clear()
+        if self.failover and not self.closing:
+            self.rejoiner = asyncio.create_task(self.rejoin())
+
+    def on_batches(self, data: dict[str, Any]) -> None:
+        entry = self.pending.pop(data["id"], None)
+        batches = data["batches"]
+        self.delivered += len(batches)
+        if self.watch:
+            for batch in batches:
+                payload = json.loads(batch["payload"])
+                self.seen.add((payload["key"], int(payload["seq"])))
+            if data.get("cursor") is not None:
+                self.cursor = data["cursor"]
+            if entry is not None and len(batches) >= entry[2]:
+                self.full_answers += 1
+        if entry is not None and not entry[0].done():
+            entry[0].set_result(time.perf_counter() - entry[1])
+
+    async def rejoin(self) -> None:
+        dropped = time.perf_counter()
+        attempt = 0
+        assert self.session is not None
+        while not self.closing:
+            await asyncio.sleep(self.rng.uniform(0, min(BACKOFF_CAP_S, BACKOFF_START_S * 2**attempt)))
+            self.at = (self.at + 1) % len(self.urls)
+            try:
+                await self.connect(self.session)
+            except (TimeoutError, aiohttp.ClientError, OSError, ConnectionError, ValueError):
+                attempt = min(attempt + 1, 16)
+                continue
+            self.moves.append((dropped, time.perf_counter()))
+            return
+
+    async def publish(self, items: list[p.Item]) -> None:
+        ws = self.ws
+        if ws is None or not self.connected:
+            raise ConnectionError("not connected")
+        self.seq = max(self.seq + 1, int(time.time() * 1000))
+        payload = p.batch_payload(self.identity.public_key, self.seq, time.time(), "bench", items)
+        await ws.send_str(p.encode(p.msg_publish(self.identity.signed(payload))))
+
+    async def sample(self, n: int, after: str | None = None) -> float:
+        """The round trip of one `sample` of n batches, in seconds."""
+        ws = self.ws
+        if ws is None or not self.connected:
+            raise ConnectionError("not connected")
+        self.next_id += 1
+        future: asyncio.Future[float] = asyncio.get_running_loop().create_future()
+        request_id = self.next_id
+        self.pending[request_id] = (future, time.perf_counter(), n)
+        try:
+            await ws.send_str(p.encode(p.msg_sample(request_id, n, after)))
+        except BaseException:
+            self.pending.pop(request_id, None)
+            future.cancel()
+            raise
+        return await asyncio.wait_for(future, 30)
+
+    async def close(self) -> None:
+        self.closing = True
+        if self.rejoiner is not None:
+            self.rejoiner.cancel()
+        if self.ws is not None and not self.ws.closed:
+            await self.ws.close()
+
+
+async def connect_all(session: aiohttp.ClientSession, peers: list[Peer]) -> list[Peer]:
+    """Connect the peers, CONNECT_CONCURRENCY at a time; the ones that made it."""
+    sem = asyncio.Semaphore(CONNECT_CONCURRENCY)
+
+    async def join(peer: Peer) -> bool:
+        async with sem:
+            try:
+                await peer.connect(session)
+                return True
+            except (TimeoutError, aiohttp.ClientError, OSError, ConnectionError) as exc:
+                peer.errors[type(exc).__name__] += 1
+                return False
+
+    ok = await asyncio.gather(*(join(peer) for peer in peers))
+    return [peer for peer, good in zip(peers, ok, strict=True) if good]
+
+
+@dataclass
+class Load:
+    rtts: list[float] = field(default_factory=list)
+    failures: int = 0  # round trips that failed (connection lost, error answer, timeout)
+    skipped: int = 0  # rounds a peer spent without a connection (moving to another relay)
+    seconds: float = 0.0
+
+
+async def drive(peers: list[Peer], period: float, seconds: float, payloads: list[list[p.Item]]) -> Load:
+    """Each peer publishes a batch and samples SAMPLE_N once per `period`, the peers spread evenly over it."""
+    load = Load()
+    start = time.perf_counter()
+    stop_at = start + seconds
+
+    async def one(i: int, peer: Peer) -> None:
+        await asyncio.sleep(min((i / max(1, len(peers))) * period, seconds))
+        while time.perf_counter() < stop_at:
+            began = time.perf_counter()
+            if peer.connected:
+                try:
+                    await peer.publish(payloads[i % len(payloads)])
+                    load.rtts.append(await peer.sample(SAMPLE_N))
+                except (TimeoutError, RuntimeError, ConnectionError, aiohttp.ClientError):
+                    load.failures += 1
+            else:
+                load.skipped += 1
+            await asyncio.sleep(max(0.0, min(began + period, stop_at) - time.perf_counter()))
+
+    await asyncio.wait_for(asyncio.gather(*(one(i, peer) for i, peer in enumerate(peers))), seconds + 60)
+    load.seconds = min(time.perf_counter(), stop_at) - start
+    return load
+
+
+async def idle_round_trips(session: aiohttp.ClientSession, url: str, rng: random.Random, batch_bytes: int) -> list[float]:
+    """The reference: 50 sample round trips on a relay with nothing else to do."""
+    probe, other = Peer([url], Identity.generate()), Peer([url], Identity.generate())
+    await probe.connect(session)
+    await other.connect(session)
+    for _ in range(4):
+        await other.publish(batch_items(rng, batch_bytes))
+        await asyncio.sleep(0.05)
+    idle = []
+    for _ in range(50):
+        idle.append(await probe.sample(SAMPLE_N))
+        await asyncio.sleep(0.02)
+    await probe.close()
+    await other.close()
+    return idle
+
+
+# -- one process ------------------------------------------------------------------------------
+async def run_single(args: argparse.Namespace) -> int:
+    rng = random.Random(0)
+    with tempfile.TemporaryDirectory(prefix="relay-load-") as tmp:
+        relay = RelayProcess(Path(tmp), "relay", max_conn=args.peers + 100, window=1024, log_level="warning")
+        peak_rss = 0
+        try:
+            await relay.ready()
+            async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+                idle = await idle_round_trips(session, relay.url, rng, args.batch_bytes)
+                print(f"connecting {args.peers} peers ...", flush=True)
+                t0 = time.perf_counter()
+                held = await connect_all(session, [Peer([relay.url], Identity.generate()) for _ in range(args.peers)])
+                print(f"held {len(held)}/{args.peers} connections after {time.perf_counter() - t0:.1f} s", flush=True)
+                relay.ps.cpu_percent(None)
+                payloads = [batch_items(rng, args.batch_bytes) for _ in range(16)]
+                before = sum(peer.published for peer in held)
+
+                async def watch_rss() -> None:
+                    nonlocal peak_rss
+                    while relay.proc.poll() is None:
+                        peak_rss = max(peak_rss, relay.rss())
+                        await asyncio.sleep(0.5)
+
+                watcher = asyncio.create_task(watch_rss())
+                load = await drive(held, len(held) / args.rate, args.seconds, payloads)
+                watcher.cancel()
+                cpu = relay.ps.cpu_percent(None)
+                published = sum(peer.published for peer in held) - before
+                still_open = sum(1 for peer in held if peer.connected)
+                errors: Counter[str] = Counter()
+                for peer in held:
+                    errors.update(peer.errors)
+                for peer in held:
+                    await peer.close()
+        finally:
+            relay.stop()
+
+    p50, p99 = pct(load.rtts, 0.50) * 1000, pct(load.rtts, 0.99) * 1000
     idle50, idle99 = pct(idle, 0.50) * 1000, pct(idle, 0.99) * 1000
     print()
     print(f"peers held at the end     {still_open} of {args.peers} (target {TARGET_PEERS})")
-    print(f"publishes/s               {published / elapsed:.1f} (asked {args.rate:g}; batch ~{args.batch_bytes // 1024} KB)")
-    print(f"sample round trip, load   p50 {p50:.1f} ms, p99 {p99:.1f} ms over {len(rtts)} samples (target p99 < {TARGET_P99_MS:g} ms)")
+    print(f"publishes/s               {published / load.seconds:.1f} (asked {args.rate:g}; batch ~{args.batch_bytes // 1024} KB)")
+    print(f"sample round trip, load   p50 {p50:.1f} ms, p99 {p99:.1f} ms over {len(load.rtts)} samples (target p99 < {TARGET_P99_MS:g} ms)")
     print(f"sample round trip, idle   p50 {idle50:.1f} ms, p99 {idle99:.1f} ms (same relay, before the load)")
     print(f"p99 ratio load/idle       {p99 / idle99:.1f}x")
     print(f"relay CPU                 {cpu:.0f}% of one core (2-core machine; the load generator shares it)")
     print(f"relay peak RSS            {peak_rss / 2**20:.0f} MB (target < {TARGET_RSS_BYTES // 2**20} MB)")
-    print(f"failed round trips        {failures}; errors {errors or 'none'}")
+    print(f"failed round trips        {load.failures}; errors {dict(errors) or 'none'}")
     met = still_open >= min(args.peers, TARGET_PEERS) and p99 < TARGET_P99_MS and peak_rss < TARGET_RSS_BYTES
     print(f"targets                   {'met' if met else 'NOT met'}")
-    print(f"(median {statistics.median(rtts) * 1000:.1f} ms)" if rtts else "")
+    print(f"(median {statistics.median(load.rtts) * 1000:.1f} ms)" if load.rtts else "")
     return 0
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--peers", type=int, default=TARGET_PEERS)
+# -- scale-out --------------------------------------------------------------------------------
+# The fault phase's publishes per second, all peers together. A checker sees everything only while
+# fewer than 16 new batches (one sample's most) arrive between two of its samples, bursts included:
+# a checker that moves to another process, a relay's tail catching up after Redis came back.
+FAULT_RATE = 8.0
+KILL_AT_S = 3.0  # into the fault phase: SIGKILL to one relay process
+REDIS_STOP_AT_S = 8.0  # then redis-server is stopped ...
+REDIS_DOWN_S = 2.0  # ... and started again on the same port this much later
+FAULT_SECONDS = 16.0  # the fault phase's load
+SETTLE_S = 10.0  # after it, at most this long for every checker to catch up
+TEARDOWN_RESERVE_S = 20.0  # kept back from the budget for stopping everything
+
+
+def rotated(urls: list[str], start: int) -> list[str]:
+    """The relay addresses starting at `start`: a peer's home first, then where it moves if that one dies."""
+    return urls[start:] + urls[:start]
+
+
+@dataclass
+class BrokerRun:
+    broker: str
+    relay_cpu_s: float
+    redis_cpu_s: float
+    delivered: int
+    published: int
+    load: Load
+
+    def ms_per_1000(self, with_redis: bool = False) -> float:
+        """CPU milliseconds per 1000 delivered batches (relays, plus redis-server's if asked)."""
+        cpu = self.relay_cpu_s + (self.redis_cpu_s if with_redis else 0.0)
+        return 1e6 * cpu / max(1, self.delivered)
+
+
+@dataclass
+class FaultRun:
+    victim_peers: int = 0
+    rejoin_s: list[float] = field(default_factory=list)  # per peer of the killed process: kill to its next welcome
+    never_rejoined: int = 0
+    others_moved: int = 0  # peers of the other processes that lost their connection (should be 0)
+    acked: int = 0
+    missing: dict[str, Counter[str]] = field(default_factory=dict)  # checker -> when the missing batches were acked
+    full_answers: int = 0
+    refused_internal: int = 0
+    acked_after_restart: int = 0
+    lost_logged: list[bool] = field(default_factory=list)  # per surviving relay
+    restored_after_s: list[float | None] = field(default_factory=list)  # redis start to the relay's "restored" line
+    load: Load = field(default_factory=Load)
+
+
+@dataclass
+class Step:
+    peers: int
+    connect_per_s: float
+    publishes_s: float
+    p50_ms: float
+    p99_ms: float
+    cpu_pct: float
+    rss_mb: float
+    out_kb_s: float  # websocket payload bytes per peer per second, relay to peer
+    in_kb_s: float
+    failures: int
+    samples: int
+    tries: int = 1
+
+
+class Budget:
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.start = time.monotonic()
+
+    def left(self) -> float:
+        return self.seconds - (time.monotonic() - self.start)
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.start
+
+
+async def close_all(peers: list[Peer]) -> None:
+    await asyncio.gather(*(peer.close() for peer in peers), return_exceptions=True)
+
+
+async def broker_run(name: str, redis: RedisProcess, use_redis: bool, args: argparse.Namespace,
+                     session: aiohttp.ClientSession, payloads: list[list[p.Item]], workdir: Path,
+                     started: list[RelayProcess]) -> tuple[BrokerRun, list[RelayProcess], list[Peer]]:
+    """N relay processes (memory or Redis broker), peers spread across them, the same load; measured."""
+    n = args.processes
+    total = n * args.peers_per_process
+    relays = [RelayProcess(workdir, f"{name}-{i}", redis_url=redis.url if use_redis else "", max_conn=total + 100)
+              for i in range(n)]
+    started.extend(relays)
+    await asyncio.gather(*(relay.ready() for relay in relays))
+    urls = [relay.url for relay in relays]
+    peers = await connect_all(session, [Peer(rotated(urls, i % n), Identity.generate(), failover=True)
+                                        for i in range(total)])
+    if len(peers) < total:
+        raise RuntimeError(f"{name}: only {len(peers)} of {total} peers could connect")
+    period = total / args.rate
+    await drive(peers, period, min(period, 3.0), payloads)  # every window gets its first batches
+    cpu0, redis0 = sum(r.cpu_s() for r in relays), redis.cpu_s()
+    delivered0, published0 = sum(x.delivered for x in peers), sum(x.published for x in peers)
+    load = await drive(peers, period, args.seconds, payloads)
+    run = BrokerRun(name, sum(r.cpu_s() for r in relays) - cpu0, (redis.cpu_s() - redis0) if use_redis else 0.0,
+                    sum(x.delivered for x in peers) - delivered0, sum(x.published for x in peers) - published0, load)
+    return run, relays, peers
+
+
+async def fault_run(relays: list[RelayProcess], peers: list[Peer], redis: RedisProcess, args: argparse.Namespace,
+                    session: aiohttp.ClientSession, payloads: list[list[p.Item]]) -> FaultRun:
+    """Under the same load: one relay process SIGKILLed, then redis-server restarted; checkers on every process."""
+    out = FaultRun()
+    urls = [relay.url for relay in relays]
+    checkers = [Peer(rotated(urls, k), Identity.generate(), failover=True, watch=True) for k in range(len(relays))]
+    if len(await connect_all(session, checkers)) < len(checkers):
+        raise RuntimeError("a checker could not connect")
+    for checker in checkers:
+        await checker.sample(1)  # takes the cursor: from here on each is handed only newer batches
+        checker.full_answers = 0
+    marks = {id(peer): len(peer.acked) for peer in peers}
+    victim = relays[-1]
+    events: dict[str, float] = {}
+    redis_started_wall = 0.0
+    checking = True
+
+    async def check(checker: Peer) -> None:
+        while checking:
+            if checker.connected:
+                try:
+                    await checker.sample(p.MAX_SAMPLE_BATCHES, after=checker.cursor)
+                except (TimeoutError, RuntimeError, ConnectionError, aiohttp.ClientError):
+                    pass
+            await asyncio.sleep(CHECK_EVERY_S)
+
+    async def faults() -> None:
+        nonlocal redis_started_wall
+        await asyncio.sleep(KILL_AT_S)
+        events["kill"] = time.perf_counter()
+        victim.kill()
+        print(f"  killed {victim.name} (SIGKILL)", flush=True)
+        await asyncio.sleep(REDIS_STOP_AT_S - KILL_AT_S)
+        events["redis_stop"] = time.perf_counter()
+        redis.stop()
+        print("  stopped redis-server", flush=True)
+        await asyncio.sleep(REDIS_DOWN_S)
+        await redis.start()
+        events["redis_start"] = time.perf_counter()
+        redis_started_wall = time.time()
+        print("  started redis-server again on the same port", flush=True)
+
+    checks = [asyncio.create_task(check(checker)) for checker in checkers]
+    errors_before = sum(peer.errors[p.E_INTERNAL] for peer in peers)
+    out.load, _ = await asyncio.gather(drive(peers, len(peers) / FAULT_RATE, FAULT_SECONDS, payloads), faults())
+    acked = {(peer.key_b64, seq): when for peer in peers for seq, when in peer.acked[marks[id(peer)]:]}
+    deadline = time.perf_counter() + SETTLE_S
+    while time.perf_counter() < deadline and any(acked.keys() - checker.seen for checker in checkers):
+        await asyncio.sleep(0.2)
+    checking = False
+    await asyncio.gather(*checks)
+
+    def phase(when: float) -> str:
+        if when < events["kill"]:
+            return "before the kill"
+        if when < events["redis_stop"]:
+            return "between the kill and the Redis stop"
+        if when < events["redis_start"]:
+            return "while Redis was down"
+        return "after Redis was back"
+
+    out.acked = len(acked)
+    for k, checker in enumerate(checkers):
+        where = f"checker {k} (home {relays[k].name}" + (", moved" if checker.moves else "") + ")"
+        out.missing[where] = Counter(phase(acked[key]) for key in acked.keys() - checker.seen)
+        out.full_answers += checker.full_answers
+    for peer in [*peers, *checkers]:
+        moved_after_kill = [joined - events["kill"] for dropped, joined in peer.moves if dropped >= events["kill"] - 0.5]
+        if peer.urls[0] == victim.url:
+            out.victim_peers += 1
+            if moved_after_kill:
+                out.rejoin_s.append(moved_after_kill[0])
+            else:
+                out.never_rejoined += 1
+        elif peer.moves:
+            out.others_moved += 1
+    out.refused_internal = sum(peer.errors[p.E_INTERNAL] for peer in peers) - errors_before
+    out.acked_after_restart = sum(1 for when in acked.values() if when >= events["redis_start"])
+    for relay in relays[:-1]:
+        lines = relay.log()
+        out.lost_logged.append(any(str(line.get("msg", "")).startswith("redis connection lost") for line in lines))
+        restored = [float(line["ts"]) for line in lines
+                    if str(line.get("msg", "")).startswith("redis connection restored") and "ts" in line]
+        later = [ts - redis_started_wall for ts in restored if ts >= redis_started_wall - 1.0]
+        out.restored_after_s.append(later[0] if later else None)
+    await close_all(checkers)
+    return out
+
+
+async def measure_step(relay: RelayProcess, peers: list[Peer], connect_per_s: float, args: argparse.Namespace,
+                       session: aiohttp.ClientSession, payloads: list[list[p.Item]]) -> Step:
+    m0, cpu0 = await relay.metrics(session), relay.cpu_s()
+    published0 = sum(peer.published for peer in peers)
+    load = await drive(peers, args.round_seconds, args.step_seconds, payloads)
+    m1, cpu1 = await relay.metrics(session), relay.cpu_s()
+    held = sum(1 for peer in peers if peer.connected)
+    per_peer = 1024 * load.seconds * max(1, held)
+    return Step(held, connect_per_s, (sum(peer.published for peer in peers) - published0) / load.seconds,
+                pct(load.rtts, 0.5) * 1000, pct(load.rtts, 0.99) * 1000, 100 * (cpu1 - cpu0) / load.seconds,
+                relay.rss() / 2**20,
+                (m1["sapling_relay_bytes_out_total"] - m0["sapling_relay_bytes_out_total"]) / per_peer,
+                (m1["sapling_relay_bytes_in_total"] - m0["sapling_relay_bytes_in_total"]) / per_peer,
+                load.failures, len(load.rtts))
+
+
+async def capacity_run(redis: RedisProcess, args: argparse.Namespace, session: aiohttp.ClientSession,
+                       payloads: list[list[p.Item]], workdir: Path, started: list[RelayProcess], budget: Budget,
+                       rng: random.Random) -> tuple[list[Step], str, float, float]:
+    """One relay process on the Redis swarm, more and more peers; (steps, why it stopped, idle p99 ms, base RSS MB)."""
+    relay = RelayProcess(workdir, "capacity", redis_url=redis.url, max_conn=args.max_peers_per_process + 200)
+    started.append(relay)
+    await relay.ready()
+    idle99 = pct(await idle_round_trips(session, relay.url, rng, args.batch_bytes), 0.99) * 1000
+    base_rss = relay.rss() / 2**20
+    peers: list[Peer] = []
+    steps: list[Step] = []
+    targets = sorted({s for s in STEPS if s < args.max_peers_per_process} | {args.max_peers_per_process})
+    seconds_per_connect = 0.004  # a guess until the first step measures it
+    why = f"reached --max-peers-per-process {args.max_peers_per_process}"
+    try:
+        for target in targets:
+            need = target - len(peers)
+            estimate = need * seconds_per_connect + args.step_seconds + 2 + target / 1000 + TEARDOWN_RESERVE_S
+            if estimate > budget.left():
+                why = f"the time budget ({args.budget:g} s in all) leaves no room for {target} peers"
+                break
+            t0 = time.perf_counter()
+            new = await connect_all(session, [Peer([relay.url], Identity.generate()) for _ in range(need)])
+            connect_s = time.perf_counter() - t0
+            seconds_per_connect = connect_s / max(1, need)
+            peers += new
+            if len(new) < need:
+                why = f"{need - len(new)} of {need} new peers could not connect at {target}"
+                break
+            gc.collect()
+            gc.freeze()  # the load generator's own objects: its collector pauses would land in the round trips
+            await asyncio.sleep(1.0)
+            step = await measure_step(relay, peers, need / connect_s, args, session, payloads)
+            first_miss = all(earlier.p99_ms < TARGET_P99_MS for earlier in steps)
+            if step.p99_ms >= TARGET_P99_MS and first_miss and budget.left() > args.step_seconds + 5 + TEARDOWN_RESERVE_S:
+                # A shared machine: one stall elsewhere can spoil a step's p99, so a miss is measured again.
+                print(f"  {step.peers:6d} peers: p99 {step.p99_ms:.0f} ms; measuring this step again", flush=True)
+                again = await measure_step(relay, peers, step.connect_per_s, args, session, payloads)
+                step = min(step, again, key=lambda x: x.p99_ms)
+                step.tries = 2
+            steps.append(step)
+            held = step.peers
+            print(f"  {step.peers:6d} peers: p99 {step.p99_ms:.0f} ms, relay CPU {step.cpu_pct:.0f}%, "
+                  f"RSS {step.rss_mb:.0f} MB ({budget.elapsed():.0f} s into the run)", flush=True)
+            if step.p99_ms >= GIVE_UP_P99_MS or held < target:
+                why = f"p99 {step.p99_ms:.0f} ms at {target} peers" if held == target else f"{target - held} peers dropped"
+                break
+    finally:
+        relay.stop()
+        await close_all(peers)
+    return steps, why, idle99, base_rss
+
+
+def machine() -> str:
+    model = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    load1 = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    return f"{os.cpu_count()} cores ({model or 'unknown CPU'}), load average {load1:.1f} at the start"
+
+
+async def run_scaleout(args: argparse.Namespace, redis_binary: str) -> int:
+    budget = Budget(args.budget)
+    rng = random.Random(0)
+    payloads = [batch_items(rng, args.batch_bytes) for _ in range(16)]
+    n, total = args.processes, args.processes * args.peers_per_process
+    print(f"scale-out: {n} relay processes, {total} peers ({args.peers_per_process} a process), {args.rate:g} "
+          f"publishes/s, batch ~{args.batch_bytes // 1024} KB, sample of {SAMPLE_N}")
+    print(f"machine: {machine()}; the load generator (this process) shares the cores", flush=True)
+    started: list[RelayProcess] = []
+    with tempfile.TemporaryDirectory(prefix="relay-scaleout-") as tmp:
+        workdir = Path(tmp)
+        redis = RedisProcess(redis_binary, workdir)
+        try:
+            await redis.start()
+            async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+                print(f"1/4 memory broker: {args.seconds:g} s of load ...", flush=True)
+                memory, relays, peers = await broker_run("memory", redis, False, args, session, payloads, workdir,
+                                                         started)
+                await close_all(peers)
+                for relay in relays:
+                    relay.stop()
+                print(f"1/4 Redis broker: the same load ... ({budget.elapsed():.0f} s)", flush=True)
+                shared, relays, peers = await broker_run("redis", redis, True, args, session, payloads, workdir,
+                                                         started)
+                print(f"2-3/4 faults under load ... ({budget.elapsed():.0f} s)", flush=True)
+                faults = await fault_run(relays, peers, redis, args, session, payloads)
+                await close_all(peers)
+                for relay in relays:
+                    relay.stop()
+                print(f"4/4 peers held by one process, each publishing and sampling every {args.round_seconds:g} s "
+                      f"... ({budget.elapsed():.0f} s)", flush=True)
+                steps, why, idle99, base_rss = await capacity_run(redis, args, session, payloads, workdir, started,
+                                                                  budget, rng)
+        finally:
+            for relay in started:
+                relay.stop()
+            redis.stop()
+    report(args, memory, shared, faults, steps, why, idle99, base_rss, budget)
+    return 0
+
+
+def report(args: argparse.Namespace, memory: BrokerRun, shared: BrokerRun, faults: FaultRun, steps: list[Step],
+           why: str, idle99: float, base_rss: float, budget: Budget) -> None:
+    n = args.processes
+    print()
+    print(f"1. Sharing through Redis: {n} processes, {n * args.peers_per_process} peers, {args.rate:g} publishes/s, "
+          f"{args.seconds:g} s each")
+    print("   broker   publishes/s  batches delivered  relay CPU s  redis CPU s  CPU ms/1000 delivered  RTT p50/p99 ms")
+    for run in (memory, shared):
+        print(f"   {run.broker:<8} {run.published / run.load.seconds:11.1f}  {run.delivered:17d}  {run.relay_cpu_s:11.2f}"
+              f"  {run.redis_cpu_s:11.2f}  {run.ms_per_1000():21.1f}  "
+              f"{pct(run.load.rtts, 0.5) * 1000:.1f}/{pct(run.load.rtts, 0.99) * 1000:.1f}")
+    print(f"   CPU per delivered batch, redis/memory: {shared.ms_per_1000() / memory.ms_per_1000():.2f}x for the relays, "
+          f"{shared.ms_per_1000(with_redis=True) / memory.ms_per_1000():.2f}x with redis-server's CPU")
+    print()
+    rejoin = faults.rejoin_s
+    within = sum(1 for s in rejoin if s <= TARGET_REJOIN_S)
+    print(f"2. One relay process killed with SIGKILL mid-run ({FAULT_SECONDS:g} s of load at {FAULT_RATE:g} publishes/s, "
+          f"a checker on every process)")
+    if rejoin:
+        print(f"   its peers on another process within {TARGET_REJOIN_S:g} s: {within} of {faults.victim_peers}; "
+              f"kill to welcome p50 {pct(rejoin, 0.5):.2f} s, p99 {pct(rejoin, 0.99):.2f} s, max {max(rejoin):.2f} s")
+    print(f"   never rejoined: {faults.never_rejoined}; peers of the other processes that lost their connection: "
+          f"{faults.others_moved}")
+    lost = sum(sum(c.values()) for c in faults.missing.values())
+    print(f"   batches acknowledged (`published`) during the faults: {faults.acked}; missing at a checker: {lost} "
+          f"(every checker must see every one)")
+    for where, counts in faults.missing.items():
+        if counts:
+            print(f"     {where}: {dict(counts)}")
+    if faults.full_answers:
+        print(f"   inconclusive: {faults.full_answers} checker answers held 16 batches, so newer ones may have been "
+              "skipped unseen (a burst); the missing count is an upper bound")
+    print()
+    print(f"3. redis-server stopped and started again ({REDIS_DOWN_S:g} s down)")
+    survivors = len(faults.lost_logged)
+    restored = [s for s in faults.restored_after_s if s is not None]
+    print(f"   relays that logged 'redis connection lost': {sum(faults.lost_logged)} of {survivors}; "
+          f"'redis connection restored': {len(restored)} of {survivors}"
+          + (f" ({', '.join(f'{s:.1f}' for s in restored)} s after redis-server was back)" if restored else ""))
+    print(f"   publishes refused as `internal` while it was down: {faults.refused_internal}; acknowledged after it came "
+          f"back: {faults.acked_after_restart}")
+    print()
+    print(f"4. Peers held by one process on the Redis swarm, each publishing ~{args.batch_bytes // 1024} KB and sampling "
+          f"{SAMPLE_N} every {args.round_seconds:g} s ({args.step_seconds:g} s a step)")
+    print("    peers  connects/s  publishes/s  samples  p50 ms  p99 ms  p99/idle  relay CPU %  RSS MB  KB/s out/peer"
+          "  KB/s in/peer")
+    for s in steps:
+        print(f"   {s.peers:6d}  {s.connect_per_s:10.0f}  {s.publishes_s:11.1f}  {s.samples:7d}  {s.p50_ms:6.1f}"
+              f"  {s.p99_ms:6.1f}  {s.p99_ms / idle99:7.1f}x  {s.cpu_pct:11.0f}  {s.rss_mb:6.0f}  {s.out_kb_s:13.2f}"
+              f"  {s.in_kb_s:12.2f}" + ("  (better of 2 tries)" if s.tries > 1 else ""))
+    good = []  # the steps up to the first that missed the target
+    for s in steps:
+        if s.p99_ms >= TARGET_P99_MS:
+            break
+        good.append(s)
+    print(f"   stopped: {why}; idle relay p99 {idle99:.1f} ms; RSS with no peers {base_rss:.0f} MB")
+    if good:
+        best = good[-1]
+        per_1000 = (best.rss_mb - base_rss) / best.peers * 1000
+        print(f"   => {best.peers} peers held by one process at p99 < {TARGET_P99_MS:g} ms "
+              f"({best.cpu_pct:.0f}% of a core, {per_1000:.0f} MB per 1000 peers)")
+    print()
+    ok = (not lost and faults.never_rejoined == 0 and within == faults.victim_peers and faults.others_moved == 0
+          and sum(faults.lost_logged) == survivors and len(restored) == survivors and faults.acked_after_restart > 0)
+    print(f"correctness: {'all checks passed' if ok else 'FAILED (see above)'}; whole run {budget.elapsed():.0f} s")
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="relay_load", description=__doc__.split("\n")[0])
+    parser.add_argument("--peers", type=int, default=TARGET_PEERS, help="one process: peers held (1-5000)")
     parser.add_argument("--rate", type=float, default=100.0, help="publishes per second across all peers")
-    parser.add_argument("--seconds", type=float, default=30.0, help="measured load duration (bounded by 300)")
+    parser.add_argument("--seconds", type=float, default=None,
+                        help="measured load duration (one process: 30; scale-out: 15 for each broker; at most 300)")
     parser.add_argument("--batch-bytes", type=int, default=20_000)
-    args = parser.parse_args()
-    if not 1 <= args.peers <= 5000 or not 0 < args.seconds <= 300 or args.rate <= 0:
-        parser.error("peers must be 1-5000, seconds 0-300, rate positive")
-    return asyncio.run(run(args))
+    parser.add_argument("--processes", type=int, default=1, help="relay processes (scale-out; above 1 needs --redis)")
+    parser.add_argument("--redis", action="store_true", help="scale-out: share the swarm through a real redis-server")
+    parser.add_argument("--peers-per-process", type=int, default=200, help="scale-out: peers per process (1-2000)")
+    parser.add_argument("--round-seconds", type=float, default=30.0,
+                        help="scale-out capacity steps: each peer publishes and samples once per this many seconds")
+    parser.add_argument("--step-seconds", type=float, default=10.0, help="scale-out: measured seconds per capacity step")
+    parser.add_argument("--max-peers-per-process", type=int, default=10_000, help="scale-out: the last capacity step")
+    parser.add_argument("--budget", type=float, default=280.0, help="scale-out: seconds for the whole run (30-3600)")
+    return parser.parse_args(argv)
+
+
+def check(args: argparse.Namespace) -> str:
+    """One sentence naming what is wrong with the arguments, or ''."""
+    scale = args.redis or args.processes != 1
+    if args.seconds is None:
+        args.seconds = 15.0 if scale else 30.0
+    if not 0 < args.seconds <= 300 or args.rate <= 0 or args.batch_bytes < 1000:
+        return "seconds must be 0-300, rate positive and batch-bytes at least 1000"
+    if not scale:
+        return "" if 1 <= args.peers <= 5000 else "peers must be 1-5000"
+    if not args.redis:
+        return "--processes above 1 needs --redis: separate processes share batches only through Redis"
+    if not 2 <= args.processes <= 8:
+        return "--redis runs 2-8 processes (one of them is killed mid-run)"
+    if not 1 <= args.peers_per_process <= 2000 or not 2 <= args.round_seconds <= 600 or not 2 <= args.step_seconds <= 120:
+        return "peers-per-process must be 1-2000, round-seconds 2-600 and step-seconds 2-120"
+    if not 100 <= args.max_peers_per_process <= 15_000 or not 30 <= args.budget <= 3600:
+        return "max-peers-per-process must be 100-15000 and budget 30-3600 seconds"
+    if shutil.which("redis-server") is None:
+        return "--redis needs redis-server on PATH (apt-get install redis-server)"
+    return ""
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    problem = check(args)
+    if problem:
+        print(f"relay_load: {problem}", file=sys.stderr)
+        return 2
+    if args.redis or args.processes != 1:
+        return asyncio.run(run_scaleout(args, shutil.which("redis-server") or "redis-server"))
+    return asyncio.run(run_single(args))
 
 
 if __name__ == "__main__":
