@@ -22,12 +22,15 @@ import sys
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from engine import __version__
 from engine.rules import Invite
@@ -357,6 +360,33 @@ def test_bad_requests_get_a_4xx_and_the_relay_keeps_serving(start_relay: StartRe
         await other.close()
 
     asyncio.run(still_serving())
+
+
+@given(accept=st.text(max_size=300))
+def test_fuzz_accept_headers_give_a_bool_or_one_valueerror(accept: str) -> None:
+    try:
+        assert wants_json(accept) in (True, False)
+    except ValueError as exc:
+        assert str(exc) and "\n" not in str(exc)
+
+
+QUERY_PARTS = st.lists(st.tuples(st.sampled_from(["relay", "token", "name", "x", ""]),
+                                 st.text(max_size=60) | st.sampled_from(["wss://a.example/ws", "ws://[", "sapling://join"])),
+                       max_size=6)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(pairs=QUERY_PARTS, raw_tail=st.text(alphabet="%&=?/.+#;x0", max_size=20))
+def test_fuzz_join_queries_get_a_page_or_a_400(start_relay: StartRelay, pairs: list[tuple[str, str]],
+                                               raw_tail: str) -> None:
+    # One relay for all the examples: the fixture (and so this attribute) lives as long as the test.
+    relay = getattr(start_relay, "fuzz_relay", None) or start_relay()
+    start_relay.fuzz_relay = relay  # type: ignore[attr-defined]
+    query = urllib.parse.urlencode(pairs) + raw_tail.replace("#", "%23")
+    status, headers, body = _get(_base(relay) + "/join?" + query, BROWSER_ACCEPT)
+    assert status in (200, 400), (query, status, body[:200])
+    assert headers["Content-Security-Policy"] == SECURITY_HEADERS["Content-Security-Policy"]
+    assert "<script" not in body
 
 
 def test_the_relay_process_logs_a_malformed_request_in_one_line(tmp_path: Path) -> None:
