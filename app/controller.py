@@ -131,8 +131,8 @@ class Controller(QObject):
             self._phase = phase
             self.phaseChanged.emit(phase)
 
-    def summary(self) -> str:
-        """One line for the tray tooltip: state, round and reward."""
+    def summary(self, swarm: str = "") -> str:
+        """One line for the tray tooltip: state, round, reward and the swarm's name."""
         words = {"idle": "Not training", "starting": "Starting", "training": "Training", "paused": "Paused",
                  "waiting": "Waiting", "stopping": "Stopping", "finished": "Finished", "restarting": "Restarting",
                  "failed": "Needs your attention"}
@@ -143,6 +143,8 @@ class Controller(QObject):
             reward = history.reward[-1]
             if reward is not None:
                 parts.append(f"reward {reward:.2f}")
+        if swarm:
+            parts.append(swarm)
         return " · ".join(parts)
 
     # -- user actions -------------------------------------------------------------------

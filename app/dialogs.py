@@ -1,10 +1,11 @@
 """The first-run dialog, the Settings dialog (same choices) and the problem dialog.
 
 `SettingsForm` holds the choices: the model, the swarm (the local embedded
-relay by default, a relay address or invite, or alone) and resource limits
-(CPU threads, priority, idle only, AC power only, start at login). A value that cannot
-be used is shown in red under the form with what to type instead, and the
-dialog stays open.
+relay by default, a community's swarm from a pasted invite, or alone) and
+resource limits (CPU threads, priority, idle only, AC power only, start at
+login). A value that cannot be used is shown in red under the form with what
+to type instead, and the dialog stays open. A new invite is saved only after
+its relay has answered and its preview shows under the field (app/join.py).
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from PySide6.QtWidgets import (
     QDialog,
     QDoubleSpinBox,
     QFileDialog,
-    QFormLayout,
     QGridLayout,
     QGroupBox,
     QHBoxLayout,
@@ -38,7 +38,8 @@ from PySide6.QtWidgets import (
 
 from app import theme
 from app.controller import Problem
-from app.settings import AppSettings, EngineSettings, SettingsError, split_invite, validate
+from app.join import InviteField
+from app.settings import AppSettings, EngineSettings, SettingsError, parse_invite, validate
 
 WHAT_IT_DOES = (
     "<p><b>Sapling trains a small language model on this computer</b>, in the background, using spare "
@@ -76,13 +77,23 @@ class SettingsForm(QWidget):
 
     def __init__(self, idle_supported: bool, ac_supported: bool, parent: QWidget | None = None) -> None:
         super().__init__(parent)
+        self.saved_relay = self.saved_token = ""  # the swarm as stored: saving it again needs no new preview
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.setSpacing(8)
+        layout.addWidget(self._model_box())
+        layout.addWidget(self._swarm_box())
+        layout.addWidget(self._limits_box(idle_supported, ac_supported))
+        self.error = _error_label()
+        layout.addWidget(self.error)
+        for choice in (*self.model_group.buttons(), *self.swarm_group.buttons()):
+            choice.toggled.connect(self._sync)
+        for edit in (self.folder_edit, self.hub_edit, self.invite.edit):
+            edit.textEdited.connect(self._clear_error)
 
-        # Model
-        model_box = QGroupBox("Model to train")
-        grid = QGridLayout(model_box)
+    def _model_box(self) -> QGroupBox:
+        box = QGroupBox("Model to train")
+        grid = QGridLayout(box)
         self.model_bundled = QRadioButton("SmolLM2-135M-Instruct, included with Sapling (works offline)")
         self.model_folder = QRadioButton("A model folder on this computer")
         self.model_hub = QRadioButton("A model from Hugging Face")
@@ -103,19 +114,18 @@ class SettingsForm(QWidget):
         grid.addWidget(self.model_hub, 2, 0)
         grid.addWidget(self.hub_edit, 2, 1, 1, 2)
         grid.setColumnStretch(1, 1)
-        layout.addWidget(model_box)
+        return box
 
-        # Swarm
-        swarm_box = QGroupBox("Swarm")
-        swarm = QVBoxLayout(swarm_box)
+    def _swarm_box(self) -> QGroupBox:
+        box = QGroupBox("Swarm")
+        swarm = QVBoxLayout(box)
         swarm.setSpacing(2)
         self.swarm_embedded = QRadioButton("Local swarm on this computer (recommended to start)")
-        self.swarm_relay = QRadioButton("Join a swarm: a relay address or an invite link")
+        self.swarm_relay = QRadioButton("Join a community's swarm: paste the invite you were given")
         self.swarm_solo = QRadioButton("Train alone and share nothing")
-        self.relay_edit = QLineEdit()
-        self.relay_edit.setPlaceholderText("wss://relay.example.org/ws or an invite link")
-        self.token_edit = QLineEdit()
-        self.token_edit.setPlaceholderText("Only for a private swarm")
+        self.invite = InviteField()
+        self.invite.setContentsMargins(24, 2, 0, 4)
+        self.invite.changed.connect(self._clear_error)
         self.swarm_group = QButtonGroup(self)
         for button in (self.swarm_embedded, self.swarm_relay, self.swarm_solo):
             self.swarm_group.addButton(button)
@@ -123,17 +133,13 @@ class SettingsForm(QWidget):
         swarm.addWidget(_hint("Sapling runs a small relay here that other Sapling windows on this computer can join. "
                               "Nothing leaves this computer."))
         swarm.addWidget(self.swarm_relay)
-        relay_form = QFormLayout()
-        relay_form.setContentsMargins(24, 2, 0, 4)
-        relay_form.addRow("Relay address:", self.relay_edit)
-        relay_form.addRow("Join token:", self.token_edit)
-        swarm.addLayout(relay_form)
+        swarm.addWidget(self.invite)
         swarm.addWidget(self.swarm_solo)
-        layout.addWidget(swarm_box)
+        return box
 
-        # Resources
-        limits_box = QGroupBox("Resources")
-        limits = QVBoxLayout(limits_box)
+    def _limits_box(self, idle_supported: bool, ac_supported: bool) -> QGroupBox:
+        box = QGroupBox("Resources")
+        limits = QVBoxLayout(box)
         threads_label, priority_label = QLabel("CPU threads for training:"), QLabel("Priority:")
         priority_label.setMinimumWidth(threads_label.sizeHint().width())
         threads_row = QHBoxLayout()
@@ -161,24 +167,15 @@ class SettingsForm(QWidget):
         self.only_idle = QCheckBox("Train only when the computer is idle (no keyboard or mouse for 5 minutes)")
         self.only_ac = QCheckBox("Train only when plugged in (on AC power)")
         self.autostart = QCheckBox("Start Sapling when I log in, training in the background")
-        for box, supported, why in ((self.only_idle, idle_supported, "Not available: this system does not report idle time."),
-                                    (self.only_ac, ac_supported, "Not available: this computer reports no battery.")):
-            limits.addWidget(box)
+        for check, supported, why in ((self.only_idle, idle_supported, "Not available: this system does not report idle time."),
+                                      (self.only_ac, ac_supported, "Not available: this computer reports no battery.")):
+            limits.addWidget(check)
             if not supported:
-                box.setEnabled(False)
-                box.setToolTip(why)
+                check.setEnabled(False)
+                check.setToolTip(why)
                 limits.addWidget(_hint(why))
         limits.addWidget(self.autostart)
-        layout.addWidget(limits_box)
-
-        self.error = _error_label()
-        layout.addWidget(self.error)
-
-        for choice in (*self.model_group.buttons(), *self.swarm_group.buttons()):
-            choice.toggled.connect(self._sync)
-        for edit in (self.folder_edit, self.hub_edit, self.relay_edit, self.token_edit):
-            edit.textEdited.connect(self._clear_error)
-        self.relay_edit.editingFinished.connect(self._take_invite)
+        return box
 
     # -- values -------------------------------------------------------------------------
     def set_values(self, engine: EngineSettings, app: AppSettings) -> None:
@@ -193,8 +190,8 @@ class SettingsForm(QWidget):
             self.folder_edit.setText(source)
         {"embedded": self.swarm_embedded, "relay": self.swarm_relay, "solo": self.swarm_solo}.get(
             engine.swarm_mode, self.swarm_embedded).setChecked(True)
-        self.relay_edit.setText(engine.relay_url)
-        self.token_edit.setText(engine.join_token)
+        self.saved_relay, self.saved_token = engine.relay_url, engine.join_token
+        self.invite.set_text(engine.relay_url)
         self.threads.setValue(min(engine.threads, self.threads.maximum()))
         self.priority.setCurrentIndex(max(0, self.priority.findData(engine.priority)))
         self.only_idle.setChecked(app.only_when_idle and self.only_idle.isEnabled())
@@ -215,16 +212,15 @@ class SettingsForm(QWidget):
         else:
             source = "bundled"
         mode = "relay" if self.swarm_relay.isChecked() else "solo" if self.swarm_solo.isChecked() else "embedded"
-        self._take_invite()
-        new_engine = replace(engine, model_source=source, swarm_mode=mode, relay_url=self.relay_edit.text().strip(),
-                             join_token=self.token_edit.text().strip(), threads=self.threads.value(),
-                             priority=str(self.priority.currentData()))
+        relay_url, token = self._swarm() if mode == "relay" else (self.saved_relay, self.saved_token)
+        new_engine = replace(engine, model_source=source, swarm_mode=mode, relay_url=relay_url, join_token=token,
+                             threads=self.threads.value(), priority=str(self.priority.currentData()))
         try:
             validate(new_engine)
         except SettingsError as exc:
-            field = self.relay_edit if "relay" in str(exc).lower() else self.hub_edit if self.model_hub.isChecked() \
-                else self.folder_edit if self.model_folder.isChecked() else None
-            self._fail(str(exc), field)
+            field = self.hub_edit if self.model_hub.isChecked() else self.folder_edit if self.model_folder.isChecked() \
+                else None
+            self._fail(str(exc), self.invite.edit if mode == "relay" and "model" not in str(exc).lower() else field)
         new_app = replace(app, only_when_idle=self.only_idle.isChecked(), only_on_ac_power=self.only_ac.isChecked(),
                           start_at_login=self.autostart.isChecked())
         self._clear_error()
@@ -244,18 +240,31 @@ class SettingsForm(QWidget):
     def _clear_error(self) -> None:
         self.error.hide()
 
-    def _take_invite(self) -> None:
-        url, token = split_invite(self.relay_edit.text())
-        if token:
-            self.relay_edit.setText(url)
-            self.token_edit.setText(token)
+    def _swarm(self) -> tuple[str, str]:
+        """(relay_url, join_token) to save for the pasted invite; the stored swarm needs no new check, a new
+        invite is saved only once its relay has answered (the preview under the field)."""
+        text = self.invite.text()
+        if text == self.saved_relay.strip():
+            return self.saved_relay, self.saved_token
+        try:
+            parse_invite(text)
+        except SettingsError as exc:
+            self._fail(str(exc), self.invite.edit)
+        preview = self.invite.preview
+        if preview is None or self.invite.checked_text != text:
+            if self.invite.checked_text != text:
+                self.invite.check()
+            self._fail("Sapling is asking the relay who runs this swarm; save again once its details show below "
+                       "the invite.", None)
+        assert preview is not None
+        return preview.link(), ""
 
     def _sync(self) -> None:
         self.folder_edit.setEnabled(self.model_folder.isChecked())
         self.hub_edit.setEnabled(self.model_hub.isChecked())
         relay = self.swarm_relay.isChecked()
-        self.relay_edit.setEnabled(relay)
-        self.token_edit.setEnabled(relay)
+        self.invite.setEnabled(relay)
+        self.invite.card.setVisible(relay and self.invite.card.status.isVisibleTo(self.invite.card))
         self._clear_error()
         self.changed.emit()
 
@@ -274,9 +283,15 @@ class ProtectionForm(QWidget):
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.setSpacing(8)
+        layout.addWidget(self._check_box())
+        layout.addWidget(self._ban_box())
+        self.error = _error_label()
+        layout.addWidget(self.error)
+        layout.addStretch(1)
 
-        check_box = QGroupBox("Answers from other peers")
-        check = QVBoxLayout(check_box)
+    def _check_box(self) -> QGroupBox:
+        box = QGroupBox("Answers from other peers")
+        check = QVBoxLayout(box)
         check.setSpacing(2)
         self.check = QCheckBox("Refuse answers your model finds implausible (recommended)")
         check.addWidget(self.check)
@@ -284,20 +299,20 @@ class ProtectionForm(QWidget):
                               "after the answer, before your model learns from them. Every answer is also "
                               "re-scored here, whatever this says. In a swarm of different models, turn it "
                               "off: it would refuse most of their honest answers too."))
-        layout.addWidget(check_box)
+        return box
 
-        ban_box = QGroupBox("Banning peers")
-        bans = QVBoxLayout(ban_box)
+    def _ban_box(self) -> QGroupBox:
+        box = QGroupBox("Banning peers")
+        bans = QVBoxLayout(box)
         rule = QHBoxLayout()
         self.ban_strikes = QSpinBox()
         self.ban_strikes.setRange(0, 10_000)
         self.ban_strikes.setSpecialValueText("Never")
         self.ban_window = QSpinBox()
         self.ban_window.setRange(1, 10_000)
-        rule.addWidget(QLabel("Ban a peer after"))
-        rule.addWidget(self.ban_strikes)
-        rule.addWidget(QLabel("forged or implausible answers among its last"))
-        rule.addWidget(self.ban_window)
+        for widget in (QLabel("Ban a peer after"), self.ban_strikes, QLabel("forged or implausible answers among its last"),
+                       self.ban_window):
+            rule.addWidget(widget)
         rule.addStretch(1)
         bans.addLayout(rule)
         length = QHBoxLayout()
@@ -319,11 +334,7 @@ class ProtectionForm(QWidget):
         self.banned.setMaximumHeight(80)
         bans.addWidget(self.banned)
         bans.addWidget(_hint("Peers listed here can only be unbanned here."))
-        layout.addWidget(ban_box)
-
-        self.error = _error_label()
-        layout.addWidget(self.error)
-        layout.addStretch(1)
+        return box
 
     def set_values(self, engine: EngineSettings) -> None:
         self.check.setChecked(engine.plausibility_check)
@@ -399,6 +410,14 @@ class FirstRunDialog(_SettingsDialogBase):
         layout = QHBoxLayout(self)
         layout.setContentsMargins(20, 20, 20, 16)
         layout.setSpacing(20)
+        layout.addLayout(self._welcome())
+        right = QVBoxLayout()
+        right.addWidget(self.form)
+        right.addStretch(1)
+        right.addLayout(self._buttons([("Save, start later", False, False), ("Start training", True, True)]))
+        layout.addLayout(right, 1)
+
+    def _welcome(self) -> QVBoxLayout:
         left = QVBoxLayout()
         logo = QLabel()
         logo.setPixmap(theme.icon().pixmap(72, 72))
@@ -409,16 +428,19 @@ class FirstRunDialog(_SettingsDialogBase):
         self.about.setTextFormat(Qt.TextFormat.RichText)
         self.about.setMinimumWidth(300)
         self.about.setMaximumWidth(340)
-        left.addWidget(logo)
-        left.addWidget(title)
-        left.addWidget(self.about)
+        for widget in (logo, title, self.about):
+            left.addWidget(widget)
         left.addStretch(1)
-        layout.addLayout(left)
-        right = QVBoxLayout()
-        right.addWidget(self.form)
-        right.addStretch(1)
-        right.addLayout(self._buttons([("Save, start later", False, False), ("Start training", True, True)]))
-        layout.addLayout(right, 1)
+        return left
+
+
+def _tab(widget: QWidget) -> QWidget:
+    """`widget` with the margins a tab page needs."""
+    page = QWidget()
+    layout = QVBoxLayout(page)
+    layout.setContentsMargins(8, 8, 8, 8)
+    layout.addWidget(widget)
+    return page
 
 
 class SettingsDialog(_SettingsDialogBase):
@@ -434,16 +456,8 @@ class SettingsDialog(_SettingsDialogBase):
         self.protection = ProtectionForm()
         self.protection.set_values(engine)
         self.tabs = QTabWidget()
-        general = QWidget()
-        general_layout = QVBoxLayout(general)
-        general_layout.setContentsMargins(8, 8, 8, 8)
-        general_layout.addWidget(self.form)
-        protection = QWidget()
-        protection_layout = QVBoxLayout(protection)
-        protection_layout.setContentsMargins(8, 8, 8, 8)
-        protection_layout.addWidget(self.protection)
-        self.tabs.addTab(general, "General")
-        self.tabs.addTab(protection, "Protection")
+        self.tabs.addTab(_tab(self.form), "General")
+        self.tabs.addTab(_tab(self.protection), "Protection")
         layout.addWidget(self.tabs)
         where = QLabel(f"Saved in {config_file}. Other engine settings stay as they are in that file.")
         where.setObjectName("muted")
@@ -452,6 +466,13 @@ class SettingsDialog(_SettingsDialogBase):
         layout.addWidget(where)
         layout.addLayout(self._buttons([("Save", True, False)]))
         self.setMinimumWidth(660)
+
+    def focus_swarm(self) -> None:
+        """Switch swarm…: the General tab, "join a community's swarm" chosen, the invite field focused."""
+        self.tabs.setCurrentIndex(0)
+        self.form.swarm_relay.setChecked(True)
+        self.form.invite.edit.setFocus()
+        self.form.invite.edit.selectAll()
 
     def collect(self) -> tuple[EngineSettings, AppSettings]:
         try:

@@ -2,7 +2,10 @@
 
 `SingleInstance` listens on a local socket (QLocalServer) named after the
 user and the config dir. A second launch finds it, asks the first to raise
-its window, and exits. A socket left behind by a crashed app is removed.
+its window (and hands it the invite link it was started with, `sapling
+sapling://join?...`), and exits. A socket left behind by a crashed app is
+removed. `InviteEvents` catches the open-URL event macOS sends when a
+`sapling://` link is clicked (QFileOpenEvent, on the application object).
 
 `install_excepthook` routes uncaught exceptions to the app log (rotating,
 in the platformdirs log dir) and to an error dialog with the traceback.
@@ -20,12 +23,15 @@ from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
-from PySide6.QtCore import QObject, Signal
+from PySide6.QtCore import QEvent, QObject, Signal
+from PySide6.QtGui import QFileOpenEvent
 from PySide6.QtNetwork import QLocalServer, QLocalSocket
 
 log = logging.getLogger(__name__)
 
 APP_LOG = "sapling-app.log"
+MAX_MESSAGE_BYTES = 64 * 1024  # one line from a second launch: "raise" or "open <invite>"
+INVITE_SCHEME = "sapling"
 
 
 def instance_name(config_dir: Path) -> str:
@@ -39,19 +45,21 @@ def instance_name(config_dir: Path) -> str:
 
 class SingleInstance(QObject):
     raiseRequested = Signal()
+    inviteReceived = Signal(str)  # a second launch was given an invite link to open
 
     def __init__(self, name: str, parent: QObject | None = None) -> None:
         super().__init__(parent)
         self.name = name
         self.server: QLocalServer | None = None
 
-    def notify_running(self, timeout_ms: int = 500) -> bool:
-        """True when another instance answered (it was asked to raise its window)."""
+    def notify_running(self, timeout_ms: int = 500, invite: str = "") -> bool:
+        """True when another instance answered (it was asked to raise its window, and to open `invite`)."""
         socket = QLocalSocket()
         socket.connectToServer(self.name)
         if not socket.waitForConnected(timeout_ms):
             return False
-        socket.write(b"raise\n")
+        line = "open " + " ".join(invite.split()) if invite else "raise"  # one line: no newline inside
+        socket.write(line.encode("utf-8")[: MAX_MESSAGE_BYTES - 1] + b"\n")
         socket.waitForBytesWritten(timeout_ms)
         socket.disconnectFromServer()
         return True
@@ -73,20 +81,40 @@ class SingleInstance(QObject):
             return
         while self.server.hasPendingConnections():
             socket = self.server.nextPendingConnection()
-            # The second instance writes at once after connecting; wait for it briefly.
-            if socket.bytesAvailable() or socket.waitForReadyRead(500):
-                wanted = b"raise" in bytes(socket.readAll().data())
-            else:
-                wanted = True  # it connected: someone launched Sapling again
+            # The second instance writes one line at once after connecting; wait for it briefly.
+            data = b""
+            while b"\n" not in data and len(data) < MAX_MESSAGE_BYTES:
+                if not socket.bytesAvailable() and not socket.waitForReadyRead(500):
+                    break
+                data += bytes(socket.readAll().data())
             socket.abort()
             socket.deleteLater()
-            if wanted:
-                self.raiseRequested.emit()
+            line = data.split(b"\n", 1)[0].decode("utf-8", errors="replace").strip()
+            self.raiseRequested.emit()  # someone launched Sapling again, whatever it said
+            if line.startswith("open "):
+                self.inviteReceived.emit(line[5:].strip())
 
     def close(self) -> None:
         if self.server is not None:
             self.server.close()
             self.server = None
+
+
+class InviteEvents(QObject):
+    """The macOS open-URL event: a clicked `sapling://` link reaches the app as a QFileOpenEvent.
+
+    Installed on the QApplication before its event loop starts, so a link that
+    launched the app is not lost; other file-open events pass through."""
+
+    inviteOpened = Signal(str)
+
+    def eventFilter(self, watched: QObject, event: QEvent) -> bool:
+        if event.type() == QEvent.Type.FileOpen and isinstance(event, QFileOpenEvent):
+            url = event.url()
+            if url.scheme().lower() == INVITE_SCHEME:
+                self.inviteOpened.emit(bytes(url.toEncoded().data()).decode("ascii", errors="replace"))
+                return True
+        return super().eventFilter(watched, event)
 
 
 def setup_app_logging(log_dir: Path) -> Path | None:

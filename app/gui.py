@@ -17,9 +17,10 @@ from PySide6.QtWidgets import QApplication, QProgressDialog
 from app.autostart import Autostart, launch_command
 from app.controller import Controller
 from app.engine_process import EngineProcess, engine_command
+from app.panels import swarm_place
 from app.power import PowerPolicy
 from app.session import Session
-from app.settings import SettingsStore
+from app.settings import SettingsStore, settings_place
 from app.tray import Tray
 from app.window import MainWindow
 from engine.paths import Paths
@@ -44,14 +45,18 @@ class Gui:
     on_quit: Callable[[], None] | None = None
     quit_dialog: QProgressDialog | None = None
 
-    def after_show(self) -> None:
-        """Work that can wait until the window is on screen: history, warnings, first run, carrying on."""
+    def after_show(self, invite: str = "") -> None:
+        """Work that can wait until the window is on screen: history, warnings, an invite to open (instead of
+        the first-run dialog, which follows if it is declined), first run, carrying on."""
         self.session.load_history(self.paths.metrics_file)
         for warning in self.warnings:
             self.window.add_banner("warning", warning)
         self.warnings.clear()
+        if invite:
+            self.window.open_invite(invite)
         if not self.window.app_settings.first_run_done:
-            self.window.open_first_run()
+            if not invite:
+                self.window.open_first_run()
         elif self.window.app_settings.resume_training and not self.engine.is_running():
             self.session.logMessage.emit("info", "app", "Training was running when Sapling quit: carrying on.")
             self.controller.start()
@@ -120,6 +125,8 @@ def build_gui(
                         autostart=autostart, autostart_argv=launch_command(home_flags))
     gui = Gui(paths, store, session, engine, controller, window, tray, warnings=store.take_warnings())
 
+    tray.swarm_name = lambda: swarm_place(session.swarm, *settings_place(window.engine_settings))[0]
+    tray.refresh()
     tray.showRequested.connect(window.bring_to_front)
     tray.quitRequested.connect(gui.quit)
     window.quitRequested.connect(gui.quit)

@@ -1,6 +1,7 @@
 """`sapling`: the desktop app, and in a frozen build also the headless node.
 
     sapling                       open the window (a second launch raises the first)
+    sapling 'sapling://join?...'  open an invite: "Join this swarm?" (in the running window, if there is one)
     sapling --background          start training in the tray (what start-at-login runs)
     sapling --home DIR            keep settings, data and logs under DIR
     sapling --self-test [-- FLAGS]
@@ -28,6 +29,8 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
         argv, engine_flags = argv[:cut], argv[cut + 1 :]
     parser = argparse.ArgumentParser(prog="sapling", description="Sapling: train a small language model with a swarm.",
                                      epilog="`sapling node --help` shows the headless node's commands.")
+    parser.add_argument("invite", nargs="?", default="", metavar="INVITE",
+                        help="an invite to open: sapling://join?..., https://HOST/join?... or wss://HOST/ws")
     parser.add_argument("--home", type=Path, help="keep config, data, cache and logs under this one folder")
     parser.add_argument("--background", action="store_true", help="start training at once, in the tray")
     parser.add_argument("--self-test", action="store_true",
@@ -43,6 +46,7 @@ def run_gui(args: argparse.Namespace) -> int:
 
     from app import theme
     from app.guards import (
+        InviteEvents,
         SingleInstance,
         error_dialog,
         install_excepthook,
@@ -65,10 +69,13 @@ def run_gui(args: argparse.Namespace) -> int:
     app.setWindowIcon(theme.icon())
 
     guard = SingleInstance(instance_name(paths.config_dir))
-    if guard.notify_running():
-        print("Sapling is already running: its window was brought to the front.")
+    if guard.notify_running(invite=args.invite):
+        what = "the invite was sent to its window" if args.invite else "its window was brought to the front"
+        print(f"Sapling is already running: {what}.")
         return 0
     guard.listen()
+    invites = InviteEvents(app)  # macOS: a clicked sapling:// link arrives as an event, even at launch
+    app.installEventFilter(invites)
     log_file = setup_app_logging(paths.log_dir)
     install_excepthook(error_dialog, log_file)
     route_qt_messages()
@@ -76,6 +83,8 @@ def run_gui(args: argparse.Namespace) -> int:
     flags = ["--home", str(args.home)] if args.home else []
     gui = build_gui(paths, flags)
     guard.raiseRequested.connect(gui.window.bring_to_front)
+    guard.inviteReceived.connect(gui.window.open_invite)
+    invites.inviteOpened.connect(gui.window.open_invite)
     if args.background:
         if gui.tray.available:
             QTimer.singleShot(0, lambda: gui.session.load_history(paths.metrics_file))
@@ -85,7 +94,7 @@ def run_gui(args: argparse.Namespace) -> int:
         gui.controller.start()
     else:
         gui.window.show()
-        QTimer.singleShot(0, gui.after_show)
+        QTimer.singleShot(0, lambda: gui.after_show(args.invite))
     code = app.exec()
     guard.close()
     return int(code)

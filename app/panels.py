@@ -1,9 +1,11 @@
-"""The peers panel and the log view.
+"""The swarm panel, the log view, and the window's small cards (banners, headline tiles).
 
-`PeersPanel` shows the computers online (from the newer of the `swarm` and
-`peers` events, so the count is there as soon as the relay answers) and the
-latest `peers` event: rollouts received, accepted and rejected, why they were
-rejected, and a row per peer.
+`PeersPanel` says where this node is: the swarm's name and the relay in use
+(from the `swarm` event, or the settings before training starts), with a
+"Switch swarm…" button; then the computers online (from the newer of the
+`swarm` and `peers` events, so the count is there as soon as the relay
+answers) and the latest `peers` event: rollouts received, accepted and
+rejected, why they were rejected, and a row per peer.
 `LogView` shows the engine's log events and its stderr, batched so a burst of
 lines costs one repaint, and capped at `LogView.MAX_LINES` lines.
 """
@@ -11,6 +13,7 @@ lines costs one repaint, and capped at `LogView.MAX_LINES` lines.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from PySide6.QtCore import Qt, QTimer, QUrl, Signal
@@ -61,19 +64,82 @@ def _count(value: Any) -> str:
     return "–" if n is None else f"{int(n):,}"
 
 
+class Banner(QFrame):
+    """A coloured strip with a message and optional buttons; closes itself on ✕."""
+
+    def __init__(self, level: str, text: str, actions: list[tuple[str, Callable[[], None]]] | None = None,
+                 parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setObjectName("banner")
+        self.setProperty("level", level)
+        row = QHBoxLayout(self)
+        row.setContentsMargins(12, 6, 6, 6)
+        self.label = QLabel(text)
+        self.label.setWordWrap(True)
+        self.label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        row.addWidget(self.label, 1)
+        for title, callback in actions or []:
+            button = QPushButton(title)
+            button.clicked.connect(callback)
+            row.addWidget(button)
+        close = QPushButton("×")
+        close.setToolTip("Dismiss")
+        close.setFlat(True)
+        close.setFixedSize(30, 30)
+        close.setStyleSheet("QPushButton { padding: 0px; border: none; font-size: 18px; color: #5f6b76; }")
+        close.clicked.connect(self.deleteLater)
+        row.addWidget(close)
+
+
+class Tile(QFrame):
+    """A headline number with its name and a small note under it."""
+
+    def __init__(self, name: str, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setObjectName("card")
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(12, 8, 12, 8)
+        layout.setSpacing(0)
+        self.name = QLabel(name)
+        self.name.setObjectName("kpiName")
+        self.value = QLabel("–")
+        self.value.setObjectName("kpiValue")
+        self.note = QLabel(" ")
+        self.note.setObjectName("muted")
+        for label in (self.name, self.value, self.note):
+            layout.addWidget(label)
+
+    def set(self, value: str, note: str = " ") -> None:
+        self.value.setText(value)
+        self.note.setText(note or " ")
+
+
+def swarm_place(swarm: dict[str, Any], mode: str, invite_name: str, first_relay: str) -> tuple[str, str]:
+    """(the swarm's name, the relay in use) in words, from the `swarm` event or, before it, the settings."""
+    relay = swarm.get("relay") if swarm else None
+    if swarm and not relay:
+        return "Training alone", "none: nothing is shared"
+    if relay == "embedded" or (not swarm and mode == "embedded") or (swarm and mode == "embedded"):
+        return "Local swarm on this computer", "this computer (nothing leaves it)"
+    if not swarm and mode == "solo":
+        return "Training alone", "none: nothing is shared"
+    name = str(swarm.get("swarm_name") or swarm.get("relay_name") or "") if swarm else invite_name
+    return name or "A community swarm", str(relay or first_relay)
+
+
 class PeersPanel(QFrame):
     unbanRequested = Signal(str)  # a peer id whose earned ban the user chose to lift
+    switchRequested = Signal()  # "Switch swarm…"
 
     def __init__(self, session: Session, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.setObjectName("card")
         self.session = session
+        self.settings_place: Callable[[], tuple[str, str, str]] = lambda: ("embedded", "", "")  # mode, name, relay
         layout = QVBoxLayout(self)
         layout.setContentsMargins(14, 12, 14, 12)
         layout.setSpacing(8)
-        title = QLabel("Swarm")
-        title.setObjectName("sectionTitle")
-        layout.addWidget(title)
+        layout.addLayout(self._where())
 
         top = QHBoxLayout()
         self.online = QLabel("–")
@@ -113,6 +179,38 @@ class PeersPanel(QFrame):
         session.swarmChanged.connect(self.refresh)
         self.refresh()
 
+    def _where(self) -> QVBoxLayout:
+        where = QVBoxLayout()
+        where.setSpacing(0)
+        top = QHBoxLayout()
+        title = QLabel("Swarm")
+        title.setObjectName("sectionTitle")
+        self.switch_button = QPushButton("Switch swarm…")
+        self.switch_button.setToolTip("Join another swarm with an invite, or go back to the local one")
+        self.switch_button.clicked.connect(self.switchRequested)
+        top.addWidget(title)
+        top.addStretch(1)
+        top.addWidget(self.switch_button)
+        where.addLayout(top)
+        self.swarm_name = QLabel()
+        self.swarm_name.setObjectName("kpiValue")
+        self.swarm_name.setTextFormat(Qt.TextFormat.PlainText)  # the name comes from the relay or the invite
+        self.relay = QLabel()
+        self.relay.setObjectName("muted")
+        self.relay.setTextFormat(Qt.TextFormat.PlainText)
+        self.relay.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.relay.setWordWrap(True)
+        where.addWidget(self.swarm_name)
+        where.addWidget(self.relay)
+        return where
+
+    def refresh_place(self) -> None:
+        mode, invite_name, first_relay = self.settings_place()
+        name, relay = swarm_place(self.session.swarm, mode, invite_name, first_relay)
+        self.swarm_name.setText(name)
+        self.swarm_name.setToolTip(name)
+        self.relay.setText(f"Relay: {relay}")
+
     @staticmethod
     def _table(headers: list[str]) -> QTableWidget:
         table = QTableWidget(0, len(headers))
@@ -147,6 +245,7 @@ class PeersPanel(QFrame):
                 table.setItem(r, c, item)
 
     def refresh(self) -> None:
+        self.refresh_place()
         peers, swarm = self.session.peers, self.session.swarm
         solo = bool(swarm) and not swarm.get("relay")
         online = self.session.online

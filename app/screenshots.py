@@ -115,7 +115,7 @@ def make(home: Path, command: list[str] | None = None) -> Gui:
                     policy=policy)
     gui.window.app_settings.first_run_done = True
     gui.window.resize(*SIZE)
-    gui.window.guessed_device = {"kind": "cpu", "name": DEVICE["name"]}
+    gui.window.header.guessed_device = {"kind": "cpu", "name": DEVICE["name"]}
     gui.window.refresh_identity()
     gui.window.show()
     gui.after_show()

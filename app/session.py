@@ -248,6 +248,10 @@ class Session(QObject):
 
     def _on_swarm(self, event: Mapping[str, Any]) -> None:
         self.swarm = {key: event[key] for key in ("peer_id", "name", "relay", "connected", "message")}
+        # Optional: the swarm's name (from its invite), the relay's own name, and every relay of the swarm.
+        for key, kind in (("swarm_name", str), ("relay_name", str), ("relays", list)):
+            if isinstance(event.get(key), kind):
+                self.swarm[key] = event[key]
         # `online` is optional in the schema; the engine sends it on every link change, long before round 1.
         online = number(event.get("online"))
         if not event["connected"]:

@@ -32,10 +32,10 @@ from engine.atomicio import atomic_write_json, atomic_write_text
 from engine.config import PRIORITIES, SwarmConfig, build_config, edit_config_text
 from engine.errors import ConfigError
 from engine.paths import Paths
-from engine.rules import check_model_source, check_relay_url, split_invite
+from engine.rules import Invite, check_model_source, check_relay_url, parse_invite, split_invite
 
 __all__ = ["AppSettings", "EngineSettings", "SettingsError", "SettingsStore", "check_model_source",
-           "check_relay_url", "split_invite", "validate"]
+           "check_relay_url", "parse_invite", "settings_place", "split_invite", "swarm_invite", "validate"]
 
 log = logging.getLogger(__name__)
 
@@ -57,8 +57,8 @@ class EngineSettings:
 
     model_source: str = "bundled"  # [model] source
     swarm_mode: str = "embedded"  # [swarm] mode
-    relay_url: str = ""  # [swarm] relay_url
-    join_token: str = ""  # [swarm] join_token
+    relay_url: str = ""  # [swarm] relay_url: the invite link (sapling://join?...) or a bare relay address
+    join_token: str = ""  # [swarm] join_token (older settings; an invite carries its own token)
     threads: int = 0  # [run] threads (0: automatic)
     priority: str = "background"  # [run] priority: "background" or "normal"
     # Protection from bad peers (Settings ▸ Protection; docs/swarm.md "Poisoning")
@@ -114,7 +114,7 @@ def validate(settings: EngineSettings) -> None:
     if settings.swarm_mode not in SWARM_MODES:
         raise SettingsError(f"Swarm mode must be one of {', '.join(SWARM_MODES)}.")
     if settings.swarm_mode == "relay":
-        check_relay_url(settings.relay_url)
+        parse_invite(settings.relay_url)
     if len(settings.join_token) > 256:
         raise SettingsError("The join token is longer than 256 characters; paste just the token.")
     if isinstance(settings.threads, bool) or not isinstance(settings.threads, int) or not 0 <= settings.threads <= 1024:
@@ -125,6 +125,29 @@ def validate(settings: EngineSettings) -> None:
     replace(_SWARM, plausibility_check=settings.plausibility_check, ban_strikes=settings.ban_strikes,
             ban_window=settings.ban_window, ban_hours=settings.ban_hours, persist_bans=settings.persist_bans,
             banned_peers=list(settings.banned_peers))
+
+
+def swarm_invite(settings: EngineSettings) -> Invite | None:
+    """The swarm these settings join, as an invite (its token filled from join_token when it has none);
+    None for the local swarm, solo, or a relay_url the engine would refuse."""
+    if settings.swarm_mode != "relay":
+        return None
+    try:
+        invite = parse_invite(settings.relay_url)
+    except SettingsError:
+        return None
+    if not invite.token and settings.join_token:
+        return Invite(invite.relays, settings.join_token, invite.name)
+    return invite
+
+
+def settings_place(settings: EngineSettings) -> tuple[str, str, str]:
+    """The swarm the settings name, for the window before the engine says more: (mode, the invite's swarm
+    name, its first relay)."""
+    invite = swarm_invite(settings)
+    if invite is None:
+        return settings.swarm_mode, "", settings.relay_url
+    return settings.swarm_mode, invite.name, invite.relays[0]
 
 
 # -- TOML ------------------------------------------------------------------------------

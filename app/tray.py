@@ -1,4 +1,4 @@
-"""The tray icon: Show, Pause/Resume and Quit; the round and reward in its tooltip.
+"""The tray icon: Show, Pause/Resume and Quit; the round, reward and swarm in its tooltip.
 
 The menu and its actions exist whether or not the desktop has a tray, so
 they can be used (and tested) directly; the QSystemTrayIcon itself is only
@@ -8,6 +8,8 @@ window show them itself when there is not.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from PySide6.QtCore import QObject, Signal
 from PySide6.QtGui import QAction
@@ -46,6 +48,8 @@ class Tray(QObject):
         controller.phaseChanged.connect(self.refresh)
         controller.problem.connect(self._on_problem)
         controller.session.roundAdded.connect(lambda _m: self.refresh())
+        controller.session.swarmChanged.connect(self.refresh)
+        self.swarm_name: Callable[[], str] = lambda: ""  # the swarm in words (the window's swarm panel sets it)
         self.refresh()
 
     def _activated(self, reason: QSystemTrayIcon.ActivationReason) -> None:
@@ -62,7 +66,7 @@ class Tray(QObject):
             self.controller.pause()
 
     def tooltip(self) -> str:
-        return self.controller.summary()
+        return self.controller.summary(self.swarm_name())
 
     def refresh(self) -> None:
         phase = self.controller.phase

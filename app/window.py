@@ -3,33 +3,33 @@
 Layout, top to bottom: a header card (device, model, swarm identity, relay,
 state, buttons, round progress), banners for warnings and problems, a row of
 headline numbers, the charts beside the swarm panel, and the log view.
-Everything shown comes from the `Controller` and its `Session`.
+Everything shown comes from the `Controller` and its `Session`. Each part is
+made by a small builder method (`_header`, `_tiles`, `_body`, `_side`, ...).
+
+Joining a swarm: `open_invite(text)` (an invite from the command line, the
+single-instance channel or the macOS open-URL event) shows the "Join this
+swarm?" dialog (app/join.py); Join saves the invite as `[swarm] relay_url`
+and (re)starts training in it. Help ▸ Check connection runs the connection
+doctor (app/doctor.py).
 """
 
 from __future__ import annotations
 
-import glob
 import os
-import platform
-import shutil
-import sys
 import time
 from collections.abc import Callable
-from typing import Any
+from dataclasses import replace
+from html import escape
 
 from PySide6.QtCore import QByteArray, Qt, QTimer, Signal
 from PySide6.QtGui import QAction, QCloseEvent, QKeySequence
 from PySide6.QtWidgets import (
     QFrame,
-    QGridLayout,
     QHBoxLayout,
     QLabel,
     QMainWindow,
     QMessageBox,
-    QProgressBar,
-    QPushButton,
     QScrollArea,
-    QSizePolicy,
     QSplitter,
     QTabWidget,
     QVBoxLayout,
@@ -41,94 +41,20 @@ from app.autostart import Autostart, launch_command
 from app.charts import ChartsPanel
 from app.controller import Controller, Problem
 from app.dialogs import FirstRunDialog, ProblemDialog, SettingsDialog
-from app.panels import LogView, PeersPanel
-from app.session import describe_device, describe_model, number
-from app.settings import AppSettings, EngineSettings, SettingsError, SettingsStore
+from app.doctor import DoctorDialog
+from app.header import HeaderCard
+from app.join import JoinDialog
+from app.panels import Banner, LogView, PeersPanel, Tile
+from app.settings import AppSettings, EngineSettings, SettingsError, SettingsStore, settings_place, swarm_invite
 from app.tryit import TRAINING_PHASES, ExportDialog, TryItPanel, node_command, settings_flags
-from engine.device import cpu_name
-
-PHASE_WORDS = {
-    "idle": "Not training", "starting": "Starting…", "training": "Training", "paused": "Paused",
-    "waiting": "Waiting", "stopping": "Stopping…", "finished": "Finished", "restarting": "Crashed, restarting",
-    "failed": "Needs your attention",
-}
-STEP_WORDS = {
-    "loading": "Loading the model", "generating": "Writing answers", "scoring": "Checking answers",
-    "training": "Learning from them", "evaluating": "Measuring held-out accuracy", "checkpointing": "Saving progress",
-}
-
-
-def guess_device() -> dict[str, Any]:
-    """A cheap guess before the engine reports (no torch here): NVIDIA GPU, Apple silicon, or the CPU."""
-    for info in sorted(glob.glob("/proc/driver/nvidia/gpus/*/information")):
-        try:
-            with open(info, encoding="utf-8", errors="replace") as handle:
-                for line in handle:
-                    if line.startswith("Model:"):
-                        return {"kind": "cuda", "name": line.split(":", 1)[1].strip()}
-        except OSError:
-            continue
-    if sys.platform == "darwin" and platform.machine() == "arm64":
-        return {"kind": "mlx", "name": "Apple silicon"}
-    if shutil.which("nvidia-smi"):
-        return {"kind": "cuda", "name": "NVIDIA GPU"}
-    return {"kind": "cpu", "name": f"{cpu_name()} ({os.cpu_count() or 1} threads)"}
+from engine.joining import Preview
+from engine.paths import Paths
 
 
 def short_path(path: object) -> str:
     """A path with the home folder written as ~."""
     text, home = str(path), os.path.expanduser("~")
     return "~" + text[len(home):] if home not in ("", "/") and text.startswith(home + os.sep) else text
-
-
-class Banner(QFrame):
-    """A coloured strip with a message and optional buttons; closes itself on ✕."""
-
-    def __init__(self, level: str, text: str, actions: list[tuple[str, Callable[[], None]]] = (),  # type: ignore[assignment]
-                 parent: QWidget | None = None) -> None:
-        super().__init__(parent)
-        self.setObjectName("banner")
-        self.setProperty("level", level)
-        row = QHBoxLayout(self)
-        row.setContentsMargins(12, 6, 6, 6)
-        self.label = QLabel(text)
-        self.label.setWordWrap(True)
-        self.label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-        row.addWidget(self.label, 1)
-        for title, callback in actions:
-            button = QPushButton(title)
-            button.clicked.connect(callback)
-            row.addWidget(button)
-        close = QPushButton("×")
-        close.setToolTip("Dismiss")
-        close.setFlat(True)
-        close.setFixedSize(30, 30)
-        close.setStyleSheet("QPushButton { padding: 0px; border: none; font-size: 18px; color: #5f6b76; }")
-        close.clicked.connect(self.deleteLater)
-        row.addWidget(close)
-
-
-class Tile(QFrame):
-    """A headline number with its name and a small note under it."""
-
-    def __init__(self, name: str, parent: QWidget | None = None) -> None:
-        super().__init__(parent)
-        self.setObjectName("card")
-        layout = QVBoxLayout(self)
-        layout.setContentsMargins(12, 8, 12, 8)
-        layout.setSpacing(0)
-        self.name = QLabel(name)
-        self.name.setObjectName("kpiName")
-        self.value = QLabel("–")
-        self.value.setObjectName("kpiValue")
-        self.note = QLabel(" ")
-        self.note.setObjectName("muted")
-        for label in (self.name, self.value, self.note):
-            layout.addWidget(label)
-
-    def set(self, value: str, note: str = " ") -> None:
-        self.value.setText(value)
-        self.note.setText(note or " ")
 
 
 class MainWindow(QMainWindow):
@@ -148,17 +74,31 @@ class MainWindow(QMainWindow):
         self.tray_available = tray_available
         self.told_about_tray = False
         self.quitting = False
-        self.guessed_device = guess_device()
         self.confirm: Callable[[str, str], bool] = self._ask
+        self.problem_banner: Banner | None = None
+        self.dialog: FirstRunDialog | SettingsDialog | None = None
+        self.join_dialog: JoinDialog | None = None
+        self.doctor_dialog: DoctorDialog | None = None
         self.problem_dialog = ProblemDialog(self)
         self.problem_dialog.restartRequested.connect(controller.start)
         self.problem_dialog.settingsRequested.connect(self.open_settings)
+        self._frame()
+        self.setCentralWidget(self._central())
+        self._status_bar()
+        self._actions()
+        self._connect()
+        self.refresh_tiles()
+        self._restore_geometry()
+
+    # -- building -----------------------------------------------------------------------
+    def _frame(self) -> None:
         self.setWindowTitle("Sapling")
         self.setWindowIcon(theme.icon())
         self.setMinimumSize(980, 660)
         screen = self.screen().availableGeometry()
         self.resize(min(1280, int(screen.width() * 0.92)) or 1280, min(860, int(screen.height() * 0.92)) or 860)
 
+    def _central(self) -> QWidget:
         central = QWidget()
         outer = QVBoxLayout(central)
         outer.setContentsMargins(14, 12, 14, 8)
@@ -167,10 +107,37 @@ class MainWindow(QMainWindow):
         self.banners = QVBoxLayout()
         self.banners.setSpacing(6)
         outer.addLayout(self.banners)
+        outer.addWidget(self._body(), 1)
+        return central
 
+    def _header(self) -> HeaderCard:
+        self.header = HeaderCard(self.controller, lambda: self.engine_settings, lambda: self.app_settings)
+        self.header.settingsRequested.connect(self.open_settings)
+        h = self.header  # the widgets the window's callers and tests reach directly
+        self.pill, self.state_message, self.progress_text, self.progress_bar = (h.pill, h.state_message,
+                                                                                h.progress_text, h.progress_bar)
+        self.start_button, self.pause_button, self.stop_button = h.start_button, h.pause_button, h.stop_button
+        self.device_label, self.model_label, self.identity_label, self.relay_label = (h.device_label, h.model_label,
+                                                                                      h.identity_label, h.relay_label)
+        return self.header
+
+    def refresh_identity(self) -> None:
+        """Who and where this node is, after the settings changed: the header and the swarm panel."""
+        self.header.refresh_identity()
+        self.peers.refresh_place()
+
+    def _body(self) -> QSplitter:
+        """The charts and Try it (left) beside the swarm panel and the log (right)."""
+        body = QSplitter(Qt.Orientation.Horizontal)
+        body.addWidget(self._main_column())
+        body.addWidget(self._side())
+        body.setStretchFactor(0, 3)
+        body.setStretchFactor(1, 1)
+        body.setChildrenCollapsible(False)
+        return body
+
+    def _main_column(self) -> QWidget:
         self.charts = ChartsPanel(self.session)
-        self.peers = PeersPanel(self.session)
-        self.peers.unbanRequested.connect(controller.unban)
         charts_card = QFrame()
         charts_card.setObjectName("card")
         charts_layout = QVBoxLayout(charts_card)
@@ -181,17 +148,25 @@ class MainWindow(QMainWindow):
         scroll.setFrameShape(QFrame.Shape.NoFrame)
         scroll.setWidget(charts_card)
         scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
-        left = QWidget()
-        left_layout = QVBoxLayout(left)
-        left_layout.setContentsMargins(0, 0, 0, 0)
-        left_layout.setSpacing(10)
-        left_layout.addLayout(self._tiles())
         self.tryit = TryItPanel(lambda: node_command("chat", self._engine_flags()))
         self.tabs = QTabWidget()
         self.tabs.addTab(scroll, "Training")
         self.tabs.addTab(self.tryit, "Try it")
-        left_layout.addWidget(self.tabs, 1)
-        self.log_view = LogView(str(controller.paths.log_dir))
+        column = QWidget()
+        layout = QVBoxLayout(column)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.setSpacing(10)
+        layout.addLayout(self._tiles())
+        layout.addWidget(self.tabs, 1)
+        return column
+
+    def _side(self) -> QSplitter:
+        self.peers = PeersPanel(self.session)
+        self.peers.settings_place = lambda: settings_place(self.engine_settings)
+        self.peers.refresh_place()
+        self.peers.unbanRequested.connect(self.controller.unban)
+        self.peers.switchRequested.connect(lambda: self.open_settings(focus_swarm=True))
+        self.log_view = LogView(str(self.controller.paths.log_dir))
         log_card = QFrame()
         log_card.setObjectName("card")
         log_layout = QVBoxLayout(log_card)
@@ -206,109 +181,25 @@ class MainWindow(QMainWindow):
         side.setChildrenCollapsible(False)
         side.setMinimumWidth(320)
         side.setMaximumWidth(440)
-        body = QSplitter(Qt.Orientation.Horizontal)
-        body.addWidget(left)
-        body.addWidget(side)
-        body.setStretchFactor(0, 3)
-        body.setStretchFactor(1, 1)
-        body.setChildrenCollapsible(False)
-        outer.addWidget(body, 1)
-        self.setCentralWidget(central)
-        self.status_left = QLabel(f"Data: {short_path(controller.paths.data_dir)}")
+        return side
+
+    def _status_bar(self) -> None:
+        self.status_left = QLabel(f"Data: {short_path(self.controller.paths.data_dir)}")
         self.status_left.setObjectName("muted")
         self.status_right = QLabel("")
         self.status_right.setObjectName("muted")
         self.statusBar().addWidget(self.status_left, 1)
         self.statusBar().addPermanentWidget(self.status_right)
-        self._actions()
 
-        session = self.session
-        controller.phaseChanged.connect(self.refresh_state)
-        controller.phaseChanged.connect(self.refresh_identity)
+    def _connect(self) -> None:
+        """The signals the window itself shows (the header card and the panels listen for theirs)."""
+        controller, session = self.controller, self.session
         controller.phaseChanged.connect(lambda phase: self.tryit.set_training(phase in TRAINING_PHASES))
         controller.problem.connect(self.show_problem)
         controller.problemCleared.connect(self._clear_problem)
-        session.statusChanged.connect(self.refresh_identity)
-        session.statusChanged.connect(self.refresh_state)
-        session.swarmChanged.connect(self.refresh_identity)
-        session.progressChanged.connect(self.refresh_progress)
         session.historyChanged.connect(self.refresh_tiles)
-        session.historyChanged.connect(self.refresh_state)  # "Press Start to begin" only while no round is done
         session.logMessage.connect(self.log_view.add)
         session.checkpointSaved.connect(lambda r: self.status_right.setText(f"Last checkpoint: round {r} at {time.strftime('%H:%M')}"))
-        self.problem_banner: Banner | None = None
-        self.dialog: FirstRunDialog | SettingsDialog | None = None
-        self.refresh_identity()
-        self.refresh_state()
-        self.refresh_progress()
-        self.refresh_tiles()
-        self._restore_geometry()
-
-    # -- building -----------------------------------------------------------------------
-    def _header(self) -> QFrame:
-        card = QFrame()
-        card.setObjectName("card")
-        layout = QVBoxLayout(card)
-        layout.setContentsMargins(16, 12, 16, 12)
-        layout.setSpacing(10)
-        top = QHBoxLayout()
-        logo = QLabel()
-        logo.setPixmap(theme.icon().pixmap(40, 40))
-        title = QLabel("Sapling")
-        title.setObjectName("title")
-        self.pill = QLabel()
-        self.pill.setObjectName("pill")
-        self.state_message = QLabel()
-        self.state_message.setObjectName("muted")
-        self.state_message.setWordWrap(True)  # a long engine message wraps onto a second line, never cut off
-        self.state_message.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
-        top.addWidget(logo)
-        top.addWidget(title)
-        top.addSpacing(8)
-        top.addWidget(self.pill)
-        top.addWidget(self.state_message, 1)
-        self.start_button = QPushButton("Start training")
-        self.start_button.setObjectName("primary")
-        self.start_button.setMinimumWidth(140)
-        self.start_button.clicked.connect(self.controller.start)
-        self.pause_button = QPushButton("Pause")
-        self.pause_button.setMinimumWidth(90)
-        self.pause_button.clicked.connect(self.controller.toggle_pause)
-        self.stop_button = QPushButton("Stop")
-        self.stop_button.setMinimumWidth(80)
-        self.stop_button.clicked.connect(self.controller.stop)
-        self.settings_button = QPushButton("Settings…")
-        self.settings_button.clicked.connect(self.open_settings)
-        for button in (self.start_button, self.pause_button, self.stop_button, self.settings_button):
-            top.addWidget(button)
-        layout.addLayout(top)
-
-        grid = QGridLayout()
-        grid.setHorizontalSpacing(18)
-        grid.setVerticalSpacing(2)
-        self.device_label, self.model_label, self.identity_label, self.relay_label = (QLabel() for _ in range(4))
-        for column, (name, label) in enumerate((("Device", self.device_label), ("Model", self.model_label),
-                                                 ("You in the swarm", self.identity_label), ("Relay", self.relay_label))):
-            caption = QLabel(name)
-            caption.setObjectName("fieldName")
-            label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-            label.setWordWrap(True)
-            label.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
-            grid.addWidget(caption, 0, column)
-            grid.addWidget(label, 1, column)
-            grid.setColumnStretch(column, 1)
-        layout.addLayout(grid)
-
-        row = QHBoxLayout()
-        self.progress_text = QLabel()
-        self.progress_text.setObjectName("muted")
-        self.progress_bar = QProgressBar()
-        self.progress_bar.setTextVisible(False)
-        self.progress_bar.setRange(0, 1000)
-        row.addWidget(self.progress_text, 0)
-        row.addWidget(self.progress_bar, 1)
-        layout.addLayout(row)
-        return card
 
     def _tiles(self) -> QHBoxLayout:
         row = QHBoxLayout()
@@ -335,10 +226,33 @@ class MainWindow(QMainWindow):
         menu = self.menuBar().addMenu("&Model")
         menu.addAction("Try it", lambda: self.tabs.setCurrentWidget(self.tryit))
         menu.addAction("Export model…", self.open_export)
+        swarm = self.menuBar().addMenu("&Swarm")
+        swarm.addAction("Switch swarm…", lambda: self.open_settings(focus_swarm=True))
+        help_menu = self.menuBar().addMenu("&Help")
+        help_menu.addAction("Check connection…", self.open_doctor)
 
     def _engine_flags(self) -> list[str]:
         """The settings flags this window's engine runs with (--home ...), for export and Try it."""
         return settings_flags(self.controller.engine.command())
+
+    def _home_flags(self) -> list[str]:
+        """--home DIR when this window's folders are all under one (as `sapling --home` makes them)."""
+        paths = self.controller.paths
+        home = paths.config_dir.parent
+        return ["--home", str(home)] if paths == Paths.under(home) else []
+
+    def open_doctor(self) -> DoctorDialog:
+        """Help ▸ Check connection: `sapling-node doctor --json` on the swarm in the settings, in a dialog."""
+        if self.doctor_dialog is not None:
+            self.doctor_dialog.stop()
+            self.doctor_dialog.deleteLater()
+        invite = swarm_invite(self.engine_settings)
+        relay = ["--relay", invite.link()] if invite is not None else []
+        dialog = DoctorDialog(lambda: node_command("doctor", ["--json", *self._home_flags(), *relay]), self)
+        self.doctor_dialog = dialog
+        dialog.open()
+        dialog.start()
+        return dialog
 
     def open_export(self) -> ExportDialog:
         training = self.controller.phase in TRAINING_PHASES
@@ -348,103 +262,6 @@ class MainWindow(QMainWindow):
         return dialog
 
     # -- refreshing ---------------------------------------------------------------------
-    def refresh_state(self) -> None:
-        phase = self.controller.phase
-        colour = theme.PHASE_COLOURS.get(phase, theme.MUTED)
-        words = PHASE_WORDS.get(phase, phase)
-        if phase == "waiting" and self.controller.policy.reason:
-            words = "Waiting"
-        self.pill.setText(words)
-        self.pill.setStyleSheet(f"background: {colour};")
-        message = self.session.message if phase in ("starting", "training", "paused", "stopping") else ""
-        if phase == "waiting":
-            message = self.controller.policy.reason
-        elif phase == "idle" and not self.session.history.rounds:
-            message = "Press Start training to begin. You can pause at any time."
-        elif phase == "idle":
-            message = "Stopped. Start training to continue from the last round."
-        elif phase == "finished":
-            message = f"Finished at round {self.session.round}."
-        elif phase == "stopping":
-            message = "Stopping at the next safe point; everything up to the last round is kept."
-        self.state_message.setText(message)
-        self.state_message.setToolTip(message)
-        idle = phase in ("idle", "finished", "failed", "restarting")
-        self.start_button.setEnabled(idle)
-        self.start_button.setText("Restart now" if phase == "restarting" else "Start training")
-        self.pause_button.setEnabled(phase in ("starting", "training", "paused", "waiting"))
-        self.pause_button.setText("Resume" if phase in ("paused", "waiting") else "Pause")
-        self.stop_button.setEnabled(phase in ("starting", "training", "paused", "waiting", "restarting"))
-        if phase not in ("starting", "training", "paused", "waiting"):
-            self.progress_bar.setValue(0)
-            self.progress_text.setText("")
-
-    def refresh_identity(self) -> None:
-        s = self.session
-        device = s.device or self.app_settings.last_device or None
-        if s.device:
-            reason = str(s.device.get("reason", ""))
-            text = describe_device(s.device)
-            if reason.startswith("NVIDIA GPU found"):
-                text += "\nNVIDIA GPU found: the CUDA download of Sapling would use it"
-            self.device_label.setText(text)
-            self.device_label.setToolTip(reason)
-        elif device:
-            self.device_label.setText(describe_device(device))
-            self.device_label.setToolTip("As reported the last time training ran")
-        else:
-            self.device_label.setText(describe_device(self.guessed_device) + " (expected)")
-            self.device_label.setToolTip("Confirmed by the engine when training starts")
-        self.model_label.setText(describe_model(s.model or self.engine_settings.model_source))
-        self.model_label.setToolTip(s.model or self.engine_settings.model_source)
-        identity = s.swarm or self.app_settings.last_identity
-        if identity.get("name") or identity.get("peer_id"):
-            peer = str(identity.get("peer_id") or "")
-            self.identity_label.setText(f"{identity.get('name') or 'unnamed'} · {peer[:8]}")
-            self.identity_label.setToolTip(f"Peer id {peer}")
-        else:
-            self.identity_label.setText("Made when training first starts")
-        self.relay_label.setText(self._relay_text())
-        if s.swarm and s.device is not None:
-            self.app_settings.last_identity = {"name": s.swarm.get("name"), "peer_id": s.swarm.get("peer_id")}
-        if s.device:
-            self.app_settings.last_device = dict(s.device)
-
-    def _relay_text(self) -> str:
-        swarm, mode = self.session.swarm, self.engine_settings.swarm_mode
-        green, red, grey = (f"<span style='color:{c}'>●</span>" for c in ("#38a169", theme.ERROR, "#a0aab2"))
-        if swarm:
-            relay = swarm.get("relay")
-            if not relay:
-                return f"{grey} Solo: sharing nothing"
-            where = "local swarm on this computer" if relay == "embedded" else str(relay)
-            if not self.controller.engine.is_running():
-                return f"{grey} {where[0].upper()}{where[1:]} (connects when training runs)"
-            if swarm.get("connected"):
-                return f"{green} Connected: {where}"
-            why = f" ({swarm.get('message')})" if swarm.get("message") else ""
-            return f"{red} Not connected: {where}{why}"
-        if mode == "solo":
-            return f"{grey} Solo: sharing nothing"
-        if mode == "relay":
-            return f"{grey} {self.engine_settings.relay_url} (connects when training starts)"
-        return f"{grey} Local swarm (starts with training)"
-
-    def refresh_progress(self) -> None:
-        p = self.session.progress
-        if not p or self.controller.phase not in ("starting", "training", "paused", "waiting"):
-            if self.session.state == "loading" and self.controller.phase == "starting":
-                self.progress_text.setText("Loading the model…")
-                self.progress_bar.setRange(0, 0)
-            return
-        total = number(p.get("total")) or 0.0
-        done = number(p.get("done")) or 0.0
-        self.progress_bar.setRange(0, 1000)
-        self.progress_bar.setValue(int(1000 * done / total) if total > 0 else 0)
-        step = STEP_WORDS.get(str(p.get("phase")), str(p.get("phase")))
-        where = "Evaluating" if p.get("phase") == "evaluating" else f"Round {p.get('round')}"
-        self.progress_text.setText(f"{where} · {step} · {int(done)}/{int(total)}")
-
     def refresh_tiles(self) -> None:
         h = self.session.history
         self.tile_rounds.set(f"{h.rounds[-1]:,}" if h.rounds else "0", f"run “{self.session.run}”")
@@ -513,7 +330,7 @@ class MainWindow(QMainWindow):
         self.dialog = dialog
         dialog.open()
 
-    def open_settings(self) -> None:
+    def open_settings(self, focus_swarm: bool = False) -> None:
         from app.power import has_battery
 
         dialog = SettingsDialog(self.engine_settings, self.app_settings, self.controller.policy.idle_supported(),
@@ -521,6 +338,48 @@ class MainWindow(QMainWindow):
         dialog.finished.connect(lambda result: self._settings_chosen(dialog, result, first_run=False))
         self.dialog = dialog
         dialog.open()
+        if focus_swarm:
+            dialog.focus_swarm()
+
+    # -- joining a swarm from an invite -----------------------------------------------------
+    def open_invite(self, text: str) -> JoinDialog:
+        """An invite arrived (command line, a second launch, the macOS open-URL event): "Join this swarm?"."""
+        self.bring_to_front()
+        if self.join_dialog is not None:
+            self.join_dialog.reject()
+        dialog = JoinDialog(text, self)
+        dialog.finished.connect(lambda result: self._invite_answered(dialog, result))
+        self.join_dialog = dialog
+        dialog.open()
+        return dialog
+
+    def _invite_answered(self, dialog: JoinDialog, result: int) -> None:
+        if self.join_dialog is dialog:
+            self.join_dialog = None
+        if result == 1 and dialog.preview is not None:
+            self.join(dialog.preview)
+        elif not self.app_settings.first_run_done and self.dialog is None:
+            self.open_first_run()  # a first start that began with an invite, declined: the usual welcome
+
+    def join(self, preview: Preview) -> bool:
+        """Save the previewed swarm as [swarm] relay_url (atomically) and (re)start training in it."""
+        new = replace(self.engine_settings, swarm_mode="relay", relay_url=preview.link(), join_token="")
+        try:
+            self.store.save_engine(new)
+        except (SettingsError, OSError) as exc:
+            QMessageBox.warning(self, "Sapling: swarm not saved", f"The swarm could not be saved: {exc}")
+            return False
+        self.engine_settings = new
+        self.app_settings.first_run_done = True
+        self.save_app_settings()
+        self.session.swarm = {}  # the old swarm's line no longer applies
+        self.session.swarmChanged.emit()
+        self.add_banner("info", f"<b>Joined {escape(preview.name)}.</b> Training continues in this swarm.")
+        if self.controller.engine.is_running():
+            self.controller.restart()
+        else:
+            self.controller.start()
+        return True
 
     def _settings_chosen(self, dialog: FirstRunDialog | SettingsDialog, result: int, first_run: bool) -> None:
         if result != 1:

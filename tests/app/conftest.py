@@ -6,6 +6,7 @@ import os
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -14,6 +15,9 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 from app.gui import Gui, build_gui
 from app.power import PowerPolicy
 from engine.paths import Paths
+
+if TYPE_CHECKING:
+    from engine.swarm.relay import EmbeddedRelay
 
 HERE = Path(__file__).resolve().parent
 FAKE_ENGINE = HERE / "fake_engine.py"
@@ -39,6 +43,25 @@ def paths(tmp_path: Path) -> Paths:
 
 
 MakeGui = Callable[..., Gui]
+StartRelay = Callable[..., "EmbeddedRelay"]
+
+
+@pytest.fixture
+def start_relay() -> Iterator[StartRelay]:
+    """Real relays (in this process, each on a free loopback port), stopped after the test."""
+    from engine.swarm.relay import EmbeddedRelay, RelaySettings
+
+    started: list[EmbeddedRelay] = []
+
+    def start(**settings: object) -> EmbeddedRelay:
+        relay = EmbeddedRelay(RelaySettings(host="127.0.0.1", port=0, **settings))  # type: ignore[arg-type]
+        relay.start()
+        started.append(relay)
+        return relay
+
+    yield start
+    for relay in started:
+        relay.stop()
 
 
 @pytest.fixture

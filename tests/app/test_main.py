@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -51,12 +52,12 @@ def test_node_subcommand_runs_without_qt(tmp_path: Path) -> None:
 
 
 def test_app_uses_only_the_light_engine_modules() -> None:
-    """app/ may import engine.events, paths, atomicio, config, errors, rules and device (stdlib and tomlkit only),
-    and engine.cli for `node`."""
+    """app/ may import engine.events, paths, atomicio, config, errors, rules, joining and device (stdlib and tomlkit
+    only), and engine.cli for `node`."""
     import ast
 
     allowed = {"engine", "engine.events", "engine.paths", "engine.atomicio", "engine.config", "engine.errors", "engine.device", "engine.cli",
-               "engine.rules"}
+               "engine.rules", "engine.joining"}
     used = set()
     for path in (ROOT / "app").rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
@@ -65,3 +66,13 @@ def test_app_uses_only_the_light_engine_modules() -> None:
             elif isinstance(node, ast.Import):
                 used |= {a.name for a in node.names if a.name.startswith("engine")}
     assert used <= allowed, used - allowed
+
+
+def test_the_join_dialog_loads_no_network_or_crypto_library() -> None:
+    """engine.joining (the relay information fetcher the app imports) is standard library only."""
+    code = ("import sys, app.join, app.doctor, engine.joining; "
+            "print(','.join(m for m in ('aiohttp', 'cryptography', 'redis', 'torch') if m in sys.modules))")
+    env = {**os.environ, "QT_QPA_PLATFORM": "offscreen"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == ""

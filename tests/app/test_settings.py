@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from app.dialogs import FirstRunDialog
+from app.dialogs import FirstRunDialog, SettingsDialog
 from app.settings import (
     AppSettings,
     EngineSettings,
@@ -21,7 +21,8 @@ from app.settings import (
 )
 from engine.config import build_config
 from engine.paths import Paths
-from tests.app.conftest import MakeGui
+from engine.rules import Invite, parse_invite
+from tests.app.conftest import MakeGui, StartRelay
 
 
 def test_engine_settings_survive_a_save_and_load_and_keep_other_keys(paths: Paths) -> None:
@@ -134,8 +135,15 @@ def test_model_sources(tmp_path: Path) -> None:
         check_model_source("just-a-name")
 
 
-def test_settings_dialog_keeps_a_bad_relay_url_on_screen_then_saves_a_good_one(qtbot, make_gui: MakeGui,  # type: ignore[no-untyped-def]
-                                                                                paths: Paths) -> None:
+@pytest.mark.parametrize(("invite", "words"), [
+    ("http://relay.example.org", "not an invite page"),
+    ("javascript:alert(1)", "not javascript:"),
+    ("file:///etc/passwd", "not file:"),
+    ("wss://relay.example.org/ws" + "a" * 10_000, "more than the 4096"),
+    ("sapling://join?relay=wss%3A%2F%2Fr.example.org%2Fws&token=a%0Ab", "control characters"),
+])
+def test_a_bad_invite_in_settings_is_one_sentence_and_nothing_is_saved(qtbot, make_gui: MakeGui, paths: Paths,  # type: ignore[no-untyped-def]
+                                                                     invite: str, words: str) -> None:
     gui = make_gui()
     w = gui.window
     w.show()
@@ -144,18 +152,44 @@ def test_settings_dialog_keeps_a_bad_relay_url_on_screen_then_saves_a_good_one(q
     assert dialog is not None and dialog.isVisible()
     form = dialog.form
     form.swarm_relay.setChecked(True)
-    form.relay_edit.setText("http://relay.example.org")
+    form.invite.set_text(invite)
     assert not dialog.try_accept()
-    assert dialog.isVisible() and form.error.isVisibleTo(dialog)
-    assert "ws:// or wss://" in form.error.text()
+    assert dialog.isVisible() and form.error.isVisibleTo(dialog) and words in form.error.text()
+    assert form.error.text().count(". ") == 0  # one sentence
     assert not paths.config_file.exists()
-    form.relay_edit.setText("wss://relay.example.org/ws?token=t0k")
+    form.invite.check()  # the preview says the same, without asking anyone
+    qtbot.waitUntil(lambda: words in form.invite.card.status.text(), timeout=5_000)
+
+
+@pytest.mark.integration
+def test_settings_save_a_pasted_invite_only_after_its_preview(qtbot, make_gui: MakeGui, paths: Paths,  # type: ignore[no-untyped-def]
+                                                              start_relay: StartRelay) -> None:
+    relay = start_relay(name="Maple Street Lab", contact="ops@example.org", join_token="t0k")
+    gui = make_gui()
+    w = gui.window
+    w.show()
+    w.peers.switch_button.click()  # Switch swarm…: Settings, with the invite field ready
+    dialog = w.dialog
+    assert isinstance(dialog, SettingsDialog) and dialog.form.swarm_relay.isChecked()
+    form = dialog.form
+    form.invite.set_text(f"{relay.url}?token=t0k")
     form.threads.setValue(1)
+    assert not dialog.try_accept()  # not before the relay has answered; asking it now
+    assert "asking the relay" in form.error.text() and not paths.config_file.exists()
+    qtbot.waitUntil(lambda: form.invite.preview is not None, timeout=10_000)
+    card = form.invite.card
+    assert card.values["swarm"].text() == "Maple Street Lab" and card.values["operator"].text() == "ops@example.org"
+    assert card.values["policy"].text() == "Private: a join token is needed (your invite carries the token)"
     assert dialog.try_accept()
     saved = SettingsStore(paths).load_engine()
-    assert (saved.swarm_mode, saved.relay_url, saved.join_token, saved.threads) == (
-        "relay", "wss://relay.example.org/ws", "t0k", 1)
-    assert "relay.example.org" in w.relay_label.text()
+    assert (saved.swarm_mode, saved.join_token, saved.threads) == ("relay", "", 1)
+    invite = parse_invite(saved.relay_url)  # the invite itself is stored, its name filled in from the relay
+    assert invite == Invite((relay.url,), "t0k", "Maple Street Lab")
+    config = build_config("default", paths.config_file)  # the engine reads what the app wrote
+    assert config.swarm.relay_url == saved.relay_url
+    assert "Maple Street Lab" in w.relay_label.text() and w.peers.swarm_name.text() == "Maple Street Lab"
+    w.open_settings()  # the stored swarm saves again without a new check
+    assert w.dialog is not None and w.dialog.try_accept()
 
 
 def test_first_run_dialog_saves_and_starts_training(qtbot, make_gui: MakeGui, paths: Paths) -> None:  # type: ignore[no-untyped-def]
