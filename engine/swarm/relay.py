@@ -204,6 +204,7 @@ class Relay:
         self.started = time.time()
         self.identity = relay_identity(settings.data_dir)  # the relay's key: information document, receipts
         self.live = LiveStats(settings.redis, settings.swarm)  # the status page's numbers
+        self.models = settings.model_policy()  # one model, mixed or not declared: welcome and publish
 
     def window_size(self) -> int:
         return self.broker.window_size()
@@ -384,7 +385,7 @@ class Relay:
         self.peers_here += 1
         self.metrics["handshakes"] += 1
         self.live.record_join(hello.peer)
-        conn.send(protocol.msg_welcome(hello.peer, self.online, self.settings.limits()))
+        conn.send(protocol.msg_welcome(hello.peer, self.online, self.settings.limits(), self.models.to_document()))
         log.debug("peer joined", extra={"peer": hello.peer, "ip": conn.ip, "software": hello.software})
         return True
 
@@ -445,6 +446,9 @@ class Relay:
         if not verify(batch.key, signed.payload.encode("utf-8"), signed.sig):
             raise protocol.ProtocolError(protocol.E_BAD_SIGNATURE, "batch signature does not verify")
         protocol.check_timestamp(batch.ts, time.time())
+        if not self.models.admits(batch.model):
+            raise protocol.ProtocolError(protocol.E_WRONG_MODEL, f"this swarm trains only {self.models.label}; "
+                                         f"the batch is labelled {batch.model[:80]!r}")
         assert conn.peer is not None
         if not await self.broker.claim_seq(conn.peer, batch.seq):
             raise protocol.ProtocolError(protocol.E_REPLAY, f"sequence {batch.seq} is not above this peer's last one")

@@ -79,7 +79,7 @@ def info_document(settings: RelaySettings, public_key: bytes, live: dict[str, An
         "description": settings.description,
         "contact": settings.contact,
         "policy": policy(settings),
-        "models": None,  # not declared yet: the mixed-model work fills it
+        "models": settings.model_policy().to_document(),  # null: not declared (engine/model_policy.py)
         "limits": settings.limits(),
         "public_key": protocol.b64encode(public_key),
         "urls": list(settings.public_url),

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.errors import ConfigError
+from engine.model_policy import ModelPolicy, parse_models_setting
 from engine.rules import check_relay_url
 from engine.swarm import protocol
 
@@ -57,6 +58,7 @@ class RelaySettings:
     description: str = field(default="", metadata={"help": f"a sentence or two about this swarm for the status page and the join dialog (at most {MAX_DESCRIPTION_CHARS} characters)"})
     contact: str = field(default="", metadata={"help": "how to reach the operator: an email address or a URL"})
     public_url: list[str] = field(default_factory=list, metadata={"help": "the wss:// address nodes should use, as the internet sees it (repeat the flag or separate with commas for several); goes into invites and the information document"})
+    models: str = field(default="", metadata={"help": "which models this swarm trains: NAME@SHA256 for one model (batches labelled with another are refused as wrong_model; `python -m engine.model_policy` prints a node's label), 'mixed' (nodes may run different models: each judges another model's text against its sender's own past), or empty: not declared (nodes treat the swarm as one of their own model)"})
     data_dir: str = field(default="", metadata={"help": f"folder for the relay's Ed25519 key ({KEY_FILE_NAME}); processes of one swarm should share it (empty: the user's data folder, {RELAY_DIR_NAME})"})
     log_level: str = field(default="info", metadata={"help": "debug, info, warning or error"})
 
@@ -88,11 +90,16 @@ class RelaySettings:
                 raise
             except ValueError:  # urllib's own, for an address such as wss://[
                 raise ValueError(f"public-url {url[:80]!r} is not a valid web address") from None
+        parse_models_setting(self.models)  # ConfigError: a ValueError with one sentence
 
     def limits(self) -> dict[str, Any]:
         """The `limits` object of the welcome: the protocol's constants and this relay's flags."""
         return protocol.limits(rate_per_s=self.rate, burst=self.burst, max_conn_per_ip=self.max_conn_per_ip,
                                send_queue=self.send_queue, window_batches=self.window, heartbeat_s=self.heartbeat)
+
+    def model_policy(self) -> ModelPolicy:
+        """The swarm's model policy from `models` (engine/model_policy.py): welcome, information document, publish."""
+        return parse_models_setting(self.models)
 
     def key_path(self) -> Path:
         """Where the relay's Ed25519 key lives: `data_dir`, or the user's data folder for the relay."""

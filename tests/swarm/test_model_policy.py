@@ -1,15 +1,22 @@
 """A swarm's model policy and a node's model label (engine/model_policy.py, issue 29).
 
 Pure parts with values worked out by hand; the label of a real model folder
-and of the bundled GGUF against `hashlib`.
+and of the bundled GGUF against `hashlib`; then real relays on loopback: the
+setting, the welcome, the information document, the `wrong_model` refusal
+(through a client written from docs/protocol.md), and real nodes that learn
+the policy from the welcome.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import os
+import time
+import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -29,6 +36,10 @@ from engine.model_policy import (
     split_label,
     weights_hash,
 )
+from engine.swarm import protocol
+from engine.swarm.relay_settings import settings_from_args
+from tests.swarm.conftest import StartRelay
+from tests.swarm.doc_client import DocPeer, item
 
 H1, H2 = "a" * 64, "b" * 64
 
@@ -126,3 +137,100 @@ def test_the_bundled_model_is_labelled_by_the_sha256_of_its_gguf(tmp_path: Path)
     gguf = bundled_gguf_path()
     digest = hashlib.sha256(gguf.read_bytes()).hexdigest()
     assert model_label("bundled", tmp_path / "not-used", tmp_path) == f"{BUNDLED_NAME}@{digest}"
+
+
+# -- the relay: its setting, welcome, information document and refusal ------------------------------
+def test_the_relays_models_setting_is_checked_like_every_other() -> None:
+    assert settings_from_args(["--models", "mixed"]).model_policy() == ModelPolicy("mixed")
+    assert settings_from_args([]).model_policy() == UNDECLARED
+    assert settings_from_args(["--models", f"m@{H1}"]).model_policy() == ModelPolicy("single", "m", H1)
+    with pytest.raises(ValueError, match=r"^models must be 'mixed' or one model"):
+        settings_from_args(["--models", "SmolLM2-135M-Instruct"])
+
+
+def info_document(relay_url: str) -> dict[str, Any]:
+    url = relay_url.replace("ws://", "http://").replace("/ws", "/.well-known/sapling-relay")
+    with urllib.request.urlopen(url, timeout=10) as answer:
+        return dict(json.loads(answer.read()))
+
+
+async def publish_labelled(peer: DocPeer, label: str) -> dict[str, Any]:
+    payload = json.loads(peer.batch_payload([item()]))
+    payload["model"] = label
+    text = json.dumps(payload)
+    await peer.send({"type": "publish", "v": 1, "payload": text, "sig": peer.sign(text)})
+    return await peer.recv()
+
+
+@pytest.mark.integration
+async def test_a_relay_of_one_model_refuses_batches_labelled_with_another(start_relay: StartRelay) -> None:
+    relay = start_relay(models=f"SmolLM2-135M-Instruct@{H1}")
+    declared = {"policy": "single", "name": "SmolLM2-135M-Instruct", "hash": H1}
+    sender, reader = DocPeer(relay.url), DocPeer(relay.url)
+    try:
+        welcome = await sender.connect()
+        assert welcome["type"] == "welcome" and welcome["models"] == declared
+        assert (await asyncio.to_thread(info_document, relay.url))["models"] == declared
+        for label in (f"SmolLM2-135M-Instruct@{H2}", "doc-client", "bundled"):
+            refused = await publish_labelled(sender, label)
+            assert refused["type"] == "error" and refused["code"] == protocol.E_WRONG_MODEL, refused
+            assert H1 in refused["message"]
+        # the connection stays open, and the same weights under another name are the same model
+        assert (await publish_labelled(sender, f"my-copy@{H1}"))["type"] == "published"
+        await reader.connect()
+        assert len((await reader.sample(16))["batches"]) == 1  # only that batch was kept
+    finally:
+        await sender.close()
+        await reader.close()
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("setting", ["mixed", ""])
+async def test_a_mixed_or_silent_relay_takes_every_label_and_says_so(start_relay: StartRelay, setting: str) -> None:
+    relay = start_relay(models=setting)
+    declared = {"policy": "mixed"} if setting else None
+    peer = DocPeer(relay.url)
+    try:
+        assert (await peer.connect())["models"] == declared
+        assert (await asyncio.to_thread(info_document, relay.url))["models"] == declared
+        for label in (f"a@{H1}", f"b@{H2}", "doc-client"):
+            assert (await publish_labelled(peer, label))["type"] == "published"
+    finally:
+        await peer.close()
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("setting", ["mixed", "other"])
+def test_a_node_learns_the_policy_from_the_welcome_and_labels_its_batches(
+    tiny_model_dir: Path, tmp_path: Path, start_relay: StartRelay, setting: str
+) -> None:
+    from engine.exchange import open_swarm
+    from engine.paths import Paths
+    from engine.sapo import Node
+    from tests.swarm.test_mix import config, parity_reward
+
+    relay = start_relay(models="mixed" if setting == "mixed" else f"someone-elses@{H2}")
+    cfg = config(tiny_model_dir, "swarm.mode='relay'", f"swarm.relay_url='{relay.url}'")
+    events: list[Any] = []
+    paths = Paths.under(tmp_path / "node")
+    session = open_swarm(cfg, paths.identity_file, events.append)
+    try:
+        exchange = session.exchange
+        assert exchange is not None and exchange.client.wait_connected(10)
+        node = Node(cfg, paths, events.append, exchange=exchange)
+        node.taskset.reward = parity_reward  # type: ignore[method-assign]
+        node.setup()
+        digest = hashlib.sha256((tiny_model_dir / "model.safetensors").read_bytes()).hexdigest()
+        assert exchange.model_label == f"{tiny_model_dir.name}@{digest}"
+        if setting == "mixed":
+            assert exchange.models == ModelPolicy("mixed")
+            return
+        assert exchange.models == ModelPolicy("single", "someone-elses", H2)
+        node.run_round()  # its batch is refused by the relay, and it still trains
+        deadline = time.monotonic() + 10
+        while not exchange.client.state.publish_errors and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert exchange.client.state.publish_errors == {protocol.E_WRONG_MODEL: 1}
+        assert relay.relay.metrics["publishes"] == 0
+    finally:
+        session.close()
