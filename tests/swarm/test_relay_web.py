@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import re
 import shutil
@@ -226,6 +227,36 @@ async def test_relays_sharing_redis_show_the_same_live_numbers(start_relay: Star
         assert sum((await asyncio.to_thread(_json, _base(relay) + "/stats.json"))["series"]["rollouts"]) == 6
     await a.close()
     await b.close()
+
+
+async def test_the_pages_keep_answering_while_redis_is_down(start_relay: StartRelay, redis_url: str,
+                                                             caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="sapling.relay")
+    relay = start_relay(redis=redis_url)
+    peer = DocPeer(relay.url)
+    await peer.connect()
+    assert (await peer.publish([item()]))["type"] == "published"
+    await _poll(_base(relay) + "/stats.json", lambda d: d["live"]["batches_last_hour"] == 1)
+    port = int(redis_url.rsplit(":", 1)[1].split("/")[0])
+    subprocess.run(["redis-cli", "-p", str(port), "shutdown", "nosave"], capture_output=True, timeout=10)
+    deadline = time.monotonic() + 10
+    while True:  # wait until redis-server is really gone
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        except OSError:
+            break
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.1)
+    deadline = time.monotonic() + 20
+    while not any(r.getMessage().startswith("live stats not read") for r in caplog.records):
+        assert time.monotonic() < deadline, "the relay never tried to read its numbers from the stopped Redis"
+        for path in ("/.well-known/sapling-relay", "/stats.json"):
+            doc = await asyncio.to_thread(_json, _base(relay) + path)
+            assert doc["live"]["batches_last_hour"] == 1  # the last numbers read, not an error
+        await asyncio.sleep(0.2)
+    status, _, body = await asyncio.to_thread(_get, _base(relay) + "/", BROWSER_ACCEPT)
+    assert status == 200 and "peers online" in body
+    await peer.close()
 
 
 def test_the_relays_key_is_made_once_and_kept(tmp_path: Path) -> None:
