@@ -34,7 +34,10 @@ def split_invite(text: str) -> tuple[str, str]:
 
     The other query parameters are kept; an address with no path gets ``/ws``.
     """
-    parts = urlsplit(text.strip())
+    try:
+        parts = urlsplit(text.strip())
+    except ValueError as exc:  # "wss://[": urllib's "Invalid IPv6 URL"
+        raise ConfigError(f"The relay address is not a valid URL ({exc}), {RELAY_EXAMPLE}.") from None
     query = parse_qsl(parts.query, keep_blank_values=True)
     token = next((v for k, v in query if k == "token"), "")
     rest = urlencode([(k, v) for k, v in query if k != "token"])
@@ -47,7 +50,10 @@ def check_relay_url(url: str) -> str:
     url = url.strip()
     if not url:
         raise ConfigError(f"Enter the relay address you were given, {RELAY_EXAMPLE}.")
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+    except ValueError as exc:
+        raise ConfigError(f"The relay address is not a valid URL ({exc}), {RELAY_EXAMPLE}.") from None
     if parts.scheme not in ("ws", "wss"):
         raise ConfigError(f"The relay address must start with ws:// or wss://, {RELAY_EXAMPLE}; got {url!r}.")
     try:
@@ -122,7 +128,10 @@ def parse_invite(text: str) -> Invite:
         raise ConfigError(f"The invite is {len(text)} characters long, more than the {INVITE_MAX_CHARS} an invite may have.")
     if _CONTROL.search(text):
         raise ConfigError("The invite contains control characters; copy it again from the message you got.")
-    parts = urlsplit(text)
+    try:
+        parts = urlsplit(text)
+    except ValueError as exc:
+        raise ConfigError(f"The invite is not a valid link ({exc}); copy it again from the message you got.") from None
     scheme = parts.scheme.lower()
     if scheme in ("ws", "wss"):
         url, token = split_invite(text)
