@@ -1,7 +1,8 @@
 """Try it (ask the trained model a question, beside the base model) and Export model….
 
-`TryItPanel` runs `engine.chat` as a child process (`sapling node chat` in a
-frozen build) and shows its JSON lines: a fresh question of the chosen
+`TryItPanel` runs `sapling-node chat` (engine/chat.py) as a child process,
+started when the tab is first shown so that it prepares the models before
+the first question, and shows its JSON lines: a fresh question of the chosen
 specialty, then both answers streaming token by token, then the verifier's
 score of each. The child does the llama.cpp work and the GGUF exports, so
 nothing here blocks the window or imports torch or llama_cpp. While training
@@ -26,8 +27,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import QProcess, Qt, QTimer, Signal
-from PySide6.QtGui import QTextCursor
+from PySide6.QtCore import QCoreApplication, QProcess, Qt, QTimer, Signal
+from PySide6.QtGui import QShowEvent, QTextCursor
 from PySide6.QtWidgets import (
     QComboBox,
     QDialog,
@@ -204,9 +205,13 @@ class TryItPanel(QWidget):
 
     def __init__(self, command: Callable[[], list[str]], parent: QWidget | None = None) -> None:
         super().__init__(parent)
-        self.chat = ChatProcess(command, self)
+        # The child gets its thread budget on its command line too: it starts exporting at once (`showEvent`).
+        self.chat = ChatProcess(lambda: [*command(), "--budget", str(self.budget())], self)
         self.chat.message.connect(self.handle)
         self.chat.ended.connect(self._ended)
+        app = QCoreApplication.instance()
+        if app is not None:  # the child, and the export it may be running, end with the app
+            app.aboutToQuit.connect(self.chat.shut_down)
         self.question_id: int | None = None
         self.question_text = ""
         self.ask_id = 0
@@ -264,6 +269,11 @@ class TryItPanel(QWidget):
         layout.addLayout(row, 1)
 
     # -- commands -------------------------------------------------------------------------
+    def showEvent(self, event: QShowEvent) -> None:
+        """The tab opened: start the child now, so that it prepares the models before the first question."""
+        super().showEvent(event)
+        self.chat.ensure_started()
+
     def set_training(self, training: bool) -> None:
         """While training runs, llama.cpp and exports get one thread; else every core."""
         self.training = training

@@ -2,11 +2,13 @@
 
     sapling-node chat [--home DIR] [--run-name NAME] [--budget N]    (the app starts it with engine.events.node_command)
 
-The desktop app's Try it panel runs this as a child process and talks to it
-in JSON lines. It answers with llama.cpp (llama-cpp-python) from GGUF exports:
-the newest checkpoint's is made on demand by `sapling-node export --format
-gguf` in a child process and cached per checkpoint (`gguf_cache_path`), the
-base model's once per run. This process never imports torch; it imports
+The desktop app's Try it panel runs this as a child process, started when
+the tab opens, and talks to it in JSON lines. It answers with llama.cpp
+(llama-cpp-python) from GGUF exports: the bundled base model's is made with
+its conversion (engine/models.py), and at start (`prepare`) the newest
+checkpoint's is exported in the background by `sapling-node export --format
+gguf` in a child process, cached per checkpoint (`gguf_cache_path`), so the
+first question seldom waits. This process never imports torch; it imports
 llama_cpp and reasoning-gym (through engine.tasks) only when first needed.
 
 Answers are greedy, like the held-out evaluation. Both models write in turn,
@@ -57,6 +59,7 @@ from engine.config import SAPO_SPECIALTIES, NodeConfig
 from engine.errors import SaplingError
 from engine.events import CHAT_COMMANDS, encode, node_command
 from engine.paths import Paths
+from engine.rules import BUNDLED
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +130,11 @@ class ChatServer:
         self.models: dict[str, _Model] = {}
         self.rng = random.Random()
         self._taskset: Any = None
-        self._background: threading.Thread | None = None  # the export of a newer checkpoint, made between answers
+        # The exports made between answers (`prepare`, a newer checkpoint), one thread at a time, and their rounds.
+        self._background: threading.Thread | None = None
+        self._background_rounds: tuple[int, ...] = ()
+        self._exports: set[subprocess.Popen[str]] = set()  # export children running now (`close` ends them)
+        self._exports_lock = threading.Lock()
         self.refresh_s = REFRESH_S
 
     # -- questions ------------------------------------------------------------------------
@@ -171,10 +178,9 @@ class ChatServer:
         CPU from training); the answer says which round answered. Only the very first
         question (nothing cached yet) waits for an export.
         """
-        from engine.export import gguf_cache_path
 
         newest = self.newest_round()
-        if newest == 0 or gguf_cache_path(self.paths, self.config.run.run_name, newest).is_file():
+        if newest == 0 or self.export_path(newest).is_file():
             return newest, self.ensure_export(ask_id, newest)
         cached = self._newest_cached(below=newest)
         if cached is None:
@@ -205,52 +211,111 @@ class ChatServer:
                 found.append((int(number), path))
         return max(found) if found else None
 
-    def _export_in_background(self, round_index: int) -> None:
+    def _export_in_background(self, *rounds: int) -> None:
+        """Export these rounds one after the other in a thread, unless one is running already."""
         if self._background is not None and self._background.is_alive():
             return
 
         def work() -> None:
-            try:
-                self.ensure_export(None, round_index)
-            except (SaplingError, OSError) as exc:  # the next question tries again; this one was answered
-                log.warning("Try it: background export of round %d failed: %s", round_index, exc)
+            for round_index in rounds:
+                try:
+                    self.ensure_export(None, round_index)
+                except (SaplingError, OSError) as exc:  # the next question tries again; this one was answered
+                    log.warning("Try it: background export of round %d failed: %s", round_index, exc)
 
+        self._background_rounds = rounds
         self._background = threading.Thread(target=work, daemon=True, name="chat-export")
         self._background.start()
+
+    def prepare(self) -> None:
+        """As soon as Try it opens: export what the first question needs, in the background.
+
+        The base model (when its GGUF was not made with the conversion) and the
+        newest checkpoint, unless an export younger than `refresh_s` is cached
+        (the first answer then uses it, as `trained_export` does). The answer
+        to a question asked meanwhile waits for this export, not for a second.
+        """
+        if self.problem:
+            return
+        rounds = [] if self.export_path(0).is_file() else [0]
+        newest = self.newest_round()
+        if newest > 0 and not self.export_path(newest).is_file():
+            cached = self._newest_cached(below=newest)
+            fresh = cached is not None and time.time() - cached[1].stat().st_mtime < self.refresh_s
+            if not fresh:
+                rounds.append(newest)
+        if rounds:
+            log.info("Try it: preparing rounds %s for llama.cpp before the first question", rounds)
+            self._export_in_background(*rounds)
+
+    def export_path(self, round_index: int) -> Path:
+        """Where the GGUF of one round is kept: round 0 of the bundled model beside its conversion, the rest per run."""
+        from engine.export import gguf_cache_path
+
+        if round_index == 0 and self.config.model.source == BUNDLED:
+            from engine.errors import ModelError
+            from engine.models import BASE_GGUF, bundled_model_path
+
+            try:  # made with the conversion (engine.models.ensure_base_gguf); an export writes it there too
+                return bundled_model_path(self.paths.models_cache) / BASE_GGUF
+            except ModelError:  # no bundled model installed: the export says so
+                pass
+        return gguf_cache_path(self.paths, self.config.run.run_name, round_index)
 
     def ensure_export(self, ask_id: int | None, round_index: int) -> Path:
         """The cached GGUF of one round, exported now (in a child process) when missing.
 
-        With `ask_id` None (a background export) it reports nothing to the panel.
+        When a background export (`prepare`) is already making it, the answer
+        waits for that one instead of starting a second. With `ask_id` None
+        (a background export) it reports nothing to the panel.
         """
-        from engine.export import gguf_cache_path
-
-        path = gguf_cache_path(self.paths, self.config.run.run_name, round_index)
+        path = self.export_path(round_index)
         if path.is_file():
             return path
         what = "the base model" if round_index == 0 else f"round {round_index}"
+        running = self._background
+        if (running is not None and running.is_alive() and running is not threading.current_thread()
+                and round_index in self._background_rounds):
+            if ask_id is not None:
+                self.send({"type": "status", "id": ask_id,
+                           "message": f"Preparing {what} for llama.cpp (begun when Try it opened)…"})
+            running.join()
+            if path.is_file():
+                return path
         if ask_id is not None:
-            self.send({"type": "status", "id": ask_id,
-                       "message": f"Preparing {what} for llama.cpp (once per checkpoint; minutes on a busy computer)…"})
+            self.send({"type": "status", "id": ask_id, "message": f"Preparing {what} for llama.cpp (once per checkpoint)…"})
         path.parent.mkdir(parents=True, exist_ok=True)
         argv = node_command("export", [*self.export_flags, "--threads", str(self.budget), "--format", "gguf",
                                        "--round", str(round_index), "--out", str(path)])
         log.info("exporting for Try it: %s", argv)
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 encoding="utf-8", errors="replace")
-        errors: list[str] = []
-        reader = threading.Thread(target=lambda: errors.extend(proc.stderr or []), daemon=True)
-        reader.start()
-        for line in proc.stdout or []:
-            if line.strip() and ask_id is not None:
-                self.send({"type": "status", "id": ask_id, "message": line.strip()})
-        code = proc.wait()
-        reader.join(timeout=5)
+        with self._exports_lock:
+            self._exports.add(proc)
+        try:
+            errors: list[str] = []
+            reader = threading.Thread(target=lambda: errors.extend(proc.stderr or []), daemon=True)
+            reader.start()
+            for line in proc.stdout or []:
+                if line.strip() and ask_id is not None:
+                    self.send({"type": "status", "id": ask_id, "message": line.strip()})
+            code = proc.wait()
+            reader.join(timeout=5)
+        finally:
+            with self._exports_lock:
+                self._exports.discard(proc)
         if code != 0 or not path.is_file():
             last = next((line.strip() for line in reversed(errors) if line.strip()), f"exit code {code}")
             raise SaplingError(f"Could not export {what} for Try it: {last.removeprefix('sapling-node: error: ')}")
         self._prune(path.parent)
         return path
+
+    def close(self) -> None:
+        """End the export children still running (the app closed Try it): none outlives this process."""
+        with self._exports_lock:
+            running = list(self._exports)
+        for proc in running:
+            proc.terminate()
 
     def _prune(self, folder: Path) -> None:
         rounds = sorted((p for p in folder.glob("round-*.gguf")), reverse=True)
@@ -392,6 +457,7 @@ def _reader(server: ChatServer, commands: queue.Queue[dict[str, Any] | None]) ->
         else:
             commands.put(command)
     server.cancelled.set()
+    server.close()
     commands.put(None)
 
 
@@ -440,6 +506,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     server = ChatServer(config, paths, export_flags(argv), send, args.budget)
     send({"type": "ready", "llama_cpp": not server.problem, "message": server.problem,
           "specialties": list(SAPO_SPECIALTIES)})
+    server.prepare()
     commands: queue.Queue[dict[str, Any] | None] = queue.Queue()
     threading.Thread(target=_reader, args=(server, commands), daemon=True, name="chat-stdin").start()
     while (command := commands.get()) is not None:

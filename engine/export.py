@@ -7,36 +7,27 @@
     sapling-node export --format gguf-lora --out adapter.gguf     # the LoRA alone, for llama.cpp's --lora
 
 GGUF files are written by llama.cpp's own converters, `convert_hf_to_gguf.py`
-and `convert_lora_to_gguf.py`, run with the gguf-py they ship with (it is
-newer than PyPI's gguf 0.19 under the same version number). The llama-cpp-python
-wheel does not contain them (its build packs only the `llama_cpp` package), so
-`make` copies them out of the same llama-cpp-python source distribution it
-compiles, into ``<venv>/share/sapling/llama.cpp-convert/``, and the PyInstaller
-spec bundles that folder. `converter_dir()` says where it looked.
-
-The converters run in this process (a frozen build has no Python to run a
-script with), with their own `gguf` swapped in for the time of the call.
+and `convert_lora_to_gguf.py` (engine/llama_convert.py: where they are and
+how they run). The base model of the bundled source is converted once, when
+the bundled model is (engine/models.py); `--round 0 --format gguf` copies it.
 
 Tests: .venv/bin/python -m pytest tests/engine/test_export.py -q
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
-import os
-import runpy
 import shutil
-import sys
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from engine.checkpoint import Checkpoint, _listed, checkpoint_name, verify
-from engine.errors import CheckpointError, ConfigError, ModelError
+from engine.errors import CheckpointError, ConfigError
+from engine.llama_convert import CONVERT_LORA, atomic_file, converter_dir, hf_to_gguf, run_converter
 
 if TYPE_CHECKING:
     from engine.config import NodeConfig
@@ -49,13 +40,7 @@ QUANTS = ("f16", "bf16", "q8_0", "f32")  # f32: the exact weights, twice f16's s
 # f16 by default: bf16's size with 3 more mantissa bits. With llama.cpp's KV cache in f32 (as Try it runs
 # it) its greedy answers equalled torch fp32's on 10 of 10 prompts, bf16's on 9 (docs/exporting.md).
 DEFAULT_QUANT = "f16"
-CONVERTER_ENV = "SAPLING_LLAMA_CONVERT"
-CONVERTER_FOLDER = "llama.cpp-convert"
-CONVERT_HF = "convert_hf_to_gguf.py"
-CONVERT_LORA = "convert_lora_to_gguf.py"
 ADAPTER_FILE = "adapter.safetensors"  # what both backends write into a LoRA checkpoint, in peft's names
-# Module names the converters bring in; they must not mix with PyPI's gguf if that is already loaded.
-_CONVERTER_MODULES = ("gguf", "conversion", "convert_hf_to_gguf", "convert_lora_to_gguf")
 
 Report = Callable[[str], None]
 
@@ -67,25 +52,6 @@ class ExportResult:
     format: str
     quant: str | None
     bytes: int
-
-
-def converter_dir() -> Path:
-    """The folder holding llama.cpp's converters: $SAPLING_LLAMA_CONVERT, the frozen bundle, or the venv."""
-    candidates: list[Path] = []
-    if os.environ.get(CONVERTER_ENV):
-        candidates.append(Path(os.environ[CONVERTER_ENV]))
-    bundle = getattr(sys, "_MEIPASS", None)
-    if bundle:
-        candidates.append(Path(bundle) / CONVERTER_FOLDER)
-    candidates.append(Path(sys.prefix) / "share" / "sapling" / CONVERTER_FOLDER)
-    for folder in candidates:
-        if (folder / CONVERT_HF).is_file() and (folder / "gguf-py" / "gguf").is_dir():
-            return folder
-    raise ModelError(
-        f"llama.cpp's GGUF converter is not installed (looked in {', '.join(str(c) for c in candidates)}): "
-        "run `make run` or `make test` once, which copies it from the llama-cpp-python source, "
-        "or use --format hf."
-    )
 
 
 def find_checkpoint(config: NodeConfig, paths: Paths, round_index: int | None) -> Checkpoint:
@@ -146,7 +112,7 @@ def export_model(
     out = Path(out).expanduser()
     if fmt != "hf":
         converter_dir()  # fail before minutes of loading when it is missing
-    from engine.models import resolve_model_dir
+    from engine.models import BASE_GGUF_QUANT, base_gguf, resolve_model_dir
 
     model_dir = resolve_model_dir(config.model.source, paths.models_cache, config.model.revision or None)
     checkpoint = None if round_index == 0 else find_checkpoint(config, paths, round_index)
@@ -161,15 +127,22 @@ def export_model(
         report(f"Converting the LoRA of round {found_round} to GGUF ({quant})…")
         _adapter_to_gguf(checkpoint.path, model_dir, config, out, quant)
     elif checkpoint is None and fmt == "gguf":
-        report(f"Converting the base model to GGUF ({quant})…")
-        _hf_to_gguf(model_dir, out, quant, name)
+        prepared = base_gguf(model_dir) if quant == BASE_GGUF_QUANT else None
+        if prepared is not None:
+            report("Copying the base model's GGUF, made when the model was converted…")
+            if prepared.resolve() != out.resolve():
+                with atomic_file(out) as tmp:
+                    shutil.copyfile(prepared, tmp)
+        else:
+            report(f"Converting the base model to GGUF ({quant})…")
+            hf_to_gguf(model_dir, out, quant, name)
     else:
         with tempfile.TemporaryDirectory(prefix="sapling-export-", dir=_scratch_dir(out)) as scratch:
             target = out if fmt == "hf" else Path(scratch) / "merged"
             _merged_hf(config, model_dir, checkpoint, target, report)
             if fmt == "gguf":
                 report(f"Converting to GGUF ({quant})…")
-                _hf_to_gguf(target, out, quant, name)
+                hf_to_gguf(target, out, quant, name)
     size = sum(f.stat().st_size for f in out.rglob("*") if f.is_file()) if out.is_dir() else out.stat().st_size
     return ExportResult(found_round, out, fmt, None if fmt == "hf" else quant, size)
 
@@ -200,11 +173,6 @@ def _merged_hf(config: NodeConfig, model_dir: Path, checkpoint: Checkpoint | Non
     backend.export(target)
 
 
-def _hf_to_gguf(folder: Path, out: Path, quant: str, name: str) -> None:
-    with _atomic_file(out) as tmp:
-        _run_converter(CONVERT_HF, [str(folder), "--outtype", quant, "--outfile", str(tmp), "--model-name", name])
-
-
 def _adapter_to_gguf(checkpoint: Path, model_dir: Path, config: NodeConfig, out: Path, quant: str) -> None:
     """A peft adapter folder from the checkpoint's adapter tensors, then llama.cpp's LoRA converter."""
     with tempfile.TemporaryDirectory(prefix="sapling-lora-", dir=_scratch_dir(out)) as scratch:
@@ -216,54 +184,8 @@ def _adapter_to_gguf(checkpoint: Path, model_dir: Path, config: NodeConfig, out:
             "target_modules": "all-linear", "base_model_name_or_path": str(model_dir),
         }
         (folder / "adapter_config.json").write_text(json.dumps(adapter_config, indent=2) + "\n")
-        with _atomic_file(out) as tmp:
-            _run_converter(CONVERT_LORA, [str(folder), "--base", str(model_dir), "--outtype", quant, "--outfile", str(tmp)])
-
-
-@contextlib.contextmanager
-def _atomic_file(out: Path) -> Iterator[Path]:
-    """A temporary path beside `out` that replaces it only when the block succeeds."""
-    tmp = out.with_name(f".{out.name}.partial-{os.getpid()}")
-    try:
-        yield tmp
-        if not tmp.is_file():
-            raise ModelError(f"The GGUF converter finished without writing {out}.")
-        with open(tmp, "rb+") as handle:
-            os.fsync(handle.fileno())
-        os.replace(tmp, out)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def _owned(module: str) -> bool:
-    return any(module == name or module.startswith(name + ".") for name in _CONVERTER_MODULES)
-
-
-def _run_converter(script_name: str, argv: list[str]) -> None:
-    """Run one of llama.cpp's converter scripts as __main__, in this process, with its own gguf."""
-    folder = converter_dir()
-    script = folder / script_name
-    saved_modules = {name: module for name, module in sys.modules.items() if _owned(name)}
-    for name in saved_modules:
-        del sys.modules[name]
-    saved_path, saved_argv = list(sys.path), list(sys.argv)
-    sys.path[:0] = [str(folder / "gguf-py"), str(folder)]
-    sys.argv = [str(script), *argv]
-    log.info("running %s %s", script, " ".join(argv))
-    try:
-        runpy.run_path(str(script), run_name="__main__")
-    except SystemExit as exc:
-        if exc.code not in (0, None):
-            raise ModelError(f"llama.cpp's converter could not convert this model (exit {exc.code}); "
-                             "the log file has its messages.") from exc
-    except NotImplementedError as exc:
-        raise ModelError(f"llama.cpp's converter does not support this model: {exc}. "
-                         "The Hugging Face folder export (--format hf) still works.") from exc
-    finally:
-        for name in [name for name in sys.modules if _owned(name)]:
-            del sys.modules[name]
-        sys.modules.update(saved_modules)
-        sys.path[:], sys.argv = saved_path, saved_argv
+        with atomic_file(out) as tmp:
+            run_converter(CONVERT_LORA, [str(folder), "--base", str(model_dir), "--outtype", quant, "--outfile", str(tmp)])
 
 
 def gguf_cache_path(paths: Paths, run_name: str, round_index: int, quant: str = DEFAULT_QUANT) -> Path:

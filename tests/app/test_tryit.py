@@ -150,10 +150,7 @@ def test_a_chat_child_that_dies_is_one_sentence_and_asking_restarts_it(qtbot, tm
 def test_missing_llama_cpp_is_said_in_one_sentence_and_questions_still_work(qtbot, tmp_path: Path,  # type: ignore[no-untyped-def]
                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     """The real chat child, with `import llama_cpp` made to fail the way a missing package fails."""
-    blocker = tmp_path / "block" / "llama_cpp"
-    blocker.mkdir(parents=True)
-    (blocker / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'llama_cpp'\", name='llama_cpp')\n")
-    monkeypatch.setenv("PYTHONPATH", str(blocker.parent))
+    _block_llama_cpp(tmp_path, monkeypatch)
     home = tmp_path / "home"
     panel = TryItPanel(lambda: node_command("chat", ["--home", str(home)]))
     qtbot.addWidget(panel)
@@ -170,13 +167,31 @@ def test_missing_llama_cpp_is_said_in_one_sentence_and_questions_still_work(qtbo
     assert panel.chat.state() == QProcess.ProcessState.NotRunning
 
 
-def test_window_has_the_try_it_tab_and_the_export_menu(qtbot, make_gui: MakeGui) -> None:  # type: ignore[no-untyped-def]
+def _block_llama_cpp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Children started from here fail `import llama_cpp` the way a missing package fails."""
+    blocker = tmp_path / "block" / "llama_cpp"
+    blocker.mkdir(parents=True)
+    (blocker / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'llama_cpp'\", name='llama_cpp')\n")
+    monkeypatch.setenv("PYTHONPATH", str(blocker.parent))
+
+
+@pytest.mark.integration
+def test_window_has_the_try_it_tab_and_the_export_menu(qtbot, make_gui: MakeGui, tmp_path: Path,  # type: ignore[no-untyped-def]
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Opening the tab starts the chat child at once (it prepares the models before the first question)."""
+    _block_llama_cpp(tmp_path, monkeypatch)  # the child then has nothing to prepare: it only says so
+    monkeypatch.setenv("SAPLING_HOME", str(tmp_path / "home"))
     gui = make_gui()
     w = gui.window
     assert [w.tabs.tabText(i) for i in range(w.tabs.count())] == ["Training", "Try it"]
     actions = {a.text(): a for menu in w.menuBar().findChildren(QMenu) for a in menu.actions()}
+    w.show()
+    assert w.tryit.chat.state() == QProcess.ProcessState.NotRunning  # not before the tab is shown
     actions["Try it"].trigger()
     assert w.tabs.currentWidget() is w.tryit
+    qtbot.waitUntil(lambda: w.tryit.llama_problem != "", timeout=120_000)  # its `ready` line came back
+    assert w.tryit.llama_problem.startswith("Try it needs llama-cpp-python")
+    w.tryit.shut_down()
     assert "Export model…" in actions
     assert settings_flags([sys.executable, "-m", "engine.cli", "serve", "--home", "/h"]) == ["--home", "/h"]
     assert settings_flags(["x"]) == []

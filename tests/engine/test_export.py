@@ -18,7 +18,8 @@ import pytest
 from engine.checkpoint import save_checkpoint
 from engine.config import NodeConfig, build_config
 from engine.errors import CheckpointError, ConfigError, ModelError
-from engine.export import CONVERTER_ENV, export_model, find_checkpoint
+from engine.export import export_model, find_checkpoint
+from engine.llama_convert import CONVERTER_ENV
 from engine.paths import Paths
 
 FIXED_PROMPTS = [
@@ -329,3 +330,59 @@ def test_try_it_recovers_when_the_cached_export_vanishes_or_a_background_export_
     assert server._background is not None
     server._background.join(timeout=10)
     assert "background export of round 3 failed" in caplog.text and "No space left" in caplog.text
+
+
+def test_converting_the_bundled_model_prepares_its_base_gguf_and_round_0_exports_copy_it(
+    smol_dir: Path, tiny_smol_dir: Path, tmp_path: Path
+) -> None:
+    """Try it's base model is ready before the first question: made with the conversion, not on demand."""
+    from llama_cpp import Llama
+
+    from engine.models import CONVERTED_MARKER, base_gguf, ensure_base_gguf
+
+    prepared = base_gguf(smol_dir)
+    assert prepared is not None
+    llm = Llama(model_path=str(prepared), vocab_only=True, verbose=False)
+    assert llm.metadata.get("tokenizer.chat_template")
+    llm.close()
+    # A folder converted here (the marker) gets its GGUF once; an export of round 0 copies it.
+    folder = tmp_path / "converted"
+    shutil.copytree(tiny_smol_dir, folder)
+    assert base_gguf(folder) is None
+    (folder / CONVERTED_MARKER).write_text("{}\n")
+    ensure_base_gguf(folder)
+    prepared = base_gguf(folder)
+    assert prepared is not None
+    said: list[str] = []
+    out = export_model(_config(folder), Paths.under(tmp_path / "home"), tmp_path / "base.gguf", "gguf", round_index=0,
+                       report=said.append).path
+    assert out.read_bytes() == prepared.read_bytes() and said == [said[0]] and said[0].startswith("Copying")
+
+
+def test_try_it_exports_the_newest_checkpoint_when_it_opens_and_a_question_waits_for_that_export(
+    tiny_smol_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`prepare` runs at the chat child's start; a question asked meanwhile joins it instead of exporting again."""
+    import logging
+
+    from engine.chat import ChatServer
+
+    home = tmp_path / "home"
+    paths = Paths.under(home)
+    config = _config(tiny_smol_dir)
+    flags = ["--home", str(home), "--model", str(tiny_smol_dir), "--device", "cpu", "--set", "grpo.precision='fp32'"]
+    _make_checkpoint(config, paths, 1)
+    sent: list[dict[str, Any]] = []
+    server = ChatServer(config, paths, flags, sent.append, budget=1)
+    with caplog.at_level(logging.INFO, logger="engine.chat"):
+        server.prepare()
+        assert server._background_rounds == (0, 1) and server._background is not None
+        server.handle({"cmd": "ask", "id": 1, "text": "What is 17 + 25?"})
+    assert not [m for m in sent if m["type"] == "error"], sent
+    trained = next(m for m in sent if m["type"] == "answer" and m["side"] == "trained")
+    assert trained["round"] == 1
+    assert caplog.text.count("exporting for Try it") == 2  # the base model and round 1, once each
+    assert any(m["type"] == "status" and "begun when Try it opened" in m["message"] for m in sent)
+    again = ChatServer(config, paths, flags, sent.append, budget=1)
+    again.prepare()
+    assert again._background is None  # both cached: nothing left to prepare
