@@ -5,12 +5,14 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.sapling-installed
-# Debian/Ubuntu packages: compilers for reasoning-gym's C extensions, redis-server
-# for the shared-broker tests and caddy for the relay kit's HTTPS test (both started by
-# the tests on loopback, never as a service).
-APT_PACKAGES := gcc g++ python3-dev redis-server caddy
+# Debian/Ubuntu packages: compilers for reasoning-gym's C extensions (make run and make test).
+APT_PACKAGES := gcc g++ python3-dev
+# Only for the tests: redis-server for the shared-broker tests, caddy for the relay kit's HTTPS
+# test, chromium for the relay pages' browser tests (all started by the tests on loopback, never
+# as a service; a test whose program is missing skips and names it).
+TEST_APT_PACKAGES := redis-server caddy chromium
 
-.PHONY: run test lint typecheck pytest system-deps clean help
+.PHONY: run test lint typecheck pytest system-deps test-deps clean help
 
 help:
 	@echo "make run    set up .venv and start the app (the headless node when there is no display)"
@@ -85,7 +87,10 @@ lint-workflows: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy engine app bench
 
-pytest: $(STAMP)
+test-deps:
+	@$(MAKE) --no-print-directory system-deps APT_PACKAGES="$(TEST_APT_PACKAGES)"
+
+pytest: $(STAMP) test-deps
 	$(BIN)/python -m pytest -q
 
 test: lint typecheck pytest
