@@ -64,7 +64,7 @@ class DoctorDialog(QDialog):
         self.verdict: dict[str, object] | None = None
         self.setWindowTitle("Check connection")
         self.setWindowIcon(theme.icon())
-        self.setMinimumSize(720, 420)
+        self.setMinimumSize(940, 400)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(18, 16, 18, 14)
         title = QLabel("Check connection")
@@ -91,6 +91,9 @@ class DoctorDialog(QDialog):
         self.table.setColumnCount(4)
         self.table.setHeaderLabels(["", "Step", "Time", "What was found"])
         self.table.setRootIsDecorated(False)
+        self.table.setSelectionMode(QTreeWidget.SelectionMode.NoSelection)
+        self.table.setFocusPolicy(Qt.FocusPolicy.NoFocus)
+        self.table.setTextElideMode(Qt.TextElideMode.ElideMiddle)  # a long path keeps its start and its end
         self.table.setWordWrap(True)
         self.table.setUniformRowHeights(False)
         header = self.table.header()

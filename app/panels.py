@@ -29,6 +29,7 @@ from PySide6.QtWidgets import (
     QMessageBox,
     QPlainTextEdit,
     QPushButton,
+    QSizePolicy,
     QTableWidget,
     QTableWidgetItem,
     QVBoxLayout,
@@ -193,13 +194,14 @@ class PeersPanel(QFrame):
         top.addWidget(self.switch_button)
         where.addLayout(top)
         self.swarm_name = QLabel()
-        self.swarm_name.setObjectName("kpiValue")
-        self.swarm_name.setTextFormat(Qt.TextFormat.PlainText)  # the name comes from the relay or the invite
+        self.swarm_name.setStyleSheet("font-weight: 600;")
         self.relay = QLabel()
         self.relay.setObjectName("muted")
-        self.relay.setTextFormat(Qt.TextFormat.PlainText)
-        self.relay.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-        self.relay.setWordWrap(True)
+        for label in (self.swarm_name, self.relay):
+            label.setTextFormat(Qt.TextFormat.PlainText)  # the name comes from a relay or an invite
+            label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+            label.setWordWrap(True)
+            label.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
         where.addWidget(self.swarm_name)
         where.addWidget(self.relay)
         return where

@@ -2,22 +2,32 @@
 
     QT_QPA_PLATFORM=offscreen .venv/bin/python -m app.screenshots docs/screenshots
 
+    QT_QPA_PLATFORM=offscreen .venv/bin/python -m app.screenshots docs/screenshots join-dialog.png doctor.png
+
 Writes main-idle.png (first start, nothing trained yet), main-training.png (a
-run in progress), first-run.png, settings.png, settings-protection.png and
-main-crashed.png. The data
+run in progress), first-run.png, settings.png, settings-protection.png,
+main-crashed.png, join-dialog.png and doctor.png (or only the names given
+after the folder). The window's data
 is recorded, not live: the history is tests/app/fixtures/history.jsonl (a real
 40-round CPU run of the bundled model) with a second real run's rewards shown
 as the swarm's; the swarm identity and peer counts are illustrative. A stand-in
-engine prints the recorded events, so no training runs here.
+engine prints the recorded events, so no training runs here. The join dialog
+and the doctor are live: a real `sapling-relay` process on loopback with three
+real nodes connected, and a real `sapling-node doctor` run against it.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import socket
+import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
@@ -31,6 +41,7 @@ from app.guards import route_qt_messages
 from app.gui import Gui, build_gui
 from app.power import PowerPolicy
 from engine.paths import Paths
+from engine.rules import Invite
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "app" / "fixtures"
@@ -122,6 +133,75 @@ def make(home: Path, command: list[str] | None = None) -> Gui:
     return gui
 
 
+# Run in child processes: the app itself never imports the relay, the swarm client or cryptography.
+PEERS = """
+import sys, time
+from engine.swarm.client import SwarmClient
+from engine.swarm.identity import Identity
+clients = [SwarmClient(sys.argv[1], Identity.generate()) for _ in range(int(sys.argv[2]))]
+for client in clients:
+    client.start()
+time.sleep(3600)
+"""
+MAKE_KEY = "import sys; from engine.swarm.identity import Identity; Identity.load_or_create(sys.argv[1])"
+RELAY_NAME = "Maple Street Lab"
+
+
+@contextmanager
+def live_relay(peers: int = 3) -> Iterator[str]:
+    """A real sapling-relay process on a free loopback port with `peers` real nodes connected: its ws:// URL."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    relay = subprocess.Popen([sys.executable, "-m", "engine.swarm.relay", "--host", "127.0.0.1", "--port", str(port),
+                              "--name", RELAY_NAME, "--contact", "lab-swarm@maplestreet.example",
+                              "--description", "Evening arithmetic and calendar puzzles for the Maple Street "
+                              "maths club. Be kind to the relay: one node per computer.",
+                              "--log-level", "error"], cwd=ROOT)
+    url = f"ws://127.0.0.1:{port}/ws"
+    nodes = None
+    try:
+        wait_until(lambda: _listening(port))
+        nodes = subprocess.Popen([sys.executable, "-c", PEERS, url, str(peers)], cwd=ROOT)
+        wait(2500)  # the nodes' handshakes
+        yield url
+    finally:
+        for proc in (nodes, relay):
+            if proc is not None:
+                proc.terminate()
+                proc.wait(timeout=20)
+
+
+def _listening(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+        return True
+    except OSError:
+        return False
+
+
+def join_and_doctor(home: Path, out: Path, names: set[str]) -> None:
+    """join-dialog.png (an invite to the live relay) and doctor.png (Help ▸ Check connection on it)."""
+    with live_relay() as url:
+        gui = make(home)
+        subprocess.run([sys.executable, "-c", MAKE_KEY, str(Paths.under(home).identity_file)], cwd=ROOT, check=True)
+        link = Invite((url,), "", "").link()
+        if "join-dialog.png" in names:
+            dialog = gui.window.open_invite(link)
+            wait_until(lambda: dialog.preview is not None)
+            save(dialog, out, "join-dialog.png")
+            dialog.reject()
+        if "doctor.png" in names:
+            gui.window.engine_settings = replace(gui.window.engine_settings, swarm_mode="relay",
+                                                 relay_url=Invite((url,), "", RELAY_NAME).link())
+            gui.store.save_engine(gui.window.engine_settings)
+            doctor = gui.window.open_doctor()
+            wait_until(lambda: doctor.verdict is not None, 60_000)
+            save(doctor, out, "doctor.png")
+            doctor.close()
+        close(gui)
+
+
 def close(gui: Gui) -> None:
     gui.engine.kill()
     gui.engine.wait_for_exit(3000)
@@ -129,9 +209,17 @@ def close(gui: Gui) -> None:
     gui.window.close()
 
 
+ALL = ("main-idle.png", "first-run.png", "settings.png", "settings-protection.png", "main-training.png",
+       "main-crashed.png", "join-dialog.png", "doctor.png")
+
+
 def main(argv: list[str]) -> int:
     out = Path(argv[0] if argv else ROOT / "docs" / "screenshots").resolve()
     out.mkdir(parents=True, exist_ok=True)
+    names = set(argv[1:]) or set(ALL)
+    if names - set(ALL):
+        print(f"screenshots: unknown names {sorted(names - set(ALL))}; known: {', '.join(ALL)}", file=sys.stderr)
+        return 2
     app = QApplication.instance() or QApplication(sys.argv[:1])
     if not isinstance(app, QApplication):
         return 1
@@ -140,20 +228,29 @@ def main(argv: list[str]) -> int:
     route_qt_messages()
     with tempfile.TemporaryDirectory(prefix="sapling-shots-") as tmp:
         root = Path(tmp)
+        if names & {"join-dialog.png", "doctor.png"}:
+            join_and_doctor(root / "join", out, names)
+        if not names - {"join-dialog.png", "doctor.png"}:
+            return 0
+
+        def shot(widget: QWidget, folder: Path, name: str) -> None:
+            if name in names:
+                save(widget, folder, name)
+
         idle = make(root / "idle")
-        save(idle.window, out, "main-idle.png")
+        shot(idle.window, out, "main-idle.png")
         idle.window.app_settings.first_run_done = False
         idle.window.open_first_run()
         assert idle.window.dialog is not None
-        save(idle.window.dialog, out, "first-run.png")
+        shot(idle.window.dialog, out, "first-run.png")
         idle.window.dialog.reject()
         idle.window.open_settings()
         assert idle.window.dialog is not None
-        save(idle.window.dialog, out, "settings.png")
+        shot(idle.window.dialog, out, "settings.png")
         dialog = idle.window.dialog
         if isinstance(dialog, SettingsDialog):
             dialog.tabs.setCurrentIndex(1)
-            save(dialog, out, "settings-protection.png")
+            shot(dialog, out, "settings-protection.png")
         idle.window.dialog.reject()
         close(idle)
 
@@ -162,11 +259,11 @@ def main(argv: list[str]) -> int:
         train.controller.start()
         wait_until(lambda: train.session.progress.get("done") == 58)
         train.window.charts.refresh()
-        save(train.window, out, "main-training.png")
+        shot(train.window, out, "main-training.png")
         train.engine.kill()
         wait_until(lambda: train.window.problem_dialog.isVisible())
         train.window.problem_dialog.close()
-        save(train.window, out, "main-crashed.png")
+        shot(train.window, out, "main-crashed.png")
         train.controller.restart_timer.stop()
         close(train)
     return 0

@@ -177,7 +177,7 @@ class MainWindow(QMainWindow):
         side.addWidget(log_card)
         side.setStretchFactor(0, 1)
         side.setStretchFactor(1, 1)
-        side.setSizes([440, 260])
+        side.setSizes([470, 230])
         side.setChildrenCollapsible(False)
         side.setMinimumWidth(320)
         side.setMaximumWidth(440)
