@@ -22,6 +22,9 @@ from app import theme
 from app.session import History, Session
 
 TREND_WINDOW = 10
+# Each axis reaches this many pixels past the first and last values: a marker (7 px) or a line's end on
+# round 0, on the newest round, at 0 or at the top of a fixed range is drawn whole, not cut by the frame.
+EDGE_PIXELS = 6.0
 REFRESH_MS = 250
 STEP_MS = 50  # between redrawing one part and the next, so each paints in its own frame
 STEPS = 4  # your reward, the swarm's, accuracy, throughput
@@ -97,6 +100,11 @@ def nice_step(span: float, ticks: int = 5) -> float:
         if raw <= factor * power:
             return factor * power
     return 10 * power
+
+
+def _pad(low: float, high: float, pixels: float) -> float:
+    """How far past `low` and `high` an axis of `pixels` must reach for EDGE_PIXELS of room at each end."""
+    return (high - low) * EDGE_PIXELS / max(pixels - 2 * EDGE_PIXELS, 4 * EDGE_PIXELS)
 
 
 @dataclass(frozen=True)
@@ -183,7 +191,8 @@ class MetricChart(QChartView):
         self.empty = QGraphicsSimpleTextItem(empty_text)
         self.empty.setBrush(QColor(theme.MUTED))
         self.scene().addItem(self.empty)
-        self.set_ranges(0, 10, 0.0, 1.0)
+        self.ranges = (0.0, 10.0, 0.0, 1.0)
+        self.set_ranges(*self.ranges)
 
     def _axis(self, title: str, fmt: str) -> QValueAxis:
         axis = QValueAxis()
@@ -207,10 +216,15 @@ class MetricChart(QChartView):
             QToolTip.showText(self.cursor().pos(), f"{name}\nround {point.x():.0f}: {value}", self)
 
     def set_ranges(self, x_min: float, x_max: float, y_min: float, y_max: float) -> None:
+        """The values' ranges; each axis shows EDGE_PIXELS more on both sides (ticks stay on round numbers)."""
         if self.fixed_y is not None:
             y_min, y_max = self.fixed_y
-        self._set_axis(self.x_axis, x_min, x_max, max(1.0, nice_step(x_max - x_min)))
-        self._set_axis(self.y_axis, y_min, y_max, nice_step(y_max - y_min, 4))
+        self.ranges = (x_min, x_max, y_min, y_max)
+        area = self.chart().plotArea()
+        x_pad = _pad(x_min, x_max, area.width())
+        y_pad = _pad(y_min, y_max, area.height())
+        self._set_axis(self.x_axis, x_min - x_pad, x_max + x_pad, max(1.0, nice_step(x_max - x_min)))
+        self._set_axis(self.y_axis, y_min - y_pad, y_max + y_pad, nice_step(y_max - y_min, 4))
 
     @staticmethod
     def _set_axis(axis: QValueAxis, low: float, high: float, step: float) -> None:
@@ -244,6 +258,7 @@ class MetricChart(QChartView):
 
     def resizeEvent(self, event: QResizeEvent) -> None:
         super().resizeEvent(event)
+        self.set_ranges(*self.ranges)  # the margins are in pixels: the plot's size changed
         self._place_empty()
 
 
