@@ -64,6 +64,8 @@ class Entry(NamedTuple):
     peer: str
     payload: str
     sig: str  # base64
+    seq: int = 0  # the batch's sequence number and item count, for receipts (engine/swarm/credit.py);
+    items: int = 0  # 0 for a stream entry written by a relay from before receipts
 
     def to_json(self) -> dict[str, str]:
         return {"payload": self.payload, "sig": self.sig}
@@ -250,7 +252,8 @@ class RedisBroker:
         self._cursor = stream_id
         high, _, low = stream_id.partition("-")
         try:
-            self.window.add(Entry(fields["peer"], fields["payload"], fields["sig"]), (int(high), int(low or 0)))
+            self.window.add(Entry(fields["peer"], fields["payload"], fields["sig"], int(fields.get("seq", 0)),
+                                  int(fields.get("items", 0))), (int(high), int(low or 0)))
         except (KeyError, ValueError):
             log.warning("skipping malformed stream entry %s", stream_id)
 
@@ -306,7 +309,7 @@ class RedisBroker:
         try:
             await self._redis.xadd(
                 self.stream,
-                {"peer": entry.peer, "payload": entry.payload, "sig": entry.sig},
+                {"peer": entry.peer, "payload": entry.payload, "sig": entry.sig, "seq": entry.seq, "items": entry.items},
                 maxlen=self._window_len,
                 approximate=True,
             )

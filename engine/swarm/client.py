@@ -70,6 +70,10 @@ class LinkState:
     published: int = 0
     publish_errors: Counter[str] = field(default_factory=Counter)
     models: Any = None  # the welcome's `models`: the swarm's model policy (engine/model_policy.py reads it)
+    credit: dict[str, Any] | None = None  # this node's credit as the relay last sent it (engine/swarm/credit.py)
+    credit_at: float = 0.0  # when it came
+    receipts_counted: int = 0  # receipt items the relay counted, and those it refused, by why
+    receipts_refused: Counter[str] = field(default_factory=Counter)
 
 
 class RelayMemory:
@@ -289,6 +293,11 @@ class SwarmClient:
                 future.set_result(msg)
         elif type_ == "stats":
             self._set(online=msg["online"], window=msg["window"])
+            if msg["credit"] is not None:
+                self._set(credit=msg["credit"], credit_at=time.time())
+        elif type_ == "receipted":
+            self.state.receipts_counted += msg["counted"]
+            self.state.receipts_refused.update(msg["refused"])
         elif type_ == "published":
             self.state.published += 1
         elif type_ == "error":
@@ -308,15 +317,25 @@ class SwarmClient:
 
     def publish(self, payload: str) -> bool:
         """Sign and send a batch payload; False when the relay is not connected."""
+        return self._send(protocol.msg_publish(self.identity.signed(payload)), "publish")
+
+    def send_receipts(self, payload: str) -> bool:
+        """Sign and send a receipts payload (engine/swarm/receipts.py); False when the relay is not connected."""
+        return self._send(protocol.msg_receipts(self.identity.signed(payload)), "receipts")
+
+    def ask_stats(self) -> bool:
+        """Ask for a stats message now: it carries this node's credit, kept in `state.credit` when it comes."""
+        return self._send(protocol.msg_stats_request(), "stats")
+
+    def _send(self, message: dict[str, Any], what: str) -> bool:
         ws = self._ws
         if ws is None or not self.state.connected:
             return False
-        message = protocol.encode(protocol.msg_publish(self.identity.signed(payload)))
-        future = asyncio.run_coroutine_threadsafe(ws.send_str(message), self._loop)
+        future = asyncio.run_coroutine_threadsafe(ws.send_str(protocol.encode(message)), self._loop)
         try:
             future.result(timeout=CONNECT_TIMEOUT_S)
         except (FutureTimeout, ConnectionError, RuntimeError, aiohttp.ClientError) as exc:
-            self._set(last_error=f"publish failed: {exc}")
+            self._set(last_error=f"{what} failed: {exc}")
             return False
         return True
 

@@ -56,6 +56,8 @@ DEFAULT_BURST = 10.0  # token-bucket capacity
 DEFAULT_MAX_CONN_PER_IP = 16
 DEFAULT_WINDOW_BATCHES = 1024  # recent batches the relay keeps for sampling
 DEFAULT_SEND_QUEUE = 32  # messages queued to one connection before it counts as a slow consumer
+DEFAULT_CREDIT_PER_ROUND = 8  # `used` items of one sender that one receiver's receipts credit per sample answer
+DEFAULT_RECEIPT_WINDOW_S = 3600.0  # how long after a sample the relay takes receipts for what it handed
 
 # -- error codes ---------------------------------------------------------------------------
 E_BAD_JSON = "bad_json"
@@ -85,8 +87,8 @@ ERROR_CODES = (
 # Codes after which the relay closes the connection (the rest only reject one message).
 FATAL_CODES = frozenset({E_VERSION, E_AUTH, E_FORBIDDEN, E_BANNED, E_CONN_LIMIT, E_SLOW, E_HEARTBEAT, E_SHUTDOWN})
 
-CLIENT_TYPES = ("hello", "publish", "sample", "stats")
-RELAY_TYPES = ("challenge", "welcome", "published", "batches", "stats", "error")
+CLIENT_TYPES = ("hello", "publish", "sample", "stats", "receipts")
+RELAY_TYPES = ("challenge", "welcome", "published", "batches", "stats", "error", "receipted")
 
 
 class ProtocolError(Exception):
@@ -399,7 +401,7 @@ def decode_client(frame: str | bytes) -> dict[str, Any]:
     try:
         obj = _envelope(obj, CLIENT_TYPES)
         type_ = obj["type"]
-        if type_ in ("hello", "publish"):
+        if type_ in ("hello", "publish", "receipts"):  # receipts: engine/swarm/receipts.py reads the payload
             return {"type": type_, "signed": _signed(obj), "id": request_id}
         if type_ == "sample":
             return {"type": type_, "id": _int(obj, "id", 0, MAX_REQUEST_ID), "n": _int(obj, "n", 1, MAX_SAMPLE_BATCHES),
@@ -451,8 +453,13 @@ def decode_relay(text: str | bytes) -> dict[str, Any]:
             batches.append(_signed(entry))
         return {"type": type_, "id": _int(obj, "id", 0, MAX_REQUEST_ID), "batches": batches,
                 "cursor": _cursor(obj, "cursor")}
-    if type_ == "stats":
-        return {"type": type_, "online": _int(obj, "online", 0, 10**9), "window": _int(obj, "window", 0, 10**9)}
+    if type_ == "stats":  # `credit`: this peer's own numbers (engine/swarm/credit.py), absent in most pushes
+        return {"type": type_, "online": _int(obj, "online", 0, 10**9), "window": _int(obj, "window", 0, 10**9),
+                "credit": obj.get("credit") if isinstance(obj.get("credit"), dict) else None}
+    if type_ == "receipted":
+        refused = obj.get("refused")
+        return {"type": type_, "id": _request_id(obj), "counted": _int(obj, "counted", 0, 10**9),
+                "refused": {str(k): v for k, v in refused.items() if isinstance(v, int)} if isinstance(refused, dict) else {}}
     code = obj.get("code")
     return {
         "type": "error",
@@ -494,8 +501,29 @@ def msg_batches(request_id: int, batches: list[dict[str, str]], cursor: str) -> 
     return {"type": "batches", "v": VERSION, "id": request_id, "batches": batches, "cursor": cursor}
 
 
-def msg_stats(online: int, window: int) -> dict[str, Any]:
-    return {"type": "stats", "v": VERSION, "online": online, "window": window}
+def msg_stats(online: int, window: int, credit: dict[str, Any] | None = None) -> dict[str, Any]:
+    out: dict[str, Any] = {"type": "stats", "v": VERSION, "online": online, "window": window}
+    if credit is not None:
+        out["credit"] = credit
+    return out
+
+
+def msg_stats_request() -> dict[str, Any]:
+    return {"type": "stats", "v": VERSION}
+
+
+def msg_receipts(signed: Signed, request_id: int | None = None) -> dict[str, Any]:
+    out: dict[str, Any] = {"type": "receipts", "v": VERSION, **signed.to_json()}
+    if request_id is not None:
+        out["id"] = request_id
+    return out
+
+
+def msg_receipted(request_id: int | None, counted: int, refused: dict[str, int]) -> dict[str, Any]:
+    out: dict[str, Any] = {"type": "receipted", "v": VERSION, "counted": counted, "refused": refused}
+    if request_id is not None:
+        out["id"] = request_id
+    return out
 
 
 def msg_error(code: str, message: str, request_id: int | None = None) -> dict[str, Any]:
@@ -506,7 +534,8 @@ def msg_error(code: str, message: str, request_id: int | None = None) -> dict[st
 
 
 def limits(*, rate_per_s: float, burst: float, max_conn_per_ip: int, send_queue: int, window_batches: int,
-           heartbeat_s: float) -> dict[str, Any]:
+           heartbeat_s: float, credit_per_round: int = DEFAULT_CREDIT_PER_ROUND,
+           receipt_window_s: float = DEFAULT_RECEIPT_WINDOW_S) -> dict[str, Any]:
     """What a relay announces in its welcome: every limit of docs/protocol.md, under the names listed there."""
     return {
         "max_frame_bytes": MAX_FRAME_BYTES,
@@ -528,4 +557,11 @@ def limits(*, rate_per_s: float, burst: float, max_conn_per_ip: int, send_queue:
         "max_conn_per_ip": max_conn_per_ip,
         "send_queue": send_queue,
         "window_batches": window_batches,
+        "max_receipt_items": MAX_SAMPLE_BATCHES * MAX_ITEMS_PER_BATCH,
+        "credit_per_round": credit_per_round,
+        "receipt_window_s": receipt_window_s,
     }
+
+
+# The checks of this module, for the modules that decode other signed payloads (engine/swarm/receipts.py).
+load_json, check_b64, check_float, check_hex = _loads, _b64, _float, _hex

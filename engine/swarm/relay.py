@@ -50,7 +50,8 @@ from aiohttp import WebSocketError, WSCloseCode, WSMsgType, web
 
 from engine.swarm import protocol, relay_invite
 from engine.swarm.brokers import Broker, Entry, MemoryBroker, RedisBroker
-from engine.swarm.identity import verify
+from engine.swarm.credit import CREDIT_PUSH_S, CreditBook
+from engine.swarm.identity import readable_name, verify
 from engine.swarm.relay_info import relay_identity
 from engine.swarm.relay_limits import QuietBadRequests, RejectionLog, TokenBucket
 from engine.swarm.relay_settings import JsonLogFormatter, RelaySettings, build_parser, settings_from_args
@@ -103,6 +104,7 @@ class Connection:
         self.missed_pings = 0
         self.writer: asyncio.Task[None] | None = None
         self.reader: asyncio.Task[None] | None = None  # the handshake, then serving requests
+        self.credit_due = 0.0  # when the next stats push carries this peer's credit (engine/swarm/credit.py)
 
     def send(self, message: dict[str, Any]) -> None:
         if self.closing:
@@ -205,6 +207,7 @@ class Relay:
         self.identity = relay_identity(settings.data_dir)  # the relay's key: information document, receipts
         self.live = LiveStats(settings.redis, settings.swarm)  # the status page's numbers
         self.models = settings.model_policy()  # one model, mixed or not declared: welcome and publish
+        self.credit = CreditBook(settings.redis, settings.swarm, settings.credit_per_round, settings.receipt_window)
 
     def window_size(self) -> int:
         return self.broker.window_size()
@@ -226,6 +229,7 @@ class Relay:
     async def _on_startup(self, _app: web.Application) -> None:
         await self.broker.start()
         await self.live.start()
+        await self.credit.start()
         self._tasks = [
             asyncio.create_task(self._every(STATS_PERIOD_S, self._push_stats), name="relay-stats"),
             asyncio.create_task(self._every(self.settings.heartbeat, self._heartbeat), name="relay-heartbeat"),
@@ -249,6 +253,7 @@ class Relay:
         await self._log_rejections()
         with contextlib.suppress(Exception):  # Redis gone at shutdown: the last seconds of counts are lost
             await self.live.close()
+            await self.credit.close()
         await self.broker.close()
 
     @staticmethod
@@ -266,10 +271,14 @@ class Relay:
             log.warning("stats update failed: %s", exc)
             return
         self.peers_elsewhere = max(0, total - here)
-        message = protocol.msg_stats(self.online, self.broker.window_size())
+        await self.credit.flush()
+        now = time.monotonic()  # each peer's own credit goes with every CREDIT_PUSH_S-th second's push
+        due = {c for c in self.connections if c.peer and c.credit_due <= now}
+        credits = await self.credit.credits([c.peer for c in due if c.peer])
         for conn in list(self.connections):
             if conn.peer:
-                conn.send(message)
+                conn.credit_due = now + CREDIT_PUSH_S if conn in due else conn.credit_due
+                conn.send(protocol.msg_stats(self.online, self.broker.window_size(), credits.get(conn.peer)))
 
     async def _heartbeat(self) -> None:
         for conn in list(self.connections):
@@ -434,8 +443,15 @@ class Relay:
             self.metrics["samples"] += 1
             self.metrics["batches_served"] += len(entries)
             conn.send(protocol.msg_batches(decoded["id"], [e.to_json() for e in entries], cursor))
-        elif decoded["type"] == "stats":
-            conn.send(protocol.msg_stats(self.online, self.broker.window_size()))
+            await self.credit.handed(conn.peer, [(e.peer, e.seq, e.items) for e in entries])
+        elif decoded["type"] == "stats":  # with this peer's credit, read now
+            credit = (await self.credit.credits([conn.peer] if conn.peer else [])).get(conn.peer or "")
+            conn.send(protocol.msg_stats(self.online, self.broker.window_size(), credit))
+        elif decoded["type"] == "receipts":
+            assert conn.peer is not None and conn.key is not None
+            answer = await self.credit.receive(conn.peer, conn.key, decoded["signed"], decoded["id"])
+            self.rejection_log.add_counts(conn.peer, conn.ip, answer["refused"], "receipt_")  # items refused
+            conn.send(answer)
         else:
             raise protocol.ProtocolError(protocol.E_BAD_SCHEMA, "hello is only valid as the first message")
 
@@ -452,8 +468,9 @@ class Relay:
         assert conn.peer is not None
         if not await self.broker.claim_seq(conn.peer, batch.seq):
             raise protocol.ProtocolError(protocol.E_REPLAY, f"sequence {batch.seq} is not above this peer's last one")
-        await self.broker.add(Entry(conn.peer, signed.payload, protocol.b64encode(signed.sig)))
+        await self.broker.add(Entry(conn.peer, signed.payload, protocol.b64encode(signed.sig), batch.seq, len(batch.items)))
         self.metrics["publishes"] += 1
+        self.credit.shared(conn.peer, readable_name(batch.key), len(batch.items))
         self.live.record_publish(batch)
         conn.send(protocol.msg_published(batch.seq))
 

@@ -58,6 +58,12 @@ class RejectionLog:
             counts = self.counts[source] = Counter()
         counts[code] += 1
 
+    def add_counts(self, peer: str | None, ip: str, counts: dict[str, int], prefix: str = "") -> None:
+        """Several refusals at once, e.g. the receipt items a receipts message named in vain."""
+        for code, n in counts.items():
+            for _ in range(n):
+                self.add(peer, ip, prefix + code)
+
     def flush(self) -> None:
         period = round(time.monotonic() - self.since, 1)
         ranked = sorted(self.counts.items(), key=lambda kv: -sum(kv[1].values()))

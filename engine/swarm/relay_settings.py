@@ -52,6 +52,8 @@ class RelaySettings:
     burst: float = field(default=protocol.DEFAULT_BURST, metadata={"help": "token-bucket capacity per peer"})
     window: int = field(default=protocol.DEFAULT_WINDOW_BATCHES, metadata={"help": "recent batches kept for sampling"})
     send_queue: int = field(default=protocol.DEFAULT_SEND_QUEUE, metadata={"help": "messages queued to one connection before it is dropped as a slow consumer"})
+    credit_per_round: int = field(default=protocol.DEFAULT_CREDIT_PER_ROUND, metadata={"help": "receipts credit at most this many items of one sender as used per sample answer of one receiver (docs/protocol.md, Credit)"})
+    receipt_window: float = field(default=protocol.DEFAULT_RECEIPT_WINDOW_S, metadata={"help": "seconds after a sample during which the relay takes receipts for what it handed out"})
     heartbeat: float = field(default=protocol.HEARTBEAT_S, metadata={"help": "websocket ping interval in seconds; a peer answering neither of two pings is dropped"})
     reject_log_every: float = field(default=60.0, metadata={"help": "seconds between info-level summaries of refused messages per peer"})
     name: str = field(default="sapling-relay", metadata={"help": f"the swarm's name, shown to nodes, on the status page and in invites (at most {MAX_NAME_CHARS} characters)"})
@@ -65,11 +67,11 @@ class RelaySettings:
     def check(self) -> None:
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be 0-65535, got {self.port}")
-        for key in ("max_conn_per_ip", "window", "send_queue"):
+        for key in ("max_conn_per_ip", "window", "send_queue", "credit_per_round"):
             if getattr(self, key) < 1:
                 raise ValueError(f"{key.replace('_', '-')} must be at least 1")
-        if self.rate <= 0 or self.burst < 1 or self.heartbeat <= 0 or self.reject_log_every <= 0:
-            raise ValueError("rate, heartbeat and reject-log-every must be positive and burst at least 1")
+        if self.rate <= 0 or self.burst < 1 or self.heartbeat <= 0 or self.reject_log_every <= 0 or self.receipt_window <= 0:
+            raise ValueError("rate, heartbeat, reject-log-every and receipt-window must be positive and burst at least 1")
         if self.log_level not in ("debug", "info", "warning", "error"):
             raise ValueError("log-level must be debug, info, warning or error")
         if self.redis and not self.redis.startswith(("redis://", "rediss://", "unix://")):
@@ -95,7 +97,8 @@ class RelaySettings:
     def limits(self) -> dict[str, Any]:
         """The `limits` object of the welcome: the protocol's constants and this relay's flags."""
         return protocol.limits(rate_per_s=self.rate, burst=self.burst, max_conn_per_ip=self.max_conn_per_ip,
-                               send_queue=self.send_queue, window_batches=self.window, heartbeat_s=self.heartbeat)
+                               send_queue=self.send_queue, window_batches=self.window, heartbeat_s=self.heartbeat,
+                               credit_per_round=self.credit_per_round, receipt_window_s=self.receipt_window)
 
     def model_policy(self) -> ModelPolicy:
         """The swarm's model policy from `models` (engine/model_policy.py): welcome, information document, publish."""

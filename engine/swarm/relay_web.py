@@ -3,6 +3,7 @@
     GET /                          status page (JSON information document with Accept: application/json)
     GET /.well-known/sapling-relay the information document, always JSON (engine/swarm/relay_info.py)
     GET /stats.json                live numbers and the last day per minute, polled by the status page
+    GET /stats/peers.json          the peers whose rollouts others used most today, with their credit
     GET /join?relay=...&token=...  "Open in Sapling" for an invite, and how to install Sapling
     GET /static/NAME               the page's own script, style sheet and vendored chart library
     GET /healthz, GET /metrics     operations (JSON; Prometheus text)
@@ -33,7 +34,9 @@ from engine import __version__
 from engine.errors import ConfigError
 from engine.rules import Invite, check_relay_url, parse_invite
 from engine.swarm import protocol
+from engine.swarm.credit import CreditBook
 from engine.swarm.identity import Identity
+from engine.swarm.receipts import OUTCOMES as RECEIPT_OUTCOMES
 from engine.swarm.relay_info import SOFTWARE, WELL_KNOWN_PATH, info_document
 from engine.swarm.relay_settings import RelaySettings
 from engine.swarm.relay_stats import LiveStats
@@ -67,6 +70,7 @@ class RelayView(Protocol):
     settings: RelaySettings
     identity: Identity
     live: LiveStats
+    credit: CreditBook
     metrics: Counter[str]
     rejections: Counter[str]
     started: float
@@ -142,6 +146,7 @@ class RelayPages:
         app.router.add_get("/", self.handle_index)
         app.router.add_get(WELL_KNOWN_PATH, self.handle_info)
         app.router.add_get("/stats.json", self.handle_stats)
+        app.router.add_get("/stats/peers.json", self.handle_peers)
         app.router.add_get("/join", self.handle_join)
         app.router.add_get("/static/{name}", self.handle_static)
         app.router.add_get("/favicon.ico", self.handle_favicon)  # asked for by browsers that skip the <link>
@@ -192,6 +197,17 @@ class RelayPages:
         if isinstance(accept, web.Response):
             return accept
         return self._json(await self._live())
+
+    async def handle_peers(self, request: web.Request) -> web.Response:
+        """The credit board (engine/swarm/credit.py): public names and peer ids, never addresses."""
+        accept = self._accept_json(request)
+        if isinstance(accept, web.Response):
+            return accept
+        try:
+            return self._json(await self.relay.credit.board())
+        except self.relay.credit.store.errors:
+            return web.json_response({"error": "the relay cannot read its store now; try again shortly"}, status=503,
+                                     headers={"Cache-Control": "no-store"})
 
     async def handle_index(self, request: web.Request) -> web.Response:
         accept = self._accept_json(request)
@@ -326,6 +342,12 @@ class RelayPages:
                 f"# TYPE sapling_relay_{name}_total counter",
                 f"sapling_relay_{name}_total {relay.metrics[name]}",
             ]
+        lines += [
+            "# HELP sapling_relay_receipt_items_total Items named in receipts, by outcome (docs/protocol.md, Receipts).",
+            "# TYPE sapling_relay_receipt_items_total counter",
+        ]
+        lines += [f'sapling_relay_receipt_items_total{{result="{name}"}} {relay.credit.metrics[name]}'
+                  for name in RECEIPT_OUTCOMES]
         lines += [
             "# HELP sapling_relay_rejections_total Messages or connections refused, by error code.",
             "# TYPE sapling_relay_rejections_total counter",

@@ -115,6 +115,34 @@ class DocPeer:
             self.cursor = answer["cursor"]
         return answer
 
+    def receipts_payload(self, senders: dict[str, list[dict[str, Any]]], *, ts: float | None = None,
+                         key: bytes | None = None) -> str:
+        """The page's "Receipts": {sender peer id: [{"seq", "i", "verdict", "positive"?}, ...]}."""
+        return json.dumps({
+            "kind": "receipts", "key": b64(key or self.public), "ts": time.time() if ts is None else ts,
+            "senders": [{"peer": peer, "items": items} for peer, items in senders.items()],
+        })
+
+    async def receipts(self, senders: dict[str, list[dict[str, Any]]], request_id: int | None = None,
+                       signer: Ed25519PrivateKey | None = None, **kw: Any) -> dict[str, Any]:
+        """Send one receipts message (signed by `signer`, by default this peer's key); the relay's answer."""
+        payload = self.receipts_payload(senders, **kw)
+        sig = b64((signer or self.key).sign(payload.encode("utf-8")))
+        message: dict[str, Any] = {"type": "receipts", "v": 1, "payload": payload, "sig": sig}
+        if request_id is not None:
+            message["id"] = request_id
+        await self.send(message)
+        return await self.recv()
+
+    async def credit(self, timeout: float = 10.0) -> dict[str, Any]:
+        """Ask for `stats` and return the `credit` of the first stats message that carries one."""
+        await self.send({"type": "stats", "v": 1})
+        while True:
+            answer = await self.recv(timeout, skip_stats=False)
+            if answer.get("type") == "stats" and isinstance(answer.get("credit"), dict):
+                return answer["credit"]
+            assert answer.get("type") == "stats", answer
+
     async def close(self) -> None:
         if self.ws is not None:
             await self.ws.close()

@@ -299,7 +299,7 @@ def _http(relay_url: str, path: str) -> str:
 
 async def test_welcome_limits_repeat_the_pages_table_with_this_relays_flags(start_relay: StartRelay) -> None:
     documented = _doc_limits()
-    assert len(documented) == 19
+    assert len(documented) == 22
     relay = start_relay()
     peer = DocPeer(relay.url)
     welcome = await peer.connect()
