@@ -56,6 +56,7 @@ WHAT_IT_DOES = (
 def _error_label() -> QLabel:
     """The red sentence under a form that says what to fix; hidden until there is one."""
     label = QLabel()
+    label.setTextFormat(Qt.TextFormat.PlainText)  # a sentence may quote what was typed or pasted
     label.setWordWrap(True)
     label.setStyleSheet(f"color: {theme.ERROR}; font-weight: 600;")
     label.hide()

@@ -103,6 +103,7 @@ class SwarmPreview(QFrame):
         layout = QVBoxLayout(self)
         layout.setContentsMargins(14, 10, 14, 10)
         self.status = QLabel()
+        self.status.setTextFormat(Qt.TextFormat.PlainText)  # sentences may quote what a relay or a link said
         self.status.setWordWrap(True)
         self.status.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         layout.addWidget(self.status)

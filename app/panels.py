@@ -117,15 +117,19 @@ class Tile(QFrame):
 
 def swarm_place(swarm: dict[str, Any], mode: str, invite_name: str, first_relay: str) -> tuple[str, str]:
     """(the swarm's name, the relay in use) in words, from the `swarm` event or, before it, the settings."""
-    relay = swarm.get("relay") if swarm else None
-    if swarm and not relay:
-        return "Training alone", "none: nothing is shared"
-    if relay == "embedded" or (not swarm and mode == "embedded") or (swarm and mode == "embedded"):
-        return "Local swarm on this computer", "this computer (nothing leaves it)"
-    if not swarm and mode == "solo":
-        return "Training alone", "none: nothing is shared"
-    name = str(swarm.get("swarm_name") or swarm.get("relay_name") or "") if swarm else invite_name
-    return name or "A community swarm", str(relay or first_relay)
+    local = ("Local swarm on this computer", "this computer (nothing leaves it)")
+    alone = ("Training alone", "none: nothing is shared")
+    if not swarm:
+        if mode == "relay":
+            return invite_name or "A community swarm", first_relay
+        return alone if mode == "solo" else local
+    relay = swarm.get("relay")
+    if not relay:
+        return alone
+    name = str(swarm.get("swarm_name") or "")
+    if relay == "embedded" or (not name and mode == "embedded"):  # hosting, or joined another node's local relay
+        return local
+    return name or str(swarm.get("relay_name") or "") or "A community swarm", str(relay)
 
 
 class PeersPanel(QFrame):

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from PySide6.QtCore import QCoreApplication, QUrl
+from PySide6.QtCore import QCoreApplication, Qt, QUrl
 from PySide6.QtGui import QColor, QFileOpenEvent
 
 from app import doctor as app_doctor
@@ -215,3 +215,21 @@ def test_check_connection_ticks_each_step_and_highlights_the_failing_one(qtbot, 
             assert failing.background(3).color() == QColor(theme.ERROR_SOFT) and failing.font(3).bold()
             assert all(marks[step] == "·" for step in ("tls", "websocket", "hello", "round_trip", "key"))
         dialog.close()
+
+
+def test_names_from_a_relay_or_an_invite_are_shown_as_text(qtbot, make_gui: MakeGui) -> None:  # type: ignore[no-untyped-def]
+    gui = make_gui()
+    w = gui.window
+    name = "<img src=x><b>Lab</b>"
+    gui.session.handle({"type": "swarm", "v": 1, "ts": 0.0, "peer_id": "3f9a2c7e51b04d8e9a6c", "name": "quiet-fern-3f9a",
+                        "relay": "wss://relay.example.org/ws", "connected": False, "message": "<i>down</i>",
+                        "swarm_name": name})
+    assert "&lt;img src=x&gt;&lt;b&gt;Lab&lt;/b&gt;" in w.relay_label.text() and "<img" not in w.relay_label.text()
+    assert w.peers.swarm_name.text() == name and w.peers.swarm_name.textFormat() == Qt.TextFormat.PlainText
+    dialog = JoinDialog("javascript:<b>alert(1)</b>", w)
+    dialog.open()
+    qtbot.waitUntil(dialog.retry_button.isVisible, timeout=5_000)
+    assert "not javascript:" in dialog.card.status.text()
+    assert dialog.card.status.textFormat() == Qt.TextFormat.PlainText
+    assert all(label.textFormat() == Qt.TextFormat.PlainText for label in dialog.card.values.values())
+    dialog.reject()
