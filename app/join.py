@@ -49,7 +49,7 @@ class PreviewFetcher(QObject):
     def __init__(self, parent: QObject | None = None) -> None:
         super().__init__(parent)
         self._generation = 0
-        self._relay = _Relay()
+        self._relay = _Relay(self)
         self._relay.result.connect(self._deliver)
 
     def fetch(self, text: str) -> None:
@@ -65,7 +65,10 @@ class PreviewFetcher(QObject):
             except Exception as exc:  # a bug: logged, and said in the dialog rather than lost
                 log.exception("previewing an invite failed")
                 result = f"Sapling could not read this invite ({type(exc).__name__}); the details are in its log."
-            relay.result.emit(generation, result)
+            try:
+                relay.result.emit(generation, result)
+            except RuntimeError:  # the dialog was closed and deleted while the relay was being asked
+                pass
 
         threading.Thread(target=work, name="invite-preview", daemon=True).start()
 
