@@ -24,6 +24,8 @@ Event types and their required fields:
     log         level, logger, message
     error       kind, message, fatal
     checkpoint  round, path
+    contribution peer_id, credit, message  (+ warning, at, swarm, history): what the relay counted from
+                other peers' receipts about this node's rollouts (engine/contribution.py)
 
 Commands: ``{"cmd": "pause" | "resume" | "stop" | "reload", "v": 1}`` and
 ``{"cmd": "unban", "v": 1, "peer": "<peer id>"}``.
@@ -64,6 +66,7 @@ EVENT_FIELDS: Mapping[str, tuple[str, ...]] = {
     "log": ("level", "logger", "message"),
     "error": ("kind", "message", "fatal"),
     "checkpoint": ("round", "path"),
+    "contribution": ("peer_id", "credit", "message"),
 }
 COMMANDS = ("pause", "resume", "stop", "reload", "unban")
 # Fields a command must carry, with their type.

@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.config import NodeConfig, SwarmConfig
+from engine.contribution import CREDIT_FILE, Contribution, receipt_verdicts, swarm_key
 from engine.defence import Ban, BanBook, ReplayMemory, SenderBaselines
 from engine.errors import TaskError
 from engine.events import Event, make_event
@@ -70,6 +71,7 @@ from engine.rollouts import (
     R_ZERO_ADVANTAGE,
     ExternalItem,
     Group,
+    ItemId,
     Offer,
     rewards_differ,
 )
@@ -77,6 +79,7 @@ from engine.rules import parse_invite
 from engine.swarm import protocol
 from engine.swarm.client import LinkState, RelayMemory, SwarmClient
 from engine.swarm.identity import Identity, readable_name, verify_signed
+from engine.swarm.receipts import NOT_PICKED, receipts_payload
 from engine.tasks import TaskRef, TaskSet
 
 log = logging.getLogger(__name__)
@@ -92,6 +95,9 @@ UNKNOWN_PEER = "unknown"
 # Rejections that count towards a local ban: what a peer cannot send by accident. (A bad
 # signature may be a lying relay's doing; a question mismatch, another reasoning-gym version.)
 STRIKE_REASONS = (R_FORGED_REWARD, R_IMPLAUSIBLE)
+# Batch-wide rejections a receipt names (a bad signature may be the relay's doing; a batch seen before was
+# receipted the first time).
+RECEIPTED_BATCH_REASONS = (R_BANNED, R_STALE)
 # Where, in the data dir, the swarm's defence keeps its state.
 BANS_FILE = "bans.json"
 # Where, in the same folder, the node remembers which relay of its swarm last let it in.
@@ -190,6 +196,7 @@ class SwarmExchange:
         self.peers: dict[str, PeerCounts] = {}
         self.received = 0
         self._seen: OrderedDict[tuple[str, int], None] = OrderedDict()
+        self.contribution: Contribution | None = None  # this node's credit, from the relay (open_swarm sets it)
         self._announced: bool | None = None
 
     # -- link state -------------------------------------------------------------------
@@ -288,7 +295,7 @@ class SwarmExchange:
         offer.connected = self.client.state.connected
         now = time.time()
         policy = self.models
-        pending: list[tuple[str, str, protocol.Item]] = []
+        pending: list[tuple[str, str, protocol.Item, ItemId]] = []
         for signed in signed_batches:
             try:
                 batch = protocol.decode_batch(signed.payload)
@@ -305,24 +312,30 @@ class SwarmExchange:
             reason = self._batch_problem(signed, batch, now)
             if reason:
                 offer.rejected.extend((peer, reason) for _ in batch.items)
+                if reason in RECEIPTED_BATCH_REASONS:
+                    offer.settled.extend(((peer, batch.seq, i), reason) for i in range(len(batch.items)))
                 continue
-            pending.extend((peer, batch.model, item) for item in batch.items)
+            pending.extend((peer, batch.model, item, (peer, batch.seq, i)) for i, item in enumerate(batch.items))
         random.Random(seed).shuffle(pending)
         taken = set(exclude)
-        for index, (peer, model, item) in enumerate(pending):
+        for index, (peer, model, item, item_id) in enumerate(pending):
             if len(offer.items) >= n:
-                offer.not_picked.extend(p for p, _, _ in pending[index:])
+                offer.not_picked.extend(p for p, _, _, _ in pending[index:])
+                offer.settled.extend((i, NOT_PICKED) for _, _, _, i in pending[index:])
                 break
             verdict = verify_item(peer, item, taskset, taken, model)
             if isinstance(verdict, str):
                 offer.rejected.append((peer, verdict))
+                offer.settled.append((item_id, verdict))
             elif self.replay is not None and verdict.content_key() in self.replay:
                 offer.rejected.append((peer, R_DUPLICATE))  # trained on before, under another seq
+                offer.settled.append((item_id, R_DUPLICATE))
             else:
                 taken.add(verdict.question.ref.key())
                 if self.foreign(model, policy):
                     offer.baselines[len(offer.items)] = self.senders.history(peer, model)
                 offer.items.append(verdict)
+                offer.item_ids.append(item_id)
         return offer
 
     def _batch_problem(self, signed: protocol.Signed, batch: protocol.Batch, now: float) -> str:
@@ -384,12 +397,22 @@ class SwarmExchange:
             "probation": probation,
         }
         self._emit_peers(this_round)
+        self._receipts(offer, verdicts)
         return {
             **this_round,
             "connected": offer.connected,
             "online": self.client.state.online,
             "by_peer": self._by_peer(),
         }
+
+    def _receipts(self, offer: Offer, verdicts: Mapping[int, str | None]) -> None:
+        """Tell the relay what became of each item it handed this node, then ask for this node's own credit."""
+        if self.contribution is not None:  # the numbers the relay sent since the last round
+            self.contribution.update(self.client.state.credit, self.client.state.credit_at)
+        receipts = receipt_verdicts(offer, verdicts)
+        if receipts and not self.client.send_receipts(receipts_payload(self.identity.public_key, time.time(), receipts)):
+            log.info("Receipts for %d items not sent: the relay is not connected.", len(receipts))
+        self.client.ask_stats()
 
     def _judge(self, peer: str, reason: str | None) -> None:
         ban = self.bans.judge(peer, reason)
@@ -523,6 +546,8 @@ def open_swarm(config: NodeConfig, identity_file: Any, emit: Callable[[Event], N
     exchange = SwarmExchange(client, identity, config.model.source, emit, label, bans=bans, replay=replay,
                              swarm_name=swarm_name,
                              senders=SenderBaselines(senders_file(state_dir, config.run.run_name)))
+    exchange.contribution = Contribution(state_dir / CREDIT_FILE, identity.peer_id,
+                                         swarm_key(client.urls if sw.mode == "relay" else ()), emit)
     exchange_ref.append(exchange)
     exchange.announce()
     if local is None:

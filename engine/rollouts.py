@@ -57,6 +57,10 @@ REASONS = (R_MALFORMED, R_SIGNATURE, R_STALE, R_UNKNOWN_TASK, R_QUESTION, R_FORG
            R_DUPLICATE, R_ZERO_ADVANTAGE, R_BANNED, R_IMPLAUSIBLE)
 
 
+ItemId = tuple[str, int, int]
+"""An item as the swarm names it: (sender's peer id, its batch's seq, its position in the batch)."""
+
+
 @dataclass(frozen=True)
 class ExternalItem:
     """A question group from a peer that passed every text check: the signature, the
@@ -92,6 +96,10 @@ class Offer:
     baselines: dict[int, tuple[float, ...]] = field(default_factory=dict)
     worst: dict[int, float] = field(default_factory=dict)  # the worst window of each of those items
     probation: set[int] = field(default_factory=set)  # of those, accepted while their sender is on probation
+    # For the receipts (engine/contribution.py): where each of `items` came from, and the verdicts already
+    # known for the other items a receipt can name (a rejection reason, or "not_picked").
+    item_ids: list[ItemId] = field(default_factory=list)
+    settled: list[tuple[ItemId, str]] = field(default_factory=list)
 
 
 @dataclass

@@ -112,6 +112,7 @@ class RelayDouble:
         self.urls = ["ws://relay.test/ws"]  # a SwarmClient's swarm: its relays, in the order it tries them
         self.batches: list[p.Signed] = []
         self.published: list[str] = []
+        self.receipts: list[str] = []  # receipts payloads, one per settled round (engine/contribution.py)
 
     def sample(self, n: int, timeout: float = 10.0) -> list[p.Signed]:
         return self.batches[:n]
@@ -122,6 +123,13 @@ class RelayDouble:
 
     def next_seq(self) -> int:
         return int(time.time() * 1000)
+
+    def send_receipts(self, payload: str) -> bool:
+        self.receipts.append(payload)
+        return True
+
+    def ask_stats(self) -> bool:
+        return True
 
     def close(self) -> None:
         return None
