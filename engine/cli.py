@@ -6,6 +6,8 @@
     sapling-node export --out ./my-model  # merged HF folder of the newest checkpoint
     sapling-node config                   # print the effective configuration as TOML
     sapling-node doctor [--relay INVITE]  # check each step of joining the swarm, with its time (docs/swarm.md)
+    sapling-node stats [--json]           # what this node's rollouts did for other peers (engine/node_stats.py)
+    sapling-node identity export FILE     # back up this node's key; `identity import FILE` restores it
 
 A user's mistake gets one sentence on stderr and a non-zero exit code
 (2 for bad settings). Ctrl-C or SIGTERM stops at the next safe point (within
@@ -22,7 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from engine import __version__
+from engine import __version__, identity_backup, node_stats
 from engine.config import NodeConfig
 from engine.errors import SaplingError
 from engine.events import Event
@@ -78,6 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument("--config", type=Path, help="config file (default: config.toml in the config dir)")
     doctor.add_argument("--json", action="store_true", help="one JSON object per step, then one with the verdict")
     doctor.add_argument("--timeout", type=float, default=5.0, metavar="S", help="seconds each step may take (default 5)")
+    node_stats.add_parser(sub)
+    identity_backup.add_parser(sub)
     return parser
 
 
@@ -221,6 +225,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from engine.serve import serve
 
         return serve(args, paths)
+    if args.command == "stats":
+        return node_stats.run(args, paths)
+    if args.command == "identity":
+        return identity_backup.run(args, paths)
     if args.command == "doctor":
         from engine.doctor import run_doctor
 

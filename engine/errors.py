@@ -53,6 +53,12 @@ class RelayError(SaplingError):
     exit_code = 1
 
 
+class IdentityError(SaplingError, ValueError):
+    """A swarm identity file is missing, damaged or not a Sapling key, or cannot be written."""
+
+    exit_code = 2
+
+
 class EventError(SaplingError, ValueError):
     """A line on the engine<->app channel is not a valid event or command."""
 
