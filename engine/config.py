@@ -28,7 +28,7 @@ from typing import Any
 import tomlkit
 
 from engine.errors import ConfigError
-from engine.rules import parse_invite
+from engine.rules import INVITE_MAX_CHARS, parse_invite
 
 SAPO_SPECIALTIES = (
     "base_conversion",
@@ -351,8 +351,9 @@ class SwarmConfig:
         if isinstance(self.replay_memory, bool) or not isinstance(self.replay_memory, int) or not 0 <= self.replay_memory <= 10_000_000:
             raise ConfigError(f"{s}.replay_memory must be a whole number from 0 (off) to 10000000, got {self.replay_memory!r}.")
         _choice(s, "mode", self.mode, ("embedded", "relay", "solo"))
-        if not isinstance(self.relay_url, str):
-            raise ConfigError(f"{s}.relay_url must be an invite link or a ws:// or wss:// URL, got {self.relay_url!r}.")
+        if not isinstance(self.relay_url, str) or len(self.relay_url) > INVITE_MAX_CHARS:
+            raise ConfigError(f"{s}.relay_url must be an invite link or a ws:// or wss:// URL of at most "
+                              f"{INVITE_MAX_CHARS} characters.")
         if self.mode == "relay" and not self.relay_url.strip():
             raise ConfigError(f"{s}.relay_url must be set when swarm.mode is 'relay'.")
         if self.mode == "relay":
