@@ -1,0 +1,107 @@
+"""Credit across two `sapling-relay` processes on one real redis-server: one count, whichever process a peer uses."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.swarm.doc_client import DocPeer, item
+from tests.swarm.test_redis import redis_url  # noqa: F401  (the fixture: a redis-server of this test's own)
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server is not installed (make test installs it)"),
+]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def relay_process(tmp_path: Path) -> Iterator[Callable[[str], str]]:
+    started: list[subprocess.Popen[bytes]] = []
+
+    def start(redis: str) -> str:
+        port = free_port()
+        log = (tmp_path / f"relay-{port}.log").open("wb")
+        proc = subprocess.Popen([sys.executable, "-m", "engine.swarm.relay", "--port", str(port), "--redis", redis,
+                                 "--data-dir", str(tmp_path / "relay"), "--rate", "1000", "--burst", "1000"],
+                                cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+        started.append(proc)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                return f"ws://127.0.0.1:{port}/ws"
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError((tmp_path / f"relay-{port}.log").read_text()) from None
+                time.sleep(0.05)
+
+    yield start
+    for proc in started:
+        proc.terminate()
+        proc.wait(timeout=15)
+
+
+def board(url: str) -> dict[str, Any]:
+    text = urllib.request.urlopen(url.replace("ws://", "http://").replace("/ws", "/stats/peers.json")).read()
+    return {p["peer"]: p["all"] for p in json.loads(text)["peers"]}
+
+
+async def joined(url: str, **kw: Any) -> DocPeer:
+    peer = DocPeer(url, **kw)
+    assert (await peer.connect())["type"] == "welcome"
+    return peer
+
+
+def test_a_sender_sees_the_same_credit_on_either_relay_process(relay_process: Callable[[str], str],
+                                                               redis_url: str) -> None:  # noqa: F811
+    one, two = relay_process(redis_url), relay_process(redis_url)
+
+    async def run() -> None:
+        a, b = await joined(one), await joined(two)
+        assert (await a.publish([item(), item(question="What is 2 + 2?")]))["type"] == "published"
+        batches: list[dict[str, str]] = []
+        deadline = time.monotonic() + 10
+        while not batches and time.monotonic() < deadline:  # relay two tails the stream
+            batches = (await b.sample(4))["batches"]
+        seq = json.loads(batches[0]["payload"])["seq"]
+        answer = await b.receipts({a.peer_id: [{"seq": seq, "i": 0, "verdict": "used", "positive": 1},
+                                               {"seq": seq, "i": 1, "verdict": "implausible"}]})
+        assert answer["counted"] == 2
+        a_on_two = await joined(two, key=a.key)
+        on_one, on_two = await a.credit(), await a_on_two.credit()
+        assert on_one == on_two
+        assert on_one["all"] == {"shared": 2, "sampled": 2, "used": 1, "positive": 1, "not_picked": 0, "peers": 1,
+                                 "rejected": {"implausible": 1}}
+        # the receiver moves to the other process: what it already receipted stays receipted
+        b_on_one = await joined(one, key=b.key)
+        again = await b_on_one.receipts({a.peer_id: [{"seq": seq, "i": 0, "verdict": "used", "positive": 1}]})
+        assert again["counted"] == 0 and again["refused"] == {"duplicate": 1}
+        # and a peer that sampled nothing, on either process, counts nothing
+        c = await joined(one)
+        never = await c.receipts({a.peer_id: [{"seq": seq, "i": 0, "verdict": "used", "positive": 1}]})
+        assert never["refused"] == {"not_sampled": 1}
+        assert await a.credit() == on_one
+        for peer in (a, b, a_on_two, b_on_one, c):
+            await peer.close()
+
+    asyncio.run(run())
+    both = [board(one), board(two)]
+    assert both[0] == both[1] and [entry["used"] for entry in both[0].values()] == [1]
