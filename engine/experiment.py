@@ -167,6 +167,9 @@ class PublishFirst:
     def settle(self, offer: Offer, verdicts: Any) -> dict[str, Any]:
         return dict(self.exchange.settle(offer, verdicts))
 
+    def unban(self, peer: str) -> str:
+        return str(self.exchange.unban(peer))
+
 
 Reward = Callable[[Any, str], float]
 Say = Callable[[str], None]
