@@ -6,8 +6,8 @@
 
 Writes main-idle.png (first start, nothing trained yet), main-training.png (a
 run in progress), first-run.png, settings.png, settings-protection.png,
-main-crashed.png, join-dialog.png and doctor.png (or only the names given
-after the folder). The window's data
+main-crashed.png, join-dialog.png, doctor.png and contribution.png (the
+"Your contribution" card; or only the names given after the folder). The window's data
 is recorded, not live: the history is tests/app/fixtures/history.jsonl (a real
 40-round CPU run of the bundled model) with a second real run's rewards shown
 as the swarm's; the swarm identity and peer counts are illustrative. A stand-in
@@ -114,10 +114,30 @@ def training_stream(path: Path) -> list[str]:
         event("log", level="info", logger="engine.exchange", message="round 40: 4 external groups from 3 peers, 9 rejected"),
         event("log", level="info", logger="engine.sapo", message="Training from round 41."),
         event("progress", phase="generating", done=58, total=96, round=41),
+        contribution_event(),
     ]
     path.write_text("\n".join(lines) + "\n")
     return [sys.executable, "-c", "import sys, time; sys.stdout.write(open(sys.argv[1]).read()); sys.stdout.flush(); "
             "time.sleep(3600)", str(path)]
+
+
+def contribution_event() -> str:
+    """Illustrative credit: used by 7 peers today, a two-day history that pauses at night."""
+    now = time.time()
+    points, used = [], 892.0
+    for step in range(288):
+        at = now - (287 - step) * 600
+        hour = time.localtime(at).tm_hour
+        used += 0.0 if 1 <= hour < 7 else 1.1 + (step % 5) * 0.2
+        points.append([round(at, 1), round(used), 31.0, 7.0])
+    day = {"shared": 418, "sampled": 396, "used": 312, "positive": 604, "not_picked": 61, "peers": 7,
+           "rejected": {"zero_advantage": 14, "duplicate": 6, "implausible": 3}}
+    total = {**day, "shared": 1630, "sampled": 1502, "used": int(used), "positive": 2311, "peers": 9,
+             "rejected": {"zero_advantage": 21, "duplicate": 7, "implausible": 3}}
+    return event("contribution", peer_id="3f9a2c7e51b04d8e9a6c", message="Your rollouts were used by 7 peers today "
+                 "(312 rollouts).", warning=None, at=now, swarm="embedded", history=points,
+                 credit={"peer": "3f9a2c7e51b04d8e9a6c", "name": "quiet-fern-3f9a", "hour": day, "day": day,
+                         "all": total})
 
 
 def make(home: Path, command: list[str] | None = None) -> Gui:
@@ -210,7 +230,7 @@ def close(gui: Gui) -> None:
 
 
 ALL = ("main-idle.png", "first-run.png", "settings.png", "settings-protection.png", "main-training.png",
-       "main-crashed.png", "join-dialog.png", "doctor.png")
+       "main-crashed.png", "join-dialog.png", "doctor.png", "contribution.png")
 
 
 def main(argv: list[str]) -> int:
@@ -260,6 +280,8 @@ def main(argv: list[str]) -> int:
         wait_until(lambda: train.session.progress.get("done") == 58)
         train.window.charts.refresh()
         shot(train.window, out, "main-training.png")
+        wait_until(lambda: bool(train.window.contribution.credit))
+        shot(train.window.contribution, out, "contribution.png")
         train.engine.kill()
         wait_until(lambda: train.window.problem_dialog.isVisible())
         train.window.problem_dialog.close()

@@ -39,10 +39,12 @@ from PySide6.QtWidgets import (
 from app import theme
 from app.autostart import Autostart, launch_command
 from app.charts import ChartsPanel
+from app.contribution import ContributionCard
 from app.controller import Controller, Problem
 from app.dialogs import FirstRunDialog, ProblemDialog, SettingsDialog
 from app.doctor import DoctorDialog
 from app.header import HeaderCard
+from app.identity import IdentityPanel
 from app.join import JoinDialog
 from app.panels import Banner, LogView, PeersPanel, Tile
 from app.settings import AppSettings, EngineSettings, SettingsError, SettingsStore, settings_place, swarm_invite
@@ -157,6 +159,9 @@ class MainWindow(QMainWindow):
         layout.setContentsMargins(0, 0, 0, 0)
         layout.setSpacing(10)
         layout.addLayout(self._tiles())
+        self.contribution = ContributionCard()  # what peers did with this node's rollouts (`contribution` events)
+        self.controller.engine.eventReceived.connect(self.contribution.handle)
+        layout.addWidget(self.contribution)
         layout.addWidget(self.tabs, 1)
         return column
 
@@ -336,10 +341,19 @@ class MainWindow(QMainWindow):
         dialog = SettingsDialog(self.engine_settings, self.app_settings, self.controller.policy.idle_supported(),
                                 has_battery(), str(self.store.config_file), self)
         dialog.finished.connect(lambda result: self._settings_chosen(dialog, result, first_run=False))
+        identity = IdentityPanel(lambda args: node_command("identity", [*args, *self._home_flags()]))
+        identity.restored.connect(self._identity_restored)
+        dialog.tabs.addTab(identity, "Identity")  # Settings ▸ Identity: back up and restore the key (app/identity.py)
         self.dialog = dialog
         dialog.open()
         if focus_swarm:
             dialog.focus_swarm()
+
+    def _identity_restored(self, name: str, peer_id: str) -> None:
+        """A backup was restored: the engine restarts with that key."""
+        self.add_banner("info", f"<b>This node is now {escape(name)}</b> (peer id {escape(peer_id)}).")
+        if self.controller.engine.is_running():
+            self.controller.restart()
 
     # -- joining a swarm from an invite -----------------------------------------------------
     def open_invite(self, text: str) -> JoinDialog:

@@ -1,0 +1,146 @@
+"""The "Your contribution" card: what other peers did with this node's rollouts, and a small chart over time.
+
+    card = ContributionCard()
+    engine_process.eventReceived.connect(card.handle)     # reads `contribution` events, ignores the rest
+
+The numbers are the relay's, counted from the receipts other peers send
+about this node's rollouts (docs/protocol.md, "Credit"); the engine forwards
+them as `contribution` events (docs/engine-events.md) with the sentence to
+show ("Your rollouts were used by 7 peers today (312 rollouts).") and, when
+peers reject more than a quarter of what they judged, a warning naming the
+main reason and what to do. Both sentences are the engine's
+(engine/contribution.py): the app only shows them. The chart is the
+event's history: rollouts used by others, all time, over the last two days.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from PySide6.QtCore import QPointF, QRectF, Qt
+from PySide6.QtGui import QColor, QPainter, QPainterPath, QPaintEvent, QPen
+from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QSizePolicy, QVBoxLayout, QWidget
+
+from app import theme
+
+log = logging.getLogger(__name__)
+
+EMPTY = "Once peers use your rollouts, the relay counts it from their receipts and it shows here."
+
+
+def _n(value: Any) -> int:
+    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0
+
+
+def details(credit: Mapping[str, Any]) -> str:
+    """The numbers under the sentence: today's, then all time's."""
+    day, total = credit.get("day") or {}, credit.get("all") or {}
+    rejected_day = sum(_n(v) for v in (day.get("rejected") or {}).values())
+    return (f"Today: {_n(day.get('sampled')):,} sampled by peers, {_n(day.get('used')):,} used, "
+            f"{rejected_day:,} rejected.   All time: {_n(total.get('used')):,} used by "
+            f"{_n(total.get('peers')):,} peers, {_n(total.get('shared')):,} shared.")
+
+
+class Sparkline(QWidget):
+    """A small line of (time, value) points, with the newest value at its end."""
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.points: list[tuple[float, float]] = []
+        self.setMinimumSize(220, 64)
+        self.setSizePolicy(QSizePolicy.Policy.Fixed, QSizePolicy.Policy.Expanding)
+        self.setToolTip("Rollouts of yours that other peers used, all time, over the last two days")
+
+    def set_points(self, points: Sequence[tuple[float, float]]) -> None:
+        self.points = sorted(points)
+        self.update()
+
+    def paintEvent(self, event: QPaintEvent) -> None:
+        painter = QPainter(self)
+        painter.setRenderHint(QPainter.RenderHint.Antialiasing)
+        area = QRectF(self.rect()).adjusted(4, 16, -8, -6)
+        painter.setPen(QColor(theme.MUTED))
+        painter.drawText(QRectF(self.rect()).adjusted(4, 0, 0, 0), Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignTop,
+                         "Used by others, last 2 days")
+        painter.setPen(QPen(QColor(theme.GRID), 1))
+        painter.drawLine(area.bottomLeft(), area.bottomRight())
+        if not self.points:
+            return
+        t0, t1 = self.points[0][0], max(self.points[-1][0], self.points[0][0] + 1)
+        low = min(v for _, v in self.points)
+        high = max(max(v for _, v in self.points), low + 1)
+
+        def at(t: float, v: float) -> QPointF:
+            return QPointF(area.left() + (t - t0) / (t1 - t0) * area.width(),
+                           area.bottom() - (v - low) / (high - low) * area.height())
+
+        path = QPainterPath(at(*self.points[0]))
+        for t, v in self.points[1:]:
+            path.lineTo(at(t, v))
+        painter.setPen(QPen(QColor(theme.ACCENT), 2))
+        painter.drawPath(path)
+        end = at(*self.points[-1])
+        painter.setBrush(QColor(theme.ACCENT))
+        painter.drawEllipse(end, 3.0, 3.0)
+
+
+class ContributionCard(QFrame):
+    """The relay's numbers for this node, in words, with the chart beside them."""
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setObjectName("card")
+        self.credit: dict[str, Any] = {}
+        row = QHBoxLayout(self)
+        row.setContentsMargins(14, 10, 14, 10)
+        row.setSpacing(16)
+        text = QVBoxLayout()
+        text.setSpacing(3)
+        title = QLabel("Your contribution")
+        title.setObjectName("sectionTitle")
+        self.message = QLabel(EMPTY)
+        self.message.setWordWrap(True)
+        self.numbers = QLabel("")
+        self.numbers.setObjectName("muted")
+        self.numbers.setWordWrap(True)
+        self.warning = QLabel("")
+        self.warning.setWordWrap(True)
+        self.warning.setStyleSheet(f"background: {theme.WARNING_SOFT}; border: 1px solid #f0d9a0; "
+                                   "border-radius: 6px; padding: 4px 8px;")
+        self.warning.hide()
+        self.source = QLabel("")
+        self.source.setObjectName("muted")
+        for label in (title, self.message, self.numbers, self.warning, self.source):
+            text.addWidget(label)
+        text.addStretch(1)
+        row.addLayout(text, 1)
+        self.chart = Sparkline()
+        row.addWidget(self.chart)
+
+    def handle(self, event: Mapping[str, Any]) -> None:
+        """An engine event: `contribution` fills the card, the others are not its business."""
+        if event.get("type") != "contribution":
+            return
+        try:
+            self.show_credit(event)
+        except (TypeError, ValueError, KeyError, AttributeError) as exc:
+            log.warning("skipped a contribution event with a bad shape: %s", exc)
+
+    def show_credit(self, event: Mapping[str, Any]) -> None:
+        credit = event["credit"]
+        if not isinstance(credit, dict):
+            raise TypeError("credit must be an object")
+        self.credit = credit
+        self.message.setText(str(event["message"]))
+        self.numbers.setText(details(credit))
+        warning = event.get("warning")
+        self.warning.setText(str(warning) if warning else "")
+        self.warning.setVisible(bool(warning))
+        at = event.get("at")
+        when = time.strftime("%H:%M", time.localtime(float(at))) if isinstance(at, (int, float)) else "just now"
+        self.source.setText(f"Counted by the relay from other peers' receipts; as of {when}.")
+        history = event.get("history") or []
+        self.chart.set_points([(float(p[0]), float(p[1])) for p in history if isinstance(p, list) and len(p) >= 2])
