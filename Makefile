@@ -17,6 +17,7 @@ TEST_APT_PACKAGES := redis-server caddy chromium
 help:
 	@echo "make run    set up .venv and start the app (the headless node when there is no display)"
 	@echo "make test   set up .venv and run ruff, mypy and pytest"
+	@echo "make test-quick   ruff, mypy and the tests that start no process or server (a couple of minutes)"
 
 system-deps:
 	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
@@ -94,6 +95,13 @@ pytest: $(STAMP) test-deps
 	$(BIN)/python -m pytest -q
 
 test: lint typecheck pytest
+
+# The quick lane for a developer: lint, type-check, and the tests that start no process, relay,
+# redis-server, caddy, browser or bundled model (those are marked `integration`; `slow` ones too).
+# About 1.5 minutes on the 2-core dev machine (docs/installing.md); `make test` still runs everything.
+.PHONY: test-quick
+test-quick: lint typecheck
+	$(BIN)/python -m pytest -q -m "not integration and not slow and not installer"
 
 # A relay alone, without torch, transformers, Qt or reasoning-gym (docs/swarm.md, "Running a relay"):
 # the `relay` extra's pins from pyproject.toml, then this checkout with --no-deps.

@@ -4,10 +4,12 @@
 
 What it does, on the bundled SmolLM2-135M in a temporary home:
 
-1. trains one real round (`sapling-node run --solo`), so there is a checkpoint;
-2. starts the app's Try it panel (offscreen, the real `engine.chat` child) and
-   asks once: the GGUF exports of round 1 and of the base model are made then
-   (reported as the cold start);
+1. trains one real round (`sapling-node run --solo`) in a fresh home, so there
+   is a checkpoint (the bundled model is converted then, its base GGUF with it);
+2. opens the app's Try it panel (offscreen, the real `sapling-node chat`
+   child, which starts exporting round 1 as the tab opens) and asks a first
+   question at once, as an impatient person would: its first-token time is
+   the cold start a fresh install shows (target < 10 s);
 3. training paused (no training process), all cores: asks `--questions`
    generated questions and reports the trained model's first-token latency;
 4. copies the home, then trains the same `--rounds` rounds twice from round 1
@@ -17,8 +19,9 @@ What it does, on the bundled SmolLM2-135M in a temporary home:
    (`--pace S` waits S seconds after each answer, as a person reading it would);
 5. a 5 ms timer-lag probe on the GUI thread measures UI stalls throughout.
 
-Targets (issue 15): first token < 1 s paused, < 3 s while training; training
-round slowed by at most 15 %; UI stalls < 50 ms.
+Targets: first token < 10 s for the very first question (issue 25), < 1 s
+paused and < 3 s while training afterwards (issue 15); training round slowed
+by at most 15 %; UI stalls < 50 ms.
 """
 
 from __future__ import annotations
@@ -41,7 +44,8 @@ from PySide6.QtCore import QElapsedTimer, Qt, QTimer
 from PySide6.QtWidgets import QApplication
 
 from app import theme
-from app.tryit import TryItPanel, node_command
+from app.tryit import TryItPanel
+from engine.events import node_command
 
 ROOT = Path(__file__).resolve().parents[1]
 SPECIALTIES = ("basic_arithmetic", "calendar_arithmetic", "base_conversion", "fraction_simplification")
@@ -161,8 +165,10 @@ def main() -> int:
     asker = Asker(app, panel)
     panel.set_training(False)
     t0 = time.monotonic()
+    panel.show()  # the tab opens: the chat child starts and prepares round 1 in the background
     cold = asker.ask_one()
-    print(f"first ask (GGUF exports made where not cached yet, models loaded): {time.monotonic() - t0:.1f} s, "
+    print(f"first question, asked as soon as the tab opened: first token {cold['first_token_s']:.1f} s after asking "
+          f"(target < 10 s); answered {time.monotonic() - t0:.1f} s after the tab opened; "
           f"largest UI stall {probe.take():.1f} ms", flush=True)
 
     paused = [asker.ask_one()["first_token_s"] for _ in range(args.questions)]
@@ -173,7 +179,6 @@ def main() -> int:
     if args.screenshot:
         asker.turn = 0
         asker.ask_one()
-        panel.show()
         pump(app, lambda: False, 0.5)
         panel.grab().save(str(args.screenshot))
         print(f"screenshot: {args.screenshot}")

@@ -39,6 +39,7 @@ def test_app_never_imports_training_libraries() -> None:
     assert not bad
 
 
+@pytest.mark.integration
 def test_import_engine_is_cheap() -> None:
     code = (
         "import sys, engine, engine.events, engine.config, engine.errors, engine.paths, engine.device\n"
@@ -49,6 +50,7 @@ def test_import_engine_is_cheap() -> None:
     assert out.stdout.strip() == ""
 
 
+@pytest.mark.integration
 def test_importing_every_app_module_loads_no_training_library() -> None:
     modules = sorted(f"app.{p.stem}" for p in (ROOT / "app").glob("*.py") if p.stem != "__init__")
     code = (
@@ -64,6 +66,7 @@ def test_importing_every_app_module_loads_no_training_library() -> None:
     assert out.stdout.strip() == "", f"an app module pulled in {out.stdout.strip()}"
 
 
+@pytest.mark.integration
 def test_the_repository_points_only_at_its_own_files() -> None:
     """Someone who clones the repo has docs/, not the notes it was first written from."""
     tracked = subprocess.run(["git", "ls-files"], capture_output=True, text=True, check=True, cwd=ROOT).stdout.split()
@@ -162,6 +165,7 @@ def doc_problems(name: str, text: str, rules: Path) -> list[str]:
     return problems
 
 
+@pytest.mark.integration
 def test_the_doc_checker_catches_ignored_paths_and_broken_links(rules: Path) -> None:
     text = ("Run `sapling-node experiment --out docs/_work/swarm-d2` with .venv/bin/python; make writes dist/x.deb.\n"
             "![plot](docs/no-such-plot.png) [ok](README.md) [anchor](README.md#top) [web](https://example.org/x)\n"
@@ -173,6 +177,7 @@ def test_the_doc_checker_catches_ignored_paths_and_broken_links(rules: Path) -> 
                         "NOTES.md links to docs/no-such-plot.png, which does not exist"], problems
 
 
+@pytest.mark.integration
 def test_docs_name_no_ignored_path_and_link_only_to_files_that_exist(rules: Path) -> None:
     """Every tracked *.md: no git-ignored path (docs/_work, caches) except the folders make creates, and every
     relative link or image resolves to a file in the checkout (anchors are not checked)."""

@@ -24,6 +24,7 @@ class Recorder:
         engine.exited.connect(lambda code, asked: self.exits.append((code, asked)))
 
 
+@pytest.mark.integration
 def test_recorded_stream_is_parsed_and_malformed_lines_are_skipped(qtbot) -> None:  # type: ignore[no-untyped-def]
     engine = EngineProcess(lambda: fake_command())
     seen = Recorder(engine)
@@ -39,6 +40,7 @@ def test_recorded_stream_is_parsed_and_malformed_lines_are_skipped(qtbot) -> Non
     assert seen.exits == [(0, False)]
 
 
+@pytest.mark.integration
 def test_commands_go_to_stdin_as_json_lines(qtbot, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     log = tmp_path / "commands.jsonl"
     engine = EngineProcess(lambda: fake_command("--hold", "--commands", str(log)))
@@ -54,6 +56,7 @@ def test_commands_go_to_stdin_as_json_lines(qtbot, tmp_path: Path) -> None:  # t
     assert not engine.send("pause")  # nothing running: refused, not an error
 
 
+@pytest.mark.integration
 def test_a_crash_is_reported_with_the_last_lines(qtbot) -> None:  # type: ignore[no-untyped-def]
     engine = EngineProcess(lambda: fake_command("--crash-after", "6"))
     seen = Recorder(engine)
@@ -64,6 +67,7 @@ def test_a_crash_is_reported_with_the_last_lines(qtbot) -> None:  # type: ignore
     assert "RuntimeError: boom" in tail and "exited with code 1" in tail
 
 
+@pytest.mark.integration
 def test_a_hung_engine_is_killed_after_the_grace_period(qtbot, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     script = tmp_path / "deaf.py"
     script.write_text("import time\nwhile True:\n    time.sleep(1)\n")
@@ -76,6 +80,7 @@ def test_a_hung_engine_is_killed_after_the_grace_period(qtbot, tmp_path: Path) -
     assert seen.exits == [(-1, True)]
 
 
+@pytest.mark.integration
 def test_a_missing_executable_is_an_exit_not_an_exception(qtbot, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     engine = EngineProcess(lambda: [str(tmp_path / "no-such-engine")])
     seen = Recorder(engine)

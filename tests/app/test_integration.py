@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 FAST = ["--device", "cpu", "--threads", "1", "--set", "tasks.questions_per_round=2",
         "--set", "tasks.completions_per_question=2", "--set", "tasks.max_new_tokens=8"]
@@ -18,6 +20,7 @@ def self_test(*engine_flags: str) -> subprocess.CompletedProcess[str]:
                            *engine_flags], capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
 
 
+@pytest.mark.integration
 def test_self_test_runs_one_real_round_through_the_app(tiny_model_dir: Path) -> None:
     out = self_test("--model", str(tiny_model_dir), *FAST)
     assert out.returncode == 0, out.stdout + out.stderr
@@ -25,6 +28,7 @@ def test_self_test_runs_one_real_round_through_the_app(tiny_model_dir: Path) -> 
     assert "training: Training from round 1." in out.stdout
 
 
+@pytest.mark.integration
 def test_self_test_fails_with_a_clear_message(tmp_path: Path) -> None:
     out = self_test("--model", str(tmp_path / "no-such-model"), *FAST)
     assert out.returncode == 1
@@ -32,6 +36,7 @@ def test_self_test_fails_with_a_clear_message(tmp_path: Path) -> None:
     assert "does not exist" in out.stderr
 
 
+@pytest.mark.integration
 def test_the_engine_the_app_starts_runs_at_background_priority_and_the_window_does_not(
         qtbot, tiny_model_dir: Path, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     from app.engine_process import engine_command

@@ -43,6 +43,7 @@ def test_self_test_says_whether_try_it_can_run_without_failing(monkeypatch: pyte
     assert tryit_line() == "Try it: unavailable (llama-cpp-python is not installed)"
 
 
+@pytest.mark.integration
 def test_node_subcommand_runs_without_qt(tmp_path: Path) -> None:
     code = ("import sys, app.main; rc = app.main.main(['node', 'config', '--home', sys.argv[1]]); "
             "assert 'PySide6' not in sys.modules, 'node must not load Qt'; sys.exit(rc)")
@@ -68,6 +69,7 @@ def test_app_uses_only_the_light_engine_modules() -> None:
     assert used <= allowed, used - allowed
 
 
+@pytest.mark.integration
 def test_the_join_dialog_loads_no_network_or_crypto_library() -> None:
     """engine.joining (the relay information fetcher the app imports) is standard library only."""
     code = ("import sys, app.join, app.doctor, engine.joining; "

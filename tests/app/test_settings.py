@@ -192,6 +192,7 @@ def test_settings_save_a_pasted_invite_only_after_its_preview(qtbot, make_gui: M
     assert w.dialog is not None and w.dialog.try_accept()
 
 
+@pytest.mark.integration
 def test_first_run_dialog_saves_and_starts_training(qtbot, make_gui: MakeGui, paths: Paths) -> None:  # type: ignore[no-untyped-def]
     gui = make_gui(first_run_done=False)
     gui.window.show()

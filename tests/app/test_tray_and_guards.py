@@ -15,6 +15,7 @@ from app.guards import SingleInstance, install_excepthook, setup_app_logging
 from tests.app.conftest import MakeGui, fake_command, read_commands
 
 
+@pytest.mark.integration
 def test_tray_menu_actions_work_without_a_tray(qtbot, make_gui: MakeGui, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     log = tmp_path / "commands.jsonl"
     gui = make_gui(fake_command("--hold", "--commands", str(log)))
@@ -39,6 +40,7 @@ def test_tray_menu_actions_work_without_a_tray(qtbot, make_gui: MakeGui, tmp_pat
     assert quits == [True] and read_commands(log)[-1] == "stop"
 
 
+@pytest.mark.integration
 def test_where_a_tray_exists_it_has_the_menu_tooltip_and_notifications(qtbot, make_gui: MakeGui) -> None:  # type: ignore[no-untyped-def]
     gui = make_gui(tray=True)
     tray = gui.tray
@@ -58,6 +60,7 @@ def test_without_a_tray_notifications_become_banners(qtbot, make_gui: MakeGui) -
     assert gui.window.banners.count() == 1
 
 
+@pytest.mark.integration
 def test_relay_unreachable_for_long_notifies_once(qtbot, make_gui: MakeGui, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     fixture = tmp_path / "down.jsonl"
     fixture.write_text('{"type":"swarm","v":1,"ts":0,"peer_id":"ab","name":"n","relay":"wss://r.example/ws",'

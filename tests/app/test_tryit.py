@@ -76,6 +76,7 @@ def test_the_app_keeps_chat_lines_with_their_fields_and_drops_the_rest() -> None
     assert parse_chat_line(b'{"type": "mystery"}') is None
 
 
+@pytest.mark.integration
 def test_recorded_stream_fills_the_question_both_answers_and_their_scores(qtbot, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     panel, commands = _replaying_panel(qtbot, tmp_path)
     panel.specialty.setCurrentIndex(panel.specialty.findData("basic_arithmetic"))
@@ -99,6 +100,7 @@ def test_recorded_stream_fills_the_question_both_answers_and_their_scores(qtbot,
     assert sent[0]["specialty"] == "basic_arithmetic" and sent[2]["question"] == question["id"]
 
 
+@pytest.mark.integration
 def test_streamed_tokens_reach_the_text_together_within_a_frame_and_the_answer_flushes_them(qtbot) -> None:  # type: ignore[no-untyped-def]
     panel = TryItPanel(lambda: [sys.executable, "-c", "pass"])
     qtbot.addWidget(panel)
@@ -122,6 +124,7 @@ def test_streamed_tokens_reach_the_text_together_within_a_frame_and_the_answer_f
     assert panel.trained.text.toPlainText() == ""
 
 
+@pytest.mark.integration
 def test_a_typed_question_is_sent_as_text_and_training_gets_one_thread(qtbot, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     panel, commands = _replaying_panel(qtbot, tmp_path)
     panel.set_training(True)
@@ -137,6 +140,7 @@ def test_a_typed_question_is_sent_as_text_and_training_gets_one_thread(qtbot, tm
     assert after["cmd"] == "threads" and after["n"] == panel.budget() >= 1
 
 
+@pytest.mark.integration
 def test_a_chat_child_that_dies_is_one_sentence_and_asking_restarts_it(qtbot, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     panel = TryItPanel(lambda: [sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGILL)"])
     qtbot.addWidget(panel)
@@ -147,6 +151,7 @@ def test_a_chat_child_that_dies_is_one_sentence_and_asking_restarts_it(qtbot, tm
     assert exit_sentence(int(signal.SIGSEGV), True).startswith("llama.cpp stopped unexpectedly (SIGSEGV)")
 
 
+@pytest.mark.integration
 def test_missing_llama_cpp_is_said_in_one_sentence_and_questions_still_work(qtbot, tmp_path: Path,  # type: ignore[no-untyped-def]
                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     """The real chat child, with `import llama_cpp` made to fail the way a missing package fails."""
@@ -197,6 +202,7 @@ def test_window_has_the_try_it_tab_and_the_export_menu(qtbot, make_gui: MakeGui,
     assert settings_flags(["x"]) == []
 
 
+@pytest.mark.integration
 def test_export_dialog_runs_the_command_shows_its_steps_and_where_the_file_went(qtbot, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     out = tmp_path / "model.gguf"
     seen: list[list[str]] = []
@@ -220,6 +226,7 @@ def test_export_dialog_runs_the_command_shows_its_steps_and_where_the_file_went(
     assert dialog.path.text() == str(tmp_path / "model")
 
 
+@pytest.mark.integration
 def test_export_dialog_shows_the_engines_sentence_when_it_fails(qtbot, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     fail = "import sys; print('sapling-node: error: Run \\'default\\' has no checkpoint yet.', file=sys.stderr); sys.exit(4)"
     dialog = ExportDialog(lambda flags: [sys.executable, "-c", fail], training=False)

@@ -7,6 +7,7 @@ import shutil
 import time
 from pathlib import Path
 
+import pytest
 from PySide6.QtWidgets import QApplication, QPushButton
 
 from app.dialogs import FirstRunDialog
@@ -15,6 +16,7 @@ from engine.paths import Paths
 from tests.app.conftest import HISTORY, MakeGui, fake_command, read_commands
 
 
+@pytest.mark.integration
 def test_recorded_stream_updates_charts_peers_and_status(qtbot, make_gui: MakeGui) -> None:  # type: ignore[no-untyped-def]
     gui = make_gui()
     w = gui.window
@@ -38,6 +40,7 @@ def test_recorded_stream_updates_charts_peers_and_status(qtbot, make_gui: MakeGu
     assert gui.tray.tooltip().startswith("Sapling · Finished · round 4 · reward 0.00")
 
 
+@pytest.mark.integration
 def test_start_pause_resume_stop_send_the_right_commands(qtbot, make_gui: MakeGui, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     log = tmp_path / "commands.jsonl"
     gui = make_gui(fake_command("--hold", "--rate", "200", "--commands", str(log)))
@@ -59,6 +62,7 @@ def test_start_pause_resume_stop_send_the_right_commands(qtbot, make_gui: MakeGu
     assert gui.controller.phase == "idle" and not gui.controller.restart_timer.isActive()
 
 
+@pytest.mark.integration
 def test_killed_engine_is_reported_and_restarted(qtbot, make_gui: MakeGui) -> None:  # type: ignore[no-untyped-def]
     gui = make_gui(fake_command("--hold"), restart_delays=(0.3, 5.0))
     gui.window.show()
@@ -80,6 +84,7 @@ def test_killed_engine_is_reported_and_restarted(qtbot, make_gui: MakeGui) -> No
     qtbot.waitUntil(lambda: gui.controller.crashes == 0, timeout=20_000)  # a finished round resets the backoff
 
 
+@pytest.mark.integration
 def test_traceback_of_a_crash_reaches_the_dialog_and_backoff_grows(qtbot, make_gui: MakeGui) -> None:  # type: ignore[no-untyped-def]
     gui = make_gui(fake_command("--crash-after", "4"), restart_delays=(0.2, 0.4, 30.0))
     gui.window.show()
@@ -91,6 +96,7 @@ def test_traceback_of_a_crash_reaches_the_dialog_and_backoff_grows(qtbot, make_g
     assert "RuntimeError: boom" in gui.window.problem_dialog.details.toPlainText()
 
 
+@pytest.mark.integration
 def test_a_settings_problem_is_not_restarted(qtbot, make_gui: MakeGui, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     fixture = tmp_path / "bad-model.jsonl"
     fixture.write_text(json.dumps({"type": "error", "v": 1, "ts": 0, "kind": "ModelError", "fatal": True,
@@ -119,6 +125,7 @@ def test_reopening_shows_the_earlier_history(qtbot, make_gui: MakeGui, paths: Pa
     assert isinstance(gui.window.dialog, FirstRunDialog) and gui.window.dialog.isVisible()
 
 
+@pytest.mark.integration
 def test_without_a_tray_closing_asks_then_quits(qtbot, make_gui: MakeGui) -> None:  # type: ignore[no-untyped-def]
     gui = make_gui(fake_command("--hold"))
     w = gui.window
@@ -138,6 +145,7 @@ def test_without_a_tray_closing_asks_then_quits(qtbot, make_gui: MakeGui) -> Non
     assert gui.controller.phase == "idle"
 
 
+@pytest.mark.integration
 def test_with_a_tray_closing_hides_and_keeps_training(qtbot, make_gui: MakeGui) -> None:  # type: ignore[no-untyped-def]
     gui = make_gui(fake_command("--hold"), tray=True)
     w = gui.window
@@ -150,6 +158,7 @@ def test_with_a_tray_closing_hides_and_keeps_training(qtbot, make_gui: MakeGui) 
     assert w.isVisible()
 
 
+@pytest.mark.integration
 def test_quit_says_stopping_at_once_and_shows_the_saving_dialog_within_a_second(qtbot, make_gui: MakeGui) -> None:  # type: ignore[no-untyped-def]
     gui = make_gui(fake_command("--hold", "--ignore-stop"))
     w = gui.window
@@ -170,6 +179,7 @@ def test_quit_says_stopping_at_once_and_shows_the_saving_dialog_within_a_second(
     assert quits == [True] and not gui.quit_dialog.isVisible()
 
 
+@pytest.mark.integration
 def test_relaunching_after_quitting_mid_run_carries_on(qtbot, make_gui: MakeGui, paths: Paths) -> None:  # type: ignore[no-untyped-def]
     first = make_gui(fake_command("--hold"))
     first.window.show()
@@ -188,6 +198,7 @@ def test_relaunching_after_quitting_mid_run_carries_on(qtbot, make_gui: MakeGui,
     assert "carrying on" in "\n".join(again.window.log_view.lines())
 
 
+@pytest.mark.integration
 def test_a_run_paused_before_quitting_is_not_started_on_relaunch(qtbot, make_gui: MakeGui, paths: Paths) -> None:  # type: ignore[no-untyped-def]
     first = make_gui(fake_command("--hold"))
     first.window.show()
@@ -233,6 +244,7 @@ def test_the_swarm_panel_counts_computers_online_before_the_first_round(qtbot, m
     assert panel.online.text() == "–"
 
 
+@pytest.mark.integration
 def test_a_long_status_message_wraps_instead_of_being_cut_off(qtbot, make_gui: MakeGui) -> None:  # type: ignore[no-untyped-def]
     gui = make_gui(fake_command("--hold"))
     w = gui.window

@@ -14,6 +14,7 @@ from engine.paths import Paths
 from engine.sapo import Node
 
 
+@pytest.mark.integration
 @pytest.mark.slow
 def test_real_round_on_the_bundled_model(tmp_path: Path) -> None:
     paths = Paths.under(tmp_path)

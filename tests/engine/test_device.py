@@ -124,6 +124,7 @@ def test_mlx_asked_for_but_missing(monkeypatch: pytest.MonkeyPatch) -> None:
         pick_device("mlx")
 
 
+@pytest.mark.integration
 def test_choosing_a_backend_module_imports_no_framework() -> None:
     """engine.device and engine.backends stay cheap: torch and mlx load only when a device is picked."""
     code = (

@@ -22,6 +22,9 @@ from engine.export import export_model, find_checkpoint
 from engine.llama_convert import CONVERTER_ENV
 from engine.paths import Paths
 
+# Every test here converts the bundled model (the `smol_dir` fixture) or starts `sapling-node export`.
+pytestmark = pytest.mark.integration
+
 FIXED_PROMPTS = [
     "What is 17 + 25?",
     "Name three colours.",

@@ -15,6 +15,7 @@ from engine.rules import check_model_source, check_relay_url, model_source_kind,
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.integration
 def test_a_hub_id_offline_and_not_cached_says_what_to_do(tmp_path: Path) -> None:
     # conftest sets HF_HUB_OFFLINE=1; a fresh HF cache holds nothing.
     code = (
@@ -81,6 +82,7 @@ def test_bad_relay_addresses_are_refused(bad: str) -> None:
         check_relay_url(bad)
 
 
+@pytest.mark.integration
 def test_stable_seeds_do_not_depend_on_the_process() -> None:
     code = "from engine.rules import stable_seed; print(stable_seed('draw', 3, 7))"
     runs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True).stdout

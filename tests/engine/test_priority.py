@@ -49,6 +49,7 @@ def priorities_of_child(mode: str) -> tuple[str, dict[int, int] | int]:
     return said, seen
 
 
+@pytest.mark.integration
 def test_background_priority_reaches_every_thread_as_the_os_reports_it() -> None:
     said, seen = priorities_of_child("background")
     if sys.platform == "win32":
@@ -60,6 +61,7 @@ def test_background_priority_reaches_every_thread_as_the_os_reports_it() -> None
         assert len(seen) >= 3  # main, the thread from before, the thread from after
 
 
+@pytest.mark.integration
 def test_normal_priority_leaves_the_process_as_it_was() -> None:
     said, seen = priorities_of_child("normal")
     assert said == "normal priority"
@@ -145,6 +147,7 @@ def test_a_fixed_thread_count_is_applied_once_and_never_measured() -> None:
     assert policy.update() == 2 and applied == [1, 2] and sampler.reads == 1
 
 
+@pytest.mark.integration
 def test_load_sampler_counts_another_busy_process() -> None:
     sampler = LoadSampler()
     started = sampler.last[0]

@@ -83,6 +83,7 @@ def status(state: str, text: str = "") -> Any:
     return lambda e: e["type"] == "status" and e["state"] == state and text in e["message"]
 
 
+@pytest.mark.integration
 def test_serve_commands(tiny_model_dir: Path, tmp_path: Path) -> None:
     home = tmp_path / "home"
     engine = Engine(node_cmd("serve", home, tiny_model_dir), tmp_path / "stderr.txt")
@@ -118,6 +119,7 @@ def test_serve_commands(tiny_model_dir: Path, tmp_path: Path) -> None:
     assert (ckpt / "state.json").is_file()
 
 
+@pytest.mark.integration
 def test_serve_stops_when_stdin_closes(tiny_model_dir: Path, tmp_path: Path) -> None:
     engine = Engine(node_cmd("serve", tmp_path / "home", tiny_model_dir), tmp_path / "stderr.txt")
     engine.wait_for(lambda e: e["type"] == "round")
@@ -127,6 +129,7 @@ def test_serve_stops_when_stdin_closes(tiny_model_dir: Path, tmp_path: Path) -> 
     assert engine.close() == 0
 
 
+@pytest.mark.integration
 def test_serve_reports_a_fatal_user_error(tmp_path: Path) -> None:
     engine = Engine(node_cmd("serve", tmp_path / "home", tmp_path / "no-such-model"), tmp_path / "stderr.txt")
     error = engine.wait_for(lambda e: e["type"] == "error")
@@ -135,6 +138,7 @@ def test_serve_reports_a_fatal_user_error(tmp_path: Path) -> None:
     assert engine.close() == 3
 
 
+@pytest.mark.integration
 def test_reload_with_a_bad_file_is_not_fatal(tiny_model_dir: Path, tmp_path: Path) -> None:
     home = tmp_path / "home"
     engine = Engine(node_cmd("serve", home, tiny_model_dir), tmp_path / "stderr.txt")
@@ -150,6 +154,7 @@ def test_reload_with_a_bad_file_is_not_fatal(tiny_model_dir: Path, tmp_path: Pat
     assert engine.close() == 0
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(
     ("args", "code", "needle"),
     [
@@ -169,6 +174,7 @@ def test_run_rejects_bad_input_with_one_sentence(tiny_model_dir: Path, tmp_path:
     assert "Traceback" not in out.stderr
 
 
+@pytest.mark.integration
 def test_run_survives_kill_9_and_resumes(tiny_model_dir: Path, tmp_path: Path) -> None:
     home = tmp_path / "home"
     ckpts = home / "data" / "checkpoints" / "default"
@@ -191,6 +197,7 @@ def test_run_survives_kill_9_and_resumes(tiny_model_dir: Path, tmp_path: Path) -
     assert rounds == list(range(1, done + 3))  # each round exactly once, none lost
 
 
+@pytest.mark.integration
 def test_first_ctrl_c_stops_gracefully(tiny_model_dir: Path, tmp_path: Path) -> None:
     home = tmp_path / "home"
     proc = subprocess.Popen(node_cmd("run", home, tiny_model_dir, "--rounds", "1000"), cwd=ROOT,
@@ -216,6 +223,7 @@ def _node_after_round_one(home: Path, tiny_model_dir: Path, command: str = "run"
     return proc
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("command", ["run", "serve"])
 def test_sigterm_stops_cleanly_with_exit_0(tiny_model_dir: Path, tmp_path: Path, command: str) -> None:
     proc = _node_after_round_one(tmp_path / "home", tiny_model_dir, command)
@@ -229,6 +237,7 @@ def test_sigterm_stops_cleanly_with_exit_0(tiny_model_dir: Path, tmp_path: Path,
         assert '"state":"stopped"' in out
 
 
+@pytest.mark.integration
 def test_a_second_sigterm_ends_the_node_at_once(tiny_model_dir: Path, tmp_path: Path) -> None:
     proc = _node_after_round_one(tmp_path / "home", tiny_model_dir)
     proc.send_signal(signal.SIGTERM)
@@ -245,6 +254,7 @@ def test_a_second_sigterm_ends_the_node_at_once(tiny_model_dir: Path, tmp_path: 
     assert "[stopped]" not in err and "Traceback" not in err
 
 
+@pytest.mark.integration
 def test_export_without_a_checkpoint_says_what_to_do(tiny_model_dir: Path, tmp_path: Path) -> None:
     out = subprocess.run(
         node_cmd("export", tmp_path / "home", tiny_model_dir, "--out", str(tmp_path / "out")),

@@ -82,6 +82,7 @@ def test_same_ref_rebuilds_same_question_on_a_fresh_taskset_with_other_weights_a
     assert _texts([taskset.rebuild(q.ref) for q in questions]) == _texts(questions)
 
 
+@pytest.mark.integration
 def test_rebuild_does_not_depend_on_what_was_built_before_even_in_a_fresh_process(taskset: TaskSet) -> None:
     questions = taskset.eval_set(18) + taskset.draw(1, 8)
     payload = json.dumps([q.ref.to_json() for q in reversed(questions)])

@@ -16,6 +16,8 @@ import json
 import time
 from collections import Counter
 
+import pytest
+
 from engine.swarm import protocol as p
 from engine.swarm.client import SwarmClient
 from engine.swarm.identity import Identity
@@ -36,6 +38,7 @@ def _seqs(answer: dict[str, object]) -> list[int]:
     return [json.loads(b["payload"])["seq"] for b in answer["batches"]]  # type: ignore[attr-defined]
 
 
+@pytest.mark.integration
 async def test_a_cursor_hands_out_only_what_is_newer(start_relay: StartRelay) -> None:
     relay = start_relay(rate=1000.0, burst=1000.0)
     sender, reader = await _joined(relay.url), await _joined(relay.url)
@@ -65,6 +68,7 @@ async def test_a_cursor_hands_out_only_what_is_newer(start_relay: StartRelay) ->
         await peer.close()
 
 
+@pytest.mark.integration
 async def test_the_draw_is_uniform_over_the_new_batches(start_relay: StartRelay) -> None:
     relay = start_relay(rate=10_000.0, burst=10_000.0)
     sender, reader = await _joined(relay.url), await _joined(relay.url)
@@ -109,6 +113,7 @@ async def _rounds(url: str, rounds: int, use_cursor: bool) -> list[tuple[int, in
     return out
 
 
+@pytest.mark.integration
 async def test_two_nodes_over_rounds_receive_no_duplicates_with_a_cursor(start_relay: StartRelay) -> None:
     rounds = 10
     plain = await _rounds(start_relay(rate=100.0, burst=100.0).url, rounds, use_cursor=False)
@@ -133,6 +138,7 @@ def _batch(identity: Identity, client: SwarmClient, n_items: int) -> str:
     return p.batch_payload(identity.public_key, client.next_seq(), time.time(), "m", items)
 
 
+@pytest.mark.integration
 def test_the_swarm_client_keeps_its_cursor_between_samples(start_relay: StartRelay) -> None:
     relay = start_relay(rate=100.0, burst=100.0)
     ids = [Identity.generate(), Identity.generate()]

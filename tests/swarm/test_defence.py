@@ -487,6 +487,7 @@ def test_replayed_content_is_dropped_across_a_restart(tiny_model_dir: Path, tmp_
     assert len(again.share_and_sample(2, [])[0]) == 1
 
 
+@pytest.mark.integration
 def test_through_a_real_relay_poison_is_rejected_and_its_sender_banned(
     taught: tuple[Path, Path], tmp_path: Path, start_relay: Any
 ) -> None:

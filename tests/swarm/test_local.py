@@ -16,6 +16,8 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from engine.swarm import protocol as p
 from engine.swarm.client import LinkState
 from engine.swarm.identity import Identity
@@ -92,6 +94,7 @@ def _start(nodes: list[Node]) -> None:
         assert node.local.client.wait_connected(10)
 
 
+@pytest.mark.integration
 def test_a_remaining_node_takes_over_the_local_relay_and_the_others_rejoin() -> None:
     port = _free_port()
     took_over = threading.Event()
@@ -128,6 +131,7 @@ def test_a_remaining_node_takes_over_the_local_relay_and_the_others_rejoin() -> 
             node.local.stop()
 
 
+@pytest.mark.integration
 def test_two_survivors_knocking_at_once_end_with_one_host() -> None:
     port = _free_port()
     took_over = threading.Event()
@@ -149,6 +153,7 @@ def test_two_survivors_knocking_at_once_end_with_one_host() -> None:
             node.local.stop()
 
 
+@pytest.mark.integration
 def test_port_zero_hosts_alone_on_a_free_port() -> None:
     node = Node(0, threading.Event())
     try:
@@ -159,6 +164,7 @@ def test_port_zero_hosts_alone_on_a_free_port() -> None:
         node.local.stop()
 
 
+@pytest.mark.integration
 def test_a_host_killed_without_a_word_is_replaced_too() -> None:
     port = _free_port()
     host = subprocess.Popen([sys.executable, "-c", HOST_SCRIPT, str(port)], cwd=ROOT, stdout=subprocess.PIPE, text=True)

@@ -66,6 +66,7 @@ def trainable(node: Node) -> dict[str, torch.Tensor]:
     return {k: v.clone() for k, v in node.backend._trainable_state().items()}  # type: ignore[attr-defined]
 
 
+@pytest.mark.integration
 def test_three_nodes_two_architectures_share_and_train_on_external_items(
     tiny_model_dir: Path, tiny_qwen_dir: Path, tmp_path: Path, start_relay: StartRelay
 ) -> None:
@@ -230,6 +231,7 @@ def test_publish_shares_text_only_and_respects_limits(receiver: Any) -> None:
     assert all(isinstance(c, str) for c in first["completions"])
 
 
+@pytest.mark.integration
 def test_relay_restart_mid_run_solo_fallback_then_rejoin(tiny_model_dir: Path, tmp_path: Path) -> None:
     settings = RelaySettings(host="127.0.0.1", port=0)
     relay = EmbeddedRelay(settings)
@@ -261,6 +263,7 @@ def test_relay_restart_mid_run_solo_fallback_then_rejoin(tiny_model_dir: Path, t
         session.close()
 
 
+@pytest.mark.integration
 def test_a_second_local_node_joins_the_first_ones_embedded_relay(tiny_model_dir: Path, tmp_path: Path) -> None:
     import socket
 
@@ -350,6 +353,7 @@ def test_a_node_trains_on_i_of_its_own_groups_and_j_external(tiny_model_dir: Pat
     assert len(trained_prompts - {external_prompt}) == 1
 
 
+@pytest.mark.integration
 def test_when_the_hosting_node_stops_another_local_node_takes_the_relay_over(tiny_model_dir: Path, tmp_path: Path) -> None:
     import socket
     import threading

@@ -50,6 +50,7 @@ async def _joined(url: str) -> DocPeer:
     return peer
 
 
+@pytest.mark.integration
 async def test_two_relays_share_batches_sequences_and_peer_counts(start_relay: StartRelay, redis_url: str) -> None:
     one = start_relay(redis=redis_url)
     two = start_relay(redis=redis_url)
@@ -74,6 +75,7 @@ async def test_two_relays_share_batches_sequences_and_peer_counts(start_relay: S
         await peer.close()
 
 
+@pytest.mark.integration
 async def test_cursors_work_across_relays_that_share_one_redis(start_relay: StartRelay, redis_url: str) -> None:
     one = start_relay(redis=redis_url, rate=1000.0, burst=1000.0)
     two = start_relay(redis=redis_url, rate=1000.0, burst=1000.0)
