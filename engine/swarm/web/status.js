@@ -1,10 +1,13 @@
 /* The status page's live part (engine/swarm/relay_web.py serves it at /static/status.js).
-   Every few seconds it reads /stats.json and redraws the numbers and the two charts.
+   Every few seconds it reads /stats.json and redraws the numbers and the two charts; every
+   half minute it reads /stats/peers.json and lists the day's top contributors.
    Text from the server is only ever set with textContent: nothing is parsed as HTML. */
 (function () {
   "use strict";
 
   var POLL_MS = 3000;
+  var BOARD_MS = 30000;
+  var BOARD_SHOWN = 10;
   var HOUR_S = 3600;
   var DAY_S = 24 * HOUR_S;
   var CHART_HEIGHT = 180;
@@ -88,6 +91,45 @@
     setText("status-line", "Updated " + new Date(data.now * 1000).toLocaleTimeString() + ".");
   }
 
+  // The credit board: names and counts from the server, set as text.
+  function showBoard(data) {
+    var list = document.getElementById("contributors");
+    if (list === null || !data || !Array.isArray(data.peers)) {
+      return;
+    }
+    var peers = data.peers.slice(0, BOARD_SHOWN);
+    if (peers.length === 0) {
+      return;  // keep the page's own "nobody yet" line
+    }
+    while (list.firstChild) {
+      list.removeChild(list.firstChild);
+    }
+    peers.forEach(function (peer) {
+      var day = peer.day || {};
+      var item = document.createElement("li");
+      var name = document.createElement("strong");
+      name.textContent = String(peer.name || String(peer.peer).slice(0, 8));
+      var count = document.createElement("span");
+      count.className = "count";
+      var used = Number(day.used) || 0, by = Number(day.peers) || 0;
+      count.textContent = " · " + used + (used === 1 ? " rollout" : " rollouts") + " used by " + by +
+        (by === 1 ? " peer" : " peers");
+      item.appendChild(name);
+      item.appendChild(count);
+      list.appendChild(item);
+    });
+  }
+
+  function pollBoard() {
+    fetch("/stats/peers.json", { cache: "no-store", headers: { Accept: "application/json" } })
+      .then(function (response) { return response.ok ? response.json() : null; })
+      .then(showBoard)
+      .catch(function () { /* the numbers above say when the relay is away */ })
+      .then(function () {
+        window.setTimeout(pollBoard, BOARD_MS);
+      });
+  }
+
   function poll() {
     fetch("/stats.json", { cache: "no-store", headers: { Accept: "application/json" } })
       .then(function (response) {
@@ -110,4 +152,5 @@
   }, true);
   charts.reward = chart("chart-reward", "reward", "#1565c0", function () { return [0, 1]; }, false);
   poll();
+  pollBoard();
 })();
