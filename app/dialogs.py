@@ -298,8 +298,9 @@ class ProtectionForm(QWidget):
         check.addWidget(self.check)
         check.addWidget(_hint("Catches answers that are correct but carry injected text, such as an advert "
                               "after the answer, before your model learns from them. Every answer is also "
-                              "re-scored here, whatever this says. In a swarm of different models, turn it "
-                              "off: it would refuse most of their honest answers too."))
+                              "re-scored here, whatever this says. Sapling follows the swarm's model policy: "
+                              "where the relay says its nodes run different models, an answer from another "
+                              "model is compared with its sender's usual answers instead of with your model."))
         return box
 
     def _ban_box(self) -> QGroupBox:
