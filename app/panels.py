@@ -271,6 +271,9 @@ class PeersPanel(QFrame):
             name = str(info.get("name") or "unnamed")
             ban = info.get("banned")
             status = "ok"
+            probation = number(info.get("probation")) or 0  # another model's answers taken before its baseline existed
+            if probation:
+                status = f"ok · another model, {int(probation):,} taken on probation"
             if isinstance(ban, dict):
                 earned = ban.get("source") != "config"
                 status = f"banned: {reason_text(str(ban.get('reason', '')))}" + (" (double-click to lift)" if earned else " (in Settings)")

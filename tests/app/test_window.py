@@ -272,12 +272,15 @@ def test_a_banned_peer_shows_in_the_panel_and_lifting_the_ban_sends_unban(qtbot,
                         "rejected_by_reason": {"implausible": 7},
                         "by_peer": {"1a2b3c4d5e6f7a8b9c0d": {"name": "sly-fox-1a2b", "accepted": 0, "rejected": 7, "banned": ban},
                                     "9f9f9f9f9f9f9f9f9f9f": {"name": "bad-actor-9f9f", "accepted": 0, "rejected": 0, "banned": listed},
-                                    "0a0a0a0a0a0a0a0a0a0a": {"name": "kind-owl-0a0a", "accepted": 2, "rejected": 0, "banned": None}}})
+                                    "0a0a0a0a0a0a0a0a0a0a": {"name": "kind-owl-0a0a", "accepted": 2, "rejected": 0, "banned": None},
+                                    "0b0b0b0b0b0b0b0b0b0b": {"name": "calm-heron-0b0b", "accepted": 5, "rejected": 0,
+                                                             "probation": 3, "banned": None}}})
     table = w.peers.peer_table
     statuses = {table.item(r, 0).text(): table.item(r, 3).text() for r in range(table.rowCount())}
     assert statuses["sly-fox-1a2b · 1a2b3c4d"].startswith("banned: Improbable text")
     assert "(in Settings)" in statuses["bad-actor-9f9f · 9f9f9f9f"]
     assert statuses["kind-owl-0a0a · 0a0a0a0a"] == "ok"
+    assert statuses["calm-heron-0b0b · 0b0b0b0b"] == "ok · another model, 3 taken on probation"  # issue 29
     reasons = {w.peers.reasons.item(r, 0).text() for r in range(w.peers.reasons.rowCount())}
     assert any("Improbable" in text for text in reasons)
 
