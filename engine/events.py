@@ -16,7 +16,7 @@ Event types and their required fields:
                 (phase: generating, scoring, training, evaluating, checkpointing)
     round       round, metrics
     eval        round, accuracy, reward_mean, questions, by_specialty
-    peers       online, received, accepted, rejected  (+ not_picked, rejected_by_reason, by_peer,
+    peers       online, received, accepted, rejected  (+ not_picked, probation, rejected_by_reason, by_peer,
                 banned, this_round); counts are items (a question with its completions), totals for
                 this run; by_peer[id]["banned"] and banned[id] are {reason, since, until, source} or
                 absent/null (until null: until lifted; source "strikes" or "config")
