@@ -12,6 +12,8 @@ of the call. Converting imports torch.
 
 Used by engine/export.py (`sapling-node export`) and engine/models.py (the
 bundled model's base GGUF, prepared when it is converted).
+
+Tests: .venv/bin/python -m pytest tests/engine/test_export.py -q
 """
 
 from __future__ import annotations

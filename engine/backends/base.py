@@ -3,6 +3,8 @@
 Its own module so that the backends import it without importing
 `engine.backends`, whose `load_backend` imports them (no import cycle).
 Imports nothing heavy.
+
+Tests (every backend against it): .venv/bin/python -m pytest tests/engine/test_backends_shared.py -q
 """
 
 from __future__ import annotations

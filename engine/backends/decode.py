@@ -22,6 +22,8 @@ stays as the fallback for architectures it does not cover
 
 The forward itself is `engine.backends.decode_model.DecodeModel`.
 Behaviour log-probs are log p(token) of the tempered distribution.
+
+Tests: .venv/bin/python -m pytest tests/engine/test_decode.py -q; speed: .venv/bin/python -m bench.rollout_speed --quick
 """
 
 from __future__ import annotations

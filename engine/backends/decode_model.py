@@ -10,6 +10,8 @@ tested against HF's forward on tiny llama and qwen2 models
 (tests/engine/test_decode.py). On the CPU in fp32 the step's weights are
 reordered once for oneDNN (`can_pack`, `pack_weight`, `matmul`).
 `engine.backends.decode` drives it; docs/backends.md explains the choices.
+
+Tests: .venv/bin/python -m pytest tests/engine/test_decode.py -q
 """
 
 from __future__ import annotations

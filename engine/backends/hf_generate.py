@@ -12,6 +12,8 @@ already in inference mode (the backend's `inference()` copy).
   tempered distribution.
 - `hf_greedy`: greedy answers of a chunk of prompts.
 - `left_pad`, `split_rows`: token lists to padded tensors and back.
+
+Tests: .venv/bin/python -m pytest tests/engine/test_decode.py -q -k falls_back
 """
 
 from __future__ import annotations

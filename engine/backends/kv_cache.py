@@ -8,6 +8,8 @@ range and nothing is copied per step. Groups sit in order of prompt length,
 in runs of similar length (`partition`), each attended from its own first
 column. `engine.backends.decode` fills it; docs/backends.md explains the
 choices and the constants.
+
+Tests: .venv/bin/python -m pytest tests/engine/test_decode.py -q
 """
 
 from __future__ import annotations

@@ -6,6 +6,8 @@ fused matmul, and `LoraStep` adds each row's low-rank delta to the base
 matmul's output: the base runs once for all rows, each adapter's delta on
 its own rows (one batched matmul). docs/backends.md, "Rows with different
 LoRA adapters in one batch", documents the interface.
+
+Tests: .venv/bin/python -m pytest tests/engine/test_decode.py -q -k adapter
 """
 
 from __future__ import annotations

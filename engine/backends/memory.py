@@ -5,6 +5,8 @@
 - `release_memory`: a collection, then freed heap pages handed back to the
   OS (glibc's malloc_trim on Linux), after every generate, greedy and train
   call, so a long CPU run's RSS does not creep up round after round.
+
+Tests: .venv/bin/python -m pytest tests/engine/test_torch_backend.py -q
 """
 
 from __future__ import annotations
