@@ -241,7 +241,10 @@ class ChatServer:
         newest = self.newest_round()
         if newest > 0 and not self.export_path(newest).is_file():
             cached = self._newest_cached(below=newest)
-            fresh = cached is not None and time.time() - cached[1].stat().st_mtime < self.refresh_s
+            try:
+                fresh = cached is not None and time.time() - cached[1].stat().st_mtime < self.refresh_s
+            except OSError:  # pruned meanwhile
+                fresh = False
             if not fresh:
                 rounds.append(newest)
         if rounds:
