@@ -109,10 +109,6 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"sapling-relay invite: {exc}", file=sys.stderr)
         return 2
-    except ValueError:  # urllib's own, for an address such as wss://[
-        print("sapling-relay invite: A relay address is not a valid web address; check the --url values.",
-              file=sys.stderr)
-        return 2
     try:
         print_invite(invite, args.page, not args.no_qr, sys.stdout)
         sys.stdout.flush()

@@ -22,7 +22,6 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from engine.errors import ConfigError
 from engine.model_policy import ModelPolicy, parse_models_setting
 from engine.rules import check_relay_url
 from engine.swarm import protocol
@@ -86,12 +85,7 @@ class RelaySettings:
         if len(self.public_url) > MAX_PUBLIC_URLS:
             raise ValueError(f"public-url: at most {MAX_PUBLIC_URLS} addresses, got {len(self.public_url)}")
         for url in self.public_url:
-            try:
-                check_relay_url(url)  # ConfigError: a ValueError with one sentence
-            except ConfigError:
-                raise
-            except ValueError:  # urllib's own, for an address such as wss://[
-                raise ValueError(f"public-url {url[:80]!r} is not a valid web address") from None
+            check_relay_url(url)  # ConfigError: a ValueError with one sentence
         parse_models_setting(self.models)  # ConfigError: a ValueError with one sentence
 
     def limits(self) -> dict[str, Any]:

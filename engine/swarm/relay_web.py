@@ -278,8 +278,6 @@ class RelayPages:
             invite = parse_invite(f"https://relay.invalid/join?{request.query_string}")
         except ConfigError as exc:
             return self._error(400, "Not a valid invite", str(exc))
-        except ValueError:  # urllib's own, for an address such as wss://[
-            return self._error(400, "Not a valid invite", "A relay address in the invite is not a valid web address.")
         relays = "".join(f"<li><code>{html.escape(url)}</code></li>" for url in invite.relays)
         if invite.token:
             privacy = "A private swarm: this link carries its join token, so share it only with people you want in."

@@ -111,7 +111,7 @@ def test_invite_reads_the_relays_settings_and_flags_win(tmp_path: Path, capsys: 
     (["--url", ",".join(f"wss://r{i}.example.org/ws" for i in range(9))], "relays"),
     (["--url", "wss://relay.example.org/ws", "--page", "javascript:alert(1)"], "--page"),
     (["--url", "wss://relay.example.org/ws", "--page", "http://["], "--page"),
-    (["--url", "wss://[/ws"], "not a valid web address"),
+    (["--url", "wss://[/ws"], "not a valid URL"),
 ])
 def test_a_bad_invite_is_one_sentence_and_exit_2(args: list[str], words: str,
                                                  capsys: pytest.CaptureFixture[str]) -> None:

@@ -336,7 +336,7 @@ def test_the_join_page_offers_the_link_and_the_download(start_relay: StartRelay)
     ("relay=wss%3A%2F%2Fa%2Fws&name=a%00b", "control characters"),
     ("relay=wss%3A%2F%2Fa%2Fws&token=" + "t" * 300, "longer than 256"),
     ("relay=wss%3A%2F%2F" + "h" * 5000 + "%2Fws", "characters long"),
-    ("relay=wss%3A%2F%2F%5B%2Fws", "not a valid web address"),
+    ("relay=wss%3A%2F%2F%5B%2Fws", "not a valid URL"),
 ])
 def test_a_bad_invite_gets_a_400_page_with_one_sentence(start_relay: StartRelay, query: str, words: str) -> None:
     relay = start_relay()
