@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import traceback
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -115,7 +116,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if options.self_test:
         from app.selftest import run_self_test
 
-        return run_self_test(engine_flags, timeout_s=options.self_test_timeout)
+        try:
+            return run_self_test(engine_flags, timeout_s=options.self_test_timeout)
+        except Exception:  # noqa: BLE001 - printed with its traceback and exit 1: a frozen windowed build would show PyInstaller's dialog and hang CI
+            traceback.print_exc()
+            print("sapling self-test: FAILED with the error above.", file=sys.stderr)
+            return 1
     if engine_flags:
         print("sapling: flags after -- are only used with --self-test", file=sys.stderr)
         return 2
