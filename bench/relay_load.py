@@ -32,7 +32,7 @@ and asks, in one run:
    connection restored", and publishing must resume.
 4. How many peers does one process hold? One relay process on the same
    Redis takes more and more peers, each publishing and sampling once per
-   `--round-seconds`, until the sample round trip's p99 passes 1 s, the
+   `--round-seconds`, until the sample round trip's p99 passes 5 s, the
    next step would pass `--max-peers-per-process`, or the time budget ends;
    the answer is the largest step with p99 under 250 ms, and the steps show
    CPU, memory and bytes per peer on the way.
@@ -71,8 +71,9 @@ TARGET_PEERS = 2000
 TARGET_P99_MS = 250.0
 TARGET_RSS_BYTES = 1 << 30
 TARGET_REJOIN_S = 5.0
-# The capacity steps go on past the target, to show the curve, until the p99 passes this.
-GIVE_UP_P99_MS = 4 * TARGET_P99_MS
+# The capacity steps go on past the target, to show CPU, memory and bytes per peer further up,
+# until the p99 passes this or more than 1% of the round trips fail.
+GIVE_UP_P99_MS = 5000.0
 HARD_DEADLINE_S = 600.0
 STEPS = (500, 1000, 2000, 4000, 6000, 8000, 10_000, 12_000, 15_000)
 CHECK_EVERY_S = 0.02  # a checker's pause between two samples (within the bench relays' 50 requests/s)
@@ -753,14 +754,18 @@ async def capacity_run(redis: RedisProcess, args: argparse.Namespace, session: a
                 # A shared machine: one stall elsewhere can spoil a step's p99, so a miss is measured again.
                 print(f"  {step.peers:6d} peers: p99 {step.p99_ms:.0f} ms; measuring this step again", flush=True)
                 again = await measure_step(relay, peers, step.connect_per_s, args, session, payloads)
+                print(f"  {again.peers:6d} peers: p99 {again.p99_ms:.0f} ms the second time", flush=True)
                 step = min(step, again, key=lambda x: x.p99_ms)
                 step.tries = 2
             steps.append(step)
             held = step.peers
             print(f"  {step.peers:6d} peers: p99 {step.p99_ms:.0f} ms, relay CPU {step.cpu_pct:.0f}%, "
                   f"RSS {step.rss_mb:.0f} MB ({budget.elapsed():.0f} s into the run)", flush=True)
-            if step.p99_ms >= GIVE_UP_P99_MS or held < target:
-                why = f"p99 {step.p99_ms:.0f} ms at {target} peers" if held == target else f"{target - held} peers dropped"
+            if held < target:
+                why = f"{target - held} of {target} peers dropped"
+                break
+            if step.p99_ms >= GIVE_UP_P99_MS or step.failures > 0.01 * max(1, step.samples):
+                why = f"p99 {step.p99_ms:.0f} ms and {step.failures} failed round trips at {target} peers"
                 break
     finally:
         relay.stop()
