@@ -508,6 +508,7 @@ class BrokerRun:
     delivered: int
     published: int
     load: Load
+    follow_cpu_s: float = 0.0  # Redis: the peerless observer process's CPU over the same turns
 
     def ms_per_1000(self, with_redis: bool = False) -> float:
         """CPU milliseconds per 1000 delivered batches (relays, plus redis-server's if asked)."""
@@ -571,6 +572,10 @@ class Stack:
     relays: list[RelayProcess]
     peers: list[Peer]
     run: BrokerRun
+    # Redis only: one more relay process on the swarm with no peers at all. Its CPU is what every
+    # process pays to follow the swarm's stream, however few peers it holds.
+    observer: RelayProcess | None = None
+    observer_cpu_s: float = 0.0
 
 
 async def start_stack(broker: str, redis: RedisProcess, args: argparse.Namespace, session: aiohttp.ClientSession,
@@ -586,7 +591,12 @@ async def start_stack(broker: str, redis: RedisProcess, args: argparse.Namespace
                                         for i in range(total)])
     if len(peers) < total:
         raise RuntimeError(f"{broker}: only {len(peers)} of {total} peers could connect")
-    return Stack(broker, relays, peers, BrokerRun(broker, 0.0, 0.0, 0, 0, Load()))
+    observer = None
+    if broker == "redis":
+        observer = RelayProcess(workdir, "redis-observer", redis_url=redis.url)
+        started.append(observer)
+        await observer.ready()
+    return Stack(broker, relays, peers, BrokerRun(broker, 0.0, 0.0, 0, 0, Load()), observer)
 
 
 async def compare_brokers(memory: Stack, shared: Stack, redis: RedisProcess, args: argparse.Namespace,
@@ -598,8 +608,11 @@ async def compare_brokers(memory: Stack, shared: Stack, redis: RedisProcess, arg
         await drive(stack.peers, period, min(period, 3.0), payloads)  # every window gets its first batches
     for stack in (memory, shared, shared, memory):
         cpu0, redis0 = sum(r.cpu_s() for r in stack.relays), redis.cpu_s()
+        observer0 = stack.observer.cpu_s() if stack.observer is not None else 0.0
         delivered0, published0 = sum(x.delivered for x in stack.peers), sum(x.published for x in stack.peers)
         load = await drive(stack.peers, period, args.seconds / 2, payloads)
+        if stack.observer is not None:
+            stack.observer_cpu_s += stack.observer.cpu_s() - observer0
         run = stack.run
         run.relay_cpu_s += sum(r.cpu_s() for r in stack.relays) - cpu0
         run.redis_cpu_s += (redis.cpu_s() - redis0) if stack.broker == "redis" else 0.0
@@ -805,6 +818,9 @@ async def run_scaleout(args: argparse.Namespace, redis_binary: str) -> int:
                 memory = await start_stack("memory", redis, args, session, workdir, started)
                 shared = await start_stack("redis", redis, args, session, workdir, started)
                 await compare_brokers(memory, shared, redis, args, payloads)
+                shared.run.follow_cpu_s = shared.observer_cpu_s
+                if shared.observer is not None:
+                    shared.observer.stop()
                 await close_all(memory.peers)
                 for relay in memory.relays:
                     relay.stop()
@@ -838,6 +854,10 @@ def report(args: argparse.Namespace, memory: BrokerRun, shared: BrokerRun, fault
               f"{pct(run.load.rtts, 0.5) * 1000:.1f}/{pct(run.load.rtts, 0.99) * 1000:.1f}")
     print(f"   CPU per delivered batch, redis/memory: {shared.ms_per_1000() / memory.ms_per_1000():.2f}x for the relays, "
           f"{shared.ms_per_1000(with_redis=True) / memory.ms_per_1000():.2f}x with redis-server's CPU")
+    follow_ms = 1000 * shared.follow_cpu_s / max(1, shared.published)
+    print(f"   a relay process with no peers on the Redis swarm: {shared.follow_cpu_s:.2f} CPU s, {follow_ms:.3f} CPU ms "
+          f"per batch published in the swarm ({100 * follow_ms:.0f}% of a core per 1000 publishes/s): "
+          "what every process pays to follow the stream")
     print()
     rejoin = faults.rejoin_s
     within = sum(1 for s in rejoin if s <= TARGET_REJOIN_S)
