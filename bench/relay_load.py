@@ -21,7 +21,10 @@ and asks, in one run:
 1. What does sharing through Redis cost? The same load (peers spread over N
    processes, `--rate` publishes/s in all) against N processes with the
    in-memory broker, then against N processes on one Redis: relay CPU
-   seconds per delivered batch, and the ratio redis/memory.
+   seconds per delivered batch, and the ratio redis/memory. And what
+   following the swarm's stream costs a process however few peers it holds:
+   a relay with none, while batches are written into its stream at 100,
+   1,000 and 3,000 a second (100,000 peers on 30 s rounds make 3,300).
 2. Does a relay process killed with SIGKILL lose acknowledged batches? A
    checker on every process samples everything new (with cursors); every
    batch a publisher got `published` for must reach every checker. The
@@ -61,6 +64,7 @@ from typing import Any
 
 import aiohttp
 import psutil
+import redis.asyncio as aioredis
 
 from engine.swarm import protocol as p
 from engine.swarm.client import BACKOFF_CAP_S, BACKOFF_START_S
@@ -124,7 +128,7 @@ class RelayProcess:
     """One relay subprocess on a free port; its JSON log in a file, its CPU and memory read by psutil."""
 
     def __init__(self, workdir: Path, name: str, *, redis_url: str = "", max_conn: int = 100, window: int = WINDOW,
-                 log_level: str = "info") -> None:
+                 log_level: str = "info", extra: list[str] | None = None) -> None:
         self.name = name
         self.port = free_port()
         self.url = f"ws://127.0.0.1:{self.port}/ws"
@@ -134,6 +138,7 @@ class RelayProcess:
                 "--data-dir", str(workdir / f"{name}-data"), "--log-level", log_level]
         if redis_url:
             argv += ["--redis", redis_url]
+        argv += extra or []
         with self.log_path.open("wb") as log:
             self.proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log)
         self.ps = psutil.Process(self.proc.pid)
@@ -483,6 +488,10 @@ async def run_single(args: argparse.Namespace) -> int:
 # fewer than 16 new batches (one sample's most) arrive between two of its samples, bursts included:
 # a checker that moves to another process, a relay's tail catching up after Redis came back.
 FAULT_RATE = 8.0
+# Stream rates at which a peerless relay process's cost of following the stream is measured: 100,000
+# peers on 30 s rounds publish about 3,300 batches a second.
+FOLLOW_RATES = (100.0, 1000.0, 3000.0)
+FOLLOW_SECONDS = 4.0
 KILL_AT_S = 3.0  # into the fault phase: SIGKILL to one relay process
 REDIS_STOP_AT_S = 8.0  # then redis-server is stopped ...
 REDIS_DOWN_S = 2.0  # ... and started again on the same port this much later
@@ -508,7 +517,6 @@ class BrokerRun:
     delivered: int
     published: int
     load: Load
-    follow_cpu_s: float = 0.0  # Redis: the peerless observer process's CPU over the same turns
 
     def ms_per_1000(self, with_redis: bool = False) -> float:
         """CPU milliseconds per 1000 delivered batches (relays, plus redis-server's if asked)."""
@@ -572,10 +580,6 @@ class Stack:
     relays: list[RelayProcess]
     peers: list[Peer]
     run: BrokerRun
-    # Redis only: one more relay process on the swarm with no peers at all. Its CPU is what every
-    # process pays to follow the swarm's stream, however few peers it holds.
-    observer: RelayProcess | None = None
-    observer_cpu_s: float = 0.0
 
 
 async def start_stack(broker: str, redis: RedisProcess, args: argparse.Namespace, session: aiohttp.ClientSession,
@@ -591,12 +595,7 @@ async def start_stack(broker: str, redis: RedisProcess, args: argparse.Namespace
                                         for i in range(total)])
     if len(peers) < total:
         raise RuntimeError(f"{broker}: only {len(peers)} of {total} peers could connect")
-    observer = None
-    if broker == "redis":
-        observer = RelayProcess(workdir, "redis-observer", redis_url=redis.url)
-        started.append(observer)
-        await observer.ready()
-    return Stack(broker, relays, peers, BrokerRun(broker, 0.0, 0.0, 0, 0, Load()), observer)
+    return Stack(broker, relays, peers, BrokerRun(broker, 0.0, 0.0, 0, 0, Load()))
 
 
 async def compare_brokers(memory: Stack, shared: Stack, redis: RedisProcess, args: argparse.Namespace,
@@ -608,11 +607,8 @@ async def compare_brokers(memory: Stack, shared: Stack, redis: RedisProcess, arg
         await drive(stack.peers, period, min(period, 3.0), payloads)  # every window gets its first batches
     for stack in (memory, shared, shared, memory):
         cpu0, redis0 = sum(r.cpu_s() for r in stack.relays), redis.cpu_s()
-        observer0 = stack.observer.cpu_s() if stack.observer is not None else 0.0
         delivered0, published0 = sum(x.delivered for x in stack.peers), sum(x.published for x in stack.peers)
         load = await drive(stack.peers, period, args.seconds / 2, payloads)
-        if stack.observer is not None:
-            stack.observer_cpu_s += stack.observer.cpu_s() - observer0
         run = stack.run
         run.relay_cpu_s += sum(r.cpu_s() for r in stack.relays) - cpu0
         run.redis_cpu_s += (redis.cpu_s() - redis0) if stack.broker == "redis" else 0.0
@@ -621,6 +617,45 @@ async def compare_brokers(memory: Stack, shared: Stack, redis: RedisProcess, arg
         run.load.rtts += load.rtts
         run.load.failures += load.failures
         run.load.seconds += load.seconds
+
+
+@dataclass
+class Follow:
+    rate: float  # batches per second written to the stream, as achieved
+    cpu_pct: float  # the follower's CPU, percent of one core
+    ms_per_batch: float
+    redis_pct: float
+
+
+async def follow_run(redis: RedisProcess, args: argparse.Namespace, workdir: Path,
+                     started: list[RelayProcess]) -> list[Follow]:
+    """What following the stream costs a relay process, whatever its peers: one with none, on a swarm of its
+    own, while this process writes batches straight into that swarm's stream at FOLLOW_RATES."""
+    follower = RelayProcess(workdir, "follower", redis_url=redis.url, extra=["--swarm", "follow"])
+    started.append(follower)
+    await follower.ready()
+    client: Any = aioredis.from_url(redis.url)
+    fields = {"peer": "0" * p.PEER_ID_HEX, "payload": "x" * args.batch_bytes, "sig": "s" * 88}
+    out = []
+    try:
+        for rate in FOLLOW_RATES:
+            per_tick = max(1, round(rate / 50))
+            cpu0, redis0, t0, sent = follower.cpu_s(), redis.cpu_s(), time.perf_counter(), 0
+            while time.perf_counter() - t0 < FOLLOW_SECONDS:
+                pipe = client.pipeline(transaction=False)
+                for _ in range(per_tick):
+                    pipe.xadd("sapling:follow:batches", fields, maxlen=WINDOW, approximate=True)
+                await pipe.execute()
+                sent += per_tick
+                await asyncio.sleep(max(0.0, t0 + sent / rate - time.perf_counter()))
+            seconds = time.perf_counter() - t0
+            cpu = follower.cpu_s() - cpu0
+            out.append(Follow(sent / seconds, 100 * cpu / seconds, 1000 * cpu / max(1, sent),
+                              100 * (redis.cpu_s() - redis0) / seconds))
+    finally:
+        await client.aclose()
+        follower.stop()
+    return out
 
 
 async def fault_run(relays: list[RelayProcess], peers: list[Peer], redis: RedisProcess, args: argparse.Namespace,
@@ -818,12 +853,10 @@ async def run_scaleout(args: argparse.Namespace, redis_binary: str) -> int:
                 memory = await start_stack("memory", redis, args, session, workdir, started)
                 shared = await start_stack("redis", redis, args, session, workdir, started)
                 await compare_brokers(memory, shared, redis, args, payloads)
-                shared.run.follow_cpu_s = shared.observer_cpu_s
-                if shared.observer is not None:
-                    shared.observer.stop()
                 await close_all(memory.peers)
                 for relay in memory.relays:
                     relay.stop()
+                follow = await follow_run(redis, args, workdir, started)
                 print(f"2-3/4 faults under load ... ({budget.elapsed():.0f} s)", flush=True)
                 faults = await fault_run(shared.relays, shared.peers, redis, args, session, payloads)
                 await close_all(shared.peers)
@@ -837,12 +870,12 @@ async def run_scaleout(args: argparse.Namespace, redis_binary: str) -> int:
             for relay in started:
                 relay.stop()
             redis.stop()
-    report(args, memory.run, shared.run, faults, steps, why, idle99, base_rss, budget)
+    report(args, memory.run, shared.run, follow, faults, steps, why, idle99, base_rss, budget)
     return 0
 
 
-def report(args: argparse.Namespace, memory: BrokerRun, shared: BrokerRun, faults: FaultRun, steps: list[Step],
-           why: str, idle99: float, base_rss: float, budget: Budget) -> None:
+def report(args: argparse.Namespace, memory: BrokerRun, shared: BrokerRun, follow: list[Follow], faults: FaultRun,
+           steps: list[Step], why: str, idle99: float, base_rss: float, budget: Budget) -> None:
     n = args.processes
     print()
     print(f"1. Sharing through Redis: {n} processes, {n * args.peers_per_process} peers, {args.rate:g} publishes/s, "
@@ -854,10 +887,10 @@ def report(args: argparse.Namespace, memory: BrokerRun, shared: BrokerRun, fault
               f"{pct(run.load.rtts, 0.5) * 1000:.1f}/{pct(run.load.rtts, 0.99) * 1000:.1f}")
     print(f"   CPU per delivered batch, redis/memory: {shared.ms_per_1000() / memory.ms_per_1000():.2f}x for the relays, "
           f"{shared.ms_per_1000(with_redis=True) / memory.ms_per_1000():.2f}x with redis-server's CPU")
-    follow_ms = 1000 * shared.follow_cpu_s / max(1, shared.published)
-    print(f"   a relay process with no peers on the Redis swarm: {shared.follow_cpu_s:.2f} CPU s, {follow_ms:.3f} CPU ms "
-          f"per batch published in the swarm ({100 * follow_ms:.0f}% of a core per 1000 publishes/s): "
-          "what every process pays to follow the stream")
+    print("   following the swarm's stream (a relay process with no peers; batches written straight into Redis):")
+    for f in follow:
+        print(f"     {f.rate:6.0f} batches/s: {f.cpu_pct:3.0f}% of a core, {f.ms_per_batch:.3f} CPU ms per batch; "
+              f"redis-server {f.redis_pct:.0f}%")
     print()
     rejoin = faults.rejoin_s
     within = sum(1 for s in rejoin if s <= TARGET_REJOIN_S)
