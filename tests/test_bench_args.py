@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench import decode_profile, draft_lookup, matmul_layout
+from bench import decode_profile, draft_lookup, matmul_layout, relay_load
 
 
 @pytest.mark.parametrize("rows", ["x", "1,,2", "0", "5,-1"])
@@ -33,3 +33,18 @@ def test_looked_up_drafts_shorten_a_repeated_answer_and_not_a_new_one() -> None:
     assert draft_lookup.steps_with_drafts([1, 7, 8, 9, 2], [7, 8, 9, 7, 8, 9], k=2) == 3
     assert draft_lookup.steps_with_drafts([1, 2], [5, 6, 7, 8], k=4) == 4  # nothing to look up: a step a token
     assert draft_lookup.draft([3, 4, 5, 3, 4], k=2) == [5, 3]
+
+
+@pytest.mark.parametrize("args", [
+    ["--processes", "3"],  # several processes share batches only through Redis
+    ["--redis"],  # one process cannot lose one of its processes
+    ["--processes", "9", "--redis"],
+    ["--peers", "0"],
+    ["--seconds", "0"],
+    ["--processes", "3", "--redis", "--max-peers-per-process", "50"],
+    ["--processes", "3", "--redis", "--budget", "10"],
+])
+def test_relay_load_refuses_bad_scale_out_arguments(args: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert relay_load.main(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("relay_load: ") and err.count("\n") == 1
