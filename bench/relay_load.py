@@ -502,6 +502,7 @@ SETTLE_S = 10.0  # after it, at most this long for every checker to catch up
 RESTART_MARGIN_S = 0.25
 AROUND_RESTART = "around the Redis restart"
 TEARDOWN_RESERVE_S = 20.0  # kept back from the budget for stopping everything
+STEP_WARMUP_S = 3.0  # load before each capacity step's measurement, not measured
 
 
 def rotated(urls: list[str], start: int) -> list[str]:
@@ -781,7 +782,8 @@ async def capacity_run(redis: RedisProcess, args: argparse.Namespace, session: a
     try:
         for target in targets:
             need = target - len(peers)
-            estimate = need * seconds_per_connect + args.step_seconds + 2 + target / 1000 + TEARDOWN_RESERVE_S
+            estimate = (need * seconds_per_connect + args.step_seconds + STEP_WARMUP_S + 2 + target / 1000
+                        + TEARDOWN_RESERVE_S)
             if estimate > budget.left():
                 why = f"the time budget ({args.budget:g} s in all) leaves no room for {target} peers"
                 break
@@ -795,7 +797,8 @@ async def capacity_run(redis: RedisProcess, args: argparse.Namespace, session: a
                 break
             gc.collect()
             gc.freeze()  # the load generator's own objects: its collector pauses would land in the round trips
-            await asyncio.sleep(1.0)
+            rng.shuffle(peers)  # each step's active third is drawn from all peers, the new ones included
+            await drive(peers, args.round_seconds, STEP_WARMUP_S, payloads)  # new connections' first requests
             step = await measure_step(relay, peers, need / connect_s, args, session, payloads)
             first_miss = all(earlier.p99_ms < TARGET_P99_MS for earlier in steps)
             if step.p99_ms >= TARGET_P99_MS and first_miss and budget.left() > args.step_seconds + 5 + TEARDOWN_RESERVE_S:
