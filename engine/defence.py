@@ -16,7 +16,8 @@ that test and the memory it needs, as plain functions and small classes:
   question with its completions) is plausible under this node's policy,
   against a floor set by this round's own completions.
 - `token_weights(logprobs, floor)`: truncated importance weights for the
-  tokens of accepted external text, so one odd token cannot dominate a step.
+  tokens of accepted external text, so one odd token cannot dominate a step;
+  `trace_weights` carries them along the text, for another model's text.
 - `sender_verdict(worst, history, probation, spreads)`: in a swarm of
   different models, an item labelled with another model than the receiver's
   is judged against its sender's own past: the robust baseline
@@ -219,6 +220,25 @@ def token_weights(logprobs: Sequence[float], floor: float) -> list[float]:
     2605.22537) truncates importance weights of off-policy text.
     """
     return [1.0 if lp >= floor else math.exp(lp - floor) for lp in logprobs]
+
+
+def trace_weights(logprobs: Sequence[float], floor: float) -> list[float]:
+    """Truncated weights carried along the text: token t weighs the product of min(1, p / p_floor) up to t.
+
+    For another model's text in a swarm of different models. `token_weights`
+    lets a token that is probable *after* an improbable one count fully: in
+    the bench, the inner tokens of an injected advert ("-prizes", " reward")
+    rose from -5 to -1 nats in five rounds while its first word stayed at -26.
+    Here a token weighs no more than the least likely text before it, the
+    receiver's chance of being in that context at all (the truncated traces
+    of Retrace, Munos et al. 2016): text after a word this node would never
+    write teaches it next to nothing.
+    """
+    out, log_weight = [], 0.0
+    for lp in logprobs:
+        log_weight += min(0.0, lp - floor)
+        out.append(math.exp(log_weight))
+    return out
 
 
 def mean_logloss(logprobs: Sequence[float]) -> float:

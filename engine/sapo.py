@@ -39,6 +39,7 @@ from engine.defence import (
     offpolicy_negatives,
     sender_verdict,
     token_weights,
+    trace_weights,
 )
 from engine.device import DeviceInfo, pick_device
 from engine.errors import ConfigError
@@ -449,7 +450,8 @@ class Node:
         another model's label) are judged against their sender's own past
         instead (`sender_verdict`): their worst window goes into `offer.worst`,
         and those accepted on probation into `offer.probation`. Tokens of
-        accepted text get truncated importance weights (`token_weights`).
+        accepted text get truncated importance weights (`token_weights`;
+        `trace_weights`, carried along the text, for those items).
         Returns the groups to train on and the rejections, by offer index.
         """
         if self.backend is None:
@@ -490,7 +492,10 @@ class Node:
             elif sw.plausibility_check and not test.judge(judged, floor):
                 verdicts[index] = R_IMPLAUSIBLE
                 continue
-            completions = [Completion(text, ids, lps, finished=True, weights=token_weights(lps, sw.token_weight_logprob))
+            # Another model's text (in offer.baselines) is weighted along the text: nothing after a word this
+            # node would never write teaches it much, however probable it is after that word.
+            weigh = trace_weights if index in offer.baselines else token_weights
+            completions = [Completion(text, ids, lps, finished=True, weights=weigh(lps, sw.token_weight_logprob))
                            for text, ids, lps in zip(item.completions, token_ids, item_logprobs, strict=True)]
             rewards = list(item.rewards)
             advantages = group_advantages(rewards, cfg.grpo.adv_eps)

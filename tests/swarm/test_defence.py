@@ -35,6 +35,7 @@ from engine.defence import (
     robust_baseline,
     sender_verdict,
     token_weights,
+    trace_weights,
     window_floor,
 )
 from engine.errors import ConfigError, EventError
@@ -69,6 +70,15 @@ def test_truncated_weights_are_one_above_the_floor_and_p_over_p_floor_below() ->
     weights = token_weights([-0.1, -6.0, -8.0], -6.0)
     assert weights[0] == 1.0 and weights[1] == 1.0
     assert weights[2] == pytest.approx(math.exp(-2.0))
+
+
+def test_trace_weights_carry_the_least_likely_text_before_a_token() -> None:
+    # an advert's first word at -26 under a floor of -6, then its probable inner tokens
+    weights = trace_weights([-0.5, -26.0, -0.1, -7.0, -0.2], -6.0)
+    assert weights[0] == 1.0
+    assert weights[1] == pytest.approx(math.exp(-20.0)) and weights[2] == pytest.approx(math.exp(-20.0))
+    assert weights[3] == pytest.approx(math.exp(-21.0)) and weights[4] == weights[3]
+    assert trace_weights([-1.0, -2.0], -6.0) == [1.0, 1.0]
 
 
 def test_the_offpolicy_filter_drops_only_unlikely_completions_with_negative_advantage() -> None:
@@ -381,6 +391,8 @@ def test_an_honest_group_from_a_slightly_different_policy_is_kept_and_a_poisoned
     # accepted external tokens carry truncated importance weights
     assert all(c.weights is not None and len(c.weights) == len(c.token_ids) for c in external[0].completions)
     assert all(0.0 < w <= 1.0 for c in external[0].completions for w in c.weights or [])
+    floor = node.config.swarm.token_weight_logprob  # a swarm of one model: each token on its own, as before
+    assert all(c.weights == pytest.approx(token_weights(c.logprobs, floor)) for c in external[0].completions)
 
 
 def test_a_completion_cut_at_the_length_cap_is_kept_though_the_eos_appended_to_it_is_improbable(
@@ -563,15 +575,21 @@ def test_a_strangers_odd_text_is_refused_in_a_swarm_of_one_model_and_kept_in_a_m
     relay.state.models = declared
     mine = own_groups(node)
     stranger = Identity.generate()
-    reports = []
+    reports, taken = [], []
     for k in range(4):
         relay.batches = [labelled(stranger, [strange_item(node, k)], k + 1, OTHER)]
-        reports.append(node.share_and_sample(k + 1, mine)[1])
+        groups, report = node.share_and_sample(k + 1, mine)
+        reports.append(report)
+        taken.extend(groups)
     if declared is not MIXED:  # nothing (or nothing readable) declared: a swarm of this node's model, as before
         assert [r["rejected"] for r in reports] == [{R_IMPLAUSIBLE: 1}] * 4
         return
     assert [r["accepted"] for r in reports] == [1, 1, 1, 1]
     assert [r["probation"] for r in reports] == [1, 1, 0, 0]  # on probation until its baseline has 2 items
+    floor = node.config.swarm.token_weight_logprob
+    for completion in (c for g in taken for c in g.completions):  # another model's text: weights carried along it
+        assert completion.weights == pytest.approx(trace_weights(completion.logprobs, floor))
+        assert completion.weights[-1] < 1e-3  # the odd text makes everything after its first letters weigh little
     counts = last_peers(events)["by_peer"][stranger.peer_id]
     assert counts["accepted"] == 4 and counts["probation"] == 2 and counts["rejected"] == 0
 
