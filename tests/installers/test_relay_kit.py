@@ -105,7 +105,9 @@ def test_the_image_is_slim_non_root_with_a_healthz_check_and_only_the_relay_extr
     assert "['optional-dependencies']['relay']" in dockerfile and "pip install --no-deps ." in dockerfile
     assert '"--port", "8765"' in dockerfile and '"--data-dir", "/data"' in dockerfile
     ignore = (KIT / "Dockerfile.dockerignore").read_text(encoding="utf-8").split()
-    assert ignore[ignore.index("*") + 1:ignore.index("*") + 4] == ["!pyproject.toml", "!README.md", "!engine/"]
+    assert ignore[ignore.index("*") + 1:ignore.index("*") + 5] == ["!pyproject.toml", "!README.md", "!engine/",
+                                                                   "!installers/relay/smoke.py"]
+    assert "COPY installers/relay/smoke.py /opt/sapling/smoke.py" in dockerfile
 
 
 @pytest.mark.integration
