@@ -43,7 +43,9 @@ from tests.swarm.conftest import StartRelay
 from tests.swarm.doc_client import DocPeer, item
 
 ROOT = Path(__file__).resolve().parents[2]
-CHROMIUM = Path("/usr/bin/chromium")
+# Debian's chromium (make test-deps installs it); GitHub's Ubuntu runners carry Google Chrome instead.
+CHROMIUM = Path(next((found for name in ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
+                      if (found := shutil.which(name))), "/usr/bin/chromium"))
 REDIS = shutil.which("redis-server")
 XSS = "<script>alert(1)</script>"
 BROWSER_ACCEPT = "text/html,application/xhtml+xml,application/xml;q=0.9,image/avif,image/webp,*/*;q=0.8"
