@@ -8,7 +8,10 @@ broker is the default and the embedded relay; `RedisBroker` lets several
 relay processes serve one swarm: batches go into one stream with
 ``XADD ... MAXLEN ~ window``, each relay tails it with ``XREAD`` from the last
 stream ID it saw (its resume cursor), and sequence numbers are claimed
-atomically with a Lua script.
+atomically with a Lua script. `redis_client` makes the one Redis client a
+relay process uses for everything (the broker, live stats, credit): a pool of
+at most REDIS_MAX_CONNECTIONS connections, and each command retried on a fresh
+connection when a pooled one went stale (Redis restarted).
 
 Sampling cursors. Every stored batch has a *mark* that rises with arrival:
 a counter in memory, the stream ID with Redis (so every relay of one swarm
@@ -46,6 +49,10 @@ REDIS_RETRIES = 3
 REDIS_BACKOFF_S = (0.05, 0.5)
 REDIS_CONNECT_TIMEOUT_S = 2.0
 REDIS_SOCKET_TIMEOUT_S = 10.0  # above the tail's 1 s XREAD block
+# One relay process holds at most this many connections to Redis (the tail's blocking XREAD takes one);
+# a command that finds them all busy waits up to REDIS_POOL_WAIT_S for one, then fails like an outage.
+REDIS_MAX_CONNECTIONS = 16
+REDIS_POOL_WAIT_S = 5.0
 TAIL_RETRY_S = 1.0  # the tail loop's wait between attempts while Redis is away
 
 Mark = tuple[int, int]  # (counter, 0) in memory; (milliseconds, sequence) of a Redis stream ID
@@ -205,25 +212,37 @@ return 1
 """
 
 
+def redis_client(url: str) -> Any:
+    """A `redis.asyncio.Redis` for one relay process: a bounded pool, commands retried on a fresh connection.
+
+    `redis.asyncio.from_url` alone gives an unbounded pool (a connection per concurrent command: dozens
+    a second under load) whose connections have no retry at all (after a Redis restart the first command
+    on every stale connection failed with "Connection closed by server"). The relay makes one of these
+    (RedisBroker) and hands it to its live stats and credit; closing it closes the pool.
+    """
+    import redis.asyncio as aioredis
+    import redis.exceptions
+    from redis.asyncio.retry import Retry
+    from redis.backoff import ExponentialWithJitterBackoff
+
+    pool = aioredis.BlockingConnectionPool.from_url(
+        url, max_connections=REDIS_MAX_CONNECTIONS, timeout=REDIS_POOL_WAIT_S, decode_responses=True,
+        socket_connect_timeout=REDIS_CONNECT_TIMEOUT_S, socket_timeout=REDIS_SOCKET_TIMEOUT_S,
+        retry=Retry(ExponentialWithJitterBackoff(base=REDIS_BACKOFF_S[0], cap=REDIS_BACKOFF_S[1]), REDIS_RETRIES),
+        retry_on_error=[redis.exceptions.ConnectionError, redis.exceptions.TimeoutError],
+    )
+    return aioredis.Redis.from_pool(pool)
+
+
 class RedisBroker:
     """Several relay processes, one swarm: Redis Streams hold the shared window."""
 
     def __init__(self, url: str, window: int, swarm: str = "default") -> None:
-        import redis.asyncio as aioredis
         import redis.exceptions
-        from redis.asyncio.retry import Retry
-        from redis.backoff import ExponentialWithJitterBackoff
 
         self.url = url
-        # from_url alone gives each pooled connection no retry at all: after a Redis restart the
-        # first command on every stale connection failed with "Connection closed by server".
         self._errors = (redis.exceptions.RedisError, OSError)
-        self._redis: Any = aioredis.from_url(
-            url, decode_responses=True, socket_connect_timeout=REDIS_CONNECT_TIMEOUT_S,
-            socket_timeout=REDIS_SOCKET_TIMEOUT_S,
-            retry=Retry(ExponentialWithJitterBackoff(base=REDIS_BACKOFF_S[0], cap=REDIS_BACKOFF_S[1]), REDIS_RETRIES),
-            retry_on_error=[redis.exceptions.ConnectionError, redis.exceptions.TimeoutError],
-        )
+        self._redis: Any = redis_client(url)
         self.window = Window(window, epoch="")  # the swarm's epoch is read from Redis in start()
         self._window_len = window
         prefix = f"sapling:{swarm}"
@@ -333,6 +352,11 @@ class RedisBroker:
             except ValueError:
                 await self._redis.hdel(self.online_key, key)
         return total
+
+    @property
+    def client(self) -> Any:
+        """This process's Redis client (redis_client), for the relay's live stats and credit; closed by `close`."""
+        return self._redis
 
     def window_size(self) -> int:
         return len(self.window)

@@ -1,6 +1,7 @@
 """Credit: the relay counts, from receipts, how useful each peer's rollouts were to the others.
 
     book = CreditBook(redis_url="", swarm="default", credit_per_round=8, receipt_window_s=3600)
+    # the relay: CreditBook(url, swarm, ..., client=broker.client), its broker's Redis client (one pool)
     await book.start()
     book.shared(peer, name, items)                  # a publish the relay accepted
     await book.handed(receiver, entries)            # a sample answer: which items went to whom
@@ -21,9 +22,12 @@ and all time.
 Two stores hold the same things: in memory (one relay process, the
 embedded relay), and Redis (`--redis`), where two Lua scripts make the
 "handed, not yet receipted, under the cap" checks atomic, so every relay
-process of a swarm agrees. Distinct peers are exact in memory and a
-HyperLogLog in Redis (exact for small counts, about 1% off for large ones).
-The Redis layout assumes one Redis server, not a cluster.
+process of a swarm agrees; the Redis store uses the relay process's one
+client (engine/swarm/brokers.py, `redis_client`: a bounded pool, commands
+retried on a fresh connection after a Redis restart). Distinct peers are
+exact in memory and a HyperLogLog in Redis (exact for small counts, about
+1% off for large ones). The Redis layout assumes one Redis server, not a
+cluster.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from engine.swarm import protocol
+from engine.swarm.brokers import redis_client
 from engine.swarm.identity import verify
 from engine.swarm.receipts import COUNTED, DUPLICATE, NOT_SAMPLED, OVER_CAP, USED, Verdict, decode_receipts
 
@@ -278,27 +283,27 @@ return out
 class RedisCreditStore:
     """The same counts in Redis, under `sapling:<swarm>:credit:` (docs/protocol.md lists the keys)."""
 
-    def __init__(self, url: str, swarm: str) -> None:
+    def __init__(self, url: str, swarm: str, client: Any = None) -> None:
         self.url = url
         self.prefix = f"sapling:{swarm}:credit"
-        self._redis: Any = None
+        self._redis: Any = client
+        self._own = client is None  # a client of its own is closed here; a shared one by its owner
         self._handed_script: Any = None
         self._settle_script: Any = None
         self._trimmed: dict[str, int] = {}  # peer -> the slot its hash was last trimmed in (by this process)
         self.errors: tuple[type[BaseException], ...] = (OSError,)  # and Redis's own, from start()
 
     async def start(self) -> None:
-        import redis.asyncio as aioredis
         import redis.exceptions
 
         self.errors = (redis.exceptions.RedisError, OSError)
-        self._redis = aioredis.from_url(self.url, decode_responses=True, socket_connect_timeout=2.0,
-                                        socket_timeout=10.0)
+        if self._redis is None:
+            self._redis = redis_client(self.url)
         self._handed_script = self._redis.register_script(_HANDED)
         self._settle_script = self._redis.register_script(_SETTLE)
 
     async def close(self) -> None:
-        if self._redis is not None:
+        if self._own and self._redis is not None:
             await self._redis.aclose()
 
     def _hash(self, peer: str) -> str:
@@ -417,9 +422,10 @@ class CreditBook:
     def __init__(self, redis_url: str = "", swarm: str = "default",
                  credit_per_round: int = protocol.DEFAULT_CREDIT_PER_ROUND,
                  receipt_window_s: float = protocol.DEFAULT_RECEIPT_WINDOW_S,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, client: Any = None) -> None:
+        """`client`: a Redis client to share (the relay's broker's); without one a Redis URL gets its own."""
         self.store: MemoryCreditStore | RedisCreditStore = (
-            RedisCreditStore(redis_url, swarm) if redis_url else MemoryCreditStore())
+            RedisCreditStore(redis_url, swarm, client) if redis_url or client is not None else MemoryCreditStore())
         self.credit_per_round = credit_per_round
         self.receipt_window_s = receipt_window_s
         self.clock = clock

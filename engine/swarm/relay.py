@@ -205,9 +205,10 @@ class Relay:
         self._tasks: list[asyncio.Task[None]] = []
         self.started = time.time()
         self.identity = relay_identity(settings.data_dir)  # the relay's key: information document, receipts
-        self.live = LiveStats(settings.redis, settings.swarm)  # the status page's numbers
+        shared = self.broker.client if isinstance(self.broker, RedisBroker) else None  # one Redis pool per process
+        self.live = LiveStats(settings.redis, settings.swarm, client=shared)  # the status page's numbers
         self.models = settings.model_policy()  # one model, mixed or not declared: welcome and publish
-        self.credit = CreditBook(settings.redis, settings.swarm, settings.credit_per_round, settings.receipt_window)
+        self.credit = CreditBook(settings.redis, settings.swarm, settings.credit_per_round, settings.receipt_window, client=shared)
 
     def window_size(self) -> int:
         return self.broker.window_size()

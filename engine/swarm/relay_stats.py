@@ -1,6 +1,7 @@
 """The relay's live numbers for its status page and information document, per minute over a day.
 
     live = LiveStats(redis_url="", swarm="default")   # or a redis:// URL shared by the swarm's relays
+    live = LiveStats(url, swarm, client=broker.client)  # the relay: its broker's Redis client (one pool)
     live.record_publish(batch); live.record_join(peer)
     await live.flush()                                # the relay calls this every few seconds
     snapshot = await live.snapshot(peers_online=12)   # the `live` numbers and the day's series
@@ -11,7 +12,10 @@ to [0, 1], the range Sapling's tasks score in: a claim is the sender's word,
 never checked), and the distinct peers that completed a handshake per UTC day.
 Counts wait in the process until `flush`; with Redis they go to a hash of
 per-minute fields and a HyperLogLog per day, so every process of one swarm
-reads the same numbers. Nothing here is trusted by nodes: it is for people.
+reads the same numbers, through the relay process's one Redis client
+(engine/swarm/brokers.py, `redis_client`: a bounded pool, commands retried
+on a fresh connection after a Redis restart). Nothing here is trusted by
+nodes: it is for people.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.swarm import protocol
+from engine.swarm.brokers import redis_client
 
 log = logging.getLogger("sapling.relay")
 
@@ -84,20 +89,20 @@ class _MemoryStore:
 class _RedisStore:
     """Per-minute fields `<minute>:<p|r|s|n>` in one hash; a HyperLogLog of peer ids per day."""
 
-    def __init__(self, url: str, swarm: str) -> None:
+    def __init__(self, url: str, swarm: str, client: Any = None) -> None:
         self.url = url
         self.minutes_key = f"sapling:{swarm}:stats:minutes"
         self.joined_prefix = f"sapling:{swarm}:stats:joined:"
-        self._redis: Any = None
+        self._redis: Any = client
+        self._own = client is None  # a client of its own is closed here; a shared one by its owner
         self._trimmed = -1
 
     async def start(self) -> None:
-        import redis.asyncio as aioredis
-
-        self._redis = aioredis.from_url(self.url, decode_responses=True)
+        if self._redis is None:
+            self._redis = redis_client(self.url)
 
     async def close(self) -> None:
-        if self._redis is not None:
+        if self._own and self._redis is not None:
             await self._redis.aclose()
 
     async def write(self, minutes: dict[int, MinuteCounts], joins: dict[str, set[str]], now_minute: int) -> None:
@@ -147,10 +152,14 @@ class _RedisStore:
 
 
 class LiveStats:
-    def __init__(self, redis_url: str = "", swarm: str = "default", clock: Callable[[], float] = time.time) -> None:
+    """`client`: a Redis client to share (the relay's broker's); without one a Redis URL gets its own."""
+
+    def __init__(self, redis_url: str = "", swarm: str = "default", clock: Callable[[], float] = time.time,
+                 client: Any = None) -> None:
         self.clock = clock
         self.started = clock()
-        self._store: _MemoryStore | _RedisStore = _RedisStore(redis_url, swarm) if redis_url else _MemoryStore()
+        self._store: _MemoryStore | _RedisStore = (
+            _RedisStore(redis_url, swarm, client) if redis_url or client is not None else _MemoryStore())
         self._pending: dict[int, MinuteCounts] = {}
         self._joins: dict[str, set[str]] = {}
         self._snapshot: dict[str, Any] | None = None
