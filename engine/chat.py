@@ -228,7 +228,7 @@ class ChatServer:
         self._background.start()
 
     def prepare(self) -> None:
-        """As soon as Try it opens: export what the first question needs, in the background.
+        """As soon as Try it opens, and at each new question: export what an answer needs, in the background.
 
         The base model (when its GGUF was not made with the conversion) and the
         newest checkpoint, unless an export younger than `refresh_s` is cached
@@ -416,6 +416,7 @@ class ChatServer:
         ask_id = command.get("id", 0)
         try:
             if cmd == "question":
+                self.prepare()  # a newer checkpoint is exported while the question is read
                 self.new_question(str(command.get("specialty", "")))
             elif cmd == "ask":
                 self.ask(int(ask_id), command.get("question"), command.get("text"))
