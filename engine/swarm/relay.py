@@ -11,7 +11,8 @@ wrong, so a bad peer costs the swarm as little as possible:
 - a signed handshake (the challenge nonce, signed with the node's key);
 - every publish: size, schema, limits, signature, a per-peer monotonic
   sequence number (replay) and a timestamp window;
-- per-peer token-bucket rate limits, a cap on connections per IP address,
+- per-peer token-bucket rate limits, a cap on connections per IP address
+  (behind a reverse proxy, the client's: --trusted-proxy, relay_proxy.py),
   its own websocket pings (a peer that answers neither of two in a row gets
   `heartbeat_timeout`), and a bounded send queue per connection: a slow
   consumer gets `slow_consumer` and is closed, and nobody else waits for it;
@@ -208,6 +209,7 @@ class Relay:
         shared = self.broker.client if isinstance(self.broker, RedisBroker) else None  # one Redis pool per process
         self.live = LiveStats(settings.redis, settings.swarm, client=shared)  # the status page's numbers
         self.models = settings.model_policy()  # one model, mixed or not declared: welcome and publish
+        self.proxies = settings.trusted_proxies()  # whose X-Forwarded-For names the client (relay_proxy.py)
         self.credit = CreditBook(settings.redis, settings.swarm, settings.credit_per_round, settings.receipt_window, client=shared)
 
     def window_size(self) -> int:
@@ -299,7 +301,7 @@ class Relay:
         # without a word half an interval after one missed pong.
         ws = web.WebSocketResponse(max_msg_size=HARD_FRAME_BYTES, autoping=False, timeout=DROP_GRACE_S)
         await ws.prepare(request)
-        ip = request.remote or "?"
+        ip = self.proxies.client_ip(request.remote, request.headers.getall("X-Forwarded-For", []))  # the cap, the logs
         conn = Connection(self, ws, ip, request.transport)
         conn.writer = asyncio.create_task(conn.write_loop())
         self.connections.add(conn)

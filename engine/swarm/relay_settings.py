@@ -25,6 +25,7 @@ from typing import Any
 from engine.model_policy import ModelPolicy, parse_models_setting
 from engine.rules import check_relay_url
 from engine.swarm import protocol
+from engine.swarm.relay_proxy import TrustedProxies
 
 MAX_NAME_CHARS = 80  # the relay's name, as nodes and the status page show it
 MAX_DESCRIPTION_CHARS = 1000
@@ -35,6 +36,7 @@ KEY_FILE_NAME = "relay.key"
 # Settings that are lists; the key lists are read from files named on the command line.
 KEY_LISTS = ("allow_keys", "ban_keys")
 URL_LISTS = ("public_url",)
+ADDRESS_LISTS = ("trusted_proxy",)  # IP addresses and CIDR networks, repeated or comma-separated like URL_LISTS
 
 
 @dataclass
@@ -47,6 +49,7 @@ class RelaySettings:
     allow_keys: list[str] = field(default_factory=list, metadata={"help": "private swarm: only these public keys (base64) or peer ids may join"})
     ban_keys: list[str] = field(default_factory=list, metadata={"help": "public keys (base64) or peer ids that may not join"})
     max_conn_per_ip: int = field(default=protocol.DEFAULT_MAX_CONN_PER_IP, metadata={"help": "open connections allowed from one IP address"})
+    trusted_proxy: list[str] = field(default_factory=list, metadata={"help": "IP address or CIDR network of a reverse proxy in front of the relay, such as Caddy (repeat the flag or separate with commas): for a connection from it, the client's address is the rightmost one in X-Forwarded-For that is not a trusted proxy, and the per-address cap and the logs use it; empty: the header is never read"})
     rate: float = field(default=protocol.DEFAULT_RATE_PER_S, metadata={"help": "requests per second per peer (token-bucket refill)"})
     burst: float = field(default=protocol.DEFAULT_BURST, metadata={"help": "token-bucket capacity per peer"})
     window: int = field(default=protocol.DEFAULT_WINDOW_BATCHES, metadata={"help": "recent batches kept for sampling"})
@@ -87,6 +90,7 @@ class RelaySettings:
         for url in self.public_url:
             check_relay_url(url)  # ConfigError: a ValueError with one sentence
         parse_models_setting(self.models)  # ConfigError: a ValueError with one sentence
+        self.trusted_proxies()  # ValueError with one sentence for an entry that is not an address or a network
 
     def limits(self) -> dict[str, Any]:
         """The `limits` object of the welcome: the protocol's constants and this relay's flags."""
@@ -97,6 +101,10 @@ class RelaySettings:
     def model_policy(self) -> ModelPolicy:
         """The swarm's model policy from `models` (engine/model_policy.py): welcome, information document, publish."""
         return parse_models_setting(self.models)
+
+    def trusted_proxies(self) -> TrustedProxies:
+        """The proxies whose X-Forwarded-For the relay believes (engine/swarm/relay_proxy.py): the per-address cap, logs."""
+        return TrustedProxies(self.trusted_proxy)
 
     def key_path(self) -> Path:
         """Where the relay's Ed25519 key lives: `data_dir`, or the user's data folder for the relay."""
@@ -155,8 +163,9 @@ def add_setting_flags(parser: argparse.ArgumentParser) -> None:
         if f.name in KEY_LISTS:
             parser.add_argument(flag + "-file", dest=f.name, metavar="FILE", default=None,
                                 help=f"{help_text}; one per line, '#' comments")
-        elif f.name in URL_LISTS:
-            parser.add_argument(flag, dest=f.name, metavar="URL", action="append", default=None, help=help_text)
+        elif f.name in URL_LISTS or f.name in ADDRESS_LISTS:
+            parser.add_argument(flag, dest=f.name, metavar="URL" if f.name in URL_LISTS else "ADDR", action="append",
+                                default=None, help=help_text)
         else:
             parser.add_argument(flag, type=type(getattr(defaults, f.name)), default=None,
                                 help=f"{help_text} (default: {getattr(defaults, f.name)!r})")
@@ -205,6 +214,12 @@ def settings_from_namespace(args: argparse.Namespace) -> RelaySettings:
                 value = [value]
             if not isinstance(value, list) or not all(isinstance(u, str) for u in value):
                 raise ValueError(f"{flag} must be a list of wss:// addresses")
+            values[name] = split_urls(value)
+        elif name in ADDRESS_LISTS:
+            if isinstance(value, str):
+                value = [value]
+            if not isinstance(value, list) or not all(isinstance(a, str) for a in value):
+                raise ValueError(f"{flag} must be a list of IP addresses or CIDR networks")
             values[name] = split_urls(value)
         elif want is list:
             if not isinstance(value, list) or not all(isinstance(k, str) and _valid_key(k.strip()) for k in value):

@@ -26,8 +26,10 @@ def b64(raw: bytes) -> str:
 
 
 class DocPeer:
-    def __init__(self, url: str, token: str = "", key: Ed25519PrivateKey | None = None) -> None:
+    def __init__(self, url: str, token: str = "", key: Ed25519PrivateKey | None = None,
+                 headers: dict[str, str] | None = None) -> None:
         self.url = url
+        self.headers = headers or {}  # sent with the websocket's opening request (X-Forwarded-For, say)
         self.token = token
         self.key = key or Ed25519PrivateKey.generate()
         self.public = self.key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
@@ -47,7 +49,7 @@ class DocPeer:
         With answer_pings=False the socket never answers the relay's pings (a silent client).
         """
         self.session = aiohttp.ClientSession()
-        self.ws = await self.session.ws_connect(self.url, max_msg_size=0, autoping=answer_pings)
+        self.ws = await self.session.ws_connect(self.url, max_msg_size=0, autoping=answer_pings, headers=self.headers)
         challenge = await self.recv()
         assert challenge["type"] == "challenge", challenge
         if not hello:
