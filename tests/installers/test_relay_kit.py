@@ -11,6 +11,7 @@ a compose command or a relay.toml the relay's own parser refuses, a setting comp
 
 from __future__ import annotations
 
+import ipaddress
 import re
 import shutil
 import subprocess
@@ -80,7 +81,12 @@ def test_the_relays_own_parser_accepts_the_compose_command(domain: str) -> None:
     assert settings.redis == "redis://redis:6379/0" and settings.public_url == [f"wss://{domain}/ws"]
     assert settings.name == env["SAPLING_RELAY_NAME"] and settings.contact == env["SAPLING_CONTACT"]
     assert settings.join_token == "" and settings.allow_keys == [] and settings.ban_keys == []  # open by default
-    assert settings.max_conn_per_ip >= 10_000  # every connection comes from Caddy's address
+    # Caddy's fixed address is the relays' trusted proxy, so the per-address cap is per node again
+    caddy = compose()["services"]["caddy"]["networks"]["default"]["ipv4_address"]
+    assert settings.trusted_proxy == [caddy] and settings.max_conn_per_ip == 16
+    network = compose()["networks"]["default"]["ipam"]["config"][0]
+    assert ipaddress.ip_address(caddy) in ipaddress.ip_network(network["subnet"])
+    assert ipaddress.ip_address(caddy) not in ipaddress.ip_network(network["ip_range"])  # no other container gets it
 
 
 def test_the_compose_command_refuses_to_start_without_a_domain_or_a_name() -> None:
@@ -121,7 +127,8 @@ def test_compose_yaml_passes_the_compose_specification_schema() -> None:
 def test_the_systemd_relay_toml_is_accepted_by_the_relay() -> None:
     settings = settings_from_args(["--config", str(KIT / "relay.toml.example"), "--port", "8701"])
     assert settings.redis == "redis://127.0.0.1:6379/0" and settings.port == 8701
-    assert settings.max_conn_per_ip >= 10_000  # behind Caddy every connection comes from 127.0.0.1
+    # Caddy on the same host reaches the relays from 127.0.0.1: trusted, so the cap is per node
+    assert settings.trusted_proxy == ["127.0.0.1"] and settings.max_conn_per_ip == 16
 
 
 def test_the_relay_unit_listens_on_loopback_and_lets_redis_restart_alone() -> None:

@@ -9,12 +9,15 @@ processes and one `redis-server` without persistence, each on a free port.
 Nodes are the real client (engine.swarm.client.SwarmClient, run by
 installers/relay/smoke.py) trusting Caddy's CA through SSL_CERT_FILE. The two
 relay processes get different names so the test can tell which one a node
-reached. Skipped, naming the program, only when caddy or redis-server is not
-installed (`make test` installs both).
+reached, and trust Caddy's address (`--trusted-proxy 127.0.0.1`), so they
+count and log a node by the address Caddy puts in X-Forwarded-For. Skipped,
+naming the program, only when caddy or redis-server is not installed
+(`make test` installs both).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -30,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -121,7 +125,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         for name, port in zip(NAMES, relay_ports, strict=True):  # one after the other: the first makes the key
             start(name.replace(" ", "-"), [str(RELAY), "--host", "127.0.0.1", "--port", str(port), "--redis",
                                            f"redis://127.0.0.1:{redis_port}/0", "--name", name,
-                                           "--data-dir", str(tmp_path / "relay-data"), "--log-level", "info"], port)
+                                           "--data-dir", str(tmp_path / "relay-data"), "--log-level", "info",
+                                           "--trusted-proxy", "127.0.0.1", "--reject-log-every", "0.5"], port)
         https_port, http_port = free_port(), free_port()
         storage = tmp_path / "caddy"
         caddyfile = tmp_path / "Caddyfile"
@@ -179,6 +184,38 @@ def test_caddy_serves_health_and_keeps_metrics_private(stack: Stack) -> None:
     assert stack.get("/metrics")[0] == 404  # the Caddyfile's rule: Prometheus scrapes each process directly
     with urllib.request.urlopen(f"http://127.0.0.1:{stack.relay_ports[0]}/metrics", timeout=10) as direct:
         assert b"sapling_relay_connections" in direct.read()
+
+
+def test_the_relay_counts_and_logs_the_nodes_own_address_not_caddys(stack: Stack) -> None:
+    # The node connects from 127.0.0.2 (Caddy itself reaches the relays from 127.0.0.1, their trusted proxy)
+    # with an X-Forwarded-For of its own making, and sends a hello that is not one.
+    async def bad_hello() -> dict[str, Any]:
+        connector = aiohttp.TCPConnector(ssl=ssl.create_default_context(cafile=str(stack.ca)),
+                                         local_addr=("127.0.0.2", 0), family=socket.AF_INET)
+        async with aiohttp.ClientSession(connector=connector) as session, \
+                session.ws_connect(stack.url, headers={"X-Forwarded-For": "203.0.113.66"}) as ws:
+            assert (await ws.receive_json(timeout=10))["type"] == "challenge"
+            await ws.send_str("not a hello")
+            answer: dict[str, Any] = await ws.receive_json(timeout=10)
+            return answer
+
+    assert asyncio.run(bad_hello())["code"] == "not_authenticated"
+    deadline = time.monotonic() + 20
+    while not (ips := refusal_ips(stack)):
+        assert time.monotonic() < deadline, "no relay logged the refusal"
+        time.sleep(0.1)
+    assert ips == {"127.0.0.2"}  # the node's address as Caddy saw it: not Caddy's, not the one it made up
+
+
+def refusal_ips(stack: Stack) -> set[str]:
+    """The `ip` of every "refused messages" line the relay processes logged so far."""
+    ips = set()
+    for name in NAMES:
+        for line in (stack.logs / f"{name.replace(' ', '-')}.log").read_text(errors="replace").splitlines():
+            record = json.loads(line) if line.startswith("{") else {}
+            if record.get("msg") == "refused messages":
+                ips.add(record["ip"])
+    return ips
 
 
 def test_without_caddys_ca_the_node_refuses_the_certificate(stack: Stack) -> None:
