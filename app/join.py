@@ -37,6 +37,7 @@ from PySide6.QtWidgets import (
 from app import theme
 from engine.errors import SaplingError
 from engine.joining import NEVER_SHARED, SHARED, Preview, preview_invite
+from engine.model_policy import describe_model_policy
 
 log = logging.getLogger(__name__)
 
@@ -97,8 +98,8 @@ SHARING_HTML = (f"<b>Joining shares</b><ul style='margin-top:2px'>{_bullets(SHAR
 class SwarmPreview(QFrame):
     """What a relay says about its swarm, or why it could not be asked."""
 
-    FIELDS = (("swarm", "Swarm"), ("operator", "Run by"), ("policy", "Who may join"), ("online", "Peers online"),
-              ("software", "Relay software"), ("relays", "Relays"))
+    FIELDS = (("swarm", "Swarm"), ("operator", "Run by"), ("policy", "Who may join"), ("models", "Models"),
+              ("online", "Peers online"), ("software", "Relay software"), ("relays", "Relays"))
 
     def __init__(self, show_sharing: bool = True, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -168,6 +169,7 @@ class SwarmPreview(QFrame):
             "swarm": preview.name,
             "operator": info.contact or "not given",
             "policy": info.policy_words() + token,
+            "models": describe_model_policy(info.models),
             "online": f"{info.live.peers_online:,}" + (f" · {info.live.batches_last_hour:,} batches shared in the last "
                                                         "hour" if info.live.batches_last_hour else ""),
             "software": f"{info.software} {info.version}, swarm protocol {info.protocol}",
