@@ -173,8 +173,11 @@ def live_relay(peers: int = 3) -> Iterator[str]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
+    # a swarm of the bundled model, as an organiser would declare it: sapling-relay --models "$(python -m engine.model_policy)"
+    label = subprocess.run([sys.executable, "-m", "engine.model_policy"], capture_output=True, text=True, cwd=ROOT,
+                           check=True).stdout.strip()
     relay = subprocess.Popen([sys.executable, "-m", "engine.swarm.relay", "--host", "127.0.0.1", "--port", str(port),
-                              "--name", RELAY_NAME, "--contact", "lab-swarm@maplestreet.example",
+                              "--name", RELAY_NAME, "--contact", "lab-swarm@maplestreet.example", "--models", label,
                               "--description", "Evening arithmetic and calendar puzzles for the Maple Street "
                               "maths club. Be kind to the relay: one node per computer.",
                               "--log-level", "error"], cwd=ROOT)
