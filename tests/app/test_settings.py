@@ -135,6 +135,7 @@ def test_model_sources(tmp_path: Path) -> None:
         check_model_source("just-a-name")
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(("invite", "words"), [
     ("http://relay.example.org", "not an invite page"),
     ("javascript:alert(1)", "not javascript:"),
@@ -217,6 +218,7 @@ def test_a_corrupt_file_shows_a_warning_in_the_window(qtbot, make_gui: MakeGui, 
     assert any("could not be read" in t and "default settings" in t for t in texts)
 
 
+@pytest.mark.integration
 def test_priority_defaults_to_background_and_round_trips_through_config_and_the_dialog(
         qtbot, make_gui: MakeGui, paths: Paths) -> None:  # type: ignore[no-untyped-def]
     assert EngineSettings().priority == "background" == build_config().run.priority
@@ -242,6 +244,7 @@ def test_a_priority_the_engine_does_not_know_is_refused() -> None:
         validate(EngineSettings(priority="realtime"))
 
 
+@pytest.mark.integration
 def test_protection_settings_round_trip_through_the_dialog_and_the_engine_reads_them(
         qtbot, make_gui: MakeGui, paths: Paths) -> None:  # type: ignore[no-untyped-def]
     defaults = build_config().swarm

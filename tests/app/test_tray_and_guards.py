@@ -186,6 +186,7 @@ def test_start_at_login_on_windows() -> None:
     assert not entry.is_enabled()
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("enabled", [True, False])
 def test_settings_dialog_writes_the_login_entry(qtbot, make_gui: MakeGui, tmp_path: Path, enabled: bool) -> None:  # type: ignore[no-untyped-def]
     gui = make_gui()
