@@ -191,3 +191,10 @@ def test_docs_name_no_ignored_path_and_link_only_to_files_that_exist(rules: Path
     assert all(folder.rstrip("/") in makefile for folder in MADE_BY_MAKE), "the Makefile no longer makes them all"
     problems = [p for n in docs for p in doc_problems(n, (ROOT / n).read_text(encoding="utf-8"), rules)]
     assert not problems, "\n".join(problems)
+
+
+def test_every_engine_and_app_module_has_its_line_in_the_architecture_page() -> None:
+    page = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    modules = [p.relative_to(ROOT).as_posix() for pkg in ("engine", "app") for p in (ROOT / pkg).rglob("*.py")]
+    missing = sorted(m for m in modules if f"`{m}`" not in page)
+    assert not missing, f"docs/architecture.md's module table lacks {missing}"
