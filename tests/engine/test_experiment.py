@@ -43,6 +43,7 @@ def adapters(out: Path, mix: Mix, nodes: int, round_index: int) -> list[dict[str
             for k in range(nodes)]
 
 
+@pytest.mark.integration  # a real loopback relay
 def test_three_nodes_share_through_a_real_relay_and_the_report_compares_the_mixes(tiny_model_dir: Path, tmp_path: Path) -> None:
     plan = make_plan("default", 3, "2/0,1/1", 2, fast(tiny_model_dir))
     experiment, report = run(plan, tmp_path / "out", tmp_path / "home")
@@ -76,6 +77,7 @@ def test_three_nodes_share_through_a_real_relay_and_the_report_compares_the_mixe
     assert isinstance(experiment.shared, object) and experiment.shared.grpo.finetune == "lora"
 
 
+@pytest.mark.integration  # a real loopback relay
 def test_a_resumed_experiment_ends_with_the_same_numbers_and_weights(tiny_model_dir: Path, tmp_path: Path) -> None:
     plan = make_plan("default", 3, "1/2", 3, fast(tiny_model_dir))
     _, straight = run(plan, tmp_path / "straight", tmp_path / "home")
@@ -159,6 +161,7 @@ def test_an_out_folder_holding_other_settings_is_not_reused(tiny_model_dir: Path
     assert Experiment.saved_plan(tmp_path / "out") == first
 
 
+@pytest.mark.integration  # a real loopback relay
 def test_a_mix_added_to_a_finished_experiment_runs_alone_and_pairs_with_the_others(tiny_model_dir: Path, tmp_path: Path) -> None:
     _, straight = run(make_plan("default", 2, "2/0,1/1", 1, fast(tiny_model_dir)), tmp_path / "straight", tmp_path / "home")
     run(make_plan("default", 2, "2/0", 1, fast(tiny_model_dir)), tmp_path / "grown", tmp_path / "home")
@@ -289,6 +292,7 @@ def test_pooling_two_seeds_adds_their_sums_and_keeps_each_seeds_own_comparison(t
         pooled_compare([(tmp_path / "s2a", tmp_path / "s0b")], "4/4", "8/0")
 
 
+@pytest.mark.integration  # a real loopback relay
 def test_veterans_start_from_their_own_training_and_the_newcomer_starts_fresh(tiny_model_dir: Path, tmp_path: Path) -> None:
     plan = make_plan("default", 3, "2/0,2/2", 2, fast(tiny_model_dir), veterans=2, veteran_rounds=2)
     out = tmp_path / "out"
@@ -328,6 +332,7 @@ def test_veterans_start_from_their_own_training_and_the_newcomer_starts_fresh(ti
     assert "Newcomers (nodes 2)" in (out / "report.md").read_text()
 
 
+@pytest.mark.integration  # a real loopback relay
 def test_veterans_resume_mid_mix_from_the_mix_checkpoints(tiny_model_dir: Path, tmp_path: Path) -> None:
     plan = make_plan("default", 3, "2/2", 2, fast(tiny_model_dir), veterans=2, veteran_rounds=1)
     _, straight = run(plan, tmp_path / "straight", tmp_path / "home")
