@@ -34,21 +34,11 @@ from PySide6.QtWidgets import (
 
 from app import theme
 from app.engine_process import engine_environment
+from engine.joining import DOCTOR_STEPS
 
 log = logging.getLogger(__name__)
 
-# The doctor's steps (engine/doctor.py STEPS), in order; the app may not import that module (it loads
-# cryptography), so the ids and titles are repeated here and a test keeps the two equal.
-STEPS = (
-    ("address", "Address"),
-    ("dns", "DNS"),
-    ("tcp", "TCP connect"),
-    ("tls", "TLS"),
-    ("websocket", "Websocket"),
-    ("hello", "Hello/welcome"),
-    ("round_trip", "Round trip"),
-    ("key", "This node"),
-)
+STEPS = DOCTOR_STEPS  # engine/joining.py: the one list the doctor runs and this dialog shows
 STEP_TIMEOUT_S = 5.0
 MARKS = {"ok": "✓", "failed": "✗", "skipped": "–", "pending": "·", "running": "…"}
 

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from PySide6.QtCore import QProcess, Qt, Signal
 from PySide6.QtWidgets import QFileDialog, QGroupBox, QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget
+from shiboken6 import isValid
 
 from app import theme
 
@@ -81,6 +82,8 @@ class IdentityPanel(QWidget):
         self.restore_button.setEnabled(False)
 
         def ended(code: int, _status: QProcess.ExitStatus) -> None:
+            if not (isValid(proc) and isValid(self)):  # the dialog closed while the child ran: Qt killed it
+                return
             out = bytes(proc.readAllStandardOutput().data()).decode("utf-8", "replace").strip()
             err = bytes(proc.readAllStandardError().data()).decode("utf-8", "replace").strip()
             try:

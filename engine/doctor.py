@@ -39,7 +39,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from engine.errors import ConfigError, RelayError, SaplingError
-from engine.joining import Deadline, connect, read_head, resolve, start_tls
+from engine.joining import DOCTOR_STEPS, Deadline, connect, read_head, resolve, start_tls
 from engine.rules import Invite, parse_invite
 from engine.swarm import protocol
 from engine.swarm.client import SOFTWARE
@@ -49,16 +49,7 @@ WS_GUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
 MAX_MESSAGE_BYTES = 1 << 20  # the doctor reads a challenge, a welcome and one small sample answer
 CERT_WARN_DAYS = 14
 
-STEPS = (
-    ("address", "Address"),
-    ("dns", "DNS"),
-    ("tcp", "TCP connect"),
-    ("tls", "TLS"),
-    ("websocket", "Websocket"),
-    ("hello", "Hello/welcome"),
-    ("round_trip", "Round trip"),
-    ("key", "This node"),
-)
+STEPS = DOCTOR_STEPS
 TITLES = dict(STEPS)
 
 

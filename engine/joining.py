@@ -416,3 +416,17 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+# The connection doctor's steps, in order (engine/doctor.py runs them; app/doctor.py shows them): here,
+# because the app may import this stdlib-only module and not engine/doctor.py (which loads cryptography).
+DOCTOR_STEPS = (
+    ("address", "Address"),
+    ("dns", "DNS"),
+    ("tcp", "TCP connect"),
+    ("tls", "TLS"),
+    ("websocket", "Websocket"),
+    ("hello", "Hello/welcome"),
+    ("round_trip", "Round trip"),
+    ("key", "This node"),
+)

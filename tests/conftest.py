@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
+
+if TYPE_CHECKING:
+    from engine.swarm.relay import EmbeddedRelay
 
 # Never reach for the network from tests; never print HF progress bars.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -40,3 +45,24 @@ def tiny_qwen_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def home(tmp_path: Path) -> Path:
     """A private SAPLING_HOME for one test."""
     return tmp_path / "home"
+
+
+StartRelay = Callable[..., "EmbeddedRelay"]
+
+
+@pytest.fixture
+def start_relay() -> Iterator[StartRelay]:
+    """Real relays in this process, each on a free loopback port, stopped after the test."""
+    from engine.swarm.relay import EmbeddedRelay, RelaySettings
+
+    started: list[EmbeddedRelay] = []
+
+    def start(**settings: Any) -> EmbeddedRelay:
+        relay = EmbeddedRelay(RelaySettings(host="127.0.0.1", port=0, **settings))
+        relay.start()
+        started.append(relay)
+        return relay
+
+    yield start
+    for relay in started:
+        relay.stop()

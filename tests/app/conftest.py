@@ -15,9 +15,12 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 from app.gui import Gui, build_gui
 from app.power import PowerPolicy
 from engine.paths import Paths
+from tests.conftest import (
+    StartRelay as StartRelay,  # the fixture is in tests/conftest.py; re-exported for the app tests
+)
 
 if TYPE_CHECKING:
-    from engine.swarm.relay import EmbeddedRelay
+    pass
 
 HERE = Path(__file__).resolve().parent
 FAKE_ENGINE = HERE / "fake_engine.py"
@@ -43,25 +46,8 @@ def paths(tmp_path: Path) -> Paths:
 
 
 MakeGui = Callable[..., Gui]
-StartRelay = Callable[..., "EmbeddedRelay"]
 
 
-@pytest.fixture
-def start_relay() -> Iterator[StartRelay]:
-    """Real relays (in this process, each on a free loopback port), stopped after the test."""
-    from engine.swarm.relay import EmbeddedRelay, RelaySettings
-
-    started: list[EmbeddedRelay] = []
-
-    def start(**settings: object) -> EmbeddedRelay:
-        relay = EmbeddedRelay(RelaySettings(host="127.0.0.1", port=0, **settings))  # type: ignore[arg-type]
-        relay.start()
-        started.append(relay)
-        return relay
-
-    yield start
-    for relay in started:
-        relay.stop()
 
 
 @pytest.fixture

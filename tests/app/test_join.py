@@ -187,10 +187,10 @@ def test_sapling_with_an_invite_hands_it_to_the_running_app(qtbot, tmp_path: Pat
         guard.close()
 
 
-def test_the_app_lists_the_doctors_steps_as_the_engine_runs_them() -> None:
-    from engine.doctor import STEPS
+def test_the_app_lists_the_doctors_steps_from_the_one_list_the_engine_runs() -> None:
+    from engine import doctor, joining
 
-    assert app_doctor.STEPS == STEPS
+    assert app_doctor.STEPS is joining.DOCTOR_STEPS and doctor.STEPS is joining.DOCTOR_STEPS
 
 
 @pytest.mark.integration

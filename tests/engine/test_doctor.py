@@ -30,6 +30,7 @@ from engine.errors import ConfigError, RelayError
 from engine.joining import MAX_INFO_BYTES, fetch_relay_info, parse_relay_info, preview_invite
 from engine.rules import Invite
 from engine.swarm.relay import EmbeddedRelay, RelaySettings
+from tests.conftest import StartRelay
 
 ROOT = Path(__file__).resolve().parents[2]
 CADDY = shutil.which("caddy")
@@ -50,23 +51,8 @@ def json_lines(out: str) -> list[dict[str, object]]:
     return [json.loads(line) for line in out.splitlines() if line.strip()]
 
 
-StartRelay = Callable[..., EmbeddedRelay]
 
 
-@pytest.fixture
-def start_relay() -> Iterator[StartRelay]:
-    """Real relays in this process, each on a free loopback port, stopped after the test."""
-    started: list[EmbeddedRelay] = []
-
-    def start(**settings: object) -> EmbeddedRelay:
-        relay = EmbeddedRelay(RelaySettings(host="127.0.0.1", port=0, **settings))  # type: ignore[arg-type]
-        relay.start()
-        started.append(relay)
-        return relay
-
-    yield start
-    for relay in started:
-        relay.stop()
 
 
 # -- servers that are not relays -----------------------------------------------------------------
