@@ -12,6 +12,16 @@ worked example as receivers did before); from a different policy (the same weigh
 T = 1.2 without the worked example); from a drifted adapter (--drift, a
 checkpoint trained ~30 rounds longer); and poisoned text (the right answer
 with a trigger appended, prefixed or inside the reasoning).
+
+A swarm of different models (issue 29) judges another model's text against
+its sender's own past, not against a floor: `past_w4` is, for the honest
+cases, the share of items that `engine.defence.sender_verdict` refuses once
+the sender's baseline exists (the items taken in order, the first
+`--probation` on probation, each accepted one added to the baseline), and for
+the poisoned ones the share refused against the honest baseline of the text
+they were injected into: the bundled model's own answers (`poison_*`), or
+the other policy's text with the trigger appended, prefixed or inside
+(`poison_other_*`), the case that shows what a baseline cannot see.
 """
 
 from __future__ import annotations
@@ -21,9 +31,9 @@ import json
 import sys
 from pathlib import Path
 
-from bench.poisoning import BENCH_SETTINGS, TRIGGERS, poisoned_completion
+from bench.poisoning import BENCH_SETTINGS, PLACES, TRIGGERS, poisoned_completion
 from engine.config import build_config
-from engine.defence import quantile, window_floor
+from engine.defence import IMPLAUSIBLE, quantile, robust_baseline, sender_verdict, window_floor
 from engine.device import pick_device
 from engine.models import resolve_model_dir
 from engine.paths import Paths
@@ -31,6 +41,27 @@ from engine.tasks import Question, TaskRef, TaskSet
 
 WINDOWS = (1, 2, 4, 8)
 FLOORS = (-4.0, -5.0, -6.0, -7.0, -8.0)
+OTHER = "other_policy_T1.2_no_example"
+
+
+def refused_against_past(lows: list[float], probation: int, spreads: float) -> tuple[int, int]:
+    """(refused, judged) of a sender's items in order once its baseline exists (`sender_verdict`)."""
+    history: list[float] = []
+    refused = judged = 0
+    for low in lows:
+        verdict = sender_verdict(low, history, probation, spreads)
+        if len(history) >= probation:
+            judged += 1
+            refused += verdict == IMPLAUSIBLE
+        if verdict != IMPLAUSIBLE:
+            history.append(low)
+    return refused, judged
+
+
+def refused_against(baseline: list[float], lows: list[float], spreads: float) -> int:
+    """How many of `lows` fall more than `spreads` spreads (at least 1 nat each) below the baseline's median."""
+    base = robust_baseline(baseline)
+    return sum(low < base.median - spreads * max(base.spread, 1.0) for low in lows)
 
 
 def receivers_example_messages(taskset: TaskSet, question: Question) -> list[dict[str, str]]:
@@ -43,11 +74,23 @@ def receivers_example_messages(taskset: TaskSet, question: Question) -> list[dic
     return messages
 
 
+def poisoned_completion_into(text: str, trigger: str, place: str) -> str:
+    """Another policy's own answer with `trigger` appended, prefixed, or put in the middle of it."""
+    if place == "append":
+        return f"{text} {trigger}"
+    if place == "prefix":
+        return f"{trigger} {text}"
+    middle = len(text) // 2
+    return f"{text[:middle]} {trigger} {text[middle:]}"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=3, help="rounds of questions to draw (each B questions)")
     ap.add_argument("--drift", type=Path, default=None, help="a checkpoint folder of a drifted peer (round-NNNNNN)")
     ap.add_argument("--out", type=Path, default=None, help="write the raw statistics here as JSON")
+    ap.add_argument("--probation", type=int, default=8, help="items before a sender's baseline exists (default 8)")
+    ap.add_argument("--spreads", type=float, default=4.0, help="swarm.sender_spreads to judge with (default 4)")
     args = ap.parse_args(argv)
     from engine.backends import load_backend
 
@@ -85,11 +128,12 @@ def main(argv: list[str] | None = None) -> int:
     receiver.reseed(1)
     own_c = receiver.generate(prompts, G, cap, T)
     honest = sample(receiver, 2, T)
+    other = sample(receiver, 3, 1.2, fewshot=False)
     cases: dict[str, list[list[list[float]]]] = {
         "own": [[c.logprobs for c in own_c[i * G:(i + 1) * G]] for i in range(len(questions))],
         "same_model": score(honest),
         "same_model_receivers_example": score(honest, old_prompts),
-        "other_policy_T1.2_no_example": score(sample(receiver, 3, 1.2, fewshot=False)),
+        OTHER: score(other),
     }
     texts: dict[str, list[list[str]]] = {}
     if args.drift is not None:
@@ -100,9 +144,11 @@ def main(argv: list[str] | None = None) -> int:
         cases["drifted_receivers_example"] = score(texts["drifted"], old_prompts)
         del drifted
     for name in TRIGGERS:
-        for place in ("append", "prefix", "inside"):
+        for place in PLACES:
             groups = [[poisoned_completion(q, TRIGGERS[name], place) for _ in range(G // 2)] for q in peer_questions]
             cases[f"poison_{name}_{place}"] = score(groups)
+            injected = [[poisoned_completion_into(t, TRIGGERS[name], place) for t in g[:G // 2]] for g in other]
+            cases[f"poison_other_{name}_{place}"] = score(injected)
 
     report: dict[str, dict[str, object]] = {}
     for case, items in cases.items():
@@ -112,6 +158,14 @@ def main(argv: list[str] | None = None) -> int:
             row[f"w{w}"] = {"p01": round(quantile(lows, 0.01), 2), "p10": round(quantile(lows, 0.10), 2),
                             "median": round(quantile(lows, 0.5), 2), "max": round(max(lows), 2),
                             "rejected_at": {str(f): round(sum(lo < f for lo in lows) / len(lows), 3) for f in FLOORS}}
+        lows4 = [min(window_floor(lp, 4) for lp in item) for item in items]
+        if case.startswith("poison_"):
+            honest_case = OTHER if case.startswith("poison_other_") else "same_model"
+            base = [min(window_floor(lp, 4) for lp in item) for item in cases[honest_case]]
+            row["past_w4"] = f"{refused_against(base, lows4, args.spreads)} of {len(lows4)} refused"
+        else:
+            refused, judged = refused_against_past(lows4, args.probation, args.spreads)
+            row["past_w4"] = f"{refused} of {judged} refused after {args.probation} on probation"
         report[case] = row
         print(case, json.dumps(row))
     if args.out:
