@@ -53,6 +53,9 @@ log = logging.getLogger(__name__)
 BACKOFF_START_S = 0.5
 BACKOFF_CAP_S = 30.0
 CONNECT_TIMEOUT_S = 10.0
+# The client paces its requests below the relay's announced rate limit, with half its burst,
+# so that a fast node (tiny rounds, a big GPU) waits a moment instead of being refused.
+PACE_SHARE = 0.9
 SOFTWARE = f"sapling/{__version__}"
 
 
@@ -146,6 +149,8 @@ class SwarmClient:
         self._main: asyncio.Task[None] | None = None
         self._fatal_code = ""
         self._fatal_message = ""
+        self._bucket: protocol.TokenBucket | None = None  # this link's pace, from the relay's welcome
+        self._pace_lock: asyncio.Lock | None = None
 
     @property
     def url(self) -> str:
@@ -268,6 +273,7 @@ class SwarmClient:
             if welcome["type"] != "welcome":
                 raise protocol.ProtocolError(protocol.E_AUTH, f"expected a welcome, got {welcome['type']}")
             self._fatal_code = self._fatal_message = ""
+            self._bucket = pace(welcome["limits"])
             self._ws = ws
             if self.memory is not None:
                 self.memory.remember(self.url)
@@ -302,6 +308,8 @@ class SwarmClient:
             self.state.published += 1
         elif type_ == "error":
             self.state.publish_errors[msg["code"]] += 1
+            if msg["code"] == protocol.E_RATE and self._bucket is not None:
+                self._bucket.drain()  # the relay's bucket for this peer is empty: start again from there
             log.warning("relay error %s: %s", msg["code"], msg["message"])
             future = self._pending.pop(msg["id"], None) if msg.get("id") is not None else None
             if future is not None and not future.done():
@@ -331,13 +339,30 @@ class SwarmClient:
         ws = self._ws
         if ws is None or not self.state.connected:
             return False
-        future = asyncio.run_coroutine_threadsafe(ws.send_str(protocol.encode(message)), self._loop)
+        async def send() -> None:
+            await self._paced()
+            await ws.send_str(protocol.encode(message))
+
+        future = asyncio.run_coroutine_threadsafe(send(), self._loop)
         try:
             future.result(timeout=CONNECT_TIMEOUT_S)
         except (FutureTimeout, ConnectionError, RuntimeError, aiohttp.ClientError) as exc:
-            self._set(last_error=f"{what} failed: {exc}")
+            future.cancel()
+            self._set(last_error=f"{what} failed: {exc or type(exc).__name__}")
             return False
         return True
+
+    async def _paced(self) -> None:
+        """Wait (in the link's loop) until this request fits the relay's rate limit, then spend it."""
+        if self._pace_lock is None:
+            self._pace_lock = asyncio.Lock()
+        async with self._pace_lock:
+            bucket = self._bucket
+            if bucket is None:
+                return
+            while (wait := bucket.wait_s()) > 0:
+                await asyncio.sleep(wait)
+            bucket.take()
 
     def sample(self, n: int, timeout: float = 10.0) -> list[protocol.Signed]:
         """Up to n batches from other peers published since the last call, unverified; [] when the
@@ -352,6 +377,7 @@ class SwarmClient:
             future: asyncio.Future[dict[str, Any]] = self._loop.create_future()
             self._pending[request_id] = future
             try:
+                await self._paced()
                 await ws.send_str(protocol.encode(protocol.msg_sample(request_id, n, self._cursor)))
                 answer = await asyncio.wait_for(future, timeout)
             finally:
@@ -366,3 +392,18 @@ class SwarmClient:
         except (FutureTimeout, TimeoutError, ConnectionError, RuntimeError, aiohttp.ClientError) as exc:
             self._set(last_error=f"sample failed: {exc}")
             return []
+
+
+def pace(limits: Any) -> protocol.TokenBucket:
+    """The client's own bucket for a relay's announced limits: a little slower than `rate_per_s`,
+    half the `burst`, and empty at first (a relay keeps a peer's bucket across its reconnects)."""
+    def positive(key: str, default: float) -> float:
+        value = limits.get(key) if isinstance(limits, dict) else None
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < float("inf"):
+            return float(value)
+        return default
+
+    bucket = protocol.TokenBucket(PACE_SHARE * positive("rate_per_s", protocol.DEFAULT_RATE_PER_S),
+                                  max(1.0, positive("burst", protocol.DEFAULT_BURST) / 2))
+    bucket.tokens = 0.0
+    return bucket

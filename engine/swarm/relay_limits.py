@@ -1,7 +1,7 @@
 """Per-peer rate limits and the summary log of refusals, for the relay (engine/swarm/relay.py).
 
-`TokenBucket` is one peer's request budget (refill `rate` per second up to
-`burst`); `RejectionLog` counts refused messages per (peer, address) and
+The relay takes one token of a peer's `protocol.TokenBucket` per request;
+`RejectionLog` counts refused messages per (peer, address) and
 code and logs them as one info-level summary per period, so a flood of bad
 frames costs one log line, not one per frame. `QuietBadRequests` does
 the same for malformed HTTP requests, which aiohttp logs with a traceback.
@@ -21,23 +21,6 @@ log = logging.getLogger("sapling.relay")
 # and counts at most this many between two summaries before lumping the rest together.
 LOG_TOP_SOURCES = 20
 MAX_LOGGED_SOURCES = 10_000
-
-
-class TokenBucket:
-    def __init__(self, rate: float, burst: float) -> None:
-        self.rate = rate
-        self.burst = burst
-        self.tokens = burst
-        self.stamp = time.monotonic()
-
-    def take(self) -> bool:
-        now = time.monotonic()
-        self.tokens = min(self.burst, self.tokens + (now - self.stamp) * self.rate)
-        self.stamp = now
-        if self.tokens >= 1.0:
-            self.tokens -= 1.0
-            return True
-        return False
 
 
 class RejectionLog:
