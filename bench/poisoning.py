@@ -61,7 +61,7 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from engine.config import NodeConfig, build_config
 from engine.model_policy import make_label
@@ -259,6 +259,22 @@ def trigger_probe(node: Any, questions: Sequence[Question], trigger: str) -> flo
     return sum(values) / len(values)
 
 
+K = TypeVar("K")
+
+
+def keep_texts(node: Any, key: K, texts: dict[K, list[str]]) -> None:
+    """Wrap the node's generate so that `texts[key]` holds the completions of its last round."""
+    assert node.backend is not None, "the node's model is loaded when it is built"
+    real = node.backend.generate
+
+    def generate(*a: Any, **k: Any) -> Any:
+        completions = real(*a, **k)
+        texts[key] = [c.text for c in completions]
+        return completions
+
+    node.backend.generate = generate
+
+
 def run_one(run: str, out: Path, rounds: int, victims: int, trigger_name: str, attack_batches: int,
             extra: Sequence[str]) -> None:
     from engine.exchange import open_swarm
@@ -293,15 +309,7 @@ def run_one(run: str, out: Path, rounds: int, victims: int, trigger_name: str, a
         probe_qs = [q for q in nodes[0].taskset.eval_set(6) if q.answer]
         texts: dict[int, list[str]] = {}
         for i, node in enumerate(nodes):
-            assert node.backend is not None, "the node's model is loaded when it is built"
-            real = node.backend.generate
-
-            def generate(*a: Any, _real: Any = real, _i: int = i, **k: Any) -> Any:
-                completions = _real(*a, **k)
-                texts[_i] = [c.text for c in completions]
-                return completions
-
-            node.backend.generate = generate  # type: ignore[method-assign]
+            keep_texts(node, i, texts)
         attacker_id = attacker.identity.peer_id if attacker else None
         while min(n.round for n in nodes) < rounds:
             for i, node in enumerate(nodes):
@@ -456,14 +464,7 @@ def run_mixed(run: str, out: Path, rounds: int, victims: int, trigger_name: str,
         probe_qs = [q for q in participants[0][1].taskset.eval_set(6) if q.answer]
         texts: dict[str, list[str]] = {}
         for role, node in participants:
-            real = node.backend.generate
-
-            def generate(*a: Any, _real: Any = real, _role: str = role, **k: Any) -> Any:
-                completions = _real(*a, **k)
-                texts[_role] = [c.text for c in completions]
-                return completions
-
-            node.backend.generate = generate
+            keep_texts(node, role, texts)
         before: dict[str, dict[str, dict[str, Any]]] = {}
         while min(n.round for role, n in participants if role.startswith("victim")) < rounds:
             if standin is not None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -213,7 +214,9 @@ def three_adapters(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
     folder = make_sharp_model(tmp_path_factory.mktemp("lora"), "llama")
     base = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32)
-    model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"), adapter_name="a0")
+    with warnings.catch_warnings():  # peft asks for a deprecated transformers property (as in torch_backend.py)
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+        model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"), adapter_name="a0")
     model.add_adapter("a1", LoraConfig(r=8, lora_alpha=8, target_modules="all-linear"))
     model.add_adapter("a2", LoraConfig(r=8, lora_alpha=32, target_modules=["q_proj", "v_proj"]))
     generator = torch.Generator().manual_seed(9)
