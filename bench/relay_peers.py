@@ -1,11 +1,11 @@
-"""The parts the relay benches share: relay and redis-server subprocesses, peers that speak the real protocol.
+"""The parts the relay benches share: relay subprocesses, peers that speak the real protocol.
 
     from bench.relay_peers import Peer, RelayProcess, connect_all, drive    # bench/relay_load.py, relay_scaleout.py
 
 A `RelayProcess` is `python -m engine.swarm.relay` on a free loopback port with
-its JSON log in a file and its CPU and memory read by psutil; a `RedisProcess`
-is a redis-server without persistence that can be stopped and started again
-on its port. A `Peer` does what a node does on the wire (Ed25519 handshake,
+its JSON log in a file and its CPU and memory read by psutil; redis-server is
+tests/servers.py's `RedisServer` (free ports and waiting for a listener come
+from there too). A `Peer` does what a node does on the wire (Ed25519 handshake,
 signed ~20 KB batches, `sample`), and can move to the next relay process when
 its connection drops, with the node client's backoff. `drive` makes peers
 publish and sample once per round period, spread evenly over it.
@@ -17,7 +17,6 @@ import asyncio
 import json
 import random
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -32,30 +31,13 @@ import psutil
 from engine.swarm import protocol
 from engine.swarm.client import BACKOFF_CAP_S, BACKOFF_START_S
 from engine.swarm.identity import Identity
+from tests.servers import free_port, wait_listening
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE_N = 4  # batches a peer asks for each round, as a node asks for J = 4
 WINDOW = 4096  # relays' window: holds every batch of the fault phase a checker may still ask for
 CONNECT_CONCURRENCY = 64
 TARGET_P99_MS = 250.0  # the sample round trip both benches hold peers to
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-async def wait_port(port: int, proc: subprocess.Popen[bytes], what: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"{what} did not start listening on port {port}") from None
-            await asyncio.sleep(0.05)
 
 
 def batch_items(rng: random.Random, size: int) -> list[protocol.Item]:
@@ -98,7 +80,8 @@ class RelayProcess:
         self.ps = psutil.Process(self.proc.pid)
 
     async def ready(self) -> None:
-        await wait_port(self.port, self.proc, f"relay {self.name} (log: {self.log_path})")
+        await asyncio.to_thread(wait_listening, self.port, self.proc, f"relay {self.name} (log: {self.log_path})",
+                                self.log_path)
 
     def cpu_s(self) -> float:
         times = self.ps.cpu_times()
@@ -138,36 +121,6 @@ class RelayProcess:
                 name, _, value = line.partition(" ")
                 values[name] = float(value)
         return values
-
-
-class RedisProcess:
-    """redis-server on one loopback port, without persistence; it can be stopped and started there again."""
-
-    def __init__(self, binary: str, workdir: Path) -> None:
-        self.binary = binary
-        self.port = free_port()
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        self.log_path = workdir / "redis.log"
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.cpu_before = 0.0  # CPU of the instances that already ended
-
-    async def start(self) -> None:
-        with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen([self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-                                          "--appendonly", "no"], stdout=log, stderr=subprocess.STDOUT)
-        await wait_port(self.port, self.proc, "redis-server")
-
-    def cpu_s(self) -> float:
-        if self.proc is None or self.proc.poll() is not None:
-            return self.cpu_before
-        times = psutil.Process(self.proc.pid).cpu_times()
-        return self.cpu_before + float(times.user + times.system)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.cpu_before = self.cpu_s()
-            self.proc.terminate()
-            self.proc.wait(timeout=20)
 
 
 # -- peers ------------------------------------------------------------------------------------

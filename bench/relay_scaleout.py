@@ -54,7 +54,6 @@ from bench.relay_peers import (
     WINDOW,
     Load,
     Peer,
-    RedisProcess,
     RelayProcess,
     batch_items,
     close_all,
@@ -65,6 +64,7 @@ from bench.relay_peers import (
 )
 from engine.swarm import protocol
 from engine.swarm.identity import Identity
+from tests.servers import RedisServer
 
 TARGET_REJOIN_S = 5.0
 # The capacity steps go on past the target, to show CPU, memory and bytes per peer further up,
@@ -167,7 +167,7 @@ class Stack:
     run: BrokerRun
 
 
-async def start_stack(broker: str, redis: RedisProcess, args: argparse.Namespace, session: aiohttp.ClientSession,
+async def start_stack(broker: str, redis: RedisServer, args: argparse.Namespace, session: aiohttp.ClientSession,
                       workdir: Path, started: list[RelayProcess]) -> Stack:
     n = args.processes
     total = n * args.peers_per_process
@@ -183,7 +183,7 @@ async def start_stack(broker: str, redis: RedisProcess, args: argparse.Namespace
     return Stack(broker, relays, peers, BrokerRun(broker, 0.0, 0.0, 0, 0, Load()))
 
 
-async def compare_brokers(memory: Stack, shared: Stack, redis: RedisProcess, args: argparse.Namespace,
+async def compare_brokers(memory: Stack, shared: Stack, redis: RedisServer, args: argparse.Namespace,
                           payloads: list[list[protocol.Item]]) -> None:
     """The same load on both stacks, in turns (memory, Redis, Redis, memory), so drift in the machine's
     other load falls on both alike; each turn's relay CPU, deliveries and round trips are summed."""
@@ -212,7 +212,7 @@ class Follow:
     redis_pct: float
 
 
-async def follow_run(redis: RedisProcess, args: argparse.Namespace, workdir: Path,
+async def follow_run(redis: RedisServer, args: argparse.Namespace, workdir: Path,
                      started: list[RelayProcess]) -> list[Follow]:
     """What following the stream costs a relay process, whatever its peers: one with none, on a swarm of its
     own, while this process writes batches straight into that swarm's stream at FOLLOW_RATES."""
@@ -243,7 +243,7 @@ async def follow_run(redis: RedisProcess, args: argparse.Namespace, workdir: Pat
     return out
 
 
-async def fault_run(relays: list[RelayProcess], peers: list[Peer], redis: RedisProcess, args: argparse.Namespace,
+async def fault_run(relays: list[RelayProcess], peers: list[Peer], redis: RedisServer, args: argparse.Namespace,
                     session: aiohttp.ClientSession, payloads: list[list[protocol.Item]]) -> FaultRun:
     """Under the same load: one relay process SIGKILLed, then redis-server restarted; checkers on every process."""
     out = FaultRun()
@@ -280,7 +280,7 @@ async def fault_run(relays: list[RelayProcess], peers: list[Peer], redis: RedisP
         redis.stop()
         print("  stopped redis-server", flush=True)
         await asyncio.sleep(REDIS_DOWN_S)
-        await redis.start()
+        await asyncio.to_thread(redis.start)
         events["redis_start"] = time.perf_counter()
         redis_started_wall = time.time()
         print("  started redis-server again on the same port", flush=True)
@@ -349,7 +349,7 @@ async def measure_step(relay: RelayProcess, peers: list[Peer], connect_per_s: fl
                 load.failures, len(load.rtts))
 
 
-async def capacity_run(redis: RedisProcess, args: argparse.Namespace, session: aiohttp.ClientSession,
+async def capacity_run(redis: RedisServer, args: argparse.Namespace, session: aiohttp.ClientSession,
                        payloads: list[list[protocol.Item]], workdir: Path, started: list[RelayProcess], budget: Budget,
                        rng: random.Random) -> tuple[list[Step], str, float, float]:
     """One relay process on the Redis swarm, more and more peers; (steps, why it stopped, idle p99 ms, base RSS MB)."""
@@ -432,9 +432,9 @@ async def run_scaleout(args: argparse.Namespace, redis_binary: str) -> int:
     started: list[RelayProcess] = []
     with tempfile.TemporaryDirectory(prefix="relay-scaleout-") as tmp:
         workdir = Path(tmp)
-        redis = RedisProcess(redis_binary, workdir)
+        redis = RedisServer(redis_binary, log=workdir / "redis.log")
         try:
-            await redis.start()
+            await asyncio.to_thread(redis.start)
             async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
                 print(f"1/4 memory broker against Redis: {args.seconds:g} s of load each, in turns ...", flush=True)
                 memory = await start_stack("memory", redis, args, session, workdir, started)

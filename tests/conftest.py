@@ -1,13 +1,16 @@
-"""Shared fixtures: tiny random models (built once per session), isolated Sapling homes."""
+"""Shared fixtures: tiny random models (built once per session), isolated Sapling homes, relays, redis-server."""
 
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+
+from tests.servers import RedisServer
 
 if TYPE_CHECKING:
     from engine.swarm.relay import EmbeddedRelay
@@ -66,3 +69,17 @@ def start_relay() -> Iterator[StartRelay]:
     yield start
     for relay in started:
         relay.stop()
+
+
+@pytest.fixture
+def redis_server() -> Iterator[RedisServer]:
+    """A redis-server of this test's own on a free loopback port, without persistence, stopped after the test;
+    the test may stop it and start it again on the same port."""
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not installed (make test installs it)")
+    server = RedisServer()
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -31,17 +31,12 @@ from engine.config import build_config
 from engine.paths import Paths
 from engine.rules import Invite, parse_invite
 from tests.app.conftest import MakeGui, StartRelay
+from tests.servers import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 FAST = ["--device", "cpu", "--threads", "1", "--set", "tasks.questions_per_round=2",
         "--set", "tasks.completions_per_question=2", "--set", "tasks.max_new_tokens=8", "--set", "tasks.eval_every=0",
         "--set", "run.priority='normal'"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture

@@ -31,6 +31,7 @@ from engine.joining import MAX_INFO_BYTES, fetch_relay_info, parse_relay_info, p
 from engine.rules import Invite
 from engine.swarm.relay import EmbeddedRelay, RelaySettings
 from tests.conftest import StartRelay
+from tests.servers import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 CADDY = shutil.which("caddy")
@@ -39,12 +40,6 @@ CADDY = shutil.which("caddy")
 def doctor(*args: str, home: Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "engine.cli", "doctor", "--home", str(home), *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=timeout)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def json_lines(out: str) -> list[dict[str, object]]:

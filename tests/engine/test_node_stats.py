@@ -6,7 +6,6 @@ The relay path (a real relay, two real nodes) is tests/swarm/test_credit.py.
 from __future__ import annotations
 
 import json
-import socket
 import time
 from pathlib import Path
 
@@ -16,12 +15,11 @@ from engine.cli import main
 from engine.contribution import CREDIT_FILE, Contribution, swarm_key
 from engine.paths import Paths
 from engine.swarm.identity import Identity
+from tests.servers import free_port
 
 
 def closed_port() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"ws://127.0.0.1:{s.getsockname()[1]}/ws"
+    return f"ws://127.0.0.1:{free_port()}/ws"
 
 
 def numbers(used: int, peers: int, **rejected: int) -> dict[str, object]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -16,8 +15,8 @@ from typing import Any
 
 import pytest
 
+from tests.servers import RedisServer, free_port, wait_listening
 from tests.swarm.doc_client import DocPeer, item
-from tests.swarm.test_redis import redis_url  # noqa: F401  (the fixture: a redis-server of this test's own)
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [
@@ -26,32 +25,20 @@ pytestmark = [
 ]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture
 def relay_process(tmp_path: Path) -> Iterator[Callable[[str], str]]:
     started: list[subprocess.Popen[bytes]] = []
 
     def start(redis: str) -> str:
         port = free_port()
-        log = (tmp_path / f"relay-{port}.log").open("wb")
-        proc = subprocess.Popen([sys.executable, "-m", "engine.swarm.relay", "--port", str(port), "--redis", redis,
-                                 "--data-dir", str(tmp_path / "relay"), "--rate", "1000", "--burst", "1000"],
-                                cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+        log = tmp_path / f"relay-{port}.log"
+        with log.open("wb") as out:
+            proc = subprocess.Popen([sys.executable, "-m", "engine.swarm.relay", "--port", str(port), "--redis", redis,
+                                     "--data-dir", str(tmp_path / "relay"), "--rate", "1000", "--burst", "1000"],
+                                    cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
         started.append(proc)
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                return f"ws://127.0.0.1:{port}/ws"
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError((tmp_path / f"relay-{port}.log").read_text()) from None
-                time.sleep(0.05)
+        wait_listening(port, proc, "the relay", log)
+        return f"ws://127.0.0.1:{port}/ws"
 
     yield start
     for proc in started:
@@ -71,8 +58,8 @@ async def joined(url: str, **kw: Any) -> DocPeer:
 
 
 def test_a_sender_sees_the_same_credit_on_either_relay_process(relay_process: Callable[[str], str],
-                                                               redis_url: str) -> None:  # noqa: F811
-    one, two = relay_process(redis_url), relay_process(redis_url)
+                                                               redis_server: RedisServer) -> None:
+    one, two = relay_process(redis_server.url), relay_process(redis_server.url)
 
     async def run() -> None:
         a, b = await joined(one), await joined(two)

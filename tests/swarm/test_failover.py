@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -27,54 +25,30 @@ from engine.swarm import protocol
 from engine.swarm.client import RelayMemory, SwarmClient
 from engine.swarm.identity import Identity
 from engine.swarm.relay import EmbeddedRelay, RelaySettings
+from tests.servers import RedisServer, free_port, wait_listening
 
 ROOT = Path(__file__).resolve().parents[2]
-REDIS = shutil.which("redis-server")
 RELAY = Path(sys.executable).with_name("sapling-relay")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_listening(port: int, proc: subprocess.Popen[bytes], what: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"{what} did not start") from None
-            time.sleep(0.05)
-
-
 @pytest.fixture
-def two_relays(tmp_path: Path) -> Iterator[tuple[list[str], list[subprocess.Popen[bytes]]]]:
+def two_relays(tmp_path: Path,
+               redis_server: RedisServer) -> Iterator[tuple[list[str], list[subprocess.Popen[bytes]]]]:
     """Two sapling-relay processes on one redis-server: (their ws:// URLs, their processes)."""
-    if REDIS is None:
-        pytest.skip("redis-server is not installed (make test installs it)")
     procs: list[subprocess.Popen[bytes]] = []
     try:
-        redis_port = free_port()
-        redis = subprocess.Popen([REDIS, "--port", str(redis_port), "--bind", "127.0.0.1", "--save", "",
-                                  "--appendonly", "no"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        procs.append(redis)
-        wait_listening(redis_port, redis, "redis-server")
-        urls, relays = [], []
+        urls = []
         for name in ("relay-a", "relay-b"):
             port = free_port()
-            log = (tmp_path / f"{name}.log").open("wb")
-            proc = subprocess.Popen([str(RELAY), "--host", "127.0.0.1", "--port", str(port), "--name", name,
-                                     "--redis", f"redis://127.0.0.1:{redis_port}/0", "--log-level", "warning"],
-                                    stdout=log, stderr=subprocess.STDOUT)
+            log = tmp_path / f"{name}.log"
+            with log.open("wb") as out:
+                proc = subprocess.Popen([str(RELAY), "--host", "127.0.0.1", "--port", str(port), "--name", name,
+                                         "--redis", redis_server.url, "--log-level", "warning"],
+                                        stdout=out, stderr=subprocess.STDOUT)
             procs.append(proc)
-            wait_listening(port, proc, name)
+            wait_listening(port, proc, name, log)
             urls.append(f"ws://127.0.0.1:{port}/ws")
-            relays.append(proc)
-        yield urls, relays
+        yield urls, procs
     finally:
         for proc in reversed(procs):
             if proc.poll() is None:

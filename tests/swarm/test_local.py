@@ -9,7 +9,6 @@ happened: every wait is on an event, with a timeout.
 from __future__ import annotations
 
 import random
-import socket
 import subprocess
 import sys
 import threading
@@ -22,6 +21,7 @@ from engine.swarm import protocol as p
 from engine.swarm.client import LinkState
 from engine.swarm.identity import Identity
 from engine.swarm.local import LOCAL_RELAY_CLOSING, LocalSwarm
+from tests.servers import free_port
 
 HANDOVER_TIMEOUT_S = 20.0
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,12 +34,6 @@ local.start()
 print("hosting" if local.hosting else "joined", flush=True)
 threading.Event().wait()
 """
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class ZeroJitter(random.Random):
@@ -96,7 +90,7 @@ def _start(nodes: list[Node]) -> None:
 
 @pytest.mark.integration
 def test_a_remaining_node_takes_over_the_local_relay_and_the_others_rejoin() -> None:
-    port = _free_port()
+    port = free_port()
     took_over = threading.Event()
     host, b, c = (Node(port, took_over) for _ in range(3))
     try:
@@ -133,7 +127,7 @@ def test_a_remaining_node_takes_over_the_local_relay_and_the_others_rejoin() -> 
 
 @pytest.mark.integration
 def test_two_survivors_knocking_at_once_end_with_one_host() -> None:
-    port = _free_port()
+    port = free_port()
     took_over = threading.Event()
     host = Node(port, took_over)
     b, c = Node(port, took_over, ZeroJitter()), Node(port, took_over, ZeroJitter())
@@ -166,7 +160,7 @@ def test_port_zero_hosts_alone_on_a_free_port() -> None:
 
 @pytest.mark.integration
 def test_a_host_killed_without_a_word_is_replaced_too() -> None:
-    port = _free_port()
+    port = free_port()
     host = subprocess.Popen([sys.executable, "-c", HOST_SCRIPT, str(port)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
     took_over = threading.Event()
     b, c = Node(port, took_over), Node(port, took_over)

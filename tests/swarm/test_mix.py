@@ -28,6 +28,7 @@ from engine.swarm import protocol as p
 from engine.swarm.client import LinkState
 from engine.swarm.identity import Identity
 from engine.swarm.relay import EmbeddedRelay, RelaySettings
+from tests.servers import free_port
 from tests.swarm.conftest import StartRelay
 
 FAST = [
@@ -265,11 +266,7 @@ def test_relay_restart_mid_run_solo_fallback_then_rejoin(tiny_model_dir: Path, t
 
 @pytest.mark.integration
 def test_a_second_local_node_joins_the_first_ones_embedded_relay(tiny_model_dir: Path, tmp_path: Path) -> None:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     sessions = []
     try:
         for name in ("first", "second"):
@@ -355,12 +352,9 @@ def test_a_node_trains_on_i_of_its_own_groups_and_j_external(tiny_model_dir: Pat
 
 @pytest.mark.integration
 def test_when_the_hosting_node_stops_another_local_node_takes_the_relay_over(tiny_model_dir: Path, tmp_path: Path) -> None:
-    import socket
     import threading
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     took_over = threading.Event()
     said: list[str] = []
 

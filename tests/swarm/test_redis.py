@@ -5,43 +5,17 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
-import socket
-import subprocess
 import time
-from collections.abc import Iterator
 
 import pytest
 
 from engine.swarm import protocol as p
+from tests.servers import RedisServer
 from tests.swarm.conftest import StartRelay
 from tests.swarm.doc_client import DocPeer, item
 
 REDIS = shutil.which("redis-server")
 pytestmark = pytest.mark.skipif(REDIS is None, reason="redis-server is not installed (make test installs it)")
-
-
-@pytest.fixture
-def redis_url() -> Iterator[str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    assert REDIS is not None
-    proc = subprocess.Popen([REDIS, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    raise RuntimeError("redis-server did not start") from None
-                time.sleep(0.1)
-        yield f"redis://127.0.0.1:{port}/0"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
 
 
 async def _joined(url: str) -> DocPeer:
@@ -51,9 +25,10 @@ async def _joined(url: str) -> DocPeer:
 
 
 @pytest.mark.integration
-async def test_two_relays_share_batches_sequences_and_peer_counts(start_relay: StartRelay, redis_url: str) -> None:
-    one = start_relay(redis=redis_url)
-    two = start_relay(redis=redis_url)
+async def test_two_relays_share_batches_sequences_and_peer_counts(start_relay: StartRelay,
+                                                                 redis_server: RedisServer) -> None:
+    one = start_relay(redis=redis_server.url)
+    two = start_relay(redis=redis_server.url)
     a, b = await _joined(one.url), await _joined(two.url)
     assert (await a.publish([item()], seq=100))["type"] == "published"
     deadline = time.monotonic() + 10
@@ -68,7 +43,7 @@ async def test_two_relays_share_batches_sequences_and_peer_counts(start_relay: S
     assert (await a2.publish([item()], seq=100))["code"] == p.E_REPLAY
     assert (await a2.publish([item()], seq=101))["type"] == "published"
     # a third relay started later primes its window from the stream
-    three = start_relay(redis=redis_url)
+    three = start_relay(redis=redis_server.url)
     c = await _joined(three.url)
     assert len((await c.sample(16))["batches"]) == 2
     for peer in (a, a2, b, c):
@@ -76,9 +51,10 @@ async def test_two_relays_share_batches_sequences_and_peer_counts(start_relay: S
 
 
 @pytest.mark.integration
-async def test_cursors_work_across_relays_that_share_one_redis(start_relay: StartRelay, redis_url: str) -> None:
-    one = start_relay(redis=redis_url, rate=1000.0, burst=1000.0)
-    two = start_relay(redis=redis_url, rate=1000.0, burst=1000.0)
+async def test_cursors_work_across_relays_that_share_one_redis(start_relay: StartRelay,
+                                                              redis_server: RedisServer) -> None:
+    one = start_relay(redis=redis_server.url, rate=1000.0, burst=1000.0)
+    two = start_relay(redis=redis_server.url, rate=1000.0, burst=1000.0)
     sender = await _joined(one.url)
     for seq in (1, 2):
         assert (await sender.publish([item()], seq=seq))["type"] == "published"
@@ -107,7 +83,7 @@ async def test_cursors_work_across_relays_that_share_one_redis(start_relay: Star
     assert (await sender.publish([item()], seq=3))["type"] == "published"
     assert await seqs_until(again, 1) == [3]
     # a relay started later reads the swarm's cursors too
-    three = start_relay(redis=redis_url)
+    three = start_relay(redis=redis_server.url)
     late = await _joined(three.url)
     assert [json.loads(b["payload"])["seq"] for b in (await late.sample(16, after=cursor))["batches"]] == [3]
     for peer in (sender, again, late):

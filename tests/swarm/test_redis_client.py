@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import shutil
 import time
 from collections.abc import Callable
 from typing import Any
@@ -25,10 +26,11 @@ import redis.asyncio as aioredis
 
 from engine.swarm.brokers import REDIS_MAX_CONNECTIONS
 from engine.swarm.relay import EmbeddedRelay
+from tests.servers import RedisServer
 from tests.swarm.conftest import StartRelay
 from tests.swarm.doc_client import DocPeer, b64, item
-from tests.swarm.test_redis_outage import REDIS, RedisServer, redis_server  # noqa: F401  (the fixture)
 
+REDIS = shutil.which("redis-server")
 pytestmark = [pytest.mark.integration,
               pytest.mark.skipif(REDIS is None, reason="redis-server is not installed (make test installs it)")]
 
@@ -65,7 +67,7 @@ async def _publish_and_receipt(sender: DocPeer, receiver: DocPeer, question: str
 
 
 async def test_live_stats_and_credit_count_on_through_a_redis_restart(
-        start_relay: StartRelay, redis_server: RedisServer, caplog: pytest.LogCaptureFixture) -> None:  # noqa: F811
+        start_relay: StartRelay, redis_server: RedisServer, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO)
     relay = start_relay(redis=redis_server.url, rate=1000.0, burst=1000.0)
     sender, receiver = DocPeer(relay.url), DocPeer(relay.url)
@@ -101,7 +103,7 @@ async def test_live_stats_and_credit_count_on_through_a_redis_restart(
 
 
 async def test_a_relay_process_holds_a_bounded_number_of_redis_connections_under_load(
-        start_relay: StartRelay, redis_server: RedisServer) -> None:  # noqa: F811
+        start_relay: StartRelay, redis_server: RedisServer) -> None:
     relay = start_relay(redis=redis_server.url, rate=1000.0, burst=1000.0, max_conn_per_ip=1000)
     observer: Any = aioredis.Redis.from_url(redis_server.url, decode_responses=True, client_name="observer")
     peers = [DocPeer(relay.url) for _ in range(PEERS)]

@@ -11,60 +11,19 @@ import asyncio
 import json
 import logging
 import shutil
-import socket
-import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 
 from engine.swarm import protocol as p
+from tests.servers import RedisServer
 from tests.swarm.conftest import StartRelay
 from tests.swarm.doc_client import DocPeer, item
 
 REDIS = shutil.which("redis-server")
 pytestmark = [pytest.mark.integration,
               pytest.mark.skipif(REDIS is None, reason="redis-server is not installed (make test installs it)")]
-
-
-class RedisServer:
-    """redis-server on one loopback port that can be stopped and started again there."""
-
-    def __init__(self) -> None:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = int(s.getsockname()[1])
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        assert REDIS is not None
-        self.proc = subprocess.Popen([REDIS, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-                                      "--appendonly", "no"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
-                return
-            except OSError:
-                if time.monotonic() > deadline or self.proc.poll() is not None:
-                    raise RuntimeError("redis-server did not start") from None
-                time.sleep(0.05)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(timeout=10)
-
-
-@pytest.fixture
-def redis_server() -> Iterator[RedisServer]:
-    server = RedisServer()
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 async def _until(what: str, check: Callable[[], bool], timeout: float = 15.0) -> None:

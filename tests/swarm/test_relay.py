@@ -8,7 +8,6 @@ import logging
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from engine.swarm import protocol as p
+from tests.servers import free_port
 from tests.swarm.conftest import StartRelay
 from tests.swarm.doc_client import DocPeer, b64, item
 
@@ -212,14 +212,8 @@ async def test_healthz_and_stats(start_relay: StartRelay) -> None:
     await peer.close()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 async def test_sigterm_closes_connections_cleanly_and_exits_zero(tmp_path: Path) -> None:
-    port = _free_port()
+    port = free_port()
     config = tmp_path / "relay.toml"
     config.write_text('name = "toml-relay"\nwindow = 8\n')
     proc = subprocess.Popen([sys.executable, "-m", "engine.swarm.relay", "--port", str(port), "--config", str(config),
@@ -613,7 +607,7 @@ async def test_a_second_sigterm_during_shutdown_is_ignored_and_the_relay_exits_z
 
     caplog.set_level(logging.INFO, logger="sapling.relay")
     broker = HeldBroker()
-    port = _free_port()
+    port = free_port()
     running = asyncio.create_task(serve(Relay(RelaySettings(port=port), broker=broker)))
     url = f"ws://127.0.0.1:{port}/ws"
     deadline = time.monotonic() + 20

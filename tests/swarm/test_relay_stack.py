@@ -36,6 +36,8 @@ from typing import Any
 import aiohttp
 import pytest
 
+from tests.servers import RedisServer, free_port, wait_listening
+
 ROOT = Path(__file__).resolve().parents[2]
 KIT = ROOT / "installers" / "relay"
 CADDY = shutil.which("caddy")
@@ -60,24 +62,6 @@ TEST_GLOBALS = """{
 }
 
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_listening(port: int, proc: subprocess.Popen[bytes], what: str, log: Path, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"{what} did not start: {log.read_text(errors='replace')[-2000:]}") from None
-            time.sleep(0.05)
 
 
 @dataclass
@@ -117,14 +101,13 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         procs.append(proc)
         wait_listening(port, proc, name, log)
 
+    redis = RedisServer(REDIS, log=logs / "redis.log")
     try:
-        redis_port = free_port()
-        start("redis", [REDIS, "--port", str(redis_port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-              redis_port)
+        redis.start()
         relay_ports = (free_port(), free_port())
         for name, port in zip(NAMES, relay_ports, strict=True):  # one after the other: the first makes the key
             start(name.replace(" ", "-"), [str(RELAY), "--host", "127.0.0.1", "--port", str(port), "--redis",
-                                           f"redis://127.0.0.1:{redis_port}/0", "--name", name,
+                                           redis.url, "--name", name,
                                            "--data-dir", str(tmp_path / "relay-data"), "--log-level", "info",
                                            "--trusted-proxy", "127.0.0.1", "--reject-log-every", "0.5"], port)
         https_port, http_port = free_port(), free_port()
@@ -158,6 +141,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(timeout=10)
+        redis.stop()
 
 
 def smoke(stack: Stack, *args: str) -> tuple[int, dict[str, Any], str]:

@@ -39,6 +39,7 @@ from engine.swarm import protocol
 from engine.swarm.identity import Identity
 from engine.swarm.relay_info import INFO_FIELDS, LIVE_FIELDS, relay_identity
 from engine.swarm.relay_web import DOWNLOAD_URL, SECURITY_HEADERS, wants_json
+from tests.servers import RedisServer, free_port, wait_listening
 from tests.swarm.conftest import StartRelay
 from tests.swarm.doc_client import DocPeer, item
 
@@ -46,7 +47,6 @@ ROOT = Path(__file__).resolve().parents[2]
 # Debian's chromium (make test-deps installs it); GitHub's Ubuntu runners carry Google Chrome instead.
 CHROMIUM = Path(next((found for name in ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
                       if (found := shutil.which(name))), "/usr/bin/chromium"))
-REDIS = shutil.which("redis-server")
 XSS = "<script>alert(1)</script>"
 BROWSER_ACCEPT = "text/html,application/xhtml+xml,application/xml;q=0.9,image/avif,image/webp,*/*;q=0.8"
 
@@ -186,32 +186,9 @@ async def test_live_numbers_and_the_days_series_follow_publishes(start_relay: St
     await b.close()
 
 
-@pytest.fixture
-def redis_url() -> Iterator[str]:
-    if REDIS is None:
-        pytest.skip("redis-server is not installed (make test installs it)")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = int(s.getsockname()[1])
-    proc = subprocess.Popen([REDIS, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                assert time.monotonic() < deadline and proc.poll() is None, "redis-server did not start"
-                time.sleep(0.05)
-        yield f"redis://127.0.0.1:{port}/0"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
-
-
-async def test_relays_sharing_redis_show_the_same_live_numbers(start_relay: StartRelay, redis_url: str) -> None:
-    one, two = start_relay(redis=redis_url), start_relay(redis=redis_url)
+async def test_relays_sharing_redis_show_the_same_live_numbers(start_relay: StartRelay,
+                                                               redis_server: RedisServer) -> None:
+    one, two = start_relay(redis=redis_server.url), start_relay(redis=redis_server.url)
     a, b = DocPeer(one.url), DocPeer(two.url)
     await a.connect()
     await b.connect()
@@ -231,15 +208,15 @@ async def test_relays_sharing_redis_show_the_same_live_numbers(start_relay: Star
     await b.close()
 
 
-async def test_the_pages_keep_answering_while_redis_is_down(start_relay: StartRelay, redis_url: str,
+async def test_the_pages_keep_answering_while_redis_is_down(start_relay: StartRelay, redis_server: RedisServer,
                                                              caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.WARNING, logger="sapling.relay")
-    relay = start_relay(redis=redis_url)
+    relay = start_relay(redis=redis_server.url)
     peer = DocPeer(relay.url)
     await peer.connect()
     assert (await peer.publish([item()]))["type"] == "published"
     await _poll(_base(relay) + "/stats.json", lambda d: d["live"]["batches_last_hour"] == 1)
-    port = int(redis_url.rsplit(":", 1)[1].split("/")[0])
+    port = redis_server.port
     subprocess.run(["redis-cli", "-p", str(port), "shutdown", "nosave"], capture_output=True, timeout=10)
     deadline = time.monotonic() + 10
     while True:  # wait until redis-server is really gone
@@ -423,20 +400,11 @@ def test_fuzz_join_queries_get_a_page_or_a_400(start_relay: StartRelay, pairs: l
 
 
 def test_the_relay_process_logs_a_malformed_request_in_one_line(tmp_path: Path) -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = int(s.getsockname()[1])
+    port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "engine.swarm.relay", "--port", str(port), "--data-dir",
                              str(tmp_path)], cwd=ROOT, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                assert time.monotonic() < deadline and proc.poll() is None, "the relay did not start"
-                time.sleep(0.1)
+        wait_listening(port, proc, "the relay")
         assert _raw_get(port, "/", "X-Big: " + "x" * 65536)[0] == 400
         assert _raw_get(port, "/?" + "q" * 100_000)[0] == 400
         assert _raw_get(port, "/healthz")[0] == 200
