@@ -6,9 +6,14 @@ The desktop app's Try it panel runs this as a child process, started when
 the tab opens, and talks to it in JSON lines. It answers with llama.cpp
 (llama-cpp-python) from GGUF exports: the bundled base model's is made with
 its conversion (engine/models.py), and at start (`prepare`) the newest
-checkpoint's is exported in the background by `sapling-node export --format
-gguf` in a child process, cached per checkpoint (`gguf_cache_path`), so the
-first question seldom waits. This process never imports torch; it imports
+checkpoint's LoRA adapter is exported in the background by `sapling-node
+export --format gguf-lora` in a child process (about 5 s on two cores,
+where exporting the merged model took 12 s), then merged into the base
+model's GGUF here (engine/gguf_merge.py, about 3 s), both cached per
+checkpoint (`gguf_cache_path`). A question asked before the merge is done
+is answered by llama.cpp with the adapter applied at run time (a fifth
+slower per token); later ones by the merged model. So the first question
+seldom waits, and never long. This process never imports torch; it imports
 llama_cpp and reasoning-gym (through engine.tasks) only when first needed.
 
 Answers are greedy, like the held-out evaluation. Both models write in turn,
@@ -66,7 +71,9 @@ log = logging.getLogger(__name__)
 SIDES = ("trained", "base")
 TYPED_MAX_TOKENS = 256
 CONTEXT_TOKENS = 2048
-KEEP_EXPORTS = 2  # checkpoints' GGUF files kept per run (the base model's is kept too)
+KEEP_EXPORTS = 2  # checkpoints' GGUF files of each kind (adapter, merged) kept per run; the base model's too
+# The adapter is exported in f32, so that merging it equals what torch's merged model answers (tests/engine/test_export.py).
+ADAPTER_QUANT = "f32"
 # While training runs a checkpoint comes every round, and exporting one costs several CPU seconds that
 # training would otherwise get; a cached export younger than this answers instead of a newer checkpoint's.
 REFRESH_S = 300.0
@@ -91,6 +98,7 @@ def llama_cpp_problem() -> str:
 @dataclass
 class _Model:
     path: Path
+    lora: Path | None
     threads: int
     llm: Any
 
@@ -200,10 +208,8 @@ class ChatServer:
 
     def _newest_cached(self, below: int) -> tuple[int, Path] | None:
         """The newest checkpoint export in the cache from before round `below` (never a stale later one)."""
-        from engine.export import gguf_cache_path
-
-        folder = gguf_cache_path(self.paths, self.config.run.run_name, 1).parent
-        suffix = gguf_cache_path(self.paths, self.config.run.run_name, 1).name.split(".", 1)[1]
+        folder = self.export_path(1).parent
+        suffix = self.export_path(1).name.split(".", 1)[1]
         found = []
         for path in folder.glob(f"round-*.{suffix}") if folder.is_dir() else []:
             number = path.name.split(".", 1)[0].removeprefix("round-")
@@ -220,6 +226,7 @@ class ChatServer:
             for round_index in rounds:
                 try:
                     self.ensure_export(None, round_index)
+                    self.merge(round_index)
                 except (SaplingError, OSError) as exc:  # the next question tries again; this one was answered
                     log.warning("Try it: background export of round %d failed: %s", round_index, exc)
 
@@ -252,7 +259,8 @@ class ChatServer:
             self._export_in_background(*rounds)
 
     def export_path(self, round_index: int) -> Path:
-        """Where the GGUF of one round is kept: round 0 of the bundled model beside its conversion, the rest per run."""
+        """Where the export of one round is kept: round 0 (the base model; for the bundled model beside its
+        conversion), and each checkpoint's adapter, per run (`merged_path` is the merged model made from it)."""
         from engine.export import gguf_cache_path
 
         if round_index == 0 and self.config.model.source == BUNDLED:
@@ -263,7 +271,34 @@ class ChatServer:
                 return bundled_model_path(self.paths.models_cache) / BASE_GGUF
             except ModelError:  # no bundled model installed: the export says so
                 pass
+        return gguf_cache_path(self.paths, self.config.run.run_name, round_index, ADAPTER_QUANT, lora=round_index > 0)
+
+    def merged_path(self, round_index: int) -> Path:
+        """Where the merged GGUF of one checkpoint is kept (made from its adapter by `merge`)."""
+        from engine.export import gguf_cache_path
+
         return gguf_cache_path(self.paths, self.config.run.run_name, round_index)
+
+    def merge(self, round_index: int) -> None:
+        """Make the merged GGUF of a checkpoint whose adapter is exported (in the calling thread)."""
+        merged = self.merged_path(round_index)
+        if round_index == 0 or merged.is_file():
+            return
+        from engine.gguf_merge import merge_lora
+
+        started = time.monotonic()
+        merge_lora(self.ensure_export(None, 0), self.export_path(round_index), merged)
+        log.info("Try it: merged round %d into the base model in %.1f s", round_index, time.monotonic() - started)
+        self._prune(merged.parent)
+
+    def trained_model(self, round_index: int, export: Path) -> tuple[Path, Path | None]:
+        """What llama.cpp loads for the trained side: (model GGUF, adapter applied at run time or None)."""
+        if round_index == 0:
+            return export, None
+        merged = self.merged_path(round_index)
+        if merged.is_file():
+            return merged, None
+        return self.ensure_export(None, 0), export
 
     def ensure_export(self, ask_id: int | None, round_index: int) -> Path:
         """The cached GGUF of one round, exported now (in a child process) when missing.
@@ -282,13 +317,15 @@ class ChatServer:
             if ask_id is not None:
                 self.send({"type": "status", "id": ask_id,
                            "message": f"Preparing {what} for llama.cpp (begun when Try it opened)…"})
-            running.join()
+            while running.is_alive() and not path.is_file():  # written atomically; a merge may follow it
+                running.join(timeout=0.05)
             if path.is_file():
                 return path
         if ask_id is not None:
             self.send({"type": "status", "id": ask_id, "message": f"Preparing {what} for llama.cpp (once per checkpoint)…"})
         path.parent.mkdir(parents=True, exist_ok=True)
-        argv = node_command("export", [*self.export_flags, "--threads", str(self.budget), "--format", "gguf",
+        kind = ["--format", "gguf"] if round_index == 0 else ["--format", "gguf-lora", "--quant", ADAPTER_QUANT]
+        argv = node_command("export", [*self.export_flags, "--threads", str(self.budget), *kind,
                                        "--round", str(round_index), "--out", str(path)])
         log.info("exporting for Try it: %s", argv)
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -321,8 +358,16 @@ class ChatServer:
             proc.terminate()
 
     def _prune(self, folder: Path) -> None:
-        rounds = sorted((p for p in folder.glob("round-*.gguf")), reverse=True)
-        for old in rounds[KEEP_EXPORTS:]:
+        """Keep the newest `KEEP_EXPORTS` checkpoint exports of each kind; drop the rest, and any of another kind."""
+        drop: list[Path] = []
+        kept: set[Path] = set()
+        for example in (self.export_path(1), self.merged_path(1)):
+            suffix = example.name.split(".", 1)[1]
+            current = sorted(folder.glob(f"round-*.{suffix}"), reverse=True)
+            kept.update(current[:KEEP_EXPORTS])
+            drop.extend(current[KEEP_EXPORTS:])
+        drop.extend(p for p in folder.glob("round-*.gguf") if p not in kept and p not in drop)
+        for old in drop:
             try:
                 old.unlink(missing_ok=True)
             except OSError:  # still open by llama.cpp (Windows); the next export prunes it
@@ -333,9 +378,10 @@ class ChatServer:
         self.policy.max_threads = self.budget
         return max(1, min(self.budget, self.policy.update()))
 
-    def load(self, side: str, path: Path, threads: int) -> Any:
+    def load(self, side: str, path: Path, threads: int, lora: Path | None = None) -> Any:
+        """A llama.cpp model of `path` (a GGUF), with the adapter `lora` applied when given; kept per side."""
         current = self.models.get(side)
-        if current is not None and current.path == path:
+        if current is not None and current.path == path and current.lora == lora:
             if current.threads != threads:
                 current.llm._ctx.set_n_threads(threads, threads)  # llama_set_n_threads on the live context
                 current.threads = threads
@@ -348,12 +394,14 @@ class ChatServer:
         try:
             # The KV cache in f32, not llama.cpp's default f16: with it the f16 export's greedy answers equal
             # torch's, which the held-out evaluation computes (docs/exporting.md); it costs ~50 MB more here.
-            llm = Llama(model_path=str(path), n_ctx=CONTEXT_TOKENS, n_threads=threads, n_threads_batch=threads,
-                        type_k=GGML_TYPE_F32, type_v=GGML_TYPE_F32, verbose=False)
+            llm = Llama(model_path=str(path), lora_path=str(lora) if lora is not None else None, n_ctx=CONTEXT_TOKENS,
+                        n_threads=threads, n_threads_batch=threads, type_k=GGML_TYPE_F32, type_v=GGML_TYPE_F32,
+                        verbose=False)
         except (ValueError, RuntimeError, OSError) as exc:
-            path.unlink(missing_ok=True)  # a damaged cache file is made again on the next question
-            raise SaplingError(f"llama.cpp could not load {path.name} ({exc}); ask again to export it anew.") from exc
-        self.models[side] = _Model(path, threads, llm)
+            damaged = lora if lora is not None else path
+            damaged.unlink(missing_ok=True)  # a damaged cache file is made again on the next question
+            raise SaplingError(f"llama.cpp could not load {damaged.name} ({exc}); ask again to export it anew.") from exc
+        self.models[side] = _Model(path, lora, threads, llm)
         return llm
 
     # -- answering ------------------------------------------------------------------------
@@ -372,11 +420,14 @@ class ChatServer:
             limit = TYPED_MAX_TOKENS
         started = time.monotonic()
         round_index, trained = self.trained_export(ask_id)
-        paths = {"trained": trained, "base": self.ensure_export(ask_id, 0)}
+        base = self.ensure_export(ask_id, 0)
+        models = {"trained": self.trained_model(round_index, trained), "base": (base, None)}
+        if models["trained"][1] is not None:  # its merge comes next, for the questions after this one
+            self._export_in_background(round_index)
         streams = []
         threads = self.threads()
         for side in SIDES:
-            llm = self.load(side, paths[side], threads)
+            llm = self.load(side, models[side][0], threads, models[side][1])
             prompt = prompt_tokens(llm, messages)
             streams.append(_Stream(side, greedy_tokens(llm, prompt), llm, llm.token_eos(), limit, started))
         self.cancelled.clear()

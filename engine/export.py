@@ -188,7 +188,9 @@ def _adapter_to_gguf(checkpoint: Path, model_dir: Path, config: NodeConfig, out:
             run_converter(CONVERT_LORA, [str(folder), "--base", str(model_dir), "--outtype", quant, "--outfile", str(tmp)])
 
 
-def gguf_cache_path(paths: Paths, run_name: str, round_index: int, quant: str = DEFAULT_QUANT) -> Path:
-    """Where Try it keeps the GGUF export of one checkpoint (round 0: the base model)."""
+def gguf_cache_path(paths: Paths, run_name: str, round_index: int, quant: str = DEFAULT_QUANT, *,
+                    lora: bool = False) -> Path:
+    """Where Try it keeps the GGUF of one round: round 0 is the base model; a checkpoint's is its merged
+    model, or with `lora` its adapter alone (`--format gguf-lora`), from which the merged one is made."""
     name = "base" if round_index == 0 else checkpoint_name(round_index)
-    return paths.cache_dir / "gguf" / run_name / f"{name}.{quant}.gguf"
+    return paths.cache_dir / "gguf" / run_name / f"{name}.{'lora-' if lora else ''}{quant}.gguf"

@@ -19,6 +19,7 @@ from engine.checkpoint import save_checkpoint
 from engine.config import NodeConfig, build_config
 from engine.errors import CheckpointError, ConfigError, ModelError
 from engine.export import export_model, find_checkpoint
+from engine.gguf_merge import merge_lora, tensor_table
 from engine.llama_convert import CONVERTER_ENV
 from engine.paths import Paths
 
@@ -193,6 +194,37 @@ def test_gguf_lora_applies_in_llama_cpp_like_the_merged_export(tiny_smol_dir: Pa
     assert with_lora != _llama_greedy(base, prompts, MAX_TOKENS)
 
 
+def test_merging_an_adapter_into_the_base_gguf_gives_the_merged_export(tiny_smol_dir: Path, tmp_path: Path) -> None:
+    """engine/gguf_merge.py, as Try it uses it: numpy's merge equals torch's merged export, tensor by tensor."""
+    import numpy as np
+    from gguf import GGUFReader
+
+    from engine.errors import SaplingError
+
+    paths = Paths.under(tmp_path / "home")
+    config = _config(tiny_smol_dir)
+    _make_checkpoint(config, paths, 2)
+    adapter = export_model(config, paths, tmp_path / "adapter.gguf", "gguf-lora", "f32").path
+    base = export_model(config, paths, tmp_path / "base.gguf", "gguf", "f32", round_index=0).path
+    want = export_model(config, paths, tmp_path / "want.gguf", "gguf", "f32").path
+    merged = merge_lora(base, adapter, tmp_path / "merged.gguf")
+    assert set(tensor_table(merged)) == {t.name for t in GGUFReader(str(want)).tensors}
+    got = {t.name: np.asarray(t.data) for t in GGUFReader(str(merged)).tensors}
+    for tensor in GGUFReader(str(want)).tensors:
+        assert np.allclose(got[tensor.name], tensor.data, rtol=1e-5, atol=1e-6), tensor.name
+    prompts = _prompts(tiny_smol_dir, FIXED_PROMPTS[:5])
+    assert _llama_greedy(merged, prompts, MAX_TOKENS) == _llama_greedy(want, prompts, MAX_TOKENS)
+    assert _llama_greedy(merged, prompts, MAX_TOKENS) != _llama_greedy(base, prompts, MAX_TOKENS)
+    # Wrong inputs: one sentence each, and nothing written.
+    damaged = tmp_path / "damaged.gguf"
+    damaged.write_bytes(base.read_bytes()[:100])
+    for model, lora, words in ((base, base, "is not a LoRA adapter"), (damaged, adapter, "as GGUF"),
+                               (base, damaged, "as GGUF")):
+        with pytest.raises(SaplingError, match=words):
+            merge_lora(model, lora, tmp_path / "never.gguf")
+    assert not list(tmp_path.glob("*never*"))
+
+
 def test_q8_0_export_is_smaller_and_loads(tiny_smol_dir: Path, tmp_path: Path) -> None:
     paths = Paths.under(tmp_path / "home")
     config = _config(tiny_smol_dir)
@@ -271,6 +303,12 @@ def test_bundled_model_gguf_answers_ten_questions_like_torch(smol_dir: Path, tmp
     prompts = _prompts(merged, FIXED_PROMPTS)
     want = _torch_greedy(merged, prompts, 48)
     assert _llama_greedy(gguf, prompts, 48) == want
+    # What Try it loads: the base model's f16 GGUF with the checkpoint's f32 adapter applied by llama.cpp
+    # (before the merge is done), and the two merged by engine/gguf_merge.py (after).
+    base = export_model(config, paths, tmp_path / "base.gguf", "gguf", round_index=0).path
+    adapter = export_model(config, paths, tmp_path / "adapter.gguf", "gguf-lora", "f32").path
+    assert _llama_greedy(base, prompts, 48, lora=adapter) == want
+    assert _llama_greedy(merge_lora(base, adapter, tmp_path / "merged.gguf"), prompts, 48) == want
     shutil.rmtree(merged)
 
 
@@ -294,9 +332,14 @@ def test_try_it_answers_with_the_cached_checkpoint_while_the_newest_is_exported_
         return next(m for m in sent if m["type"] == "answer" and m["id"] == ask_id and m["side"] == "trained")
 
     _make_checkpoint(config, paths, 1)
-    assert ask(1)["round"] == 1  # nothing cached: this one waits for the export
+    assert ask(1)["round"] == 1  # nothing cached: this one waits for the adapter's export ...
+    assert server._background is not None and server._background_rounds == (1,)  # ... and its merge follows
+    server._background.join(timeout=300)
+    assert server.merged_path(1).is_file()
     _make_checkpoint(config, paths, 2, seed=2)
-    assert ask(2)["round"] == 1 and server._background is None  # round 1's export is fresh: no new export yet
+    first = server._background
+    assert ask(2)["round"] == 1 and server._background is first  # round 1's export is fresh: no new export yet
+    assert server.models["trained"].path == server.merged_path(1) and server.models["trained"].lora is None
     server.refresh_s = 0.0
     assert ask(3)["round"] == 1  # at once, with round 1; round 2 is exported meanwhile
     assert any(m["type"] == "status" and m["id"] == 3 and "round 2 is being prepared" in m["message"] for m in sent)
@@ -385,6 +428,19 @@ def test_try_it_exports_the_newest_checkpoint_when_it_opens_and_a_question_waits
     trained = next(m for m in sent if m["type"] == "answer" and m["side"] == "trained")
     assert trained["round"] == 1
     assert caplog.text.count("exporting for Try it") == 2  # the base model and round 1, once each
+    # Round 1 was exported as its adapter alone, then merged into the base GGUF; the first answer
+    # came from one of the two (the adapter at run time when the merge was not done yet).
+    adapter, base, merged = server.export_path(1), server.export_path(0), server.merged_path(1)
+    assert adapter.name.endswith(".lora-f32.gguf") and "'gguf-lora'" in caplog.text
+    assert server._background is not None
+    server._background.join()
+    assert merged.is_file() and merged.stat().st_size == base.stat().st_size
+    assert "merged round 1 into the base model" in caplog.text
+    assert server.trained_model(1, adapter) == (merged, None)
+    stale = adapter.with_name("round-000001.lora-f16.gguf")  # what an older version cached
+    stale.write_bytes(b"old")
+    server._prune(adapter.parent)
+    assert not stale.exists() and adapter.is_file() and merged.is_file()
     assert any(m["type"] == "status" and "begun when Try it opened" in m["message"] for m in sent)
     again = ChatServer(config, paths, flags, sent.append, budget=1)
     again.prepare()
