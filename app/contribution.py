@@ -20,9 +20,9 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from PySide6.QtCore import QPointF, QRectF, Qt
+from PySide6.QtCore import QPointF, QRectF, Qt, Signal
 from PySide6.QtGui import QColor, QPainter, QPainterPath, QPaintEvent, QPen
-from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QSizePolicy, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QFrame, QLabel, QSizePolicy, QVBoxLayout, QWidget
 
 from app import theme
 
@@ -50,8 +50,9 @@ class Sparkline(QWidget):
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.points: list[tuple[float, float]] = []
-        self.setMinimumSize(220, 64)
-        self.setSizePolicy(QSizePolicy.Policy.Fixed, QSizePolicy.Policy.Expanding)
+        self.setMinimumSize(200, 60)
+        self.setMaximumHeight(320)
+        self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Expanding)
         self.setToolTip("Rollouts of yours that other peers used, all time, over the last two days")
 
     def set_points(self, points: Sequence[tuple[float, float]]) -> None:
@@ -61,7 +62,7 @@ class Sparkline(QWidget):
     def paintEvent(self, event: QPaintEvent) -> None:
         painter = QPainter(self)
         painter.setRenderHint(QPainter.RenderHint.Antialiasing)
-        area = QRectF(self.rect()).adjusted(4, 16, -8, -6)
+        area = QRectF(self.rect()).adjusted(4, 32, -8, -18) if self.height() >= 120 else QRectF(self.rect()).adjusted(4, 16, -8, -6)
         painter.setPen(QColor(theme.MUTED))
         painter.drawText(QRectF(self.rect()).adjusted(4, 0, 0, 0), Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignTop,
                          "Used by others, last 2 days")
@@ -85,19 +86,28 @@ class Sparkline(QWidget):
         end = at(*self.points[-1])
         painter.setBrush(QColor(theme.ACCENT))
         painter.drawEllipse(end, 3.0, 3.0)
+        if area.height() >= 80:  # big enough for its scale: the first and newest values, and when they were
+            painter.setPen(QColor(theme.MUTED))
+            first, last = self.points[0], self.points[-1]
+            painter.drawText(at(*first) + QPointF(4, -6), f"{first[1]:,.0f}")
+            painter.drawText(QRectF(area.left(), area.top() - 14, area.width() - 8, 14),
+                             Qt.AlignmentFlag.AlignRight, f"{last[1]:,.0f} now")
+            hours = (last[0] - first[0]) / 3600
+            painter.drawText(QRectF(area.left(), area.bottom() + 2, area.width(), 14), Qt.AlignmentFlag.AlignLeft,
+                             f"{hours:.0f} h ago" if hours >= 1 else f"{hours * 60:.0f} min ago")
 
 
 class ContributionCard(QFrame):
-    """The relay's numbers for this node, in words, with the chart beside them."""
+    """The relay's numbers for this node, in words, with the chart below them (the "Your contribution" tab)."""
+
+    changed = Signal()  # after a `contribution` event filled it
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.setObjectName("card")
         self.credit: dict[str, Any] = {}
-        row = QHBoxLayout(self)
-        row.setContentsMargins(14, 10, 14, 10)
-        row.setSpacing(16)
-        text = QVBoxLayout()
+        text = QVBoxLayout(self)
+        text.setContentsMargins(14, 10, 14, 10)
         text.setSpacing(3)
         title = QLabel("Your contribution")
         title.setObjectName("sectionTitle")
@@ -113,12 +123,14 @@ class ContributionCard(QFrame):
         self.warning.hide()
         self.source = QLabel("")
         self.source.setObjectName("muted")
-        for label in (title, self.message, self.numbers, self.warning, self.source):
-            text.addWidget(label)
-        text.addStretch(1)
-        row.addLayout(text, 1)
         self.chart = Sparkline()
-        row.addWidget(self.chart)
+        for widget in (title, self.message, self.numbers, self.warning):
+            text.addWidget(widget)
+        text.addSpacing(8)
+        text.addWidget(self.chart, 1)
+        text.addSpacing(16)
+        text.addWidget(self.source)
+        text.addStretch(1)
 
     def handle(self, event: Mapping[str, Any]) -> None:
         """An engine event: `contribution` fills the card, the others are not its business."""
@@ -144,3 +156,9 @@ class ContributionCard(QFrame):
         self.source.setText(f"Counted by the relay from other peers' receipts; as of {when}.")
         history = event.get("history") or []
         self.chart.set_points([(float(p[0]), float(p[1])) for p in history if isinstance(p, list) and len(p) >= 2])
+        self.changed.emit()
+
+    def used_today(self) -> int | None:
+        """Rollouts of this node that peers used today, or None before the relay said anything."""
+        day = self.credit.get("day")
+        return _n(day.get("used")) if isinstance(day, dict) else None

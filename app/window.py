@@ -52,6 +52,7 @@ from app.tryit import TRAINING_PHASES, ExportDialog, TryItPanel, node_command, s
 from engine.joining import Preview
 from engine.paths import Paths
 
+CONTRIBUTION_TAB = "Your contribution"
 
 def short_path(path: object) -> str:
     """A path with the home folder written as ~."""
@@ -151,19 +152,29 @@ class MainWindow(QMainWindow):
         scroll.setWidget(charts_card)
         scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         self.tryit = TryItPanel(lambda: node_command("chat", self._engine_flags()))
+        self.contribution = ContributionCard()  # what peers did with this node's rollouts (`contribution` events)
+        self.controller.engine.eventReceived.connect(self.contribution.handle)
+        self.contribution.changed.connect(self._contribution_tab)
         self.tabs = QTabWidget()
         self.tabs.addTab(scroll, "Training")
         self.tabs.addTab(self.tryit, "Try it")
+        self.tabs.addTab(self.contribution, CONTRIBUTION_TAB)
         column = QWidget()
         layout = QVBoxLayout(column)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.setSpacing(10)
         layout.addLayout(self._tiles())
-        self.contribution = ContributionCard()  # what peers did with this node's rollouts (`contribution` events)
-        self.controller.engine.eventReceived.connect(self.contribution.handle)
-        layout.addWidget(self.contribution)
         layout.addWidget(self.tabs, 1)
         return column
+
+    def _contribution_tab(self) -> None:
+        """The tab's title carries the headline (used today), and a warning sign when peers reject much."""
+        index = self.tabs.indexOf(self.contribution)
+        used = self.contribution.used_today()
+        title = CONTRIBUTION_TAB if used is None else f"{CONTRIBUTION_TAB} · {used:,} used today"
+        warned = not self.contribution.warning.isHidden()
+        self.tabs.setTabText(index, f"⚠ {title}" if warned else title)
+        self.tabs.setTabToolTip(index, self.contribution.warning.text() if warned else self.contribution.message.text())
 
     def _side(self) -> QSplitter:
         self.peers = PeersPanel(self.session)

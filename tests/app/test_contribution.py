@@ -82,6 +82,8 @@ def test_the_contribution_card_fills_from_a_real_engine_run(qtbot, tiny_model_di
         assert not card.warning.isHidden()  # every judged rollout was rejected: the card says why, and what to do
         assert "mostly as zero advantage" in card.warning.text() and "nothing to fix" in card.warning.text()
         assert card.chart.points
+        tabs = gui.window.tabs
+        assert tabs.tabText(tabs.indexOf(card)) == f"⚠ Your contribution · {day['used']:,} used today"
         kept = json.loads((Paths.under(tmp_path / "home").data_dir / "swarm" / "credit.json").read_text())
         assert [entry["credit"]["peer"] for entry in kept["entries"].values()] == [card.credit["peer"]]
     finally:

@@ -188,7 +188,7 @@ def test_window_has_the_try_it_tab_and_the_export_menu(qtbot, make_gui: MakeGui,
     monkeypatch.setenv("SAPLING_HOME", str(tmp_path / "home"))
     gui = make_gui()
     w = gui.window
-    assert [w.tabs.tabText(i) for i in range(w.tabs.count())] == ["Training", "Try it"]
+    assert [w.tabs.tabText(i) for i in range(w.tabs.count())] == ["Training", "Try it", "Your contribution"]
     actions = {a.text(): a for menu in w.menuBar().findChildren(QMenu) for a in menu.actions()}
     w.show()
     assert w.tryit.chat.state() == QProcess.ProcessState.NotRunning  # not before the tab is shown
