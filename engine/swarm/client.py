@@ -47,6 +47,7 @@ from engine import __version__
 from engine.atomicio import atomic_write_json
 from engine.swarm import protocol
 from engine.swarm.identity import Identity
+from engine.swarm.rate import TokenBucket
 
 log = logging.getLogger(__name__)
 
@@ -149,7 +150,7 @@ class SwarmClient:
         self._main: asyncio.Task[None] | None = None
         self._fatal_code = ""
         self._fatal_message = ""
-        self._bucket: protocol.TokenBucket | None = None  # this link's pace, from the relay's welcome
+        self._bucket: TokenBucket | None = None  # this link's pace, from the relay's welcome
         self._pace_lock: asyncio.Lock | None = None
 
     @property
@@ -394,7 +395,7 @@ class SwarmClient:
             return []
 
 
-def pace(limits: Any) -> protocol.TokenBucket:
+def pace(limits: Any) -> TokenBucket:
     """The client's own bucket for a relay's announced limits: a little slower than `rate_per_s`,
     half the `burst`, and empty at first (a relay keeps a peer's bucket across its reconnects)."""
     def positive(key: str, default: float) -> float:
@@ -403,7 +404,7 @@ def pace(limits: Any) -> protocol.TokenBucket:
             return float(value)
         return default
 
-    bucket = protocol.TokenBucket(PACE_SHARE * positive("rate_per_s", protocol.DEFAULT_RATE_PER_S),
+    bucket = TokenBucket(PACE_SHARE * positive("rate_per_s", protocol.DEFAULT_RATE_PER_S),
                                   max(1.0, positive("burst", protocol.DEFAULT_BURST) / 2))
     bucket.tokens = 0.0
     return bucket

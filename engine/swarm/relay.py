@@ -53,6 +53,7 @@ from engine.swarm import protocol, relay_invite
 from engine.swarm.brokers import Broker, Entry, MemoryBroker, RedisBroker
 from engine.swarm.credit import CREDIT_PUSH_S, CreditBook
 from engine.swarm.identity import readable_name, verify
+from engine.swarm.rate import TokenBucket
 from engine.swarm.relay_info import relay_identity
 from engine.swarm.relay_limits import QuietBadRequests, RejectionLog
 from engine.swarm.relay_settings import JsonLogFormatter, RelaySettings, build_parser, settings_from_args
@@ -195,7 +196,7 @@ class Relay:
         )
         self.connections: set[Connection] = set()
         self.per_ip: Counter[str] = Counter()
-        self.buckets: dict[str, protocol.TokenBucket] = {}
+        self.buckets: dict[str, TokenBucket] = {}
         self.metrics: Counter[str] = Counter()
         self.rejections: Counter[str] = Counter()
         self.rejection_log = RejectionLog()
@@ -407,7 +408,7 @@ class Relay:
         if bucket is None:
             if len(self.buckets) >= MAX_BUCKETS:
                 self.buckets.pop(next(iter(self.buckets)))
-            bucket = self.buckets[conn.peer] = protocol.TokenBucket(self.settings.rate, self.settings.burst)
+            bucket = self.buckets[conn.peer] = TokenBucket(self.settings.rate, self.settings.burst)
         while not conn.closing:
             kind, data = await self._receive(conn)
             if kind == WSMsgType.CLOSED:
@@ -427,7 +428,7 @@ class Relay:
                 # burst of requests the socket would have taken at once.
                 await asyncio.sleep(0)
 
-    async def _handle(self, conn: Connection, bucket: protocol.TokenBucket, data: str | bytes) -> None:
+    async def _handle(self, conn: Connection, bucket: TokenBucket, data: str | bytes) -> None:
         decoded = protocol.decode_client(data)
         try:
             await self._answer(conn, bucket, decoded)
@@ -435,7 +436,7 @@ class Relay:
             exc.request_id = decoded.get("id")
             raise
 
-    async def _answer(self, conn: Connection, bucket: protocol.TokenBucket, decoded: dict[str, Any]) -> None:
+    async def _answer(self, conn: Connection, bucket: TokenBucket, decoded: dict[str, Any]) -> None:
         if not bucket.take():
             raise protocol.ProtocolError(protocol.E_RATE, f"more than {self.settings.rate:g} requests/s; slow down")
         if decoded["type"] == "publish":

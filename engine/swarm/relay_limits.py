@@ -1,6 +1,6 @@
 """Per-peer rate limits and the summary log of refusals, for the relay (engine/swarm/relay.py).
 
-The relay takes one token of a peer's `protocol.TokenBucket` per request;
+The relay takes one token of a peer's `rate.TokenBucket` per request;
 `RejectionLog` counts refused messages per (peer, address) and
 code and logs them as one info-level summary per period, so a flood of bad
 frames costs one log line, not one per frame. `QuietBadRequests` does

@@ -15,11 +15,12 @@ import pytest
 from engine.swarm import protocol as p
 from engine.swarm.client import PACE_SHARE, SwarmClient, pace
 from engine.swarm.identity import Identity
+from engine.swarm.rate import TokenBucket
 from tests.swarm.conftest import StartRelay
 
 
 def test_the_bucket_says_how_long_to_wait_and_a_refusal_empties_it() -> None:
-    bucket = p.TokenBucket(rate=4.0, burst=2.0)
+    bucket = TokenBucket(rate=4.0, burst=2.0)
     assert bucket.wait_s() == 0.0 and bucket.take() and bucket.take()
     assert not bucket.take()
     assert 0.0 < bucket.wait_s() <= 0.25
