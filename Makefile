@@ -120,7 +120,7 @@ test: lint typecheck pytest
 
 # The quick lane for a developer: lint, type-check, and the tests that start no process, relay,
 # redis-server, caddy, browser or bundled model (those are marked `integration`; `slow` ones too).
-# 3.5 minutes on the shared 2-core dev VM at load 7 (docs/installing.md); `make test` still runs everything.
+# 1 min 53 s on the quiet 2-core dev VM with no caches, 1 min 5 s with mypy's (docs/installing.md); `make test` still runs everything.
 .PHONY: test-quick
 test-quick: lint typecheck
 	$(BIN)/python -m pytest -q -m "not integration and not slow and not installer"
