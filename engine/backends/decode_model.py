@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 
+from engine.backends.decode_shapes import FUSED
+
 if TYPE_CHECKING:
     from engine.backends.kv_cache import KVCache
     from engine.backends.lora import LoraAdapter, LoraStep
@@ -32,8 +34,6 @@ log = logging.getLogger(__name__)
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
 # Rope types whose frequencies do not depend on the sequence length, so one table serves every step.
 STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
-# The fused matmuls of a block and the projections each one concatenates (in output order).
-FUSED = {"qkv": ("q_proj", "k_proj", "v_proj"), "o": ("o_proj",), "gate_up": ("gate_proj", "up_proj"), "down": ("down_proj",)}
 
 
 def unsupported_reason(config: Any) -> str | None:

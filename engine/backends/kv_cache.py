@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from engine.backends.decode_model import DecodeModel
+    from engine.backends.decode_shapes import DecodeShape
 
 # A decode step's extra attention call for another run of prompt lengths costs about what reading this
 # many more cache columns of one group does (docs/backends.md).
@@ -41,7 +41,7 @@ class KVCache:
     and the sums round as they did when every prompt started at column 0.
     """
 
-    def __init__(self, model: DecodeModel, prompt_lengths: list[int], n: int, max_new: int) -> None:
+    def __init__(self, model: DecodeShape, prompt_lengths: list[int], n: int, max_new: int) -> None:
         if any(a > b for a, b in itertools.pairwise(prompt_lengths)):
             raise ValueError("the cache's groups must be ordered by prompt length")
         self.n, self.prompt_max, self.tail = n, max(prompt_lengths), n * max_new // 2

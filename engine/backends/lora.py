@@ -15,14 +15,11 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-from engine.backends.decode_model import FUSED
-
-if TYPE_CHECKING:
-    from engine.backends.decode_model import DecodeModel
+from engine.backends.decode_shapes import FUSED, DecodeShape
 
 _LAYER_KEY = re.compile(r"layers\.(\d+)\.(?:self_attn|mlp)\.(\w+_proj)$")
 
@@ -80,7 +77,7 @@ def _layer_key(module_name: str) -> str:
 class AdapterStack:
     """Per (layer, fused kind): every adapter's A [N, in, r] and scaled B [N, r, out], zero-padded to one rank."""
 
-    def __init__(self, model: DecodeModel, adapters: Sequence[LoraAdapter], out_sizes: dict[str, list[int]]) -> None:
+    def __init__(self, model: DecodeShape, adapters: Sequence[LoraAdapter], out_sizes: dict[str, list[int]]) -> None:
         self.count = len(adapters)
         self.mats: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]] = {}
         for index in range(len(model.blocks)):
