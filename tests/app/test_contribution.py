@@ -63,7 +63,7 @@ def test_the_contribution_card_fills_from_a_real_engine_run(qtbot, tiny_model_di
                                                             make_gui: MakeGui, start_relay: StartRelay) -> None:
     relay = start_relay()
     # Another node: it samples this app's rollouts, judges them with its own checks and sends receipts.
-    # (A random tiny model answers nothing right, so it rejects them all as zero_advantage.)
+    # (A random tiny model answers nothing right, so it rejects them all: zero_advantage, or duplicate text.)
     other = subprocess.Popen([sys.executable, "-m", "engine.cli", "run", "--home", str(tmp_path / "other"),
                               "--model", str(tiny_model_dir), "--relay", relay.url, "--rounds", "400", *FAST],
                              cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -80,7 +80,10 @@ def test_the_contribution_card_fills_from_a_real_engine_run(qtbot, tiny_model_di
         assert card.message.text().startswith("Peers sampled ") and card.message.text().endswith("none was used yet.")
         assert card.numbers.text().startswith(f"Today: {day['sampled']} sampled by peers, 0 used,")
         assert not card.warning.isHidden()  # every judged rollout was rejected: the card says why, and what to do
-        assert "mostly as zero advantage" in card.warning.text() and "nothing to fix" in card.warning.text()
+        # A random tiny model's 8-token answers are all wrong (zero advantage) and often the same text (duplicate):
+        # either way the card names the reason and says it is harmless.
+        assert any(f"mostly as {why}" in card.warning.text() for why in ("zero advantage", "duplicate"))
+        assert "nothing to fix" in card.warning.text()
         assert card.chart.points
         tabs = gui.window.tabs
         assert tabs.tabText(tabs.indexOf(card)) == f"⚠ Your contribution · {day['used']:,} used today"
