@@ -274,7 +274,7 @@ class SwarmClient:
             if welcome["type"] != "welcome":
                 raise protocol.ProtocolError(protocol.E_AUTH, f"expected a welcome, got {welcome['type']}")
             self._fatal_code = self._fatal_message = ""
-            self._bucket = pace(welcome["limits"])
+            self._bucket = pace(welcome.get("limits"))
             self._ws = ws
             if self.memory is not None:
                 self.memory.remember(self.url)
