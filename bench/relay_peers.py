@@ -31,7 +31,7 @@ import psutil
 from engine.swarm import protocol
 from engine.swarm.client import BACKOFF_CAP_S, BACKOFF_START_S
 from engine.swarm.identity import Identity
-from tests.servers import free_port, wait_listening
+from tests.servers import free_port, stop_process, wait_listening
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE_N = 4  # batches a peer asks for each round, as a node asks for J = 4
@@ -95,13 +95,7 @@ class RelayProcess:
         self.proc.wait(timeout=10)
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
+        stop_process(self.proc)
 
     def log(self) -> list[dict[str, Any]]:
         lines = []

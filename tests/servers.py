@@ -50,6 +50,17 @@ def wait_listening(port: int, proc: subprocess.Popen[Any], what: str, log: Path 
             time.sleep(0.05)
 
 
+def stop_process(proc: subprocess.Popen[Any], grace: float = 20.0) -> None:
+    """End a child that may still run: SIGTERM, then SIGKILL after `grace` seconds; reaped either way."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
 class RedisServer:
     """redis-server on one free loopback port, without persistence; it can be stopped and started there again.
 
@@ -91,9 +102,4 @@ class RedisServer:
         """Stop it if it runs (SIGTERM; SIGKILL after 20 s); start() brings it back on the same port, empty."""
         if self.proc is not None and self.proc.poll() is None:
             self.cpu_before = self.cpu_s()
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
+            stop_process(self.proc)
