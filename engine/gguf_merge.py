@@ -6,7 +6,7 @@ two cores; exporting the adapter alone (`sapling-node export --format
 gguf-lora`) takes about 5 s, and merging it here into the base GGUF, which
 the bundled model's conversion already made, about 1 s. llama.cpp could
 apply the adapter at run time instead, but then every token costs a fifth
-more (`bench/`-style check: 1 thread, SmolLM2-135M, 0.78 of the merged
+more (measured at 1 thread on SmolLM2-135M: 0.78 of the merged
 model's tokens per second), which a person asking while training runs pays
 in training time.
 
