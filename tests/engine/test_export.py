@@ -225,6 +225,50 @@ def test_merging_an_adapter_into_the_base_gguf_gives_the_merged_export(tiny_smol
     assert not list(tmp_path.glob("*never*"))
 
 
+def _adapter_gguf(path: Path, tensors: dict[str, tuple[int, ...]]) -> Path:
+    """A hand-made LoRA adapter GGUF with zero tensors of the given names and shapes (numpy order)."""
+    import numpy as np
+    from gguf import GGUFWriter
+
+    writer = GGUFWriter(str(path), "llama")
+    writer.add_string("general.type", "adapter")
+    writer.add_string("adapter.type", "lora")
+    writer.add_float32("adapter.lora.alpha", 32.0)
+    for name, shape in tensors.items():
+        writer.add_tensor(name, np.zeros(shape, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def test_merging_an_adapter_that_does_not_fit_or_a_quantized_base_is_one_sentence(
+        tiny_smol_dir: Path, tmp_path: Path) -> None:
+    """The merge's other refusals: a weight the base lacks, a shape it does not have, a quantized base."""
+    from engine.errors import SaplingError
+
+    paths = Paths.under(tmp_path / "home")
+    config = _config(tiny_smol_dir)
+    _make_checkpoint(config, paths, 1)
+    adapter = export_model(config, paths, tmp_path / "adapter.gguf", "gguf-lora", "f32").path
+    base = export_model(config, paths, tmp_path / "base.gguf", "gguf", "f32", round_index=0).path
+    q8 = export_model(config, paths, tmp_path / "q8.gguf", "gguf", "q8_0", round_index=0).path
+    _, (rows, cols), _ = tensor_table(base)["blk.0.attn_q.weight"]
+    cases = {
+        "no matching weight": {"blk.99.attn_q.weight.lora_a": (4, cols), "blk.99.attn_q.weight.lora_b": (rows, 4)},
+        "has another shape": {"blk.0.attn_q.weight.lora_a": (4, cols + 1), "blk.0.attn_q.weight.lora_b": (rows, 4)},
+        "has no matching weight": {"blk.0.attn_q.weight.lora_a": (4, cols)},  # half a pair
+    }
+    for i, (words, tensors) in enumerate(cases.items()):
+        with pytest.raises(SaplingError, match=f"does not fit base.gguf: .*{words}"):
+            merge_lora(base, _adapter_gguf(tmp_path / f"bad{i}.gguf", tensors), tmp_path / "never.gguf")
+    with pytest.raises(SaplingError, match="merging needs f16 or f32"):
+        merge_lora(q8, adapter, tmp_path / "never.gguf")
+    assert not list(tmp_path.glob("*never*"))
+    assert merge_lora(base, adapter, tmp_path / "fits.gguf").is_file()  # the same files, fitting, do merge
+
+
 def test_q8_0_export_is_smaller_and_loads(tiny_smol_dir: Path, tmp_path: Path) -> None:
     paths = Paths.under(tmp_path / "home")
     config = _config(tiny_smol_dir)
