@@ -114,8 +114,9 @@ def export_model(
         converter_dir()  # fail before minutes of loading when it is missing
     from engine.models import BASE_GGUF_QUANT, base_gguf, resolve_model_dir
 
-    model_dir = resolve_model_dir(config.model.source, paths.models_cache, config.model.revision or None)
+    # The checkpoint first: a run without one fails in a second, not after the model's first conversion.
     checkpoint = None if round_index == 0 else find_checkpoint(config, paths, round_index)
+    model_dir = resolve_model_dir(config.model.source, paths.models_cache, config.model.revision or None)
     found_round = 0 if checkpoint is None else checkpoint.round
     name = f"{model_dir.name} (Sapling run {config.run.run_name}, round {found_round})"
     if fmt == "gguf-lora":

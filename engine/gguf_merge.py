@@ -4,7 +4,7 @@ Try it (engine/chat.py) answers from a merged GGUF per checkpoint. Exporting
 a merged model through torch and llama.cpp's converter takes about 12 s on
 two cores; exporting the adapter alone (`sapling-node export --format
 gguf-lora`) takes about 5 s, and merging it here into the base GGUF, which
-the bundled model's conversion already made, about 1 s. llama.cpp could
+the bundled model's conversion already made, 2-3 s (docs/exporting.md). llama.cpp could
 apply the adapter at run time instead, but then every token costs a fifth
 more (measured at 1 thread on SmolLM2-135M: 0.78 of the merged
 model's tokens per second), which a person asking while training runs pays

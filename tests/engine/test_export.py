@@ -278,11 +278,16 @@ def test_q8_0_export_is_smaller_and_loads(tiny_smol_dir: Path, tmp_path: Path) -
     assert all(_llama_greedy(q8.path, _prompts(tiny_smol_dir, FIXED_PROMPTS[:2]), 4))
 
 
-def test_export_names_the_checkpoint_or_says_what_is_missing(tiny_smol_dir: Path, tmp_path: Path) -> None:
+def test_export_names_the_checkpoint_or_says_what_is_missing(tiny_smol_dir: Path, tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     paths = Paths.under(tmp_path / "home")
     config = _config(tiny_smol_dir)
     with pytest.raises(CheckpointError, match="no checkpoint yet"):
         find_checkpoint(config, paths, None)
+    with monkeypatch.context() as patch:  # no checkpoint: said before the model is resolved (or converted)
+        patch.setattr("engine.models.resolve_model_dir", lambda *a, **k: pytest.fail("resolved the model first"))
+        with pytest.raises(CheckpointError, match="no checkpoint yet"):
+            export_model(config, paths, tmp_path / "a.gguf", "gguf-lora", "f32")
     _make_checkpoint(config, paths, 1)
     _make_checkpoint(config, paths, 2, seed=2)
     assert find_checkpoint(config, paths, None).round == 2
