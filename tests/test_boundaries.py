@@ -207,6 +207,7 @@ def test_modules_and_the_results_page_stay_a_size_a_person_can_hold() -> None:
     long = []
     for path in [p for pkg in ("engine", "app") for p in (ROOT / pkg).rglob("*.py")]:
         text = path.read_text(encoding="utf-8")
-        if len(text.splitlines()) > 600 and "lines" not in (text.split('"""')[1] if text.count('"""') >= 2 else ""):
+        docstring = text.split('"""')[1] if text.count('"""') >= 2 else ""
+        if len(text.splitlines()) > 600 and not re.search(r"\d[\d,]* lines", docstring):
             long.append(path.relative_to(ROOT).as_posix())
     assert not long, f"over 600 lines without a reason in the docstring: {long}"
