@@ -34,7 +34,7 @@ def child(questions: int, cache_mib: int, threads: int) -> dict[str, object]:
 
     if threads:
         torch.set_num_threads(threads)
-    cfg = build_config("default", None, [])
+    cfg = build_config("default", None, ["run.seed=0"])
     taskset = TaskSet(cfg.tasks.specialties, cfg.tasks.dataset_configs, seed=cfg.run.seed)
     model_dir = resolve_model_dir(cfg.model.source, Paths.default().models_cache, None)
     backend = TorchBackend(model_dir, pick_device("cpu"), cfg.grpo, cfg.run.seed, cfg.tasks.temperature)

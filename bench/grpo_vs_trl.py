@@ -144,6 +144,7 @@ def engine_overrides(args: argparse.Namespace) -> list[str]:
         f"tasks.temperature={TEMPERATURE}",
         "tasks.eval_every=0",
         "run.run_name=bench",
+        "run.seed=0",
         "run.device='cpu'",
         f"run.threads={args.threads}",
         f"grpo.finetune='{'full' if args.full else 'lora'}'",

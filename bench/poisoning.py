@@ -71,6 +71,7 @@ from engine.tasks import Question, TaskRef, TaskSet
 # specialties where the bundled model earns mixed rewards (docs/results.md), all own groups plus
 # J = 4 external ones.
 BENCH_SETTINGS = [
+    "run.seed=0",
     "tasks.questions_per_round=4",
     "tasks.completions_per_question=4",
     "tasks.max_new_tokens=32",

@@ -193,7 +193,7 @@ def rss_round(side: str, threads: int) -> dict[str, Any]:
 
     if threads:
         torch.set_num_threads(threads)
-    cfg = build_config("default", None, ["tasks.eval_every=0", "run.device='cpu'", "swarm.mode='solo'", f"run.threads={threads}"])
+    cfg = build_config("default", None, ["tasks.eval_every=0", "run.device='cpu'", "swarm.mode='solo'", "run.seed=0", f"run.threads={threads}"])
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         paths = Paths(config_dir=work / "config", data_dir=work / "data", cache_dir=Paths.default().cache_dir, log_dir=work / "logs")
@@ -221,7 +221,7 @@ def old_path_run(home: Path, rounds: int, threads: int) -> int:
 
     if threads:
         torch.set_num_threads(threads)
-    cfg = build_config("default", None, [f"run.max_rounds={rounds}", "swarm.mode='solo'", f"run.threads={threads}"])
+    cfg = build_config("default", None, [f"run.max_rounds={rounds}", "swarm.mode='solo'", "run.seed=0", f"run.threads={threads}"])
     node = Node(cfg, Paths.under(home), emit=lambda event: print(json.dumps(event)) if event.get("type") in ("round", "eval") else None)
     node.setup()
     backend: Any = node.backend

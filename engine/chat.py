@@ -65,6 +65,7 @@ from engine.errors import SaplingError
 from engine.events import CHAT_COMMANDS, encode, node_command
 from engine.paths import Paths
 from engine.rules import BUNDLED
+from engine.seeds import fixed_seed
 
 log = logging.getLogger(__name__)
 
@@ -151,14 +152,14 @@ class ChatServer:
             from engine.tasks import TaskSet
 
             weights = dict.fromkeys(SAPO_SPECIALTIES, 1.0)
-            self._taskset = TaskSet(weights, self.config.tasks.dataset_configs, seed=self.config.run.seed)
+            self._taskset = TaskSet(weights, self.config.tasks.dataset_configs, seed=fixed_seed(self.config.run.seed))
         return self._taskset
 
     def new_question(self, specialty: str) -> None:
         from engine.tasks import MAX_TASK_INDEX, TaskRef
 
         taskset = self.taskset()
-        ref = TaskRef.create(specialty, dict(taskset.config(specialty)), self.config.run.seed + QUESTION_SEED_OFFSET,
+        ref = TaskRef.create(specialty, dict(taskset.config(specialty)), fixed_seed(self.config.run.seed) + QUESTION_SEED_OFFSET,
                              self.rng.randrange(MAX_TASK_INDEX))
         question = taskset.rebuild(ref)
         number = len(self.questions) + 1

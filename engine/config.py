@@ -6,7 +6,7 @@ A `NodeConfig` has four sections, the same as the TOML file
     [model]  source = "bundled"
     [tasks]  questions_per_round = 8   specialties = { basic_arithmetic = 3.0, ... }
     [grpo]   learning_rate = 3e-4      eps_low = 0.2   eps_high = 0.28   kl_beta = 0.0
-    [run]    device = "auto"           seed = 0        run_name = "default"
+    [run]    device = "auto"           seed = -1       run_name = "default"
 
 Precedence: defaults < preset < TOML file < ``--set section.key=value`` flags.
 Every value is checked in ``__post_init__``; a bad one raises `ConfigError`
@@ -208,7 +208,12 @@ PRIORITIES = ("background", "normal")  # run.priority; engine/priority.py applie
 @dataclass
 class RunConfig:
     run_name: str = _help("Name of this training run; checkpoints live under checkpoints/<run_name>.", "default")
-    seed: int = _help("Node seed: fixes which questions each round draws and the sampling.", 0)
+    seed: int = _help(
+        "Node seed: fixes which questions each round draws and the sampling. -1: this install's own seed, drawn at "
+        "random once and kept in the data dir (node-seed), so that no two computers draw the same questions and "
+        "samples; 0 or more: that seed, which reproduces a run exactly. A run keeps the seed it began with.",
+        -1,
+    )
     device: str = _help("'auto' (CUDA > MLX > CPU), 'cuda', 'mlx' or 'cpu'.", "auto")
     threads: int = _help(
         "CPU threads for PyTorch (0: automatic, the cores other programs leave free, re-measured every few seconds).", 0
@@ -227,8 +232,9 @@ class RunConfig:
         name = self.run_name
         if not isinstance(name, str) or not name or len(name) > 64 or not all(c.isalnum() or c in "-_." for c in name) or name.startswith("."):
             raise ConfigError(f"{s}.run_name must be 1-64 letters, digits, '-', '_' or '.', got {name!r}.")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**31:
-            raise ConfigError(f"{s}.seed must be a whole number from 0 to 2147483647, got {self.seed!r}.")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not -1 <= self.seed < 2**31:
+            raise ConfigError(f"{s}.seed must be -1 (this install's own) or a whole number from 0 to 2147483647, "
+                              f"got {self.seed!r}.")
         _choice(s, "device", self.device, ("auto", "cuda", "mlx", "cpu"))
         if isinstance(self.threads, bool) or not isinstance(self.threads, int) or not 0 <= self.threads <= 1024:
             raise ConfigError(f"{s}.threads must be 0 (automatic) or a number of threads, got {self.threads!r}.")
@@ -258,12 +264,16 @@ class SwarmConfig:
         0,
     )
     external_groups: int = _help(
-        "J: rollouts sampled from the swarm for each round's training batch (0: solo). 4 by default: a node with "
-        "all its own groups plus 4 from the swarm (mix 8/4) earned 1.092x the reward of training alone over 25 "
-        "rounds (95% interval 1.012-1.183, two seeds pooled), a fresh node joining trained ones 1.009x "
-        "(0.898-1.121), and those trained nodes 1.095x (1.026-1.179) (docs/results.md 'Swarm'): joining helps "
-        "a little, and costs a newcomer nothing measurable.",
+        "J: rollouts sampled from the swarm for each round's training batch (0: solo). What joining gives your "
+        "own node per round and per hour of your computer is measured in docs/results.md 'Swarm'.",
         4,
+    )
+    train_groups: int = _help(
+        "A cap on each round's training batch, in informative groups (0: none, all your informative groups plus J "
+        "from the swarm). With a cap, swarm rollouts only fill the batch up to it after your own informative "
+        "groups, so a round in which your own questions taught enough takes none and costs what a round alone "
+        "costs (training is most of a round). Your own groups are never left out for it.",
+        0,
     )
     local_informative_first: bool = _help(
         "With local_groups below the round's questions: fill the I own slots with informative rollouts first (rewards "
@@ -381,6 +391,8 @@ class SwarmConfig:
             raise ConfigError(f"{s}.local_groups must be a whole number from 0 (all of the round's questions) to 256, got {self.local_groups!r}.")
         if isinstance(self.external_groups, bool) or not isinstance(self.external_groups, int) or not 0 <= self.external_groups <= 256:
             raise ConfigError(f"{s}.external_groups must be a whole number from 0 (solo) to 256, got {self.external_groups!r}.")
+        if isinstance(self.train_groups, bool) or not isinstance(self.train_groups, int) or not 0 <= self.train_groups <= 512:
+            raise ConfigError(f"{s}.train_groups must be a whole number from 0 (no cap) to 512, got {self.train_groups!r}.")
 
 
 SECTIONS: dict[str, type] = {

@@ -49,7 +49,8 @@ ADVICE = {
     "stale": "its rollouts reach them more than an hour late; check this computer's clock",
     "banned": "some peers banned it after rejecting many of its rollouts; look at the other reasons in "
               "`sapling-node stats`",
-    "duplicate": "they already had these rollouts; nothing to fix",
+    "duplicate": "they had drawn the same question themselves this round, or had already trained on these "
+                 "rollouts, so they learned nothing new from them; nothing to fix",
     "zero_advantage": "its questions were all answered equally well, so they teach nothing; nothing to fix",
 }
 OTHER_ADVICE = "update Sapling; if it goes on, ask the swarm's operator"

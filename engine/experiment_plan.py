@@ -22,6 +22,7 @@ from typing import Any
 from engine import __version__
 from engine.config import PRESETS, SECTIONS, NodeConfig, build_config
 from engine.errors import ConfigError
+from engine.seeds import AUTO_SEED
 
 # Node k's seed is seed + k * NODE_SEED_SPACING. reasoning-gym builds item (seed, index) from
 # Random(seed + index), and a round's questions take indices round * 1024 + slot, so seeds one apart
@@ -151,7 +152,9 @@ def _resolve(plan: Plan) -> NodeConfig:
     base = EXPERIMENT_PRESETS[plan.preset]
     if base.config_preset not in PRESETS:
         raise ConfigError(f"unknown config preset {base.config_preset!r}")
-    return build_config(base.config_preset, None, [*base.settings, *plan.overrides])
+    config = build_config(base.config_preset, None, [*base.settings, *plan.overrides])
+    # An experiment reproduces: its nodes take explicit seeds (seed + k * NODE_SEED_SPACING), from 0 unless --seed says.
+    return config if config.run.seed != AUTO_SEED else replace(config, run=replace(config.run, seed=0))
 
 
 def plan_config(plan: Plan) -> NodeConfig:

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 from engine.checkpoint import Checkpoint, _listed, checkpoint_name, verify
 from engine.errors import CheckpointError, ConfigError
 from engine.llama_convert import CONVERT_LORA, atomic_file, converter_dir, hf_to_gguf, run_converter
+from engine.seeds import fixed_seed
 
 if TYPE_CHECKING:
     from engine.config import NodeConfig
@@ -167,7 +168,7 @@ def _merged_hf(config: NodeConfig, model_dir: Path, checkpoint: Checkpoint | Non
     device = pick_device(config.run.device)
     where = f"round {checkpoint.round}" if checkpoint else "the base model"
     report(f"Loading {where} on {device.describe()}…")
-    backend = load_backend(model_dir, device, config.grpo, config.run.seed, config.tasks.temperature)
+    backend = load_backend(model_dir, device, config.grpo, fixed_seed(config.run.seed), config.tasks.temperature)
     if checkpoint is not None:
         backend.load(checkpoint.path)
     report("Merging the adapters into the weights…")

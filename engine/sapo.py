@@ -24,6 +24,7 @@ import threading
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping, Sequence, Set
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -60,6 +61,7 @@ from engine.rollouts import (
     train_items,
 )
 from engine.rules import stable_seed
+from engine.seeds import node_seed, run_seed
 from engine.tasks import Question, TaskSet
 
 log = logging.getLogger(__name__)
@@ -163,6 +165,10 @@ def derive_seed(*parts: int) -> int:
     return stable_seed(*parts) >> 1
 
 
+def _with_seed(config: NodeConfig, seed: int) -> NodeConfig:
+    return config if config.run.seed == seed else replace(config, run=replace(config.run, seed=seed))
+
+
 class Node:
     def __init__(
         self,
@@ -173,14 +179,15 @@ class Node:
         exchange: RolloutExchange | None = None,
         reload_config: Callable[[], NodeConfig] | None = None,
     ) -> None:
-        self.config = config
+        # The install's own seed unless one is set (engine/seeds.py); resume() may put back the run's.
+        self.config = _with_seed(config, node_seed(config.run.seed, paths.data_dir))
         self.paths = paths
         self.emit = emit
         self.control = control or Control()
         self.exchange = exchange
         self.reload_config = reload_config
         self.metrics = MetricsLog(paths.metrics_file)
-        self.taskset = self._taskset(config)
+        self.taskset = self._taskset(self.config)
         self.device: DeviceInfo | None = None
         self.backend: PolicyBackend | None = None
         self.threads: ThreadPolicy | None = None  # CPU threads for torch (cpu and cuda devices)
@@ -242,6 +249,10 @@ class Node:
             self.status("loading", "No checkpoint yet: starting a new run.")
             return
         self.round = found.round
+        seed = run_seed(self.config.run.seed, found.state.get("seed"))
+        if seed != self.config.run.seed:
+            self.config = _with_seed(self.config, seed)
+            self.taskset = self._taskset(self.config)
         if found.state.get("config_hash") != self.config.config_hash():
             log.warning("Settings changed since round %d; continuing with the new ones.", found.round)
         metrics = found.state.get("metrics")
@@ -275,7 +286,7 @@ class Node:
         if self.reload_config is None:
             return
         try:
-            new = self.reload_config()
+            new = _with_seed(self.reload_config(), self.config.run.seed)  # a run keeps its seed
         except ConfigError as exc:
             self.emit(make_event("error", kind="ConfigError", message=f"Settings not applied: {exc}", fatal=False))
             return
@@ -407,6 +418,7 @@ class Node:
         state = {
             "config_hash": cfg.config_hash(),
             "structure_hash": cfg.structure_hash(),
+            "seed": cfg.run.seed,
             "metrics": metrics,
             "device": self.device.to_json() if self.device else None,
         }
@@ -424,11 +436,20 @@ class Node:
         self._lift_bans()
         self.exchange.publish(round_index, groups)
         offer = self.exchange.sample(
-            round_index, cfg.swarm.external_groups, self.taskset,
+            round_index, self.external_wanted(round_index, groups), self.taskset,
             exclude={g.question.ref.key() for g in groups}, seed=derive_seed(cfg.run.seed, round_index, 2),
         )
         external, verdicts = self._admit(offer, [c.logprobs for g in groups for c in g.completions])
         return external, self.exchange.settle(offer, verdicts)
+
+    def external_wanted(self, round_index: int, groups: Sequence[Group]) -> int:
+        """How many swarm groups this round takes: J, or with swarm.train_groups what fills the batch
+        up to that cap after this round's own informative groups."""
+        sw = self.config.swarm
+        if not sw.train_groups:
+            return sw.external_groups
+        own = sum(1 for g in self.own_groups(round_index, list(groups)) if g.informative)
+        return max(0, min(sw.external_groups, sw.train_groups - own))
 
     def _lift_bans(self) -> None:
         """Apply `unban` commands received since the last round (the exchange emits `peers` after each)."""
