@@ -9,12 +9,14 @@ newcomers of a veterans experiment):
     python -m bench.experiment_report --compare DIR_A DIR_B MIX [MIX_B]    # A's MIX against B's MIX_B, same seeds
     python -m bench.experiment_report --pool MIX MIX_B DIR_A,DIR_B ...     # that, pooled over seeds (one pair each)
     python -m bench.experiment_report --plot OUT.png LABEL=DIR:MIX ...     # several folders' mixes in one plot
+    python -m bench.experiment_report --plot-hours OUT.png LABEL=DIR:MIX ...  # the same, reward against hours
     ... --nodes 3[,4]                                                      # only these nodes (e.g. the newcomers)
 
 Every comparison prints JSON: the ratio of cumulative rewards with its 95%
 bootstrap interval (nodes and rounds resampled; seeds kept apart when
-pooled) and the difference per node-round. Definitions: docs/swarm.md,
-"The experiment".
+pooled) and the difference per node-round; and under "per_hour" the same
+at equal time on each node's own computer (engine/experiment_hours.py).
+Definitions: docs/swarm.md, "The experiment".
 """
 
 from __future__ import annotations
@@ -25,13 +27,14 @@ from pathlib import Path
 
 from engine.atomicio import atomic_write_bytes
 from engine.experiment_plan import START_EVAL_FILE, plan_config, read_json, saved_plan
-from engine.experiment_report import build_report, compare, pooled_compare, variants_plot, write_report
+from engine.experiment_report import build_report, compare, hours_plot, pooled_compare, variants_plot, write_report
 
 USAGE = (
     "usage: python -m bench.experiment_report DIR\n"
     "       python -m bench.experiment_report --compare DIR_A DIR_B MIX [MIX_B] [--nodes K,...]\n"
     "       python -m bench.experiment_report --pool MIX MIX_B DIR_A,DIR_B ... [--nodes K,...]\n"
-    "       python -m bench.experiment_report --plot OUT.png LABEL=DIR:MIX ..."
+    "       python -m bench.experiment_report --plot OUT.png LABEL=DIR:MIX ...\n"
+    "       python -m bench.experiment_report --plot-hours OUT.png LABEL=DIR:MIX ..."
 )
 
 
@@ -67,8 +70,8 @@ def _run(args: list[str]) -> int:
         return 0
     if nodes is not None:
         raise ValueError("--nodes goes with --compare or --pool.")
-    if len(args) >= 3 and args[0] == "--plot":
-        atomic_write_bytes(Path(args[1]), variants_plot(args[2:]))
+    if len(args) >= 3 and args[0] in ("--plot", "--plot-hours"):
+        atomic_write_bytes(Path(args[1]), (variants_plot if args[0] == "--plot" else hours_plot)(args[2:]))
         print(f"wrote {args[1]}")
         return 0
     if len(args) != 1 or args[0].startswith("--"):

@@ -39,6 +39,7 @@ from engine.checkpoint import checkpoint_name, verify
 from engine.config import NodeConfig
 from engine.errors import CheckpointError, ConfigError, DeviceError
 from engine.events import Event
+from engine.experiment_hours import NodeClock, machine_tag
 from engine.experiment_plan import (
     EVAL_FILE,
     NODE_SEED_SPACING,
@@ -244,6 +245,7 @@ class Experiment:
         self.taskset: Any = None
         self.threads: Any = None  # engine.priority.ThreadPolicy, once the model is loaded
         self.eval_examples = "per_specialty"  # the held-out prompts' worked examples (TaskSet.eval_messages)
+        self.machine = ""  # what the rounds are timed on (engine.experiment_hours.machine_tag), once loaded
 
     # -- the plan on disk ---------------------------------------------------------------------
     @staticmethod
@@ -292,6 +294,8 @@ class Experiment:
         self.hooks.say(f"Loading {cfg.model.source} on {device.describe()}")
         model_dir = resolve_model_dir(cfg.model.source, self.paths.models_cache, cfg.model.revision or None)
         self.shared = TorchBackend(model_dir, device, cfg.grpo, cfg.run.seed, cfg.tasks.temperature)
+        self.machine = machine_tag(device.kind if device.kind != "cuda" else device.name, self.shared.autocast,
+                                   torch.get_num_threads())
         self.taskset = TaskSet(cfg.tasks.specialties, cfg.tasks.dataset_configs, seed=cfg.run.seed)
         if self.hooks.reward is not None:
             self.taskset.reward = self.hooks.reward
@@ -499,6 +503,17 @@ class Experiment:
         node.backend.load(path)
 
     def _round(self, mix: Mix, round_index: int, nodes: list[Node], views: list[NodeBackend], relay: Any) -> dict[str, Any]:
+        """Round r of every node of the mix: one batched generation, then each node's own steps in turn.
+
+        Each node is charged the seconds it would spend on its own computer
+        (`node_seconds`): its share of the batched generation, in proportion to
+        the tokens of its rows (prompts once, completions), plus its own scoring,
+        publishing, sampling and admission, training and checkpoint, each timed
+        alone. The wait for the relay to store everyone's batches is shared
+        equally. One batch for all nodes is cheaper per row than a node's own
+        smaller batch, so generation is charged a little less than a node alone
+        pays; that favours the mixes that train more, never the node alone.
+        """
         cfg = self.config
         G = cfg.tasks.completions_per_question
         t0 = time.perf_counter()
@@ -513,36 +528,48 @@ class Experiment:
             on_step=lambda done, total: self._progress("generating", done, total),
         )
         gen_seconds = time.perf_counter() - t0
+        clock = NodeClock(len(nodes))
         groups: list[list[Group]] = []
         start = 0
-        for node, (_, questions, node_prompts) in zip(nodes, drawn, strict=True):
+        tokens = []
+        for k, (node, (_, questions, node_prompts)) in enumerate(zip(nodes, drawn, strict=True)):
             rows = completions[start : start + len(node_prompts) * G]
             start += len(node_prompts) * G
-            groups.append(node.score(questions, node_prompts, rows))
+            tokens.append(sum(map(len, node_prompts)) + sum(len(c.token_ids) for c in rows))
+            with clock.timing(k):
+                groups.append(node.score(questions, node_prompts, rows))
+        clock.share(gen_seconds, tokens, "generate")
 
         # Share: everyone publishes round r, the relay has stored it all, then each samples in turn.
         t_share = time.perf_counter()
         if mix.external:
             before = relay.relay.metrics["publishes"]
-            for node, own in zip(nodes, groups, strict=True):
+            for k, (node, own) in enumerate(zip(nodes, groups, strict=True)):
                 assert node.exchange is not None
-                node.exchange.publish(round_index, own)
+                with clock.timing(k):
+                    node.exchange.publish(round_index, own)
+            t_wait = time.perf_counter()
             self._wait_published(relay, before + len(nodes))
+            clock.share(time.perf_counter() - t_wait, [1] * len(nodes))
             _seed_relay_sampling(relay, derive_seed(cfg.run.seed, round_index, 3))
-        shared = [node.share_and_sample(round_index, own) for node, own in zip(nodes, groups, strict=True)]
+        shared = []
+        for k, (node, own) in enumerate(zip(nodes, groups, strict=True)):
+            with clock.timing(k):
+                shared.append(node.share_and_sample(round_index, own))
         share_seconds = time.perf_counter() - t_share
 
         t_train = time.perf_counter()
         stats = []
-        for node, own, (external, _report) in zip(nodes, groups, shared, strict=True):
-            stats.append(node.learn(node.own_groups(round_index, own) + external))
+        for k, (node, own, (external, _report)) in enumerate(zip(nodes, groups, shared, strict=True)):
+            with clock.timing(k, "train"):
+                stats.append(node.learn(node.own_groups(round_index, own) + external))
         train_seconds = time.perf_counter() - t_train
+        metrics = []
+        for k, (node, own, (external, report), st) in enumerate(zip(nodes, groups, shared, stats, strict=True)):
+            with clock.timing(k):
+                metrics.append(node.finish_round(round_index, own, external, st, report, clock.parts["generate"][k],
+                                                 clock.parts["train"][k], clock.total(k)))
         seconds = time.perf_counter() - t0
-        metrics = [
-            node.finish_round(round_index, own, external, st, report, gen_seconds / len(nodes),
-                              train_seconds / len(nodes), seconds / len(nodes))
-            for node, own, (external, report), st in zip(nodes, groups, shared, stats, strict=True)
-        ]
         return {
             "round": round_index,
             "mix": mix.label,
@@ -560,6 +587,10 @@ class Experiment:
             "share_seconds": share_seconds,
             "train_seconds": train_seconds,
             "seconds": seconds,
+            "node_seconds": [clock.total(k) for k in range(len(nodes))],
+            "node_generate_seconds": clock.parts["generate"],
+            "node_train_seconds": clock.parts["train"],
+            "machine": self.machine,
         }
 
     def _wait_published(self, relay: Any, expected: int) -> None:

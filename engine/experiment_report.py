@@ -22,6 +22,7 @@ from typing import Any
 
 from engine.atomicio import atomic_write_bytes, atomic_write_json, atomic_write_text
 from engine.config import NodeConfig
+from engine.experiment_hours import per_hour, reward_by_hour, timed
 from engine.experiment_plan import (
     EVAL_FILE,
     ROUNDS_FILE,
@@ -206,6 +207,8 @@ def build_report(plan: Any, config: NodeConfig, out: Path, start_eval: dict[str,
             fresh = slice(plan.veterans, plan.nodes)
             mixes[label]["newcomers"]["against_baseline"] = {"baseline": base, "rounds": common,
                                                              **two_way_bootstrap(a[fresh], b[fresh])}
+        if common:  # None when the rounds were not timed
+            mixes[label]["per_hour"] = per_hour([(out / _slug(label), out / _slug(base))], None, stratified_bootstrap)
         if base in PAPER_CUMULATIVE and label in PAPER_CUMULATIVE:
             mixes[label]["against_baseline"]["paper_ratio"] = PAPER_CUMULATIVE[label] / PAPER_CUMULATIVE[base]
     t = config.tasks
@@ -222,8 +225,17 @@ def build_report(plan: Any, config: NodeConfig, out: Path, start_eval: dict[str,
     }
 
 
+def _slug(label: str) -> str:
+    return parse_mixes(label)[0].slug
+
+
 def _fmt(value: float | None, digits: int = 3) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _ratio_ci(result: dict[str, Any]) -> str:
+    ci = result.get("ratio_ci95") or [None, None]
+    return "-" if result.get("ratio") is None else f"{result['ratio']:.3f} [{_fmt(ci[0])}, {_fmt(ci[1])}]"
 
 
 def _pct(evaluation: dict[str, Any] | None) -> str:
@@ -260,6 +272,16 @@ def report_markdown(report: dict[str, Any]) -> str:
             f"{_fmt(m['first10_mean_reward'])} | {_fmt(m['last10_mean_reward'])} | "
             f"{_pct(m['eval_start'])} -> {_pct(m['eval_end'])} | {ratio} | {diff} | {paper_text} |"
         )
+    hourly = {label: m["per_hour"] for label, m in report["mixes"].items() if m.get("per_hour")}
+    if hourly:
+        lines += ["", "Per hour: each node's reward against the seconds it spent (engine/experiment_hours.py), "
+                  "over the time both runs of that node cover.", "",
+                  "| mix | hours per node (common) | ratio of time-averaged reward [95% CI] | at the end (last quarter) [95% CI] |",
+                  "|---|---|---|---|"]
+        for label, h in hourly.items():
+            hours = h["pairs"][0]["hours"]
+            lines.append(f"| {label} vs {report['mixes'][label]['against_baseline']['baseline']} | "
+                         f"{sum(hours) / len(hours):.2f} | {_ratio_ci(h)} | {_ratio_ci(h['at_end'])} |")
     lines += ["", "Per node and round: groups trained on (own informative + external, all informative), "
               "rejected external items by reason, and seconds per round (all nodes).", "",
               "| mix | own informative trained | external | rejected external items | s / round |",
@@ -286,7 +308,7 @@ def report_markdown(report: dict[str, Any]) -> str:
             reached = ", ".join("not yet" if r is None else str(r) for r in n.get("reached_veterans_round", [])) or "-"
             held = ", ".join(f"{100 * a:.1f}%" for a in n.get("held_out_accuracy", [])) or "-"
             lines.append(f"| {label} | {n['cumulative_reward']:.2f} | {ratio} | {reached} | {held} |")
-    lines += ["", "![reward per round](reward.png)", ""]
+    lines += ["", "![reward per round](reward.png)", "", "![reward against hours](reward-hours.png)", ""]
     return "\n".join(lines)
 
 
@@ -322,11 +344,42 @@ def plot_rewards(report: dict[str, Any]) -> bytes:
     return buffer.getvalue()
 
 
+def plot_hours(curves: dict[str, tuple[list[float], list[float]]], title: str) -> bytes:
+    """Reward against hours on the node's own computer, one line per label (engine.experiment_hours.reward_by_hour)."""
+    import io
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=110)
+    for label, (hours, rewards) in curves.items():
+        smooth = [sum(rewards[max(0, i - 4) : i + 1]) / len(rewards[max(0, i - 4) : i + 1]) for i in range(len(rewards))]
+        line = ax.plot(hours, rewards, linewidth=0.8, alpha=0.4)[0]
+        ax.plot(hours, smooth, color=line.get_color(), linewidth=2.2, label=label)
+    ax.set_title(title)
+    ax.set_xlabel("hours on the node's own computer")
+    ax.set_ylabel("mean reward of own rollouts")
+    ax.grid(alpha=0.3)
+    ax.legend(title="time-weighted, running mean")
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png")
+    plt.close(fig)
+    return buffer.getvalue()
+
+
 def write_report(report: dict[str, Any], out: Path) -> None:
     out = Path(out)
     atomic_write_json(out / "report.json", report)
     atomic_write_text(out / "report.md", report_markdown(report))
     atomic_write_bytes(out / "reward.png", plot_rewards(report))
+    curves = {label: reward_by_hour(out / _slug(label)) for label, m in report["mixes"].items()
+              if m["rounds_done"] and timed(out / _slug(label))}
+    if curves:
+        atomic_write_bytes(out / "reward-hours.png", plot_hours(
+            curves, f"Reward against time, mean of {report['plan']['nodes']} nodes ({report['settings']['model']})"))
 
 
 def _mix_rounds(folder: Path, label: str) -> tuple[Any, list[dict[str, Any]]]:
@@ -358,7 +411,9 @@ def compare(a_dir: Path, b_dir: Path, label: str, label_b: str | None = None,
     return {"mix": label, **({"mix_b": label_b} if label_b else {}), "a": str(a_dir), "b": str(b_dir), "rounds": common,
             "nodes": count, **({"only_nodes": list(nodes)} if nodes is not None else {}),
             "cumulative_a": sum(map(sum, a)), "cumulative_b": sum(map(sum, b)), "first_round_that_differs": parted,
-            **two_way_bootstrap(a, b)}
+            **two_way_bootstrap(a, b),
+            "per_hour": per_hour([(Path(a_dir) / _slug(label), Path(b_dir) / _slug(label_b or label))], nodes,
+                                 stratified_bootstrap)}
 
 
 def _paired_tables(a_dir: Path, b_dir: Path, label: str, label_b: str,
@@ -397,8 +452,28 @@ def pooled_compare(pairs: Sequence[tuple[Path, Path]], label: str, label_b: str,
         one = two_way_bootstrap(a, b)
         each.append({"a": str(a_dir), "b": str(b_dir), "rounds": len(a[0]), "cumulative_a": sum(map(sum, a)),
                      "cumulative_b": sum(map(sum, b)), "ratio": one["ratio"], "ratio_ci95": one["ratio_ci95"]})
+    hourly = per_hour([(Path(a) / _slug(label), Path(b) / _slug(label_b)) for a, b in pairs], nodes, stratified_bootstrap)
     return {"mix": label, "mix_b": label_b, "pairs": each, "cumulative_a": sum(p["cumulative_a"] for p in each),
-            "cumulative_b": sum(p["cumulative_b"] for p in each), **stratified_bootstrap(strata)}
+            "cumulative_b": sum(p["cumulative_b"] for p in each), **stratified_bootstrap(strata), "per_hour": hourly}
+
+
+def _variant(spec: str) -> tuple[str, Path, str]:
+    """LABEL=DIR:MIX -> (label, folder, mix)."""
+    label, equals, rest = spec.partition("=")
+    folder, colon, side = rest.rpartition(":")
+    if not equals or not colon or not label or not folder:
+        raise ValueError(f"{spec!r} is not LABEL=DIR:MIX, like '4/4, filter=runs/swarm-d2-ftis:4/4'.")
+    return label, Path(folder), side
+
+
+def hours_plot(variants: Sequence[str]) -> bytes:
+    """Reward against hours of mixes from several folders: each variant is LABEL=DIR:MIX."""
+    curves = {}
+    for spec in variants:
+        label, folder, side = _variant(spec)
+        _mix_rounds(folder, side)  # a clear error for a folder without that mix
+        curves[label] = reward_by_hour(folder / _slug(side))
+    return plot_hours(curves, "Reward against time on the node's own computer, mean of its nodes")
 
 
 def variants_plot(variants: Sequence[str]) -> bytes:
@@ -406,11 +481,8 @@ def variants_plot(variants: Sequence[str]) -> bytes:
     mixes: dict[str, dict[str, Any]] = {}
     nodes = set()
     for spec in variants:
-        label, equals, rest = spec.partition("=")
-        folder, colon, side = rest.rpartition(":")
-        if not equals or not colon or not label or not folder:
-            raise ValueError(f"{spec!r} is not LABEL=DIR:MIX, like '4/4, filter=runs/swarm-d2-ftis:4/4'.")
-        plan, records = _mix_rounds(Path(folder), side)
+        label, folder, side = _variant(spec)
+        plan, records = _mix_rounds(folder, side)
         table, per_round = _reward_table(records, plan.nodes)
         mixes[label] = {"reward_by_round": per_round, "cumulative_reward": sum(map(sum, table))}
         nodes.add(plan.nodes)

@@ -131,3 +131,16 @@ def test_export_is_a_loadable_merged_model(tiny_model_dir: Path, home: Path, tmp
     text = tok.decode(gen[0, ids["input_ids"].shape[1]:], skip_special_tokens=True)
     assert (out / "model.safetensors").is_file() and (out / "chat_template.jinja").is_file()
     assert text == expected
+
+
+@pytest.mark.parametrize(("cap", "informative", "wanted"), [(0, 1, 4), (3, 1, 2), (3, 3, 0), (3, 5, 0), (8, 1, 4)])
+def test_train_groups_fills_the_batch_with_swarm_groups_up_to_the_cap(
+    tiny_model_dir: Path, home: Path, cap: int, informative: int, wanted: int
+) -> None:
+    from engine.rollouts import Group
+
+    node = Node(fast_config(tiny_model_dir, "swarm.external_groups=4", f"swarm.train_groups={cap}"),
+                Paths.under(home), [].append)
+    question = node.taskset.draw(1, 1)[0]
+    groups = [Group(question, [], [], [0.0, 1.0], [-1.0, 1.0] if i < informative else [0.0, 0.0]) for i in range(6)]
+    assert node.external_wanted(1, groups) == wanted

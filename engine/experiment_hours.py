@@ -1,0 +1,198 @@
+"""Mixes compared per hour: what a simulated node's round costs its computer, and reward at equal time.
+
+A volunteer gives Sapling hours, not rounds. The experiment (engine/experiment.py)
+charges every node the seconds it would spend on its own computer in each round
+(`node_seconds` in a mix's rounds.jsonl, `NodeClock`); older folders without it
+split the round's seconds equally between the nodes. Comparisons here:
+
+1. For node k in mix A and the same node (same seed) in mix B, the horizon is
+   T_k = the shorter of its two runs' total seconds: both runs cover [0, T_k].
+2. A node's reward is a step function of its elapsed time: round i's reward
+   (the mean reward of the rollouts it wrote that round) holds over the
+   seconds that round took. [0, T_k] is cut into SLICES equal slices, and a
+   slice's value is the time-weighted mean reward over it.
+3. The [node][slice] tables of A and B pair slice by slice, so the ratio of
+   their sums (the ratio of time-averaged reward, the per-hour analogue of the
+   paper's cumulative reward) takes the same two-way bootstrap as rounds do
+   (engine/experiment_report.py), pooled over seeds as strata. "At the end"
+   is the same over the last quarter of the slices: where each node stands
+   after T_k, not on the way there.
+
+Held-out accuracy is measured when a mix ends: it is reported with the hours
+each node took to get there.
+"""
+
+from __future__ import annotations
+
+import platform
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from engine.experiment_plan import EVAL_FILE, ROUNDS_FILE, read_json, read_rounds, rounds_done
+
+SLICES = 20
+END_SLICES = SLICES // 4  # "at the end": the last quarter of the common time
+
+
+class NodeClock:
+    """Seconds charged to each node of a round: timed alone, or a shared stretch split by weights."""
+
+    def __init__(self, nodes: int) -> None:
+        self.seconds = [0.0] * nodes
+        self.parts: dict[str, list[float]] = {"generate": [0.0] * nodes, "train": [0.0] * nodes}
+
+    @contextmanager
+    def timing(self, node: int, part: str = "") -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.charge(node, time.perf_counter() - start, part)
+
+    def charge(self, node: int, seconds: float, part: str = "") -> None:
+        self.seconds[node] += seconds
+        if part:
+            self.parts[part][node] += seconds
+
+    def share(self, seconds: float, weights: Sequence[float], part: str = "") -> None:
+        """Split `seconds` between the nodes in proportion to `weights` (equally when they sum to 0)."""
+        total = sum(weights)
+        for k, weight in enumerate(weights):
+            self.charge(k, seconds * weight / total if total > 0 else seconds / len(weights), part)
+
+    def total(self, node: int) -> float:
+        return self.seconds[node]
+
+
+def machine_tag(device: str, bf16: bool, threads: int) -> str:
+    """What the seconds were measured on, e.g. 'AMD EPYC, fp32, 2 threads': per-hour numbers compare on one machine."""
+    name = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace").splitlines():
+            if line.startswith("model name"):
+                name = line.partition(":")[2].strip()
+                break
+    except OSError:
+        pass
+    where = name if device == "cpu" else device
+    return f"{where}, {'bf16' if bf16 else 'fp32'}, {threads} threads"
+
+
+def node_seconds(records: Sequence[dict[str, Any]], nodes: int) -> list[list[float]]:
+    """[node][round] seconds charged to each node (older records: the round's seconds split equally)."""
+    return [[float(rec["node_seconds"][k]) if "node_seconds" in rec else float(rec["seconds"]) / nodes
+             for rec in records] for k in range(nodes)]
+
+
+def time_slices(rewards: Sequence[float], seconds: Sequence[float], horizon: float, slices: int = SLICES) -> list[float]:
+    """Time-weighted mean reward over each of `slices` equal slices of [0, horizon] (reward i holds for seconds i)."""
+    if horizon <= 0:
+        raise ValueError("the horizon must be positive")
+    edges = [horizon * s / slices for s in range(slices + 1)]
+    out = []
+    i, start = 0, 0.0
+    for s in range(slices):
+        lo, hi = edges[s], edges[s + 1]
+        area = 0.0
+        while i < len(seconds) and start < hi:
+            end = start + seconds[i]
+            area += rewards[i] * max(0.0, min(end, hi) - max(start, lo))
+            if end > hi:
+                break
+            start, i = end, i + 1
+        out.append(area / (hi - lo))
+    return out
+
+
+def hour_tables(a: tuple[list[list[float]], list[list[float]]], b: tuple[list[list[float]], list[list[float]]],
+                slices: int = SLICES) -> tuple[list[list[float]], list[list[float]], list[float]]:
+    """Paired [node][slice] tables of A and B from their (rewards, seconds) [node][round] tables, and each node's
+    horizon in seconds (the shorter of its two runs)."""
+    (ra, sa), (rb, sb) = a, b
+    horizons = [min(sum(x), sum(y)) for x, y in zip(sa, sb, strict=True)]
+    ta = [time_slices(r, s, h, slices) for r, s, h in zip(ra, sa, horizons, strict=True)]
+    tb = [time_slices(r, s, h, slices) for r, s, h in zip(rb, sb, horizons, strict=True)]
+    return ta, tb, horizons
+
+
+def mix_time_table(folder: Path, nodes: int) -> tuple[list[list[float]], list[list[float]]]:
+    """(rewards, seconds) [node][round] of the mix whose records are in `folder`, over its finished rounds."""
+    records = read_rounds(Path(folder) / ROUNDS_FILE, rounds_done(Path(folder)))
+    return [[float(rec["rewards"][k]) for rec in records] for k in range(nodes)], node_seconds(records, nodes)
+
+
+def machines(folder: Path) -> set[str]:
+    """The machines a mix's rounds were timed on (empty for records made before they were named)."""
+    records = read_rounds(Path(folder) / ROUNDS_FILE, rounds_done(Path(folder)))
+    return {str(rec["machine"]) for rec in records if rec.get("machine")}
+
+
+def timed(folder: Path) -> bool:
+    """Whether every finished round of the mix in `folder` says how long it took."""
+    records = read_rounds(Path(folder) / ROUNDS_FILE, rounds_done(Path(folder)))
+    return bool(records) and all("node_seconds" in rec or "seconds" in rec for rec in records)
+
+
+def per_hour(strata: Sequence[tuple[Path, Path]], nodes: Sequence[int] | None, bootstrap: Any) -> dict[str, Any] | None:
+    """Mix folder A against mix folder B at equal time, over (A, B) pairs of folders run on the same seeds;
+    None when a folder's rounds are not timed.
+
+    `bootstrap` is `stratified_bootstrap` (engine/experiment_report.py), passed in so the two modules
+    share one bootstrap without importing each other.
+    """
+    if not all(timed(a) and timed(b) for a, b in strata):
+        return None
+    tables, ends, each = [], [], []
+    for a_dir, b_dir in strata:
+        count = _nodes_of(a_dir)
+        if count != _nodes_of(b_dir):
+            raise ValueError(f"{a_dir} and {b_dir} have different node counts; they do not pair.")
+        rows = list(range(count)) if nodes is None else list(nodes)
+        ta, tb, horizons = hour_tables(mix_time_table(a_dir, count), mix_time_table(b_dir, count))
+        ta, tb, horizons = [ta[k] for k in rows], [tb[k] for k in rows], [horizons[k] for k in rows]
+        tables.append((ta, tb))
+        ends.append(([row[-END_SLICES:] for row in ta], [row[-END_SLICES:] for row in tb]))
+        one = bootstrap([(ta, tb)])
+        each.append({"a": str(a_dir), "b": str(b_dir), "hours": [h / 3600 for h in horizons],
+                     "ratio": one["ratio"], "ratio_ci95": one["ratio_ci95"],
+                     "machines": sorted(machines(a_dir) | machines(b_dir)),
+                     "held_out": _held_out(a_dir, b_dir, rows)})
+    overall = bootstrap(tables)
+    at_end = bootstrap(ends)
+    return {"slices": SLICES, "pairs": each, **overall,
+            "at_end": {"ratio": at_end["ratio"], "ratio_ci95": at_end["ratio_ci95"],
+                       "difference": at_end["difference"], "difference_ci95": at_end["difference_ci95"]}}
+
+
+def _nodes_of(folder: Path) -> int:
+    records = read_rounds(Path(folder) / ROUNDS_FILE, rounds_done(Path(folder)))
+    if not records:
+        raise ValueError(f"{folder} has no finished round.")
+    return len(records[0]["rewards"])
+
+
+def _held_out(a_dir: Path, b_dir: Path, rows: Sequence[int]) -> dict[str, Any] | None:
+    """Each side's held-out accuracy when its mix ended (mean of `rows`), with the hours that took."""
+    out: dict[str, Any] = {}
+    for side, folder in (("a", a_dir), ("b", b_dir)):
+        evaluation = read_json(Path(folder) / EVAL_FILE)
+        if not evaluation or "nodes" not in evaluation:
+            return None
+        count = _nodes_of(folder)
+        seconds = mix_time_table(folder, count)[1]
+        out[side] = {"accuracy": sum(evaluation["nodes"][k]["accuracy"] for k in rows) / len(rows),
+                     "hours": sum(sum(seconds[k]) for k in rows) / len(rows) / 3600}
+    return out
+
+
+def reward_by_hour(folder: Path, points: int = 60) -> tuple[list[float], list[float]]:
+    """(hours, mean reward over nodes) at `points` times up to the shortest node's total: for a plot."""
+    count = _nodes_of(folder)
+    rewards, seconds = mix_time_table(folder, count)
+    horizon = min(sum(row) for row in seconds)
+    table = [time_slices(r, s, horizon, points) for r, s in zip(rewards, seconds, strict=True)]
+    hours = [horizon * (i + 0.5) / points / 3600 for i in range(points)]
+    return hours, [sum(table[k][i] for k in range(count)) / count for i in range(points)]
