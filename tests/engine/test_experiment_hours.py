@@ -1,0 +1,95 @@
+"""Mixes compared per hour: time slices worked out by hand, the per-node charge, and the report on a tiny model."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from engine.experiment_hours import NodeClock, hour_tables, per_hour, time_slices
+from engine.experiment_plan import make_plan
+from engine.experiment_report import pooled_compare, stratified_bootstrap
+from tests.engine.test_experiment import fast, run
+
+
+def test_a_slice_is_the_time_weighted_mean_of_the_rounds_it_covers() -> None:
+    assert time_slices([1.0, 0.0], [1.0, 3.0], 2.0, 2) == pytest.approx([1.0, 0.0])
+    assert time_slices([1.0, 0.0], [1.0, 3.0], 4.0, 2) == pytest.approx([0.5, 0.0])
+    # a round that straddles a slice's edge counts for the part it covers: (0.2 * 0.5 + 0.6 * 0.5) / 1
+    assert time_slices([0.2, 0.6], [1.5, 1.5], 3.0, 3) == pytest.approx([0.2, 0.4, 0.6])
+    with pytest.raises(ValueError, match="positive"):
+        time_slices([0.5], [1.0], 0.0)
+
+
+def test_each_node_is_compared_over_the_time_both_of_its_runs_cover() -> None:
+    # node 0: A takes 4 s a round at reward 0.5, B 2 s a round at 0.25 -> over B's 4 s: 0.5 against 0.25
+    a = ([[0.5, 0.5]], [[4.0, 4.0]])
+    b = ([[0.25, 0.25]], [[2.0, 2.0]])
+    ta, tb, horizons = hour_tables(a, b, slices=4)
+    assert horizons == [4.0]
+    assert ta == [pytest.approx([0.5] * 4)] and tb == [pytest.approx([0.25] * 4)]
+
+
+def test_a_shared_stretch_is_charged_by_weight_and_a_timed_one_to_its_node() -> None:
+    clock = NodeClock(2)
+    clock.share(9.0, [1, 2], "generate")
+    clock.charge(1, 1.5, "train")
+    clock.share(2.0, [0, 0])  # no weights: split equally
+    assert clock.parts["generate"] == pytest.approx([3.0, 6.0]) and clock.parts["train"] == [0.0, 1.5]
+    assert [clock.total(0), clock.total(1)] == pytest.approx([4.0, 8.5])
+
+
+def _timed_folder(root: Path, mix: str, rewards: list[list[float]], seconds: list[list[float]]) -> Path:
+    """An experiment folder holding one mix whose rounds carry `node_seconds`, as the experiment writes them."""
+    from engine.experiment_plan import parse_mixes
+
+    slug = root / parse_mixes(mix)[0].slug
+    slug.mkdir(parents=True)
+    (root / "experiment.json").write_text(json.dumps(
+        {"nodes": len(rewards[0]), "mixes": [mix], "rounds": len(rewards), "preset": "default", "overrides": []}))
+    (slug / "progress.json").write_text(json.dumps({"round": len(rewards)}))
+    (slug / "rounds.jsonl").write_text("".join(
+        json.dumps({"round": r + 1, "rewards": row, "node_seconds": secs, "seconds": sum(secs), "machine": "test"}) + "\n"
+        for r, (row, secs) in enumerate(zip(rewards, seconds, strict=True))))
+    return root
+
+
+def test_pooling_per_hour_pairs_each_seeds_nodes_over_their_common_time(tmp_path: Path) -> None:
+    # Joined rounds take twice as long and earn 0.3 against alone's 0.2: per round 1.5x, per hour the same
+    # per time slice (0.3 against 0.2 over the joined run's length), but over half as many rounds.
+    joined = _timed_folder(tmp_path / "j", "8/4", [[0.3, 0.3]] * 2, [[20.0, 20.0]] * 2)
+    alone = _timed_folder(tmp_path / "a", "8/0", [[0.2, 0.2]] * 4, [[10.0, 10.0]] * 4)
+    result = pooled_compare([(joined, alone)], "8/4", "8/0")
+    assert result["ratio"] == pytest.approx(0.6 / 0.4)  # the two rounds both have
+    hourly = result["per_hour"]
+    assert hourly["ratio"] == pytest.approx(1.5) and hourly["at_end"]["ratio"] == pytest.approx(1.5)
+    assert hourly["pairs"][0]["hours"] == pytest.approx([40 / 3600] * 2)
+    # joined earning only 0.15 per slice would lose per hour, whatever it earns per round
+    slow = _timed_folder(tmp_path / "s", "8/4", [[0.15, 0.15]] * 2, [[40.0, 40.0]] * 2)
+    assert per_hour([(slow / "mix-8-4", alone / "mix-8-0")], None, stratified_bootstrap)["ratio"] == pytest.approx(0.75)
+
+
+def test_untimed_rounds_give_no_per_hour_comparison(tmp_path: Path) -> None:
+    from tests.engine.test_experiment import _fake_experiment
+
+    _fake_experiment(tmp_path / "a", [[0.1, 0.2]])
+    _fake_experiment(tmp_path / "b", [[0.1, 0.3]], mix="8/0")
+    assert pooled_compare([(tmp_path / "a", tmp_path / "b")], "4/4", "8/0")["per_hour"] is None
+
+
+@pytest.mark.integration  # a real loopback relay
+def test_a_tiny_experiment_charges_every_node_and_reports_per_hour(tiny_model_dir: Path, tmp_path: Path) -> None:
+    plan = make_plan("default", 2, "2/0,1/1", 2, [*fast(tiny_model_dir), "tasks.eval_every=0"])
+    _, report = run(plan, tmp_path / "out", tmp_path / "home")
+    for slug in ("mix-2-0", "mix-1-1"):
+        for line in (tmp_path / "out" / slug / "rounds.jsonl").read_text().splitlines():
+            record: dict[str, Any] = json.loads(line)
+            charged = sum(record["node_seconds"])
+            assert 0 < charged <= record["seconds"] * 1.001  # no second is charged twice
+            assert all(t > 0 for t in record["node_train_seconds"]) and "fp32" in record["machine"]
+    hourly = report["mixes"]["1/1"]["per_hour"]
+    assert hourly["ratio"] > 0 and len(hourly["pairs"][0]["hours"]) == 2
+    assert "Per hour" in (tmp_path / "out" / "report.md").read_text()
+    assert (tmp_path / "out" / "reward-hours.png").read_bytes()[:4] == b"\x89PNG"
