@@ -15,7 +15,7 @@ newcomers of a veterans experiment):
 Every comparison prints JSON: the ratio of cumulative rewards with its 95%
 bootstrap interval (nodes and rounds resampled; seeds kept apart when
 pooled) and the difference per node-round; and under "per_hour" the same
-at equal time on each node's own computer (engine/experiment_hours.py).
+at equal time on each node's own computer (engine/experiment/hours.py).
 Definitions: docs/swarm.md, "The experiment".
 """
 
@@ -26,8 +26,8 @@ import sys
 from pathlib import Path
 
 from engine.atomicio import atomic_write_bytes
-from engine.experiment_plan import START_EVAL_FILE, plan_config, read_json, saved_plan
-from engine.experiment_report import build_report, compare, hours_plot, pooled_compare, variants_plot, write_report
+from engine.experiment.plan import START_EVAL_FILE, plan_config, read_json, saved_plan
+from engine.experiment.report import build_report, compare, hours_plot, pooled_compare, variants_plot, write_report
 
 USAGE = (
     "usage: python -m bench.experiment_report DIR\n"

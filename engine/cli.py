@@ -176,9 +176,9 @@ def cmd_export(args: argparse.Namespace, paths: Paths, config: NodeConfig) -> in
 
 
 def cmd_experiment(args: argparse.Namespace, paths: Paths) -> int:
-    from engine.experiment import Experiment
-    from engine.experiment_plan import make_plan, plan_config
-    from engine.experiment_terminal import ExperimentTerminal
+    from engine.experiment.plan import make_plan, plan_config
+    from engine.experiment.runner import Experiment
+    from engine.experiment.terminal import ExperimentTerminal
     from engine.launch import quote_toml
     from engine.sapo import Control
 

@@ -316,10 +316,9 @@ class SwarmConfig:
     offpolicy_negative_kl: float = _help(
         "F-TIS filter (off at 0): leave out of training an external completion with negative advantage when its "
         "mean per-token log-loss under this node's policy exceeds that of this round's own completions by more "
-        "than this many nats (an estimate of how far off-policy it is; docs/swarm.md). Off by default: it lifted the "
-        "paper's 4/4 mix, but on the default 8/4 mix it earned 0.958x the reward of 8/4 without it (95% interval "
-        "0.896-1.022, two seeds pooled; docs/results.md 'Swarm'). Try 0.5 with local_groups below the round's "
-        "questions.",
+        "than this many nats (an estimate of how far off-policy it is; docs/swarm.md). Off by default: it helps "
+        "when local_groups is below the round's questions, not with the default mix (docs/results.md 'Swarm'). "
+        "Try 0.5.",
         0.0,
     )
     ban_strikes: int = _help(

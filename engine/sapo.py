@@ -341,7 +341,7 @@ class Node:
         return self.round
 
     def run_round(self) -> dict[str, Any]:
-        """One round: the phases below in order (engine/experiment.py runs them across several nodes)."""
+        """One round: the phases below in order (engine/experiment/runner.py runs them across several nodes)."""
         backend = self._backend()
         cfg = self.config
         t0 = time.perf_counter()

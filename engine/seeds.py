@@ -26,7 +26,7 @@ from engine.atomicio import atomic_write_text
 log = logging.getLogger(__name__)
 
 AUTO_SEED = -1
-MAX_SEED = 2**31 - 1  # run.seed's range; the experiment spaces nodes within it (engine/experiment_plan.py)
+MAX_SEED = 2**31 - 1  # run.seed's range; the experiment spaces nodes within it (engine/experiment/plan.py)
 SEED_FILE = "node-seed"
 
 

@@ -463,7 +463,7 @@ class TorchBackend(HFTokenizerText):
         for group in self.optimizer.param_groups:
             group["lr"] = grpo.learning_rate
 
-    # -- several adapters over one frozen base (engine/experiment.py) -------------------
+    # -- several adapters over one frozen base (engine/experiment/runner.py) -------------------
     def new_adapter_slot(self, seed: int) -> AdapterSlot:
         """A LoRA adapter of this model's shape with its own AdamW state, initialised as peft
         initialises one (A Kaiming-uniform, drawn here from `seed`; B zero, so it starts as the base).

@@ -13,9 +13,10 @@ from safetensors.torch import load_file
 from engine.cli import main
 from engine.config import build_config
 from engine.errors import ConfigError
-from engine.experiment import Experiment, Hooks, NodeBackend
-from engine.experiment_plan import Mix, make_plan, parse_mixes
-from engine.experiment_report import baseline_of, compare, pooled_compare, stratified_bootstrap, two_way_bootstrap
+from engine.experiment.nodes import NodeBackend
+from engine.experiment.plan import Mix, make_plan, parse_mixes
+from engine.experiment.report import baseline_of, compare, pooled_compare, stratified_bootstrap, two_way_bootstrap
+from engine.experiment.runner import Experiment, Hooks
 from engine.paths import Paths
 from engine.sapo import Control
 
@@ -349,7 +350,7 @@ def test_veterans_resume_mid_mix_from_the_mix_checkpoints(tiny_model_dir: Path, 
 
 
 def test_a_folder_keeps_the_settings_it_began_with_when_a_default_changes(tiny_model_dir: Path, tmp_path: Path) -> None:
-    from engine.experiment_plan import plan_config, saved_plan
+    from engine.experiment.plan import plan_config, saved_plan
 
     out = tmp_path / "out"
     run(make_plan("default", 2, "2/0", 1, fast(tiny_model_dir)), out, tmp_path / "home")

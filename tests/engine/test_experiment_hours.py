@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from engine.experiment_hours import NodeClock, hour_tables, per_hour, time_slices
-from engine.experiment_plan import make_plan
-from engine.experiment_report import pooled_compare, stratified_bootstrap
+from engine.experiment.hours import NodeClock, hour_tables, per_hour, time_slices
+from engine.experiment.plan import make_plan
+from engine.experiment.report import pooled_compare, stratified_bootstrap
 from tests.engine.test_experiment import fast, run
 
 
@@ -43,7 +43,7 @@ def test_a_shared_stretch_is_charged_by_weight_and_a_timed_one_to_its_node() -> 
 
 def _timed_folder(root: Path, mix: str, rewards: list[list[float]], seconds: list[list[float]]) -> Path:
     """An experiment folder holding one mix whose rounds carry `node_seconds`, as the experiment writes them."""
-    from engine.experiment_plan import parse_mixes
+    from engine.experiment.plan import parse_mixes
 
     slug = root / parse_mixes(mix)[0].slug
     slug.mkdir(parents=True)

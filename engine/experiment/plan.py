@@ -1,7 +1,7 @@
 """What an experiment runs and where it keeps it: the plan, its frozen settings, the file names and readers.
 
-The one module that both `engine.experiment` (which runs a plan) and
-`engine.experiment_report` (which reads what a run left) import, so neither
+The one module that both `engine.experiment.runner` (which runs a plan) and
+`engine.experiment.report` (which reads what a run left) import, so neither
 imports the other's internals. Torch-free: a report can be built without it.
 
 An experiment folder holds `experiment.json`: the plan (nodes, mixes, rounds,

@@ -1,6 +1,6 @@
 """Mixes compared per hour: what a simulated node's round costs its computer, and reward at equal time.
 
-A volunteer gives Sapling hours, not rounds. The experiment (engine/experiment.py)
+A volunteer gives Sapling hours, not rounds. The experiment (engine/experiment/runner.py)
 charges every node the seconds it would spend on its own computer in each round
 (`node_seconds` in a mix's rounds.jsonl, `NodeClock`); older folders without it
 split the round's seconds equally between the nodes. Comparisons here:
@@ -14,7 +14,7 @@ split the round's seconds equally between the nodes. Comparisons here:
 3. The [node][slice] tables of A and B pair slice by slice, so the ratio of
    their sums (the ratio of time-averaged reward, the per-hour analogue of the
    paper's cumulative reward) takes the same two-way bootstrap as rounds do
-   (engine/experiment_report.py), pooled over seeds as strata. "At the end"
+   (engine/experiment/report.py), pooled over seeds as strata. "At the end"
    is the same over the last quarter of the slices: where each node stands
    after T_k, not on the way there.
 
@@ -31,7 +31,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from engine.experiment_plan import EVAL_FILE, ROUNDS_FILE, read_json, read_rounds, rounds_done
+from engine.experiment.plan import EVAL_FILE, ROUNDS_FILE, read_json, read_rounds, rounds_done
 
 SLICES = 20
 END_SLICES = SLICES // 4  # "at the end": the last quarter of the common time
@@ -140,7 +140,7 @@ def per_hour(strata: Sequence[tuple[Path, Path]], nodes: Sequence[int] | None, b
     """Mix folder A against mix folder B at equal time, over (A, B) pairs of folders run on the same seeds;
     None when a folder's rounds are not timed.
 
-    `bootstrap` is `stratified_bootstrap` (engine/experiment_report.py), passed in so the two modules
+    `bootstrap` is `stratified_bootstrap` (engine/experiment/report.py), passed in so the two modules
     share one bootstrap without importing each other.
     """
     if not all(timed(a) and timed(b) for a, b in strata):

@@ -22,8 +22,8 @@ from typing import Any
 
 from engine.atomicio import atomic_write_bytes, atomic_write_json, atomic_write_text
 from engine.config import NodeConfig
-from engine.experiment_hours import per_hour, reward_by_hour, timed
-from engine.experiment_plan import (
+from engine.experiment.hours import per_hour, reward_by_hour, timed
+from engine.experiment.plan import (
     EVAL_FILE,
     ROUNDS_FILE,
     VETERANS_FOLDER,
@@ -274,7 +274,7 @@ def report_markdown(report: dict[str, Any]) -> str:
         )
     hourly = {label: m["per_hour"] for label, m in report["mixes"].items() if m.get("per_hour")}
     if hourly:
-        lines += ["", "Per hour: each node's reward against the seconds it spent (engine/experiment_hours.py), "
+        lines += ["", "Per hour: each node's reward against the seconds it spent (engine/experiment/hours.py), "
                   "over the time both runs of that node cover.", "",
                   "| mix | hours per node (common) | ratio of time-averaged reward [95% CI] | at the end (last quarter) [95% CI] |",
                   "|---|---|---|---|"]
@@ -345,7 +345,7 @@ def plot_rewards(report: dict[str, Any]) -> bytes:
 
 
 def plot_hours(curves: dict[str, tuple[list[float], list[float]]], title: str) -> bytes:
-    """Reward against hours on the node's own computer, one line per label (engine.experiment_hours.reward_by_hour)."""
+    """Reward against hours on the node's own computer, one line per label (engine.experiment.hours.reward_by_hour)."""
     import io
 
     import matplotlib

@@ -1,6 +1,6 @@
 """The terminal view of `sapling-node experiment`: a bar for the mix's rounds, one for the phase, a line per round.
 
-Used by engine/cli.py; the experiment itself (engine/experiment.py) talks to it only through `Hooks`.
+Used by engine/cli.py; the experiment itself (engine/experiment/runner.py) talks to it only through `Hooks`.
 """
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import sys
 import time
 from typing import Any
 
-from engine.experiment import Hooks, Reward
-from engine.experiment_plan import Mix
+from engine.experiment.plan import Mix
+from engine.experiment.runner import Hooks, Reward
 
 
 class ExperimentTerminal:

@@ -1,0 +1,9 @@
+"""`sapling-node experiment`: several simulated nodes on one computer, compared per round and per hour.
+
+- `plan`: what an experiment runs and where it keeps it (torch-free; the report reads it too);
+- `runner`: runs a plan (`Experiment`), one folder per mix;
+- `nodes`: a simulated node's view of the shared model and its exchange;
+- `hours`: what a node's round costs its computer, and mixes compared at equal time;
+- `report`: report.json, report.md and the plots; comparisons across folders and seeds;
+- `terminal`: the experiment's progress in a terminal.
+"""
