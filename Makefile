@@ -19,8 +19,16 @@ help:
 	@echo "make test   set up .venv and run ruff, mypy and pytest"
 	@echo "make test-quick   ruff, mypy and the tests that start no process or server (a couple of minutes)"
 
+# A package counts as present when dpkg has it or one of its programs is on PATH: Ubuntu 24.04 (GitHub's runner)
+# has no chromium deb, only a snap stub that apt cannot install, but the runner ships Google Chrome, which the
+# browser tests find; a redis-server or caddy built by hand counts too.
 system-deps:
-	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	@missing=""; for p in $(APT_PACKAGES); do \
+		case $$p in chromium) progs="chromium chromium-browser google-chrome google-chrome-stable";; \
+			python3-dev) progs="";; *) progs=$$p;; esac; \
+		found=""; for prog in $$progs; do command -v $$prog >/dev/null 2>&1 && found=$$prog && break; done; \
+		[ -n "$$found" ] || dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; \
+	done; \
 	if [ -n "$$missing" ] && command -v apt-get >/dev/null 2>&1; then \
 		echo "Installing system packages:$$missing"; \
 		SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \

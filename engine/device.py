@@ -169,6 +169,16 @@ def apple_bf16(chip: str) -> bool:
     return not chip.startswith("Apple M1")
 
 
+# A macOS virtual machine (GitHub's macOS runners among them) shows its GPU as "Apple Paravirtual device":
+# Metal answers, but MLX has crashed on it, and it is no GPU to train on. It counts as no Metal.
+PARAVIRTUAL_METAL = "Paravirtual"
+
+
+def metal_usable(metal: bool, info: dict[str, Any]) -> bool:
+    """Metal that MLX can train on: available, and not a virtual machine's paravirtual device."""
+    return metal and PARAVIRTUAL_METAL not in str(info.get("device_name", ""))
+
+
 def _mlx_probe() -> tuple[bool, dict[str, Any]]:
     """(Metal available, mx.device_info()) from an actual import of mlx."""
     import mlx.core as mx
@@ -187,7 +197,7 @@ def _mlx(require_metal: bool = False) -> DeviceInfo | None:
         return None
     metal, info = _mlx_probe()
     version = mlx_version()
-    if metal:
+    if metal_usable(metal, info):
         chip = str(info.get("device_name") or _apple_chip())
         return DeviceInfo(
             kind="mlx",
@@ -203,7 +213,8 @@ def _mlx(require_metal: bool = False) -> DeviceInfo | None:
         name=f"{cpu_name()} {MLX_ON_CPU}",
         memory_bytes=_system_memory(),
         bf16=False,
-        reason=f"MLX {version} on CPU, no Metal",
+        reason=f"MLX {version} on CPU, no Metal" if not metal else f"MLX {version} on CPU, {info.get('device_name')} is "
+        "a virtual machine's GPU, not one to train on",
     )
 
 

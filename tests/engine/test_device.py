@@ -230,3 +230,11 @@ def test_cuda_oom_with_one_sequence_is_a_clear_error(tiny_model_dir: Path) -> No
     oom_on_big_chunks(backend, rows=0)
     with pytest.raises(DeviceError, match="even one sequence at a time"):
         backend.train(tiny_items(backend))
+
+
+def test_a_virtual_macs_paravirtual_metal_counts_as_no_metal(monkeypatch: pytest.MonkeyPatch) -> None:
+    play_mac(monkeypatch, "Apple Paravirtual device")  # GitHub's macOS runners: Metal answers, MLX has crashed on it
+    info = pick_device("auto")
+    assert info.kind == "cpu" and "no Metal" in info.reason
+    forced = pick_device("mlx")
+    assert forced.kind == "mlx" and forced.name.endswith(dev.MLX_ON_CPU) and "virtual machine" in forced.reason
