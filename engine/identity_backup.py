@@ -144,10 +144,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
 
 def run(args: argparse.Namespace, paths: Paths) -> int:
     try:
-        if args.identity_action == "show":
-            identity = current(paths)
-            out: dict[str, Any] = {"name": identity.name, "peer_id": identity.peer_id, "file": str(identity.path)}
-            print(json.dumps(out) if args.json else f"{identity.name} (peer id {identity.peer_id}), key in {identity.path}")
+        if args.identity_action == "show":  # like export, makes the identity a first run would make
+            made = not paths.identity_file.exists()
+            identity = current(paths, create=True)
+            out: dict[str, Any] = {"name": identity.name, "peer_id": identity.peer_id, "file": str(identity.path),
+                                   "made_now": made}
+            print(json.dumps(out) if args.json else f"{identity.name} (peer id {identity.peer_id}), key in "
+                  f"{identity.path}" + (" (made now: this computer had none yet)" if made else ""))
         elif args.identity_action == "export":
             identity = export_identity(paths, args.file)
             out = {"name": identity.name, "peer_id": identity.peer_id, "file": str(args.file)}

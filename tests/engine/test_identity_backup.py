@@ -124,13 +124,19 @@ def test_importing_another_key_keeps_the_current_one_beside_it(tmp_path: Path, c
     assert len([p for p in data.iterdir() if p.name.startswith("identity.key.replaced-")]) == 1
 
 
-def test_export_makes_an_identity_when_there_is_none_and_refuses_folders(tmp_path: Path,
-                                                                         capsys: pytest.CaptureFixture[str]) -> None:
+def test_show_and_export_both_make_the_identity_when_there_is_none_and_agree(tmp_path: Path,
+                                                                            capsys: pytest.CaptureFixture[str]) -> None:
     home = tmp_path / "home"
-    code, _out, err = run(capsys, "identity", "show", "--home", str(home))
-    assert code == 2 and "no swarm identity yet" in err
+    code, out, _err = run(capsys, "identity", "show", "--home", str(home), "--json")
+    shown = json.loads(out)
+    assert code == 0 and shown["made_now"] is True and shown["peer_id"] == node(home).peer_id
+    code, out, _err = run(capsys, "identity", "show", "--home", str(home))
+    assert code == 0 and shown["peer_id"] in out and "made now" not in out
     code, out, _err = run(capsys, "identity", "export", str(tmp_path / "b.key"), "--home", str(home), "--json")
-    assert code == 0 and json.loads(out)["peer_id"] == node(home).peer_id
+    assert code == 0 and json.loads(out)["peer_id"] == shown["peer_id"]
+    fresh = tmp_path / "fresh"
+    code, out, _err = run(capsys, "identity", "export", str(tmp_path / "c.key"), "--home", str(fresh), "--json")
+    assert code == 0 and json.loads(out)["peer_id"] == node(fresh).peer_id
     code, _out, err = run(capsys, "identity", "export", str(tmp_path), "--home", str(home))
     assert code == 2 and "is a folder" in err
     key_file = Paths.under(home).identity_file
