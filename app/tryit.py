@@ -1,6 +1,6 @@
 """Try it (ask the trained model a question, beside the base model) and Export model….
 
-`TryItPanel` runs `sapling-node chat` (engine/chat.py) as a child process,
+`TryItPanel` runs `sapling-node chat` (engine/gguf/chat.py) as a child process,
 started when the tab is first shown so that it prepares the models before
 the first question, and shows its JSON lines: a fresh question of the chosen
 specialty, then both answers streaming token by token, then the verifier's
@@ -11,7 +11,7 @@ runs the child gets a budget of 1 thread (`TRAINING_THREADS`), else every core.
 `ExportDialog` runs `sapling-node export` as a child process with the chosen
 format and shows its progress lines, then where the file went.
 
-The messages `engine/chat.py` sends, and the command line that starts it,
+The messages `engine/gguf/chat.py` sends, and the command line that starts it,
 come from `engine.events` (`CHAT_MESSAGE_FIELDS`, `node_command`), the one
 engine module both sides of the process boundary import.
 """

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.config import build_config
-from engine.export import QUANTS, export_model
+from engine.gguf.export import QUANTS, export_model
 from engine.paths import Paths
 
 PROMPTS = [
@@ -85,7 +85,7 @@ def tie_margins(folder: Path, prompts: list[list[int]], want: list[list[int]], g
 def llama_greedy(path: Path, prompts: list[list[int]], tokens: int, kv: str = "f32") -> list[list[int]]:
     from llama_cpp import GGML_TYPE_F16, GGML_TYPE_F32, Llama
 
-    from engine.chat import greedy_tokens
+    from engine.gguf.chat import greedy_tokens
 
     kv_type = GGML_TYPE_F32 if kv == "f32" else GGML_TYPE_F16
     llm = Llama(model_path=str(path), n_ctx=1024, n_threads=2, type_k=kv_type, type_v=kv_type, verbose=False)

@@ -12,7 +12,7 @@
    history of 10,000 rounds so every chart draws 10,000 points.
 3. Try it streaming: with the engine still streaming, the Try it tab is shown
    and asked questions back to back for `--seconds`; a stand-in chat child
-   (STREAMING_CHAT below: the real `engine.chat` message format, no model)
+   (STREAMING_CHAT below: the real `engine.gguf.chat` message format, no model)
    streams both answers of 256 tokens (the typed-question cap) at
    `--tokens-per-second` tokens per side, faster than llama.cpp writes on a
    laptop. The same probe measures the stalls.
@@ -69,7 +69,7 @@ app.exec()
 """
 
 
-# A stand-in for `engine.chat` (its JSON-lines protocol, see that module): ready at once, then for
+# A stand-in for `engine.gguf.chat` (its JSON-lines protocol, see that module): ready at once, then for
 # each ask both sides' tokens at a fixed rate for a fixed time, then both answers.
 STREAMING_CHAT = """
 import json, sys, time
@@ -175,7 +175,7 @@ def main() -> int:
     from app.guards import route_qt_messages
     from app.gui import build_gui
     from app.power import PowerPolicy
-    from engine.chat import TYPED_MAX_TOKENS
+    from engine.gguf.chat import TYPED_MAX_TOKENS
     from engine.paths import Paths
 
     print(f"$ QT_QPA_PLATFORM=offscreen {Path(sys.executable).name} -m bench.gui_responsiveness --seconds {args.seconds:g}")

@@ -35,7 +35,7 @@ BUNDLED_NAME = "SmolLM2-135M-Instruct"
 # Written into every folder we convert, so a stale or foreign folder is never used.
 CONVERTED_MARKER = "sapling-converted.json"
 CONVERSION_VERSION = 1
-# The converted model as llama.cpp reads it, beside its safetensors (f16: engine.export's default quant).
+# The converted model as llama.cpp reads it, beside its safetensors (f16: engine.gguf.export's default quant).
 BASE_GGUF = "base.f16.gguf"
 BASE_GGUF_QUANT = "f16"
 
@@ -102,7 +102,7 @@ def ensure_base_gguf(model_dir: Path) -> None:
     once. Without the converter (no `tryit` extra) nothing is written: Try it
     then says what to install.
     """
-    from engine.llama_convert import converter_dir, hf_to_gguf
+    from engine.gguf.convert import converter_dir, hf_to_gguf
 
     path = Path(model_dir) / BASE_GGUF
     if path.is_file():

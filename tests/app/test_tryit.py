@@ -1,6 +1,6 @@
 """Try it and Export model…: the panel against a recorded chat stream and the real chat child, the export dialog.
 
-The recorded stream (fixtures/tryit-stream.jsonl) is what `engine.chat` sent
+The recorded stream (fixtures/tryit-stream.jsonl) is what `engine.gguf.chat` sent
 for one generated question on the bundled SmolLM2-135M with a round-1
 checkpoint; each line says after which command it was sent. A stand-in child
 replays it and logs the commands it received.

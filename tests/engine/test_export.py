@@ -18,9 +18,9 @@ import pytest
 from engine.checkpoint import save_checkpoint
 from engine.config import NodeConfig, build_config
 from engine.errors import CheckpointError, ConfigError, ModelError
-from engine.export import export_model, find_checkpoint
-from engine.gguf_merge import merge_lora, tensor_table
-from engine.llama_convert import CONVERTER_ENV
+from engine.gguf.convert import CONVERTER_ENV
+from engine.gguf.export import export_model, find_checkpoint
+from engine.gguf.merge import merge_lora, tensor_table
 from engine.paths import Paths
 
 # Every test here converts the bundled model (the `smol_dir` fixture) or starts `sapling-node export`.
@@ -112,7 +112,7 @@ def _torch_greedy(folder: Path, prompts: list[list[int]], max_tokens: int) -> li
 def _llama_greedy(path: Path, prompts: list[list[int]], max_tokens: int, lora: Path | None = None) -> list[list[int]]:
     from llama_cpp import GGML_TYPE_F32, Llama
 
-    from engine.chat import greedy_tokens
+    from engine.gguf.chat import greedy_tokens
 
     llm = Llama(model_path=str(path), lora_path=str(lora) if lora else None, n_ctx=1024, n_threads=1,
                 type_k=GGML_TYPE_F32, type_v=GGML_TYPE_F32, verbose=False)  # the KV cache as Try it keeps it
@@ -159,7 +159,7 @@ def test_gguf_export_loads_in_llama_cpp_and_answers_greedily_like_torch(tiny_smo
 def test_gguf_carries_the_tokenizer_and_chat_template(tiny_smol_dir: Path, tmp_path: Path) -> None:
     from llama_cpp import Llama
 
-    from engine.chat import prompt_tokens
+    from engine.gguf.chat import prompt_tokens
 
     paths = Paths.under(tmp_path / "home")
     config = _config(tiny_smol_dir)
@@ -195,7 +195,7 @@ def test_gguf_lora_applies_in_llama_cpp_like_the_merged_export(tiny_smol_dir: Pa
 
 
 def test_merging_an_adapter_into_the_base_gguf_gives_the_merged_export(tiny_smol_dir: Path, tmp_path: Path) -> None:
-    """engine/gguf_merge.py, as Try it uses it: numpy's merge equals torch's merged export, tensor by tensor."""
+    """engine/gguf/merge.py, as Try it uses it: numpy's merge equals torch's merged export, tensor by tensor."""
     import numpy as np
     from gguf import GGUFReader
 
@@ -353,7 +353,7 @@ def test_bundled_model_gguf_answers_ten_questions_like_torch(smol_dir: Path, tmp
     want = _torch_greedy(merged, prompts, 48)
     assert _llama_greedy(gguf, prompts, 48) == want
     # What Try it loads: the base model's f16 GGUF with the checkpoint's f32 adapter applied by llama.cpp
-    # (before the merge is done), and the two merged by engine/gguf_merge.py (after).
+    # (before the merge is done), and the two merged by engine/gguf/merge.py (after).
     base = export_model(config, paths, tmp_path / "base.gguf", "gguf", round_index=0).path
     adapter = export_model(config, paths, tmp_path / "adapter.gguf", "gguf-lora", "f32").path
     assert _llama_greedy(base, prompts, 48, lora=adapter) == want
@@ -365,7 +365,7 @@ def test_try_it_answers_with_the_cached_checkpoint_while_the_newest_is_exported_
     tiny_smol_dir: Path, tmp_path: Path
 ) -> None:
     """While training runs a checkpoint comes every round; only the first question waits for an export."""
-    from engine.chat import ChatServer
+    from engine.gguf.chat import ChatServer
 
     home = tmp_path / "home"
     paths = Paths.under(home)
@@ -373,6 +373,7 @@ def test_try_it_answers_with_the_cached_checkpoint_while_the_newest_is_exported_
     flags = ["--home", str(home), "--model", str(tiny_smol_dir), "--device", "cpu", "--set", "grpo.precision='fp32'"]
     sent: list[dict[str, Any]] = []
     server = ChatServer(config, paths, flags, sent.append, budget=1)
+    exports = server.exports  # the GGUF files it answers from (engine/gguf/cache.py)
     assert not server.problem
 
     def ask(ask_id: int) -> dict[str, Any]:
@@ -382,18 +383,18 @@ def test_try_it_answers_with_the_cached_checkpoint_while_the_newest_is_exported_
 
     _make_checkpoint(config, paths, 1)
     assert ask(1)["round"] == 1  # nothing cached: this one waits for the adapter's export ...
-    assert server._background is not None and server._background_rounds == (1,)  # ... and its merge follows
-    server._background.join(timeout=300)
-    assert server.merged_path(1).is_file()
+    assert exports._background is not None and exports._background_rounds == (1,)  # ... and its merge follows
+    exports._background.join(timeout=300)
+    assert exports.merged_path(1).is_file()
     _make_checkpoint(config, paths, 2, seed=2)
-    first = server._background
-    assert ask(2)["round"] == 1 and server._background is first  # round 1's export is fresh: no new export yet
-    assert server.models["trained"].path == server.merged_path(1) and server.models["trained"].lora is None
-    server.refresh_s = 0.0
+    first = exports._background
+    assert ask(2)["round"] == 1 and exports._background is first  # round 1's export is fresh: no new export yet
+    assert server.models["trained"].path == exports.merged_path(1) and server.models["trained"].lora is None
+    exports.refresh_s = 0.0
     assert ask(3)["round"] == 1  # at once, with round 1; round 2 is exported meanwhile
     assert any(m["type"] == "status" and m["id"] == 3 and "round 2 is being prepared" in m["message"] for m in sent)
-    assert server._background is not None
-    server._background.join(timeout=300)
+    assert exports._background is not None
+    exports._background.join(timeout=300)
     assert ask(4)["round"] == 2
 
 
@@ -401,29 +402,30 @@ def test_try_it_recovers_when_the_cached_export_vanishes_or_a_background_export_
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Neither is a crash of the chat child: the answer still comes, the failure is logged."""
-    from engine.chat import ChatServer
+    from engine.gguf.chat import ChatServer
 
     paths = Paths.under(tmp_path / "home")
     server = ChatServer(build_config("default", None, ["run.device='cpu'"]), paths, [], lambda m: None, budget=1)
+    exports = server.exports  # the GGUF files it answers from (engine/gguf/cache.py)
     exported: list[int] = []
 
     def fake_export(ask_id: int | None, round_index: int) -> Path:
         exported.append(round_index)
         return tmp_path / f"round-{round_index}.gguf"
 
-    monkeypatch.setattr(server, "newest_round", lambda: 2)
-    monkeypatch.setattr(server, "ensure_export", fake_export)
+    monkeypatch.setattr(exports, "newest_round", lambda: 2)
+    monkeypatch.setattr(exports, "ensure_export", fake_export)
     # round 1's export was listed, then pruned before it could be used: round 2 is exported now instead
-    monkeypatch.setattr(server, "_newest_cached", lambda below: (1, tmp_path / "pruned.gguf"))
-    assert server.trained_export(7) == (2, tmp_path / "round-2.gguf") and exported == [2]
+    monkeypatch.setattr(exports, "_newest_cached", lambda below: (1, tmp_path / "pruned.gguf"))
+    assert exports.trained_export(7) == (2, tmp_path / "round-2.gguf") and exported == [2]
 
     def failing_export(ask_id: int | None, round_index: int) -> Path:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(server, "ensure_export", failing_export)
-    server._export_in_background(3)
-    assert server._background is not None
-    server._background.join(timeout=10)
+    monkeypatch.setattr(exports, "ensure_export", failing_export)
+    exports._export_in_background(3)
+    assert exports._background is not None
+    exports._background.join(timeout=10)
     assert "background export of round 3 failed" in caplog.text and "No space left" in caplog.text
 
 
@@ -460,7 +462,7 @@ def test_try_it_exports_the_newest_checkpoint_when_it_opens_and_a_question_waits
     """`prepare` runs at the chat child's start; a question asked meanwhile joins it instead of exporting again."""
     import logging
 
-    from engine.chat import ChatServer
+    from engine.gguf.chat import ChatServer
 
     home = tmp_path / "home"
     paths = Paths.under(home)
@@ -469,9 +471,10 @@ def test_try_it_exports_the_newest_checkpoint_when_it_opens_and_a_question_waits
     _make_checkpoint(config, paths, 1)
     sent: list[dict[str, Any]] = []
     server = ChatServer(config, paths, flags, sent.append, budget=1)
-    with caplog.at_level(logging.INFO, logger="engine.chat"):
+    exports = server.exports  # the GGUF files it answers from (engine/gguf/cache.py)
+    with caplog.at_level(logging.INFO, logger="engine.gguf"):
         server.prepare()
-        assert server._background_rounds == (0, 1) and server._background is not None
+        assert exports._background_rounds == (0, 1) and exports._background is not None
         server.handle({"cmd": "ask", "id": 1, "text": "What is 17 + 25?"})
     assert not [m for m in sent if m["type"] == "error"], sent
     trained = next(m for m in sent if m["type"] == "answer" and m["side"] == "trained")
@@ -479,18 +482,18 @@ def test_try_it_exports_the_newest_checkpoint_when_it_opens_and_a_question_waits
     assert caplog.text.count("exporting for Try it") == 2  # the base model and round 1, once each
     # Round 1 was exported as its adapter alone, then merged into the base GGUF; the first answer
     # came from one of the two (the adapter at run time when the merge was not done yet).
-    adapter, base, merged = server.export_path(1), server.export_path(0), server.merged_path(1)
+    adapter, base, merged = exports.export_path(1), exports.export_path(0), exports.merged_path(1)
     assert adapter.name.endswith(".lora-f32.gguf") and "'gguf-lora'" in caplog.text
-    assert server._background is not None
-    server._background.join()
+    assert exports._background is not None
+    exports._background.join()
     assert merged.is_file() and merged.stat().st_size == base.stat().st_size
     assert "merged round 1 into the base model" in caplog.text
-    assert server.trained_model(1, adapter) == (merged, None)
+    assert exports.trained_model(1, adapter) == (merged, None)
     stale = adapter.with_name("round-000001.lora-f16.gguf")  # what an older version cached
     stale.write_bytes(b"old")
-    server._prune(adapter.parent)
+    exports._prune(adapter.parent)
     assert not stale.exists() and adapter.is_file() and merged.is_file()
     assert any(m["type"] == "status" and "begun when Try it opened" in m["message"] for m in sent)
     again = ChatServer(config, paths, flags, sent.append, budget=1)
     again.prepare()
-    assert again._background is None  # both cached: nothing left to prepare
+    assert again.exports._background is None  # both cached: nothing left to prepare

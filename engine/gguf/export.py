@@ -7,7 +7,7 @@
     sapling-node export --format gguf-lora --out adapter.gguf     # the LoRA alone, for llama.cpp's --lora
 
 GGUF files are written by llama.cpp's own converters, `convert_hf_to_gguf.py`
-and `convert_lora_to_gguf.py` (engine/llama_convert.py: where they are and
+and `convert_lora_to_gguf.py` (engine/gguf/convert.py: where they are and
 how they run). The base model of the bundled source is converted once, when
 the bundled model is (engine/models.py); `--round 0 --format gguf` copies it.
 
@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 from engine.checkpoint import Checkpoint, _listed, checkpoint_name, verify
 from engine.errors import CheckpointError, ConfigError
-from engine.llama_convert import CONVERT_LORA, atomic_file, converter_dir, hf_to_gguf, run_converter
+from engine.gguf.convert import CONVERT_LORA, atomic_file, converter_dir, hf_to_gguf, run_converter
 from engine.seeds import fixed_seed
 
 if TYPE_CHECKING:

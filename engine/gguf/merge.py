@@ -1,6 +1,6 @@
 """Merge a LoRA adapter GGUF into its base model's GGUF, with numpy: no torch, no conversion script.
 
-Try it (engine/chat.py) answers from a merged GGUF per checkpoint. Exporting
+Try it (engine/gguf/chat.py) answers from a merged GGUF per checkpoint. Exporting
 a merged model through torch and llama.cpp's converter takes about 12 s on
 two cores; exporting the adapter alone (`sapling-node export --format
 gguf-lora`) takes about 5 s, and merging it here into the base GGUF, which

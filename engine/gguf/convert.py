@@ -10,7 +10,7 @@ looked. A converter runs as ``__main__`` in this process (a frozen build has
 no Python to run a script with), with its own `gguf` swapped in for the time
 of the call. Converting imports torch.
 
-Used by engine/export.py (`sapling-node export`) and engine/models.py (the
+Used by engine/gguf/export.py (`sapling-node export`) and engine/models.py (the
 bundled model's base GGUF, prepared when it is converted).
 
 Tests: .venv/bin/python -m pytest tests/engine/test_export.py -q
