@@ -2,10 +2,11 @@
 
 `PeersPanel` says where this node is: the swarm's name and the relay in use
 (from the `swarm` event, or the settings before training starts), with a
-"Switch swarm…" button; then the computers online (from the newer of the
-`swarm` and `peers` events, so the count is there as soon as the relay
-answers) and the latest `peers` event: rollouts received, accepted and
-rejected, why they were rejected, and a row per peer.
+"Switch swarm…" button, and, when its link to the relay was lost, that it is
+cut off and trying again, or since when it is back; then the computers
+online (from the newer of the `swarm` and `peers` events, so the count is
+there as soon as the relay answers) and the latest `peers` event: rollouts
+received, accepted and rejected, why they were rejected, and a row per peer.
 `LogView` shows the engine's log events and its stderr, batched so a burst of
 lines costs one repaint, and capped at `LogView.MAX_LINES` lines.
 """
@@ -115,6 +116,26 @@ class Tile(QFrame):
         self.note.setText(note or " ")
 
 
+# How long the swarm panel says the link is back after it was lost.
+BACK_NOTE_S = 600.0
+
+
+def link_note(swarm: dict[str, Any], now: float) -> str:
+    """The swarm panel's words about a relay link lost this run: cut off and trying again, or back (for
+    BACK_NOTE_S); "" when it never was lost or that is long past."""
+    lost = number(swarm.get("lost_at"))
+    if not swarm.get("relay") or lost is None:
+        return ""
+    at = time.strftime("%H:%M", time.localtime(lost))
+    if not swarm.get("connected"):
+        return (f"Cut off from the relay since {at}. Sapling keeps trying to reconnect; meanwhile it trains on "
+                "this computer's own rollouts.")
+    back = number(swarm.get("since"))
+    if back is None or now - back > BACK_NOTE_S:
+        return ""
+    return f"Back in touch with the relay since {time.strftime('%H:%M', time.localtime(back))} (cut off at {at})."
+
+
 def swarm_place(swarm: dict[str, Any], mode: str, invite_name: str, first_relay: str) -> tuple[str, str]:
     """(the swarm's name, the relay in use) in words, from the `swarm` event or, before it, the settings."""
     local = ("Local swarm on this computer", "this computer (nothing leaves it)")
@@ -208,6 +229,11 @@ class PeersPanel(QFrame):
             label.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
         where.addWidget(self.swarm_name)
         where.addWidget(self.relay)
+        self.link = QLabel()  # cut off from the relay, or back: `link_note`
+        self.link.setWordWrap(True)
+        self.link.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
+        self.link.hide()
+        where.addWidget(self.link)
         return where
 
     def refresh_place(self) -> None:
@@ -216,6 +242,10 @@ class PeersPanel(QFrame):
         self.swarm_name.setText(name)
         self.swarm_name.setToolTip(name)
         self.relay.setText(f"Relay: {relay}")
+        note = link_note(self.session.swarm, time.time()) if self.session.state != "stopped" else ""
+        self.link.setText(note)
+        self.link.setStyleSheet(f"color: {theme.ERROR if not self.session.swarm.get('connected') else theme.ACCENT};")
+        self.link.setVisible(bool(note))
 
     @staticmethod
     def _table(headers: list[str]) -> QTableWidget:

@@ -243,7 +243,8 @@ class Session(QObject):
         if not isinstance(reasons, dict) or not isinstance(by_peer, dict):
             raise TypeError("rejected_by_reason and by_peer must be objects")
         self.peers = {**event, "rejected_by_reason": reasons, "by_peer": by_peer}
-        self.online = int(event["online"])
+        # `connected` is optional: cut off from the relay, the engine's count of computers online is stale.
+        self.online = None if event.get("connected") is False else int(event["online"])
         self.peersChanged.emit()
 
     def _on_swarm(self, event: Mapping[str, Any]) -> None:
@@ -252,6 +253,10 @@ class Session(QObject):
         for key, kind in (("swarm_name", str), ("relay_name", str), ("relays", list)):
             if isinstance(event.get(key), kind):
                 self.swarm[key] = event[key]
+        # Optional: when the link last changed, and when it was last lost (the swarm panel says cut off, or back).
+        for key in ("since", "lost_at"):
+            if (when := number(event.get(key))) is not None:
+                self.swarm[key] = when
         # `online` is optional in the schema; the engine sends it on every link change, long before round 1.
         online = number(event.get("online"))
         if not event["connected"]:

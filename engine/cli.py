@@ -28,9 +28,9 @@ from engine import __version__, identity_backup, node_stats
 from engine.config import NodeConfig
 from engine.errors import SaplingError
 from engine.events import Event
-from engine.export import DEFAULT_QUANT
-from engine.export import FORMATS as EXPORT_FORMATS
-from engine.export import QUANTS as EXPORT_QUANTS
+from engine.gguf.export import DEFAULT_QUANT, export_model
+from engine.gguf.export import FORMATS as EXPORT_FORMATS
+from engine.gguf.export import QUANTS as EXPORT_QUANTS
 from engine.launch import add_settings_flags, config_from_args, run_node, setup_logging, stop_on_signals
 from engine.paths import Paths
 
@@ -133,8 +133,11 @@ class TerminalView:
         elif kind == "peers":
             self._close_bar()
             reasons = ", ".join(f"{k} {v}" for k, v in sorted(event.get("rejected_by_reason", {}).items()))
+            # Cut off, the last count of peers online is stale: say what is going on instead.
+            link = "cut off from the relay, reconnecting" if event.get("connected") is False \
+                else f"{event['online']} peers online"
             self._tqdm.write(
-                f"[swarm] {event['online']} peers online | received {event['received']} | accepted {event['accepted']} "
+                f"[swarm] {link} | received {event['received']} | accepted {event['accepted']} "
                 f"| rejected {event['rejected']}" + (f" ({reasons})" if reasons else ""),
                 file=sys.stderr,
             )
@@ -165,8 +168,6 @@ def cmd_run(args: argparse.Namespace, paths: Paths, config: NodeConfig) -> int:
 
 
 def cmd_export(args: argparse.Namespace, paths: Paths, config: NodeConfig) -> int:
-    from engine.export import export_model
-
     result = export_model(config, paths, args.out, args.format, args.quant, args.export_round,
                           report=lambda message: print(message, flush=True))
     what = "the base model" if result.round == 0 else f"round {result.round}"
@@ -214,8 +215,8 @@ def cmd_experiment(args: argparse.Namespace, paths: Paths) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["chat"]:  # the app's Try it tab (engine/chat.py): its own JSON-lines protocol and flags
-        from engine.chat import main as chat_main
+    if argv[:1] == ["chat"]:  # the app's Try it tab (engine/gguf/chat.py): its own JSON-lines protocol and flags
+        from engine.gguf.chat import main as chat_main
 
         return chat_main(argv[1:])
     parser = build_parser()

@@ -16,8 +16,8 @@ Event types and their required fields:
                 (phase: generating, scoring, training, evaluating, checkpointing)
     round       round, metrics
     eval        round, accuracy, reward_mean, questions, by_specialty
-    peers       online, received, accepted, rejected  (+ not_picked, probation, rejected_by_reason, by_peer,
-                banned, this_round); counts are items (a question with its completions), totals for
+    peers       online, received, accepted, rejected  (+ connected, not_picked, probation, rejected_by_reason,
+                by_peer, banned, this_round); counts are items (a question with its completions), totals for
                 this run; by_peer[id]["banned"] and banned[id] are {reason, since, until, source} or
                 absent/null (until null: until lifted; source "strikes" or "config")
     swarm       peer_id, name, relay, connected, message
@@ -35,7 +35,7 @@ ban before the next swarm sample and is answered by a `peers` event.
 
 Two more rules cross the same boundary and live here too: the messages of
 Try it's child, `sapling-node chat` (`CHAT_MESSAGE_FIELDS`, `CHAT_COMMANDS`;
-engine/chat.py explains each), and how any process starts a `sapling-node`
+engine/gguf/chat.py explains each), and how any process starts a `sapling-node`
 subcommand as a child (`node_command`).
 """
 
@@ -74,7 +74,7 @@ COMMAND_FIELDS: Mapping[str, tuple[tuple[str, type], ...]] = {"unban": (("peer",
 
 Event = dict[str, Any]
 
-# `sapling-node chat` (engine/chat.py, the app's Try it tab): the messages it writes and their required
+# `sapling-node chat` (engine/gguf/chat.py, the app's Try it tab): the messages it writes and their required
 # fields, and the commands it reads.
 CHAT_MESSAGE_FIELDS: Mapping[str, tuple[str, ...]] = {
     "ready": ("llama_cpp", "message", "specialties"),

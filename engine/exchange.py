@@ -77,7 +77,7 @@ from engine.rollouts import (
 )
 from engine.rules import parse_invite
 from engine.swarm import protocol
-from engine.swarm.client import LinkState, RelayMemory, SwarmClient
+from engine.swarm.client import LinkState, RelayMemory, SwarmClient, duration_text
 from engine.swarm.identity import Identity, readable_name, verify_signed
 from engine.swarm.receipts import NOT_PICKED, receipts_payload
 from engine.tasks import TaskRef, TaskSet
@@ -211,7 +211,7 @@ class SwarmExchange:
         self.emit(make_event(
             "swarm", peer_id=self.identity.peer_id, name=self.identity.name, relay=self.relay_label,
             connected=state.connected, message=message, online=state.online, since=state.since,
-            swarm_name=self.swarm_name, relays=list(self.client.urls), relay_name=state.relay,
+            lost_at=state.lost_at, swarm_name=self.swarm_name, relays=list(self.client.urls), relay_name=state.relay,
         ))
 
     def _link_sentence(self, state: LinkState) -> str:
@@ -219,7 +219,14 @@ class SwarmExchange:
         where = f" through {state.url}" if several and state.url else ""
         if state.connected:
             online = "1 peer" if state.online == 1 else f"{state.online} peers"
+            if state.lost_at is not None:
+                cut_off = duration_text(state.since - state.lost_at)
+                return f"Back in the swarm{where} after {cut_off} cut off ({online} online, this node included)."
             return f"Connected to the swarm{where} ({online} online, this node included)."
+        if state.lost_at is not None:
+            then = f"; trying {state.url} next" if several and state.url else ""
+            return (f"Cut off from the relay ({state.last_error}){then}; reconnecting by itself, and training on "
+                    "local rollouts meanwhile.")
         if state.last_error:
             then = f"; trying {state.url} next" if several and state.url else ""
             return f"Relay unreachable ({state.last_error}){then}; training on local rollouts."
@@ -452,6 +459,7 @@ class SwarmExchange:
             received=self.received,
             accepted=sum(c.accepted for c in self.peers.values()),
             rejected=sum(c.rejected for c in self.peers.values()),
+            connected=self.client.state.connected,
             not_picked=sum(c.not_picked for c in self.peers.values()),
             probation=sum(c.probation for c in self.peers.values()),
             rejected_by_reason=dict(rejected_by_reason),

@@ -6,7 +6,20 @@ The training loop is synchronous; it calls `publish` after each round and
 solo and says so. The connection is kept up in the background, reconnecting
 with exponential backoff and full jitter, and resumes by itself. Sequence
 numbers are at least the current time in milliseconds, so they keep rising
-across reconnects and restarts without being stored.
+across reconnects and restarts without being stored. A batch is sent once:
+one lost with a dead link is not sent again.
+
+A link can die without a word: a Wi-Fi blink or a middlebox that forwards
+nothing keeps the TCP connection open for many minutes, and a connection
+attempt across it may be accepted and never answered. So every wait has a
+deadline. The link counts as alive while frames come from the relay (its
+stats every 5 s, its pings, the pongs to ours): after half a `heartbeat` of
+quiet the client pings, and after a whole one of silence it gives the link
+up ("no answer from the relay for 20 s"), marks itself disconnected and
+reconnects. Opening a link (TCP, TLS, the websocket upgrade, the relay's
+challenge and welcome) must end within `CONNECT_TIMEOUT_S`, and closing one
+within `CLOSE_TIMEOUT_S`. The log says once when the link is lost and once
+when it is back, with how long it was down.
 
 `sample` keeps the relay's sampling cursor between calls, so each call draws
 only from batches published since the previous one (docs/protocol.md,
@@ -34,7 +47,7 @@ import random
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
@@ -53,11 +66,14 @@ log = logging.getLogger(__name__)
 
 BACKOFF_START_S = 0.5
 BACKOFF_CAP_S = 30.0
-CONNECT_TIMEOUT_S = 10.0
+CONNECT_TIMEOUT_S = 10.0  # opening a link, from the TCP connect to the welcome; also one publish's send
+CLOSE_TIMEOUT_S = 2.0  # the closing handshake; on a dead link it never ends, and giving up drops the connection
 # The client paces its requests below the relay's announced rate limit, with half its burst,
 # so that a fast node (tiny rounds, a big GPU) waits a moment instead of being refused.
 PACE_SHARE = 0.9
 SOFTWARE = f"sapling/{__version__}"
+# How a link fails, expectedly: anything else is a bug, logged with its traceback (and the link retried all the same).
+LINK_ERRORS = (aiohttp.ClientError, OSError, TimeoutError, protocol.ProtocolError, ConnectionError)
 
 
 @dataclass
@@ -71,6 +87,7 @@ class LinkState:
     relay: str = ""  # the name the relay gave in its challenge
     url: str = ""  # the relay address in use (or being tried)
     since: float = field(default_factory=time.time)  # when `connected` last changed
+    lost_at: float | None = None  # when the link was last lost (None: not this run); once back, since - lost_at is the outage
     published: int = 0
     publish_errors: Counter[str] = field(default_factory=Counter)
     models: Any = None  # the welcome's `models`: the swarm's model policy (engine/model_policy.py reads it)
@@ -116,6 +133,24 @@ class RelayMemory:
                 log.warning("could not remember the relay in %s: %s", self.path, exc)
 
 
+class LinkSilent(ConnectionError):
+    """The relay sent nothing for a whole heartbeat: the link is dead, whatever TCP says."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(f"no answer from the relay for {seconds:.0f} s")
+        self.seconds = seconds  # the link has been dead this long already
+
+
+def duration_text(seconds: float) -> str:
+    """A length of time in words for the log and the swarm line: '45 s', '5 min 12 s', '2 h 3 min'."""
+    whole = max(0, round(seconds))
+    if whole < 60:
+        return f"{whole} s"
+    if whole < 3600:
+        return f"{whole // 60} min {whole % 60} s"
+    return f"{whole // 3600} h {whole % 3600 // 60} min"
+
+
 class SwarmClient:
     def __init__(
         self,
@@ -125,10 +160,14 @@ class SwarmClient:
         on_change: Callable[[LinkState], None] | None = None,
         rng: random.Random | None = None,
         memory: RelayMemory | None = None,
+        heartbeat: float = protocol.HEARTBEAT_S,
     ) -> None:
         urls = [url] if isinstance(url, str) else list(url)
         if not urls:
             raise ValueError("SwarmClient needs at least one relay address")
+        if heartbeat <= 0:
+            raise ValueError("the heartbeat must be a positive number of seconds")
+        self.heartbeat = heartbeat  # a link silent this long is given up (pinged after half of it)
         self.memory = memory
         self.urls = memory.order(urls) if memory is not None else list(dict.fromkeys(urls))
         self._index = 0  # the relay in use, or tried next
@@ -152,6 +191,7 @@ class SwarmClient:
         self._fatal_message = ""
         self._bucket: TokenBucket | None = None  # this link's pace, from the relay's welcome
         self._pace_lock: asyncio.Lock | None = None
+        self._down_since: float | None = None  # monotonic time the link was lost, until it is back
 
     @property
     def url(self) -> str:
@@ -227,24 +267,27 @@ class SwarmClient:
                     await self._session(session)
                 except asyncio.CancelledError:
                     raise
-                except (aiohttp.ClientError, OSError, TimeoutError, protocol.ProtocolError, ConnectionError) as exc:
+                except Exception as exc:  # whatever ended this attempt, the next one comes
+                    if not isinstance(exc, LINK_ERRORS):
+                        log.exception("the relay link failed unexpectedly")
                     if self.state.connected:
                         attempt = 0  # it had been up: start the backoff again
                     failed = self.url
                     if len(self.urls) > 1:  # the next relay of the swarm gets the next attempt
                         self._index = (self._index + 1) % len(self.urls)
                         log.info("relay %s failed (%s); trying %s next", failed, exc, self.url)
-                    self._set(connected=False, last_error=str(exc) or type(exc).__name__, url=self.url)
+                    self._link_down(failed, str(exc) or type(exc).__name__,
+                                    exc.seconds if isinstance(exc, LinkSilent) else 0.0)
                 finally:
-                    self._ws = None
+                    ws, self._ws = self._ws, None
                     for future in self._pending.values():
                         if not future.done():
                             future.set_result({"batches": [], "cursor": None})
                     self._pending.clear()
+                    if ws is not None:  # closed only now: the node already knows the link is down
+                        await self._close(ws)
                 if self._stop.is_set():
                     break
-                if self.state.connected:
-                    self._set(connected=False)
                 delay = self._rng.uniform(0, min(BACKOFF_CAP_S, BACKOFF_START_S * 2**attempt))
                 if self._fatal_code in (protocol.E_BANNED, protocol.E_FORBIDDEN):
                     delay = max(delay, BACKOFF_CAP_S)  # refused on purpose: retry rarely
@@ -254,43 +297,131 @@ class SwarmClient:
                     await asyncio.wait_for(self._wake.wait(), delay)
                 self._wake.clear()  # cleared after the wait: a wake() during the last attempt still counts
 
-    async def _session(self, session: aiohttp.ClientSession) -> None:
-        async with session.ws_connect(
-            self.url, heartbeat=protocol.HEARTBEAT_S, max_msg_size=protocol.MAX_RESPONSE_BYTES,
-            timeout=aiohttp.ClientWSTimeout(ws_close=5.0), autoping=True,
-        ) as ws:
-            first = await asyncio.wait_for(ws.receive(), timeout=CONNECT_TIMEOUT_S)
-            if first.type != aiohttp.WSMsgType.TEXT:
-                raise ConnectionError("relay closed before its challenge")
-            challenge = protocol.decode_relay(first.data)
-            if challenge["type"] != "challenge":
-                raise protocol.ProtocolError(protocol.E_AUTH, f"expected a challenge, got {challenge['type']}")
-            payload = protocol.hello_payload(self.identity.public_key, challenge["nonce"], time.time(), self.token, SOFTWARE)
-            await ws.send_str(protocol.encode(protocol.msg_hello(self.identity.signed(payload))))
-            welcome = protocol.decode_relay((await asyncio.wait_for(ws.receive(), timeout=CONNECT_TIMEOUT_S)).data)
-            if welcome["type"] == "error":
-                self._fatal_code = welcome["code"]
-                raise ConnectionError(f"relay refused the handshake: {welcome['code']}: {welcome['message']}")
-            if welcome["type"] != "welcome":
-                raise protocol.ProtocolError(protocol.E_AUTH, f"expected a welcome, got {welcome['type']}")
-            self._fatal_code = self._fatal_message = ""
-            self._bucket = pace(welcome.get("limits"))
-            self._ws = ws
-            if self.memory is not None:
-                self.memory.remember(self.url)
-            self._set(connected=True, online=welcome["online"], last_error="", relay=challenge["relay"], url=self.url,
-                      models=welcome["models"])
+    def _link_down(self, url: str, reason: str, dead_for: float) -> None:
+        """The link to `url` is down (dead for `dead_for` s already when it fell silent), or an attempt at it
+        failed: say why. A link that was up is lost, and the log says so once."""
+        if self.state.connected:
+            self._down_since = time.monotonic() - dead_for
+            log.info("lost the link to the relay %s (%s); training alone until it is back", url, reason)
+            self._set(connected=False, online=0, lost_at=time.time() - dead_for, last_error=reason, url=self.url)
+        else:
+            self._set(last_error=reason, url=self.url)
+
+    def _link_up(self, challenge: dict[str, Any], welcome: dict[str, Any]) -> None:
+        """The relay let this node in: connected (after a loss, the log says how long the link was down)."""
+        if self._down_since is not None:
+            log.info("the link to the relay %s is back after %s down (%d online)", self.url,
+                     duration_text(time.monotonic() - self._down_since), welcome["online"])
+            self._down_since = None
+        else:
             log.info("joined the swarm at %s as %s (%d online)", self.url, self.identity.name, welcome["online"])
-            async for msg in ws:
-                if msg.type != aiohttp.WSMsgType.TEXT:
-                    break
+        self._set(connected=True, online=welcome["online"], last_error="", relay=challenge["relay"], url=self.url,
+                  models=welcome["models"])
+
+    async def _session(self, session: aiohttp.ClientSession) -> None:
+        """One link, from opening it to its end (always an exception; `_connect_forever` closes `_ws`)."""
+        ws, challenge, welcome = await self._open(session)
+        self._ws = ws
+        self._fatal_code = self._fatal_message = ""
+        self._bucket = pace(welcome.get("limits"))
+        if self.memory is not None:
+            self.memory.remember(self.url)
+        self._link_up(challenge, welcome)
+        await self._listen(ws)
+        if self._fatal_message:  # the relay said why before closing
+            raise ConnectionError(self._fatal_message)
+        raise ConnectionError(f"relay closed the connection (code {ws.close_code})")
+
+    async def _open(self, session: aiohttp.ClientSession) -> tuple[aiohttp.ClientWebSocketResponse, dict[str, Any],
+                                                                   dict[str, Any]]:
+        """Connect and pass the relay's handshake within CONNECT_TIMEOUT_S: (the websocket, challenge, welcome).
+
+        Without this deadline an attempt across a link that accepts and forwards nothing waits out aiohttp's
+        five minutes, and the node stays cut off that long after the link is back."""
+        ws: aiohttp.ClientWebSocketResponse | None = None
+        try:
+            async with asyncio.timeout(CONNECT_TIMEOUT_S):
+                ws = await session.ws_connect(
+                    self.url, max_msg_size=protocol.MAX_RESPONSE_BYTES, autoping=False,
+                    timeout=aiohttp.ClientWSTimeout(ws_close=CLOSE_TIMEOUT_S),
+                )
+                challenge = protocol.decode_relay(await self._text(ws, "relay closed before its challenge"))
+                if challenge["type"] != "challenge":
+                    raise protocol.ProtocolError(protocol.E_AUTH, f"expected a challenge, got {challenge['type']}")
+                payload = protocol.hello_payload(self.identity.public_key, challenge["nonce"], time.time(), self.token,
+                                                 SOFTWARE)
+                await ws.send_str(protocol.encode(protocol.msg_hello(self.identity.signed(payload))))
+                welcome = protocol.decode_relay(await self._text(ws, "relay closed before its welcome"))
+                if welcome["type"] == "error":
+                    self._fatal_code = welcome["code"]
+                    raise ConnectionError(f"relay refused the handshake: {welcome['code']}: {welcome['message']}")
+                if welcome["type"] != "welcome":
+                    raise protocol.ProtocolError(protocol.E_AUTH, f"expected a welcome, got {welcome['type']}")
+                return ws, challenge, welcome
+        except BaseException as exc:
+            if ws is not None:
+                await self._close(ws)
+            if isinstance(exc, TimeoutError):
+                raise ConnectionError(f"no answer from the relay within {CONNECT_TIMEOUT_S:g} s of connecting") from exc
+            raise
+
+    @staticmethod
+    async def _text(ws: aiohttp.ClientWebSocketResponse, closed: str) -> str:
+        """The next text frame of the handshake, answering pings on the way; ConnectionError(`closed`) when none comes."""
+        while True:
+            msg = await ws.receive()
+            if msg.type == aiohttp.WSMsgType.PING:
+                await ws.pong(msg.data)
+            elif msg.type == aiohttp.WSMsgType.TEXT:
+                return str(msg.data)
+            elif msg.type != aiohttp.WSMsgType.PONG:
+                raise ConnectionError(closed)
+
+    async def _listen(self, ws: aiohttp.ClientWebSocketResponse) -> None:
+        """Hand the relay's messages to `_dispatch` until the link ends; LinkSilent when it falls silent.
+
+        Every frame is a sign of life: the relay's stats come every few seconds, and its pings. After half a
+        heartbeat of quiet the relay gets a ping; after a whole one of silence the link is dead. (aiohttp's
+        own heartbeat would end the link as an anonymous close, code 1006, and no later than 1.5 heartbeats.)"""
+        loop = asyncio.get_running_loop()
+        heard = loop.time()
+        pinged = False
+        while True:
+            try:
+                async with asyncio.timeout_at(heard + (self.heartbeat if pinged else self.heartbeat / 2)):
+                    msg = await ws.receive()
+            except TimeoutError:
+                if pinged:
+                    raise LinkSilent(loop.time() - heard) from None
+                pinged = True
+                await self._control(ws.ping(), heard + self.heartbeat)
+                continue
+            heard, pinged = loop.time(), False
+            if msg.type == aiohttp.WSMsgType.PING:
+                await self._control(ws.pong(msg.data), heard + self.heartbeat)
+            elif msg.type == aiohttp.WSMsgType.TEXT:
                 try:
                     self._dispatch(protocol.decode_relay(msg.data))
                 except protocol.ProtocolError as exc:
                     log.warning("ignored a bad message from the relay: %s", exc)
-            if self._fatal_message:  # the relay said why before closing
-                raise ConnectionError(self._fatal_message)
-            raise ConnectionError(f"relay closed the connection (code {ws.close_code})")
+            elif msg.type != aiohttp.WSMsgType.PONG:
+                return
+
+    @staticmethod
+    async def _control(send: Awaitable[None], deadline: float) -> None:
+        """Send a ping or pong, giving up at `deadline`: a dead link's full buffer would hold the write forever,
+        and a frame that cannot go out shows up as silence."""
+        with contextlib.suppress(TimeoutError, ConnectionError, aiohttp.ClientError):
+            async with asyncio.timeout_at(deadline):
+                await send
+
+    @staticmethod
+    async def _close(ws: aiohttp.ClientWebSocketResponse) -> None:
+        """Close the websocket within CLOSE_TIMEOUT_S: on a dead link the closing handshake never ends, and an
+        abandoned close drops the connection."""
+        with contextlib.suppress(TimeoutError, ConnectionError, aiohttp.ClientError):
+            async with asyncio.timeout(CLOSE_TIMEOUT_S):
+                await ws.close()
 
     def _dispatch(self, msg: dict[str, Any]) -> None:
         type_ = msg["type"]
@@ -378,9 +509,10 @@ class SwarmClient:
             future: asyncio.Future[dict[str, Any]] = self._loop.create_future()
             self._pending[request_id] = future
             try:
-                await self._paced()
-                await ws.send_str(protocol.encode(protocol.msg_sample(request_id, n, self._cursor)))
-                answer = await asyncio.wait_for(future, timeout)
+                async with asyncio.timeout(timeout):  # the pace and the send too: a dead link's send never ends
+                    await self._paced()
+                    await ws.send_str(protocol.encode(protocol.msg_sample(request_id, n, self._cursor)))
+                    answer = await future
             finally:
                 self._pending.pop(request_id, None)
             if answer["cursor"] is not None:  # a relay from before cursors sends none: keep ours
@@ -388,10 +520,15 @@ class SwarmClient:
             batches: list[protocol.Signed] = answer["batches"]
             return batches
 
+        future = asyncio.run_coroutine_threadsafe(ask(), self._loop)
         try:
-            return asyncio.run_coroutine_threadsafe(ask(), self._loop).result(timeout=timeout + 1)
-        except (FutureTimeout, TimeoutError, ConnectionError, RuntimeError, aiohttp.ClientError) as exc:
-            self._set(last_error=f"sample failed: {exc}")
+            return future.result(timeout=timeout + 1)
+        except (FutureTimeout, TimeoutError):
+            future.cancel()
+            self._set(last_error=f"no answer to a sample within {timeout:g} s")
+            return []
+        except (ConnectionError, RuntimeError, aiohttp.ClientError) as exc:
+            self._set(last_error=f"sample failed: {exc or type(exc).__name__}")
             return []
 
 
