@@ -15,6 +15,7 @@ import re
 from dataclasses import replace
 
 from PySide6.QtCore import Qt, Signal
+from PySide6.QtGui import QShowEvent
 from PySide6.QtWidgets import (
     QButtonGroup,
     QCheckBox,
@@ -370,6 +371,10 @@ class _SettingsDialogBase(QDialog):
         self.form = SettingsForm(idle_supported, ac_supported)
         self.form.set_values(engine, app)
         self.start_training = False
+
+    def showEvent(self, event: QShowEvent) -> None:
+        super().showEvent(event)
+        theme.fit_to_contents(self)  # a real window is sized before its wrapped hints are measured
 
     def _buttons(self, labels: list[tuple[str, bool, bool]]) -> QHBoxLayout:
         """(text, primary, starts training) for each button, right-aligned; Cancel is Esc."""

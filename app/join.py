@@ -233,6 +233,7 @@ class JoinDialog(QDialog):
         self.join_button.setEnabled(False)
         self.retry_button.hide()
         self.card.show_loading(self.text)
+        theme.fit_to_contents(self)
         self.fetcher.fetch(self.text)
 
     def _on_preview(self, result: object) -> None:
@@ -245,6 +246,7 @@ class JoinDialog(QDialog):
         else:
             self.card.show_error(str(result))
             self.retry_button.show()
+        theme.fit_to_contents(self)
 
     def done(self, result: int) -> None:
         code = getattr(result, "value", result)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from PySide6.QtCore import QPointF, QRectF, Qt
 from PySide6.QtGui import QBrush, QColor, QIcon, QPainter, QPainterPath, QPalette, QPixmap
-from PySide6.QtWidgets import QApplication
+from PySide6.QtWidgets import QApplication, QWidget
 
 ACCENT = "#2f855a"  # sapling green: own reward, primary buttons
 ACCENT_DARK = "#276749"
@@ -93,6 +93,28 @@ def apply(app: QApplication) -> None:
     palette.setColor(QPalette.ColorRole.PlaceholderText, QColor("#8a959e"))
     app.setPalette(palette)
     app.setStyleSheet(STYLE_SHEET)
+
+
+def fit_to_contents(window: QWidget) -> None:
+    """Make a window at least as tall as its word-wrapped labels need at its width, and that tall now.
+
+    A window manager sizes a window once, from its size hint, when it is mapped; a label that
+    wraps onto more lines later (a relay's answer arriving) then squeezes its neighbours and is
+    clipped, which an offscreen screenshot never shows. The height for the window's width is the
+    layout's heightForWidth; it is capped at the screen's available height.
+    """
+    layout = window.layout()
+    if layout is None:
+        return
+    layout.activate()
+    width = max(window.width(), window.minimumSizeHint().width())
+    height = layout.totalHeightForWidth(width) if layout.hasHeightForWidth() else layout.totalSizeHint().height()
+    screen = window.screen()
+    if screen is not None:
+        height = min(height, screen.availableGeometry().height() - 40)
+    window.setMinimumHeight(height)
+    if window.height() < height:
+        window.resize(width, height)
 
 
 def assets_dir() -> Path:
