@@ -54,6 +54,29 @@ from engine.paths import Paths
 
 CONTRIBUTION_TAB = "Your contribution"
 
+def specialty_tooltip(metrics: dict[str, object]) -> str:
+    """The "Your reward" tile's tooltip: the last round's reward per specialty and, with adaptive difficulty
+    (tasks.difficulty), each specialty's level (0: the default) and its pass rate over its last answers."""
+    rewards = metrics.get("reward_by_specialty")
+    levels = metrics.get("curriculum")
+    rewards = rewards if isinstance(rewards, dict) else {}
+    levels = levels if isinstance(levels, dict) else {}
+    if not rewards and not levels:
+        return ""
+    head = "<tr><th align=left>Specialty</th><th>Reward</th>" + ("<th>Level</th><th>Pass rate</th>" if levels else "")
+    rows = []
+    for name in sorted(set(rewards) | set(levels)):
+        reward, state = rewards.get(name), levels.get(name)
+        cells = [escape(str(name).replace("_", " ")), f"{reward:.2f}" if isinstance(reward, float | int) else "–"]
+        if levels:
+            state = state if isinstance(state, dict) else {}
+            level, rate = state.get("level"), state.get("pass_rate")
+            cells += [f"{level:+d}" if isinstance(level, int) and level else "0",
+                      f"{100 * rate:.0f}%" if isinstance(rate, float | int) else "–"]
+        rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
+    return f"<b>Round {metrics.get('round', '?')}, by specialty</b><table>{head}</tr>{''.join(rows)}</table>"
+
+
 def short_path(path: object) -> str:
     """A path with the home folder written as ~."""
     text, home = str(path), os.path.expanduser("~")
@@ -288,6 +311,7 @@ class MainWindow(QMainWindow):
             delta = reward - sum(first) / len(first)
             note = f"{delta:+.2f} vs first 10 rounds"
         self.tile_reward.set("–" if reward is None else f"{reward:.2f}", note or "last 10 rounds")
+        self.tile_reward.setToolTip(specialty_tooltip(self.session.last_metrics))
         swarm = h.recent_mean(h.swarm_reward)
         self.tile_swarm.set("–" if swarm is None else f"{swarm:.2f}",
                             "last 10 rounds" if swarm is not None else "none from peers yet")

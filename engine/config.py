@@ -134,6 +134,18 @@ class TaskConfig:
         "Size of the fixed held-out evaluation set (greedy pass@1); 108 is 12 per specialty, in no more time on the "
         "fast decoder than 27 took on HF generate (docs/results.md, Rollout speed).", 108,
     )
+    difficulty: str = _help(
+        "'fixed': every specialty at its default config, drawn by the weights above. 'adaptive': each specialty "
+        "moves up or down a level of its curriculum to keep its pass rate where answers differ, the weights follow "
+        "where groups are informative (never below a floor), and kinds whose answers all scored the same lately "
+        "are drawn less but never not at all (engine/curriculum.py). A specialty with its own dataset_configs entry "
+        "keeps that config. The held-out set stays at the default level.",
+        "fixed",
+    )
+    eval_harder: bool = _help(
+        "Also measure a second fixed held-out set one level harder than the default (as many questions, about as "
+        "much time again), so progress beyond the default level shows.", False,
+    )
 
     def __post_init__(self) -> None:
         s = "tasks"
@@ -163,6 +175,9 @@ class TaskConfig:
         if isinstance(self.eval_every, bool) or not isinstance(self.eval_every, int) or self.eval_every < 0:
             raise ConfigError(f"{s}.eval_every must be a whole number of rounds, 0 to turn evaluation off.")
         _positive_int(s, "eval_questions", self.eval_questions, 10_000)
+        _choice(s, "difficulty", self.difficulty, ("fixed", "adaptive"))
+        if not isinstance(self.eval_harder, bool):
+            raise ConfigError(f"{s}.eval_harder must be true or false, got {self.eval_harder!r}.")
 
 
 @dataclass
@@ -411,6 +426,7 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
             "questions_per_round": 8,
             "completions_per_question": 8,
             "specialties": dict.fromkeys(SAPO_SPECIALTIES, 1.0),
+            "difficulty": "fixed",
         },
         "grpo": {"eps_low": 0.2, "eps_high": 0.28, "kl_beta": 0.0},
         # The paper's best mix: 4 own rollouts and 4 from the swarm per round.

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import logging
+from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -42,3 +44,18 @@ class MetricsLog:
 
     def has(self, run: str, kind: str, round_index: int) -> bool:
         return any(r.get("kind") == kind and r.get("round") == round_index for r in self.read(run))
+
+
+def held_out_summary(specialties: Sequence[str], rewards: Sequence[float]) -> dict[str, Any]:
+    """A held-out set's greedy pass@1 from each question's specialty and reward: the eval record's numbers."""
+    solved: Counter[str] = Counter()
+    asked: Counter[str] = Counter()
+    for specialty, reward in zip(specialties, rewards, strict=True):
+        asked[specialty] += 1
+        solved[specialty] += reward >= 1.0
+    return {
+        "accuracy": sum(solved.values()) / len(rewards),
+        "reward_mean": sum(rewards) / len(rewards),
+        "questions": len(rewards),
+        "by_specialty": {k: solved[k] / asked[k] for k in sorted(asked)},
+    }

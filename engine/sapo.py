@@ -22,7 +22,7 @@ import logging
 import random
 import threading
 import time
-from collections import Counter, defaultdict
+from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence, Set
 from dataclasses import replace
 from pathlib import Path
@@ -31,6 +31,7 @@ from typing import Any, Protocol
 from engine.backends import PolicyBackend, load_backend
 from engine.checkpoint import latest_good, save_checkpoint
 from engine.config import NodeConfig
+from engine.curriculum import curriculum_for, harder_configs
 from engine.defence import (
     IMPLAUSIBLE,
     PROBATION,
@@ -45,7 +46,7 @@ from engine.defence import (
 from engine.device import DeviceInfo, pick_device
 from engine.errors import ConfigError
 from engine.events import Event, make_event
-from engine.metrics import MetricsLog
+from engine.metrics import MetricsLog, held_out_summary
 from engine.model_policy import model_label
 from engine.models import resolve_model_dir
 from engine.paths import Paths
@@ -188,6 +189,7 @@ class Node:
         self.reload_config = reload_config
         self.metrics = MetricsLog(paths.metrics_file)
         self.taskset = self._taskset(self.config)
+        self.curriculum = curriculum_for(self.config.tasks, self.taskset.specialties)  # None: fixed difficulty
         self.device: DeviceInfo | None = None
         self.backend: PolicyBackend | None = None
         self.threads: ThreadPolicy | None = None  # CPU threads for torch (cpu and cuda devices)
@@ -253,6 +255,7 @@ class Node:
         if seed != self.config.run.seed:
             self.config = _with_seed(self.config, seed)
             self.taskset = self._taskset(self.config)
+        self.curriculum = curriculum_for(self.config.tasks, self.taskset.specialties, found.state.get("curriculum"))
         if found.state.get("config_hash") != self.config.config_hash():
             log.warning("Settings changed since round %d; continuing with the new ones.", found.round)
         metrics = found.state.get("metrics")
@@ -307,6 +310,7 @@ class Node:
             self.threads.reconfigure(new.run.threads)
         self.config = new
         self.taskset = self._taskset(new)
+        self.curriculum = curriculum_for(new.tasks, self.taskset.specialties, self.curriculum and self.curriculum.to_state())
         if self.backend is not None:
             self.backend.apply_settings(new.grpo, new.tasks.temperature)
         self.status(self._state, "Settings reloaded.")
@@ -369,7 +373,8 @@ class Node:
         cfg = self.config
         round_index = self.round + 1
         backend.reseed(derive_seed(cfg.run.seed, round_index))
-        questions = self.taskset.draw(round_index, cfg.tasks.questions_per_round)
+        plan = self.curriculum.plan(cfg.tasks.specialties) if self.curriculum else {}  # its levels and weights
+        questions = self.taskset.draw(round_index, cfg.tasks.questions_per_round, **plan)
         prompt_ids = [backend.encode_prompt(self.taskset.messages(q)) for q in questions]
         return round_index, questions, prompt_ids
 
@@ -415,12 +420,16 @@ class Node:
         metrics = self._round_metrics(groups, external, stats, gen_seconds, train_seconds, seconds)
         if swarm_report is not None:
             metrics["swarm"] = swarm_report
+        if self.curriculum is not None:  # levels move on this round's own groups; its report joins the metrics
+            metrics.update(self.curriculum.follow([(g.question.ref.dataset, g.rewards) for g in groups],
+                                                  cfg.tasks.specialties))
         state = {
             "config_hash": cfg.config_hash(),
             "structure_hash": cfg.structure_hash(),
             "seed": cfg.run.seed,
             "metrics": metrics,
             "device": self.device.to_json() if self.device else None,
+            **({"curriculum": self.curriculum.to_state()} if self.curriculum else {}),
         }
         path = save_checkpoint(self.checkpoint_root, round_index, backend.save, state, cfg.run.keep_checkpoints)
         self.metrics.append(metrics)
@@ -562,33 +571,26 @@ class Node:
         }
 
     def evaluate(self) -> dict[str, Any]:
-        """Greedy pass@1 on the fixed held-out set."""
-        if self.backend is None:
-            raise RuntimeError("setup() must run before evaluate()")
-        t0 = time.perf_counter()
-        questions = self.taskset.eval_set(self.config.tasks.eval_questions)
-        prompts = [self.backend.encode_prompt(self.taskset.eval_messages(q)) for q in questions]
-        answers = self.backend.greedy(prompts, self.config.tasks.max_new_tokens, self._step("evaluating"))
-        rewards = [self.taskset.reward(q, a) for q, a in zip(questions, answers, strict=True)]
-        per: dict[str, list[float]] = defaultdict(list)
-        for q, r in zip(questions, rewards, strict=True):
-            per[q.ref.dataset].append(r)
-        solved = Counter(q.ref.dataset for q, r in zip(questions, rewards, strict=True) if r >= 1.0)
-        record = {
-            "kind": "eval",
-            "run": self.config.run.run_name,
-            "round": self.round,
-            "ts": time.time(),
-            "accuracy": sum(1 for r in rewards if r >= 1.0) / len(rewards),
-            "reward_mean": sum(rewards) / len(rewards),
-            "questions": len(rewards),
-            "by_specialty": {k: solved[k] / len(v) for k, v in sorted(per.items())},
-            "seconds": time.perf_counter() - t0,
-        }
+        """Greedy pass@1 on the fixed held-out set (and with tasks.eval_harder, on the one a level up)."""
+        t0, t = time.perf_counter(), self.config.tasks
+        record = {"kind": "eval", "run": self.config.run.run_name, "round": self.round, "ts": time.time(),
+                  **self._held_out(self.taskset.eval_set(t.eval_questions))}
+        if t.eval_harder:  # the same seeds and indices, each specialty one level up (engine/curriculum.py)
+            harder = harder_configs(t, self.taskset.specialties)
+            record["harder"] = self._held_out(self.taskset.eval_set(t.eval_questions, harder))
+        record["seconds"] = time.perf_counter() - t0
         if not self.metrics.has(self.config.run.run_name, "eval", self.round):
             self.metrics.append(record)
         self.emit(make_event(
             "eval", round=self.round, accuracy=record["accuracy"], reward_mean=record["reward_mean"],
-            questions=record["questions"], by_specialty=record["by_specialty"],
+            questions=record["questions"], by_specialty=record["by_specialty"], harder=record.get("harder"),
         ))
         return record
+
+    def _held_out(self, questions: Sequence[Question]) -> dict[str, Any]:
+        """Greedy pass@1 on `questions`: accuracy, mean reward, how many, and accuracy per specialty."""
+        backend = self._backend()
+        prompts = [backend.encode_prompt(self.taskset.eval_messages(q)) for q in questions]
+        answers = backend.greedy(prompts, self.config.tasks.max_new_tokens, self._step("evaluating"))
+        return held_out_summary([q.ref.dataset for q in questions],
+                                [self.taskset.reward(q, a) for q, a in zip(questions, answers, strict=True)])

@@ -23,6 +23,9 @@ from engine.errors import TaskError
 
 MAX_CONFIG_KEYS = 32
 MAX_CONFIG_STRING = 64
+# reasoning-gym's own defaults for base_conversion's bases, which apply where a ref leaves them out.
+_RG_MIN_BASE = 2
+_RG_MAX_BASE = 16
 
 # The easiest sensible settings of each specialty: the default model (SmolLM2-135M) is
 # weak, and GRPO learns nothing from a group whose rewards are all zero. Every key is
@@ -231,6 +234,9 @@ def check_config(dataset: str, config: tuple[tuple[str, Any], ...]) -> None:
         upper = "max_" + key[4:]
         if key.startswith("min_") and upper in values and values[key] > values[upper]:
             raise TaskError(f"Config value {dataset}.{key} must not exceed {dataset}.{upper}.")
+    # base_conversion draws a second base until it differs from the first: one base in the range never returns.
+    if dataset == "base_conversion" and values.get("min_base", _RG_MIN_BASE) >= values.get("max_base", _RG_MAX_BASE):
+        raise TaskError("Config value base_conversion.min_base must be below base_conversion.max_base.")
 
 
 def canonical_config(dataset: str, config: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:

@@ -252,7 +252,13 @@ class TaskSet:
             ref=ref, text=str(entry["question"]), answer=None if answer is None else str(answer), entry=entry
         )
 
-    def draw(self, round_index: int, n: int) -> list[Question]:
+    def draw(
+        self,
+        round_index: int,
+        n: int,
+        weights: Mapping[str, float] | None = None,
+        configs: Mapping[str, Mapping[str, Any]] | None = None,
+    ) -> list[Question]:
         """n training questions for a round; the same (seed, round, n) always gives the same list.
 
         The specialties are drawn by systematic (stratified) sampling: slot s takes the
@@ -261,21 +267,27 @@ class TaskSet:
         slot of its weighted share, so round rewards are comparable across rounds
         instead of swinging with the mix (docs/results.md). Slot s takes index
         r * MAX_DRAW_SIZE + s, so no two rounds share an index whatever n is.
+
+        A curriculum (engine/curriculum.py) passes its own `weights` (one per
+        enabled specialty) and `configs` (any of them) for this draw; without
+        them the draw is this set's own.
         """
         _check_whole("number of questions to draw", n, MAX_DRAW_SIZE)
         last_round = (MAX_TASK_INDEX - 1) // MAX_DRAW_SIZE - 1
         _check_whole("round index", round_index, last_round)
         if n == 0:
             return []
+        shares = self._weights if weights is None else self._shares(weights)
+        chosen = self._with_configs(configs)
         rng = random.Random(stable_seed("draw", self.seed, round_index))
-        total = sum(self._weights)
+        total = sum(shares)
         offset = rng.random()
         names = []
         for slot in range(n):
             target = (offset + slot) / n * total
             acc = 0.0
             pick = self._specialties[-1]
-            for name, weight in zip(self._specialties, self._weights, strict=True):
+            for name, weight in zip(self._specialties, shares, strict=True):
                 acc += weight
                 if target < acc:
                     pick = name
@@ -284,9 +296,23 @@ class TaskSet:
         rng.shuffle(names)
         questions = []
         for slot, name in enumerate(names):
-            ref = TaskRef(name, self._configs[name], self.seed, round_index * MAX_DRAW_SIZE + slot)
+            ref = TaskRef(name, chosen[name], self.seed, round_index * MAX_DRAW_SIZE + slot)
             questions.append(self.rebuild(ref))
         return questions
+
+    def _shares(self, weights: Mapping[str, float]) -> tuple[float, ...]:
+        """A curriculum's weights in the order of `specialties`; each must be a positive number."""
+        shares = tuple(weights.get(name, 0.0) for name in self._specialties)
+        if not all(isinstance(w, int | float) and not isinstance(w, bool) and math.isfinite(w) and w > 0 for w in shares):
+            raise TaskError(f"A draw's weights must give each of {', '.join(self._specialties)} a positive number.")
+        return tuple(float(w) for w in shares)
+
+    def _with_configs(self, configs: Mapping[str, Mapping[str, Any]] | None) -> dict[str, tuple[tuple[str, Any], ...]]:
+        """This set's configs, with `configs` in place of those it names (canonical, checked)."""
+        if configs is None:
+            return self._configs
+        return {name: canonical_config(name, configs[name]) if name in configs else own
+                for name, own in self._configs.items()}
 
     def eval_messages(self, question: Question) -> list[dict[str, str]]:
         """The held-out prompt: as `messages`, with one worked example per specialty for the whole set.
@@ -334,20 +360,20 @@ class TaskSet:
             user,
         ]
 
-    def eval_set(self, n: int) -> list[Question]:
+    def eval_set(self, n: int, configs: Mapping[str, Mapping[str, Any]] | None = None) -> list[Question]:
         """A fixed held-out set: item i is specialty i % k at index i // k (k enabled specialties).
 
         It uses seed `self.seed + EVAL_SEED_OFFSET`. reasoning-gym builds item (seed, index)
         from Random(seed + index); training items use Random(self.seed + index) with
         index < MAX_TASK_INDEX <= EVAL_SEED_OFFSET, so no held-out item can share its
-        random stream with a training item of this seed.
+        random stream with a training item of this seed. `configs` replace this set's
+        own for the specialties they name (the harder held-out set, engine/curriculum.py).
         """
         _check_whole("number of held-out questions", n, MAX_EVAL_SIZE)
         seed = self.seed + EVAL_SEED_OFFSET
         k = len(self._specialties)
-        refs = [
-            TaskRef(self._specialties[i % k], self._configs[self._specialties[i % k]], seed, i // k) for i in range(n)
-        ]
+        chosen = self._with_configs(configs)
+        refs = [TaskRef(self._specialties[i % k], chosen[self._specialties[i % k]], seed, i // k) for i in range(n)]
         return [self.rebuild(ref) for ref in refs]
 
     def reward(self, question: Question, completion: str) -> float:

@@ -244,6 +244,26 @@ def test_the_swarm_panel_counts_computers_online_before_the_first_round(qtbot, m
     assert panel.online.text() == "–"
 
 
+def test_the_swarm_panel_says_when_the_node_is_cut_off_and_when_it_is_back(qtbot, make_gui: MakeGui) -> None:  # type: ignore[no-untyped-def]
+    gui = make_gui()
+    panel = gui.window.peers
+    swarm = {"type": "swarm", "peer_id": "3f9a2c7e", "name": "quiet-fern", "relay": "ws://relay.test/ws"}
+    counts = {"type": "peers", "received": 8, "accepted": 5, "rejected": 3}
+    gui.session.handle({**swarm, "connected": True, "online": 2, "message": "Connected.", "lost_at": None})
+    assert panel.link.isHidden()
+    lost = time.time() - 30
+    gui.session.handle({**swarm, "connected": False, "online": 0, "message": "Cut off.", "since": lost, "lost_at": lost})
+    gui.session.handle({**counts, "online": 2, "connected": False})  # a round's count, while cut off
+    at = time.strftime("%H:%M", time.localtime(lost))
+    assert not panel.link.isHidden() and panel.link.text().startswith(f"Cut off from the relay since {at}.")
+    assert "trying to reconnect" in panel.link.text() and panel.online.text() == "–"
+    back = time.time()
+    gui.session.handle({**swarm, "connected": True, "online": 2, "message": "Back.", "since": back, "lost_at": lost})
+    assert panel.link.text() == (f"Back in touch with the relay since {time.strftime('%H:%M', time.localtime(back))} "
+                                 f"(cut off at {at}).")
+    assert panel.online.text() == "2"
+
+
 @pytest.mark.integration
 def test_a_long_status_message_wraps_instead_of_being_cut_off(qtbot, make_gui: MakeGui) -> None:  # type: ignore[no-untyped-def]
     gui = make_gui(fake_command("--hold"))
@@ -293,3 +313,18 @@ def test_a_banned_peer_shows_in_the_panel_and_lifting_the_ban_sends_unban(qtbot,
     w.peers._on_peer_clicked(rows["bad-actor-9f9f · 9f9f9f9f"], 0)  # a ban from the settings: not lifted here
     w.peers._on_peer_clicked(rows["sly-fox-1a2b · 1a2b3c4d"], 0)
     assert asked == ["1a2b3c4d5e6f7a8b9c0d"]
+
+
+def test_the_reward_tile_tooltip_shows_each_specialtys_reward_level_and_pass_rate() -> None:
+    from app.window import specialty_tooltip
+
+    assert specialty_tooltip({}) == ""
+    fixed = specialty_tooltip({"round": 3, "reward_by_specialty": {"bf": 0.25}})
+    assert "Round 3" in fixed and "<td>bf</td><td>0.25</td>" in fixed and "Level" not in fixed
+    adaptive = specialty_tooltip({
+        "round": 4, "reward_by_specialty": {"base_conversion": 0.0},
+        "curriculum": {"base_conversion": {"level": -1, "pass_rate": 0.125, "weight": 0.1},
+                       "arc_1d": {"level": 0, "pass_rate": None, "weight": 0.03}},
+    })
+    assert "<td>base conversion</td><td>0.00</td><td>-1</td><td>12%</td>" in adaptive
+    assert "<td>arc 1d</td><td>–</td><td>0</td><td>–</td>" in adaptive
