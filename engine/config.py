@@ -285,10 +285,11 @@ class SwarmConfig:
     )
     train_groups: int = _help(
         "A cap on each round's training batch, in informative groups (0: none, all your informative groups plus J "
-        "from the swarm). With a cap, swarm rollouts only fill the batch up to it after your own informative "
-        "groups, so a round in which your own questions taught enough takes none and costs what a round alone "
-        "costs (training is most of a round). Your own groups are never left out for it.",
-        0,
+        "from the swarm). Swarm rollouts only fill the batch up to it after your own informative groups, so a "
+        "round in which your own questions taught enough takes none and costs about what a round alone costs "
+        "(training is most of a round; docs/results.md 'Swarm' compares the settings per hour). Your own groups "
+        "are never left out for it.",
+        4,
     )
     local_informative_first: bool = _help(
         "With local_groups below the round's questions: fill the I own slots with informative rollouts first (rewards "
@@ -429,8 +430,8 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
             "difficulty": "fixed",
         },
         "grpo": {"eps_low": 0.2, "eps_high": 0.28, "kl_beta": 0.0},
-        # The paper's best mix: 4 own rollouts and 4 from the swarm per round.
-        "swarm": {"local_groups": 4, "external_groups": 4},
+        # The paper's best mix: 4 own rollouts and 4 from the swarm per round, uncapped.
+        "swarm": {"local_groups": 4, "external_groups": 4, "train_groups": 0},
     },
 }
 

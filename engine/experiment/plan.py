@@ -130,8 +130,11 @@ class ExperimentPreset:
 
 # default: about two hours on a 2-core CPU (docs/results.md, "Swarm"). paper: the SAPO paper's
 # controlled experiment (8 nodes, one question per specialty per round, 8 completions, all four mixes), for a GPU.
+# A mix I/J means I own and J external groups exactly, so the experiment turns off the node's default cap on
+# the training batch (swarm.train_groups); --set swarm.train_groups=4 measures the app's default node.
 EXPERIMENT_PRESETS = {
-    "default": ExperimentPreset(4, "8/0,4/4", 25, "default", (f"tasks.eval_questions={MIN_EVAL_QUESTIONS}",)),
+    "default": ExperimentPreset(4, "8/0,4/4", 25, "default",
+                                (f"tasks.eval_questions={MIN_EVAL_QUESTIONS}", "swarm.train_groups=0")),
     "paper": ExperimentPreset(8, "8/0,6/2,4/4,2/6", 500, "paper",
                               ("tasks.questions_per_round=9", f"tasks.eval_questions={MIN_EVAL_QUESTIONS}")),
 }
@@ -167,8 +170,14 @@ def plan_config(plan: Plan) -> NodeConfig:
     for name, cls in SECTIONS.items():
         saved = plan.settings.get(name, {})
         known = {f.name for f in fields(cls)}
-        sections[name] = cls(**{k: v for k, v in (saved if isinstance(saved, dict) else {}).items() if k in known})
+        values = {**BEFORE_THE_KEY.get(name, {}), **(saved if isinstance(saved, dict) else {})}
+        sections[name] = cls(**{k: v for k, v in values.items() if k in known})
     return NodeConfig(**sections)
+
+
+# Keys added with a default that changes what a folder begun before them measured: such a folder keeps
+# the value the key stands for there (no cap on the training batch; fixed difficulty).
+BEFORE_THE_KEY: dict[str, dict[str, Any]] = {"swarm": {"train_groups": 0}, "tasks": {"difficulty": "fixed"}}
 
 
 def check_plan(plan: Plan, config: NodeConfig) -> None:
