@@ -37,6 +37,7 @@ from PySide6.QtWidgets import QApplication, QDialog, QWidget
 
 from app import theme
 from app.dialogs import SettingsDialog
+from app.engine_flags import EngineFlags
 from app.guards import route_qt_messages
 from app.gui import Gui, build_gui
 from app.power import PowerPolicy
@@ -142,7 +143,7 @@ def contribution_event() -> str:
 
 def make(home: Path, command: list[str] | None = None) -> Gui:
     policy = PowerPolicy(idle_probe=lambda: None, ac_probe=lambda: True)
-    gui = build_gui(Paths.under(home), tray_available=False, command=(lambda: list(command)) if command else None,
+    gui = build_gui(EngineFlags(home), tray_available=False, command=(lambda: list(command)) if command else None,
                     policy=policy)
     gui.window.app_settings.first_run_done = True
     gui.window.resize(*SIZE)
