@@ -26,11 +26,11 @@ from app import theme
 from app.guards import InviteEvents, SingleInstance, instance_name
 from app.join import JoinDialog
 from app.settings import SettingsStore
+from bench.harness.servers import free_port
 from engine.common.config import build_config
 from engine.common.paths import Paths
 from engine.common.rules import Invite, parse_invite
 from tests.app.conftest import MakeGui, StartRelay
-from tests.servers import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 FAST = ["--device", "cpu", "--threads", "1", "--set", "tasks.questions_per_round=2",
