@@ -6,8 +6,12 @@ The training loop is synchronous; it calls `publish` after each round and
 solo and says so. The connection is kept up in the background, reconnecting
 with exponential backoff and full jitter, and resumes by itself. Sequence
 numbers are at least the current time in milliseconds, so they keep rising
-across reconnects and restarts without being stored. A batch is sent once:
-one lost with a dead link is not sent again.
+across reconnects and restarts without being stored. A batch the relay has
+not acknowledged (`published`) when the link dies is sent again, once, first
+thing on the next link, with its own sequence number: the relay stores it if
+it never arrived and refuses it as a replay if it did, so nothing sent into a
+dead link is lost and nothing is stored twice. One older than the timestamp
+window allows (`RESEND_WITHIN_S`) is dropped instead, and counted.
 
 A link can die without a word: a Wi-Fi blink or a middlebox that forwards
 nothing keeps the TCP connection open for many minutes, and a connection
@@ -16,7 +20,12 @@ deadline. The link counts as alive while frames come from the relay (its
 stats every 5 s, its pings, the pongs to ours): after half a `heartbeat` of
 quiet the client pings, and after a whole one of silence it gives the link
 up ("no answer from the relay for 20 s"), marks itself disconnected and
-reconnects. Opening a link (TCP, TLS, the websocket upgrade, the relay's
+reconnects. Silence is counted only while the client's own event loop runs:
+time the process was suspended (a laptop asleep, SIGSTOP) or starved of CPU
+(a wait that overran by more than `STALL_SLACK_S`) is not the relay's
+silence, so a node that wakes up reads what the relay sent meanwhile (often
+its `heartbeat_timeout` and close, and then it reconnects) instead of
+declaring the link dead for the time it did not run. Opening a link (TCP, TLS, the websocket upgrade, the relay's
 challenge and welcome) must end within `CONNECT_TIMEOUT_S`, and closing one
 within `CLOSE_TIMEOUT_S`. The log says once when the link is lost and once
 when it is back, with how long it was down.
@@ -47,7 +56,7 @@ import random
 import threading
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
@@ -72,6 +81,13 @@ CLOSE_TIMEOUT_S = 2.0  # the closing handshake; on a dead link it never ends, an
 # so that a fast node (tiny rounds, a big GPU) waits a moment instead of being refused.
 PACE_SHARE = 0.9
 SOFTWARE = f"sapling/{__version__}"
+# A wait for the relay that overran by more than this was this process not running (suspended, or starved of CPU):
+# the overrun does not count as the relay's silence.
+STALL_SLACK_S = 1.0
+# Unacknowledged batches kept to send again on the next link, and how old one may be to be sent again (the relay
+# refuses a timestamp more than protocol.TIMESTAMP_WINDOW_S from its clock; a minute's margin for clock skew).
+MAX_UNACKED = 16
+RESEND_WITHIN_S = protocol.TIMESTAMP_WINDOW_S - 60.0
 # How a link fails, expectedly: anything else is a bug, logged with its traceback (and the link retried all the same).
 LINK_ERRORS = (aiohttp.ClientError, OSError, TimeoutError, protocol.ProtocolError, ConnectionError)
 
@@ -95,6 +111,9 @@ class LinkState:
     credit_at: float = 0.0  # when it came
     receipts_counted: int = 0  # receipt items the relay counted, and those it refused, by why
     receipts_refused: Counter[str] = field(default_factory=Counter)
+    resent: int = 0  # batches sent again on a new link because the old one died before the relay acknowledged them
+    resend_expired: int = 0  # unacknowledged batches too old to send again when the link came back
+    stalled_s: float = 0.0  # seconds the link's event loop did not run (suspended or starved), not counted as silence
 
 
 class RelayMemory:
@@ -192,6 +211,10 @@ class SwarmClient:
         self._bucket: TokenBucket | None = None  # this link's pace, from the relay's welcome
         self._pace_lock: asyncio.Lock | None = None
         self._down_since: float | None = None  # monotonic time the link was lost, until it is back
+        # Batches sent and not yet acknowledged, by sequence number: (the publish message, its timestamp, resent yet)
+        self._unacked: dict[int, tuple[str, float, bool]] = {}
+        self._publish_lock: asyncio.Lock | None = None  # publishes (and the resends before them) go out in order
+        self._stall: tuple[float, float] = (float("-inf"), 0.0)  # the last long stall: (monotonic end, seconds)
 
     @property
     def url(self) -> str:
@@ -301,6 +324,11 @@ class SwarmClient:
         """The link to `url` is down (dead for `dead_for` s already when it fell silent), or an attempt at it
         failed: say why. A link that was up is lost, and the log says so once."""
         if self.state.connected:
+            ended, stalled = self._stall
+            if time.monotonic() - ended < max(self.heartbeat / 2, 2 * STALL_SLACK_S):  # it went with a long stall
+                reason = (f"this computer did not run for {duration_text(stalled)}, asleep or stopped, and the link "
+                          f"did not survive it: {reason}")
+                dead_for = max(dead_for, time.monotonic() - ended + stalled)
             self._down_since = time.monotonic() - dead_for
             log.info("lost the link to the relay %s (%s); training alone until it is back", url, reason)
             self._set(connected=False, online=0, lost_at=time.time() - dead_for, last_error=reason, url=self.url)
@@ -326,8 +354,14 @@ class SwarmClient:
         self._bucket = pace(welcome.get("limits"))
         if self.memory is not None:
             self.memory.remember(self.url)
+        resend = asyncio.create_task(self._resend(ws))  # first on the lock: ahead of any new publish
         self._link_up(challenge, welcome)
-        await self._listen(ws)
+        try:
+            await self._listen(ws)
+        finally:
+            if not resend.done():
+                resend.cancel()
+            await asyncio.gather(resend, return_exceptions=True)
         if self._fatal_message:  # the relay said why before closing
             raise ConnectionError(self._fatal_message)
         raise ConnectionError(f"relay closed the connection (code {ws.close_code})")
@@ -382,30 +416,58 @@ class SwarmClient:
 
         Every frame is a sign of life: the relay's stats come every few seconds, and its pings. After half a
         heartbeat of quiet the relay gets a ping; after a whole one of silence the link is dead. (aiohttp's
-        own heartbeat would end the link as an anonymous close, code 1006, and no later than 1.5 heartbeats.)"""
+        own heartbeat would end the link as an anonymous close, code 1006, and no later than 1.5 heartbeats.)
+        Quiet is counted in short steps, each at most its length plus STALL_SLACK_S: a step that took longer
+        is this process not running, and a frame that waited in the socket meanwhile is read, not missed."""
         loop = asyncio.get_running_loop()
-        heard = loop.time()
-        pinged = False
-        while True:
-            try:
-                async with asyncio.timeout_at(heard + (self.heartbeat if pinged else self.heartbeat / 2)):
-                    msg = await ws.receive()
-            except TimeoutError:
-                if pinged:
-                    raise LinkSilent(loop.time() - heard) from None
-                pinged = True
-                await self._control(ws.ping(), heard + self.heartbeat)
-                continue
-            heard, pinged = loop.time(), False
-            if msg.type == aiohttp.WSMsgType.PING:
-                await self._control(ws.pong(msg.data), heard + self.heartbeat)
-            elif msg.type == aiohttp.WSMsgType.TEXT:
-                try:
-                    self._dispatch(protocol.decode_relay(msg.data))
-                except protocol.ProtocolError as exc:
-                    log.warning("ignored a bad message from the relay: %s", exc)
-            elif msg.type != aiohttp.WSMsgType.PONG:
-                return
+        step = max(0.05, min(1.0, self.heartbeat / 8))
+        slack = min(STALL_SLACK_S, step)  # a short heartbeat (tests) has a short slack
+        receiving: asyncio.Task[aiohttp.WSMessage] = asyncio.ensure_future(ws.receive())
+        quiet, pinged = 0.0, False
+        try:
+            while True:
+                limit = self.heartbeat if pinged else self.heartbeat / 2
+                wait = min(step, max(0.0, limit - quiet))
+                began = loop.time()
+                done, _ = await asyncio.wait({receiving}, timeout=wait)
+                took = loop.time() - began
+                counted = min(took, wait + slack)
+                self._stalled(took - counted)
+                if not done:
+                    quiet += counted
+                    if quiet < limit:
+                        continue
+                    if pinged:
+                        raise LinkSilent(quiet)
+                    pinged = True
+                    await self._control(ws.ping(), loop.time() + self.heartbeat - quiet)
+                    continue
+                msg = receiving.result()
+                quiet, pinged = 0.0, False
+                if msg.type == aiohttp.WSMsgType.PING:
+                    await self._control(ws.pong(msg.data), loop.time() + self.heartbeat)
+                elif msg.type == aiohttp.WSMsgType.TEXT:
+                    try:
+                        self._dispatch(protocol.decode_relay(msg.data))
+                    except protocol.ProtocolError as exc:
+                        log.warning("ignored a bad message from the relay: %s", exc)
+                elif msg.type != aiohttp.WSMsgType.PONG:
+                    return
+                receiving = asyncio.ensure_future(ws.receive())
+        finally:
+            if not receiving.done():
+                receiving.cancel()
+            await asyncio.gather(receiving, return_exceptions=True)
+
+    def _stalled(self, seconds: float) -> None:
+        """This process did not run for `seconds` while waiting for the relay: not the relay's silence."""
+        if seconds <= 0:
+            return
+        self.state.stalled_s += seconds
+        if seconds >= self.heartbeat / 4:
+            self._stall = (time.monotonic(), seconds)
+            log.info("this process did not run for %s (asleep, stopped or starved of CPU); not counted as the "
+                     "relay's silence", duration_text(seconds))
 
     @staticmethod
     async def _control(send: Awaitable[None], deadline: float) -> None:
@@ -438,7 +500,14 @@ class SwarmClient:
             self.state.receipts_refused.update(msg["refused"])
         elif type_ == "published":
             self.state.published += 1
+            self._unacked.pop(msg["seq"], None)
         elif type_ == "error":
+            if msg["code"] == protocol.E_REPLAY and any(resent for _m, _ts, resent in self._unacked.values()):
+                # a batch sent again had reached the relay after all (its acknowledgement was lost with the link)
+                oldest = min(seq for seq, (_m, _ts, resent) in self._unacked.items() if resent)
+                del self._unacked[oldest]
+                log.info("the relay already had a batch sent again after the link came back: %s", msg["message"])
+                return
             self.state.publish_errors[msg["code"]] += 1
             if msg["code"] == protocol.E_RATE and self._bucket is not None:
                 self._bucket.drain()  # the relay's bucket for this peer is empty: start again from there
@@ -456,8 +525,48 @@ class SwarmClient:
         return self._seq
 
     def publish(self, payload: str) -> bool:
-        """Sign and send a batch payload; False when the relay is not connected."""
-        return self._send(protocol.msg_publish(self.identity.signed(payload)), "publish")
+        """Sign and send a batch payload; False when the relay is not connected. Until the relay acknowledges it,
+        the batch is kept, and sent again first thing on the next link if this one dies (see the module's doc)."""
+        ws = self._ws
+        if ws is None or not self.state.connected:
+            return False
+        fields = json.loads(payload)
+        seq, ts = int(fields["seq"]), float(fields["ts"])
+        text = protocol.encode(protocol.msg_publish(self.identity.signed(payload)))
+
+        async def send() -> None:
+            async with self._ordered():
+                self._unacked[seq] = (text, ts, False)
+                while len(self._unacked) > MAX_UNACKED:
+                    del self._unacked[min(self._unacked)]
+                await self._paced()
+                await ws.send_str(text)
+
+        return self._send_now(send(), "publish")
+
+    def _ordered(self) -> asyncio.Lock:
+        if self._publish_lock is None:
+            self._publish_lock = asyncio.Lock()
+        return self._publish_lock
+
+    async def _resend(self, ws: aiohttp.ClientWebSocketResponse) -> None:
+        """On a new link, before any new publish: the batches the last link took and the relay never acknowledged,
+        oldest first, each at most twice in all; too old ones dropped and counted."""
+        async with self._ordered():
+            for seq in sorted(self._unacked):
+                text, ts, resent = self._unacked[seq]
+                if resent or time.time() - ts > RESEND_WITHIN_S:
+                    del self._unacked[seq]
+                    if not resent:
+                        self.state.resend_expired += 1
+                    continue
+                self._unacked[seq] = (text, ts, True)
+                await self._paced()
+                await ws.send_str(text)
+                self.state.resent += 1
+            if self.state.resent or self.state.resend_expired:
+                log.info("sent %d unacknowledged batches again on the new link (%d too old to send, so far)",
+                         self.state.resent, self.state.resend_expired)
 
     def send_receipts(self, payload: str) -> bool:
         """Sign and send a receipts payload (engine/swarm/receipts.py); False when the relay is not connected."""
@@ -471,11 +580,16 @@ class SwarmClient:
         ws = self._ws
         if ws is None or not self.state.connected:
             return False
+
         async def send() -> None:
             await self._paced()
             await ws.send_str(protocol.encode(message))
 
-        future = asyncio.run_coroutine_threadsafe(send(), self._loop)
+        return self._send_now(send(), what)
+
+    def _send_now(self, send: Coroutine[Any, Any, None], what: str) -> bool:
+        """Run a send in the link's loop and wait for it (CONNECT_TIMEOUT_S at most); False when it failed."""
+        future = asyncio.run_coroutine_threadsafe(send, self._loop)
         try:
             future.result(timeout=CONNECT_TIMEOUT_S)
         except (FutureTimeout, ConnectionError, RuntimeError, aiohttp.ClientError) as exc:
