@@ -6,11 +6,16 @@ The training loop is synchronous; it calls `publish` after each round and
 solo and says so. The connection is kept up in the background, reconnecting
 with exponential backoff and full jitter, and resumes by itself. Sequence
 numbers are at least the current time in milliseconds, so they keep rising
-across reconnects and restarts without being stored. A batch the relay has
-not acknowledged (`published`) when the link dies is sent again, once, first
-thing on the next link, with its own sequence number: the relay stores it if
-it never arrived and refuses it as a replay if it did, so nothing sent into a
-dead link is lost and nothing is stored twice. One older than the timestamp
+across reconnects and restarts without being stored. Each publish carries
+its sequence number as its `id`, so the relay's answer names the batch: a
+`published` acknowledges it; an `internal` error (the relay could not reach
+its store, "try again shortly") means it was not stored, and the batch is
+published again a moment later, under a new sequence number, up to
+MAX_RETRIES times; any other refusal is final. A batch still unanswered when
+the link dies is sent again, once, first thing on the next link, with its own
+sequence number: the relay stores it if it never arrived and refuses it as a
+replay if it did. So nothing sent into a dead link or refused for a missing
+store is lost, and nothing is stored twice. One older than the timestamp
 window allows (`RESEND_WITHIN_S`) is dropped instead, and counted.
 
 A link can die without a word: a Wi-Fi blink or a middlebox that forwards
@@ -88,6 +93,8 @@ STALL_SLACK_S = 1.0
 # refuses a timestamp more than protocol.TIMESTAMP_WINDOW_S from its clock; a minute's margin for clock skew).
 MAX_UNACKED = 16
 RESEND_WITHIN_S = protocol.TIMESTAMP_WINDOW_S - 60.0
+MAX_RETRIES = 8  # publishes again of a batch the relay could not store (`internal`), RETRY_S apart and more
+RETRY_S = 1.0
 # How a link fails, expectedly: anything else is a bug, logged with its traceback (and the link retried all the same).
 LINK_ERRORS = (aiohttp.ClientError, OSError, TimeoutError, protocol.ProtocolError, ConnectionError)
 
@@ -152,6 +159,17 @@ class RelayMemory:
                 log.warning("could not remember the relay in %s: %s", self.path, exc)
 
 
+@dataclass
+class Unacked:
+    """A batch sent and not yet answered: its payload, the publish message as sent, and what was tried."""
+
+    payload: str
+    text: str
+    ts: float
+    resent: bool = False  # sent again on a new link already
+    retries: int = 0  # published again after the relay could not store it
+
+
 class LinkSilent(ConnectionError):
     """The relay sent nothing for a whole heartbeat: the link is dead, whatever TCP says."""
 
@@ -212,7 +230,7 @@ class SwarmClient:
         self._pace_lock: asyncio.Lock | None = None
         self._down_since: float | None = None  # monotonic time the link was lost, until it is back
         # Batches sent and not yet acknowledged, by sequence number: (the publish message, its timestamp, resent yet)
-        self._unacked: dict[int, tuple[str, float, bool]] = {}
+        self._unacked: dict[int, Unacked] = {}
         self._publish_lock: asyncio.Lock | None = None  # publishes (and the resends before them) go out in order
         self._stall: tuple[float, float] = (float("-inf"), 0.0)  # the last long stall: (monotonic end, seconds)
 
@@ -502,11 +520,8 @@ class SwarmClient:
             self.state.published += 1
             self._unacked.pop(msg["seq"], None)
         elif type_ == "error":
-            if msg["code"] == protocol.E_REPLAY and any(resent for _m, _ts, resent in self._unacked.values()):
-                # a batch sent again had reached the relay after all (its acknowledgement was lost with the link)
-                oldest = min(seq for seq, (_m, _ts, resent) in self._unacked.items() if resent)
-                del self._unacked[oldest]
-                log.info("the relay already had a batch sent again after the link came back: %s", msg["message"])
+            unacked = self._unacked.pop(msg["id"], None) if msg.get("id") is not None else None
+            if unacked is not None and self._refused(msg["id"], unacked, msg["code"], msg["message"]):
                 return
             self.state.publish_errors[msg["code"]] += 1
             if msg["code"] == protocol.E_RATE and self._bucket is not None:
@@ -524,6 +539,45 @@ class SwarmClient:
         self._seq = max(self._seq + 1, int(time.time() * 1000))
         return self._seq
 
+    def _refused(self, seq: int, unacked: Unacked, code: str, message: str) -> bool:
+        """The relay refused the batch `seq` (in the link's loop): True when that is no news for the node (a batch
+        sent again that the relay already had), after arranging a retry when it could not store it."""
+        if code == protocol.E_REPLAY and unacked.resent:
+            log.info("the relay already had batch %d, sent again after the link came back", seq)
+            return True
+        if code == protocol.E_INTERNAL and unacked.retries < MAX_RETRIES:
+            delay = RETRY_S * 2 ** unacked.retries
+            log.info("the relay could not store batch %d (%s); publishing it again in %g s", seq, message, delay)
+            self._loop.call_later(delay, lambda: asyncio.ensure_future(self._retry(unacked)))
+            return True
+        return False
+
+    async def _retry(self, unacked: Unacked) -> None:
+        """Publish a batch the relay could not store again, under a new sequence number (it was not stored, so
+        it cannot be stored twice); on a dead link it waits for the next one's resend like any other."""
+        ws = self._ws
+        if time.time() - unacked.ts > RESEND_WITHIN_S or self._stop.is_set():
+            self.state.resend_expired += 1
+            return
+        batch = protocol.decode_batch(unacked.payload)
+        seq = self.next_seq()
+        payload = protocol.batch_payload(batch.key, seq, batch.ts, batch.model, list(batch.items))
+        text = protocol.encode({**protocol.msg_publish(self.identity.signed(payload)), "id": seq})
+        retried = Unacked(payload, text, unacked.ts, False, unacked.retries + 1)
+        async with self._ordered():
+            self._keep(seq, retried)
+            if ws is None or ws is not self._ws or not self.state.connected:
+                return  # the next link sends it first thing
+            await self._paced()
+            with contextlib.suppress(ConnectionError, RuntimeError, aiohttp.ClientError):
+                await ws.send_str(text)
+        self.state.resent += 1
+
+    def _keep(self, seq: int, unacked: Unacked) -> None:
+        self._unacked[seq] = unacked
+        while len(self._unacked) > MAX_UNACKED:
+            del self._unacked[min(self._unacked)]
+
     def publish(self, payload: str) -> bool:
         """Sign and send a batch payload; False when the relay is not connected. Until the relay acknowledges it,
         the batch is kept, and sent again first thing on the next link if this one dies (see the module's doc)."""
@@ -532,13 +586,11 @@ class SwarmClient:
             return False
         fields = json.loads(payload)
         seq, ts = int(fields["seq"]), float(fields["ts"])
-        text = protocol.encode(protocol.msg_publish(self.identity.signed(payload)))
+        text = protocol.encode({**protocol.msg_publish(self.identity.signed(payload)), "id": seq})  # answers name it
 
         async def send() -> None:
             async with self._ordered():
-                self._unacked[seq] = (text, ts, False)
-                while len(self._unacked) > MAX_UNACKED:
-                    del self._unacked[min(self._unacked)]
+                self._keep(seq, Unacked(payload, text, ts))
                 await self._paced()
                 await ws.send_str(text)
 
@@ -554,15 +606,15 @@ class SwarmClient:
         oldest first, each at most twice in all; too old ones dropped and counted."""
         async with self._ordered():
             for seq in sorted(self._unacked):
-                text, ts, resent = self._unacked[seq]
-                if resent or time.time() - ts > RESEND_WITHIN_S:
+                unacked = self._unacked[seq]
+                if unacked.resent or time.time() - unacked.ts > RESEND_WITHIN_S:
                     del self._unacked[seq]
-                    if not resent:
+                    if not unacked.resent:
                         self.state.resend_expired += 1
                     continue
-                self._unacked[seq] = (text, ts, True)
+                unacked.resent = True
                 await self._paced()
-                await ws.send_str(text)
+                await ws.send_str(unacked.text)
                 self.state.resent += 1
             if self.state.resent or self.state.resend_expired:
                 log.info("sent %d unacknowledged batches again on the new link (%d too old to send, so far)",

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 import threading
 import time
@@ -56,13 +57,15 @@ def main() -> None:
     parser.add_argument("--period", type=float, default=0.5)
     parser.add_argument("--sample-timeout", type=float, default=2.0)
     parser.add_argument("--pad", type=int, default=0, help="characters added to each batch's answers")
+    parser.add_argument("--tag", default="", help="put before each question ('a: ' makes 'a: round 3')")
     args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     identity = Identity.load_or_create(args.key)
     client = SwarmClient(args.url, identity, on_change=on_change, heartbeat=args.heartbeat)
     client.start()
     for round_ in range(1, 10**9):
         start = time.monotonic()
-        published = client.publish(batch(client, identity, f"round {round_}", args.pad))
+        published = client.publish(batch(client, identity, f"{args.tag}round {round_}", args.pad))
         publish_s = time.monotonic() - start
         start = time.monotonic()
         sampled = [protocol.decode_batch(s.payload).items[0].question for s in client.sample(4, args.sample_timeout)]
