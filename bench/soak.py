@@ -41,6 +41,7 @@ import json
 import math
 import os
 import random
+import signal
 import statistics
 import subprocess
 import sys
@@ -264,6 +265,9 @@ async def soak(args: argparse.Namespace) -> int:
     seconds = args.minutes * 60.0
     warmup_s = args.warmup_minutes * 60.0 if args.warmup_minutes is not None else seconds / 6
     model = make_tiny_model(out / "model")
+    task = asyncio.current_task()
+    assert task is not None
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)  # stop: the processes too
     redis = RedisServer(log=out / "redis.log")
     redis.start()
     watched: list[Watched] = []
@@ -355,8 +359,13 @@ def main(argv: list[str] | None = None) -> int:
         args.minutes, args.sample_s = 10.0, 15.0
         if args.warmup_minutes is None:
             args.warmup_minutes = 3.0
-    if args.minutes <= 0 or args.sample_s <= 0 or args.churn < 0 or not math.isfinite(args.minutes):
-        parser.error("--minutes and --sample-s must be positive, --churn at least 0")
+    if not (0 < args.minutes < math.inf and 0 < args.sample_s < math.inf) or args.churn < 0 or args.nodes < 1:
+        print("soak: --minutes and --sample-s must be positive numbers, --churn at least 0 and --nodes at least 1",
+              file=sys.stderr)
+        return 2
+    if args.warmup_minutes is not None and not 0 <= args.warmup_minutes < args.minutes:
+        print("soak: --warmup-minutes must be at least 0 and shorter than the run", file=sys.stderr)
+        return 2
     return asyncio.run(soak(args))
 
 

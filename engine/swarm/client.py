@@ -30,9 +30,9 @@ time the process was suspended (a laptop asleep, SIGSTOP) or starved of CPU
 (a wait that overran by more than `STALL_SLACK_S`) is not the relay's
 silence, so a node that wakes up reads what the relay sent meanwhile (often
 its `heartbeat_timeout` and close, and then it reconnects) instead of
-declaring the link dead for the time it did not run. Opening a link (TCP, TLS, the websocket upgrade, the relay's
-challenge and welcome) must end within `CONNECT_TIMEOUT_S`, and closing one
-within `CLOSE_TIMEOUT_S`. The log says once when the link is lost and once
+declaring the link dead for the time it did not run. Opening a link (TCP,
+TLS, the websocket upgrade, the relay's challenge and welcome) must end
+within `CONNECT_TIMEOUT_S`, and closing one within `CLOSE_TIMEOUT_S`. The log says once when the link is lost and once
 when it is back, with how long it was down.
 
 `sample` keeps the relay's sampling cursor between calls, so each call draws
@@ -229,8 +229,8 @@ class SwarmClient:
         self._bucket: TokenBucket | None = None  # this link's pace, from the relay's welcome
         self._pace_lock: asyncio.Lock | None = None
         self._down_since: float | None = None  # monotonic time the link was lost, until it is back
-        # Batches sent and not yet acknowledged, by sequence number: (the publish message, its timestamp, resent yet)
-        self._unacked: dict[int, Unacked] = {}
+        self._unacked: dict[int, Unacked] = {}  # batches sent and not yet answered, by sequence number
+        self._retries: set[asyncio.Task[None]] = set()  # publishes again after `internal`, held until done
         self._publish_lock: asyncio.Lock | None = None  # publishes (and the resends before them) go out in order
         self._stall: tuple[float, float] = (float("-inf"), 0.0)  # the last long stall: (monotonic end, seconds)
 
@@ -548,9 +548,14 @@ class SwarmClient:
         if code == protocol.E_INTERNAL and unacked.retries < MAX_RETRIES:
             delay = RETRY_S * 2 ** unacked.retries
             log.info("the relay could not store batch %d (%s); publishing it again in %g s", seq, message, delay)
-            self._loop.call_later(delay, lambda: asyncio.ensure_future(self._retry(unacked)))
+            self._loop.call_later(delay, self._start_retry, unacked)
             return True
         return False
+
+    def _start_retry(self, unacked: Unacked) -> None:
+        task = asyncio.ensure_future(self._retry(unacked))
+        self._retries.add(task)
+        task.add_done_callback(self._retries.discard)
 
     async def _retry(self, unacked: Unacked) -> None:
         """Publish a batch the relay could not store again, under a new sequence number (it was not stored, so
@@ -604,21 +609,22 @@ class SwarmClient:
     async def _resend(self, ws: aiohttp.ClientWebSocketResponse) -> None:
         """On a new link, before any new publish: the batches the last link took and the relay never acknowledged,
         oldest first, each at most twice in all; too old ones dropped and counted."""
+        sent = expired = 0
         async with self._ordered():
             for seq in sorted(self._unacked):
                 unacked = self._unacked[seq]
                 if unacked.resent or time.time() - unacked.ts > RESEND_WITHIN_S:
                     del self._unacked[seq]
-                    if not unacked.resent:
-                        self.state.resend_expired += 1
+                    expired += not unacked.resent
                     continue
                 unacked.resent = True
                 await self._paced()
                 await ws.send_str(unacked.text)
+                sent += 1
                 self.state.resent += 1
-            if self.state.resent or self.state.resend_expired:
-                log.info("sent %d unacknowledged batches again on the new link (%d too old to send, so far)",
-                         self.state.resent, self.state.resend_expired)
+        self.state.resend_expired += expired
+        if sent or expired:
+            log.info("sent %d batches the last link took unanswered again (%d too old to send)", sent, expired)
 
     def send_receipts(self, payload: str) -> bool:
         """Sign and send a receipts payload (engine/swarm/receipts.py); False when the relay is not connected."""
