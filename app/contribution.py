@@ -9,7 +9,7 @@ them as `contribution` events (docs/engine-events.md) with the sentence to
 show ("Your rollouts were used by 7 peers today (312 rollouts).") and, when
 peers reject more than a quarter of what they judged, a warning naming the
 main reason and what to do. Both sentences are the engine's
-(engine/contribution.py): the app only shows them. The chart is the
+(engine/swarm/contribution.py): the app only shows them. The chart is the
 event's history: rollouts used by others, all time, over the last two days.
 """
 

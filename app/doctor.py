@@ -34,11 +34,11 @@ from PySide6.QtWidgets import (
 
 from app import theme
 from app.engine_process import engine_environment
-from engine.joining import DOCTOR_STEPS
+from engine.common.joining import DOCTOR_STEPS
 
 log = logging.getLogger(__name__)
 
-STEPS = DOCTOR_STEPS  # engine/joining.py: the one list the doctor runs and this dialog shows
+STEPS = DOCTOR_STEPS  # engine/common/joining.py: the one list the doctor runs and this dialog shows
 STEP_TIMEOUT_S = 5.0
 MARKS = {"ok": "✓", "failed": "✗", "skipped": "–", "pending": "·", "running": "…"}
 
@@ -227,7 +227,7 @@ class DoctorDialog(QDialog):
 def main(argv: list[str]) -> int:
     from PySide6.QtWidgets import QApplication
 
-    from engine.events import node_command
+    from engine.common.events import node_command
 
     app = QApplication.instance() or QApplication(sys.argv[:1])
     if not isinstance(app, QApplication):

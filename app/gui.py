@@ -23,7 +23,7 @@ from app.session import Session
 from app.settings import SettingsStore, settings_place
 from app.tray import Tray
 from app.window import MainWindow
-from engine.paths import Paths
+from engine.common.paths import Paths
 
 log = logging.getLogger(__name__)
 

@@ -33,7 +33,7 @@ from app import theme
 from app.controller import Controller
 from app.session import describe_device, describe_model, number
 from app.settings import AppSettings, EngineSettings, settings_place
-from engine.device import cpu_name
+from engine.common.device import cpu_name
 
 PHASE_WORDS = {
     "idle": "Not training", "starting": "Starting…", "training": "Training", "paused": "Paused",

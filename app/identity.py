@@ -9,7 +9,7 @@ identity show|export|import --json` as a child process (the app never
 reads keys itself: that needs the engine's crypto library), shows the
 sentence the command prints when it refuses a file, and emits `restored`
 after a restore so the window can restart the engine with the new key. The
-commands, and what a backup file holds, are engine/identity_backup.py.
+commands, and what a backup file holds, are engine/swarm/identity_backup.py.
 """
 
 from __future__ import annotations

@@ -56,7 +56,7 @@ def run_gui(args: argparse.Namespace) -> int:
         setup_app_logging,
     )
     from app.gui import build_gui
-    from engine.paths import Paths
+    from engine.common.paths import Paths
 
     paths = Paths.under(args.home) if args.home else Paths.default()
     app = QApplication.instance() or QApplication(sys.argv[:1])

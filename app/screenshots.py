@@ -40,8 +40,8 @@ from app.dialogs import SettingsDialog
 from app.guards import route_qt_messages
 from app.gui import Gui, build_gui
 from app.power import PowerPolicy
-from engine.paths import Paths
-from engine.rules import Invite
+from engine.common.paths import Paths
+from engine.common.rules import Invite
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "app" / "fixtures"
@@ -173,10 +173,10 @@ def live_relay(peers: int = 3) -> Iterator[str]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    # a swarm of the bundled model, as an organiser would declare it: sapling-relay --models "$(python -m engine.model_policy)"
-    label = subprocess.run([sys.executable, "-m", "engine.model_policy"], capture_output=True, text=True, cwd=ROOT,
+    # a swarm of the bundled model, as an organiser would declare it: sapling-relay --models "$(python -m engine.common.model_policy)"
+    label = subprocess.run([sys.executable, "-m", "engine.common.model_policy"], capture_output=True, text=True, cwd=ROOT,
                            check=True).stdout.strip()
-    relay = subprocess.Popen([sys.executable, "-m", "engine.swarm.relay", "--host", "127.0.0.1", "--port", str(port),
+    relay = subprocess.Popen([sys.executable, "-m", "engine.relay", "--host", "127.0.0.1", "--port", str(port),
                               "--name", RELAY_NAME, "--contact", "lab-swarm@maplestreet.example", "--models", label,
                               "--description", "Evening arithmetic and calendar puzzles for the Maple Street "
                               "maths club. Be kind to the relay: one node per computer.",

@@ -49,7 +49,7 @@ def run_self_test(engine_flags: Sequence[str] = (), timeout_s: float = 900.0) ->
         from app import theme
         from app.guards import route_qt_messages
         from app.gui import build_gui
-        from engine.paths import Paths
+        from engine.common.paths import Paths
     except ImportError as exc:
         print(f"sapling self-test: FAILED: the app cannot load Qt ({exc}).", file=sys.stderr)
         return 1

@@ -1,6 +1,6 @@
 """What the window knows about training, built from engine events: one signal hub.
 
-`Session.handle(event)` takes an event already parsed by `engine.events` and
+`Session.handle(event)` takes an event already parsed by `engine.common.events` and
 updates plain Python state (status, device, swarm identity, peers, progress,
 history); widgets listen to its signals and read that state. A well-formed
 event whose fields have the wrong shape is logged and skipped, never fatal.

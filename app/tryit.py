@@ -12,7 +12,7 @@ runs the child gets a budget of 1 thread (`TRAINING_THREADS`), else every core.
 format and shows its progress lines, then where the file went.
 
 The messages `engine/gguf/chat.py` sends, and the command line that starts it,
-come from `engine.events` (`CHAT_MESSAGE_FIELDS`, `node_command`), the one
+come from `engine.common.events` (`CHAT_MESSAGE_FIELDS`, `node_command`), the one
 engine module both sides of the process boundary import.
 """
 
@@ -46,9 +46,9 @@ from PySide6.QtWidgets import (
 )
 
 from app.engine_process import engine_environment
-from engine.config import SAPO_SPECIALTIES
-from engine.events import CHAT_MESSAGE_FIELDS, encode
-from engine.events import node_command as node_command  # the window starts `chat` and `export` with it
+from engine.common.config import SAPO_SPECIALTIES
+from engine.common.events import CHAT_MESSAGE_FIELDS, encode
+from engine.common.events import node_command as node_command  # the window starts `chat` and `export` with it
 
 log = logging.getLogger(__name__)
 

@@ -49,8 +49,8 @@ from app.join import JoinDialog
 from app.panels import Banner, LogView, PeersPanel, Tile
 from app.settings import AppSettings, EngineSettings, SettingsError, SettingsStore, settings_place, swarm_invite
 from app.tryit import TRAINING_PHASES, ExportDialog, TryItPanel, node_command, settings_flags
-from engine.joining import Preview
-from engine.paths import Paths
+from engine.common.joining import Preview
+from engine.common.paths import Paths
 
 CONTRIBUTION_TAB = "Your contribution"
 

@@ -50,8 +50,8 @@ sys.path.insert(0, str(ROOT))
 
 import psutil  # noqa: E402
 
-from engine.events import encode, make_command, parse_event  # noqa: E402
-from engine.paths import Paths  # noqa: E402
+from engine.common.events import encode, make_command, parse_event  # noqa: E402
+from engine.common.paths import Paths  # noqa: E402
 from engine.priority import niceness  # noqa: E402
 
 WORKER = """

@@ -26,10 +26,10 @@ def child(questions: int, cache_mib: int, threads: int) -> dict[str, object]:
     import torch
 
     from engine.backends.torch_backend import TorchBackend
-    from engine.config import build_config
-    from engine.device import pick_device
+    from engine.common.config import build_config
+    from engine.common.device import pick_device
+    from engine.common.paths import Paths
     from engine.models import resolve_model_dir
-    from engine.paths import Paths
     from engine.tasks import TaskSet
 
     if threads:

@@ -31,10 +31,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from engine.common.paths import Paths
 from engine.experiment.nodes import NodeBackend
 from engine.experiment.plan import Mix, make_plan
 from engine.experiment.runner import Experiment, Hooks, node_config
-from engine.paths import Paths
 from engine.sapo import Node, derive_seed
 
 

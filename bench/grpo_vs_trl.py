@@ -104,7 +104,7 @@ def _require(module: str, hint: str) -> None:
 
 
 def _require_engine() -> None:
-    for module in ("engine.config", "engine.paths", "engine.models", "engine.tasks", "engine.sapo"):
+    for module in ("engine.common.config", "engine.common.paths", "engine.models", "engine.tasks", "engine.sapo"):
         try:
             found = importlib.util.find_spec(module) is not None
         except ModuleNotFoundError:
@@ -180,8 +180,8 @@ def _informative(rewards: Sequence[float], group_size: int) -> int:
 def run_prepare() -> dict[str, Any]:
     """Convert the bundled model into the shared cache once, outside any measurement."""
     _require_engine()
+    from engine.common.paths import Paths
     from engine.models import BUNDLED, BUNDLED_NAME, resolve_model_dir
-    from engine.paths import Paths
 
     model_dir = resolve_model_dir(BUNDLED, Paths.default().models_cache)
     return {"model_dir": str(model_dir), "model_name": BUNDLED_NAME, "bf16": bf16_supported()}
@@ -191,8 +191,8 @@ def run_ours(args: argparse.Namespace, workdir: Path) -> SideResult:
     _require_engine()
     import torch
 
-    from engine.config import build_config
-    from engine.paths import Paths
+    from engine.common.config import build_config
+    from engine.common.paths import Paths
     from engine.sapo import Node
 
     torch.set_num_threads(args.threads)
@@ -253,9 +253,9 @@ def run_trl(args: argparse.Namespace, workdir: Path) -> SideResult:
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from engine.config import build_config
+    from engine.common.config import build_config
+    from engine.common.paths import Paths
     from engine.models import BUNDLED, resolve_model_dir
-    from engine.paths import Paths
     from engine.tasks import Question, TaskSet
 
     torch.set_num_threads(args.threads)
@@ -629,7 +629,7 @@ def _run_child(args: argparse.Namespace) -> int:
         result = {"error": str(exc)}
     except Exception as exc:
         # A bug still raises loudly; a typed engine error (bad model, missing package) is the user's to fix.
-        from engine.errors import SaplingError
+        from engine.common.errors import SaplingError
 
         if not isinstance(exc, SaplingError):
             raise
@@ -666,7 +666,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     report = build_report(args, prep, ours, trl)
     print(format_report(report, ours, trl))
     if args.json is not None:
-        from engine.atomicio import atomic_write_json
+        from engine.common.atomicio import atomic_write_json
 
         atomic_write_json(args.json, report)
     return 0

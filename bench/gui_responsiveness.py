@@ -48,7 +48,7 @@ from PySide6.QtCore import QTimer
 from PySide6.QtWidgets import QApplication
 from app import theme
 from app.gui import build_gui
-from engine.paths import Paths
+from engine.common.paths import Paths
 app = QApplication(sys.argv[:1])
 theme.apply(app)
 gui = build_gui(Paths.under(Path(sys.argv[1])), tray_available=False)
@@ -175,8 +175,8 @@ def main() -> int:
     from app.guards import route_qt_messages
     from app.gui import build_gui
     from app.power import PowerPolicy
+    from engine.common.paths import Paths
     from engine.gguf.chat import TYPED_MAX_TOKENS
-    from engine.paths import Paths
 
     print(f"$ QT_QPA_PLATFORM=offscreen {Path(sys.executable).name} -m bench.gui_responsiveness --seconds {args.seconds:g}")
     print(f"machine: {os.cpu_count()} CPUs, Python {sys.version.split()[0]}, shared with other work (numbers are noisy)")

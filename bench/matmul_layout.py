@@ -38,8 +38,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from transformers import AutoConfig
 
     from engine.backends.decode import can_pack
+    from engine.common.paths import Paths
     from engine.models import resolve_model_dir
-    from engine.paths import Paths
 
     if not can_pack(torch.device("cpu"), torch.float32):
         print("matmul_layout: this torch has no oneDNN; nothing to compare.", file=sys.stderr)

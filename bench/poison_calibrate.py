@@ -32,11 +32,11 @@ import sys
 from pathlib import Path
 
 from bench.poisoning import BENCH_SETTINGS, PLACES, TRIGGERS, poisoned_completion
-from engine.config import build_config
+from engine.common.config import build_config
+from engine.common.device import pick_device
+from engine.common.paths import Paths
 from engine.defence import IMPLAUSIBLE, quantile, robust_baseline, sender_verdict, window_floor
-from engine.device import pick_device
 from engine.models import resolve_model_dir
-from engine.paths import Paths
 from engine.tasks import Question, TaskRef, TaskSet
 
 WINDOWS = (1, 2, 4, 8)

@@ -63,8 +63,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from engine.config import NodeConfig, build_config
-from engine.model_policy import make_label
+from engine.common.config import NodeConfig, build_config
+from engine.common.model_policy import make_label
 from engine.tasks import Question, TaskRef, TaskSet
 
 # Cheap enough for a shared 2-core CPU: 4 questions x 4 completions, 32 tokens, the two
@@ -195,9 +195,9 @@ class OtherPolicyPeer:
 
     def __init__(self, url: str, key_file: Path, cfg: NodeConfig, start: int = 0) -> None:
         from engine.backends import load_backend
-        from engine.device import pick_device
+        from engine.common.device import pick_device
+        from engine.common.paths import Paths
         from engine.models import resolve_model_dir
-        from engine.paths import Paths
         from engine.swarm.client import SwarmClient
         from engine.swarm.identity import Identity
 
@@ -278,10 +278,10 @@ def keep_texts(node: Any, key: K, texts: dict[K, list[str]]) -> None:
 
 def run_one(run: str, out: Path, rounds: int, victims: int, trigger_name: str, attack_batches: int,
             extra: Sequence[str]) -> None:
+    from engine.common.paths import Paths
     from engine.exchange import open_swarm
-    from engine.paths import Paths
+    from engine.relay.server import EmbeddedRelay, RelaySettings
     from engine.sapo import Node
-    from engine.swarm.relay import EmbeddedRelay, RelaySettings
 
     folder = out / run
     folder.mkdir(parents=True, exist_ok=True)
@@ -351,8 +351,8 @@ def run_one(run: str, out: Path, rounds: int, victims: int, trigger_name: str, a
 
 def _open_node(cfg: NodeConfig, home: Path, with_swarm: bool) -> tuple[Any, Any]:
     """A real Node under `home` (the converted bundled model shared from the user's cache), set up; and its swarm."""
+    from engine.common.paths import Paths
     from engine.exchange import open_swarm
-    from engine.paths import Paths
     from engine.sapo import Node
 
     base = Paths.under(home)
@@ -425,7 +425,7 @@ def _delta(now: dict[str, dict[str, Any]], before: dict[str, dict[str, Any]]) ->
 def run_mixed(run: str, out: Path, rounds: int, victims: int, trigger_name: str, attack_batches: int,
               drift_rounds: int, extra: Sequence[str]) -> None:
     """One issue-29 run (`MIXED_RUNS`): real victims, the run's other peers and a real relay; resumable."""
-    from engine.swarm.relay import EmbeddedRelay, RelaySettings
+    from engine.relay.server import EmbeddedRelay, RelaySettings
 
     folder = out / run
     folder.mkdir(parents=True, exist_ok=True)

@@ -4,7 +4,7 @@
     .venv/bin/python -m bench.relay_load --peers 200 --seconds 10
     .venv/bin/python -m bench.relay_load --processes 3 --redis    # scale-out: under 5 minutes on 2 cores
 
-Every relay runs as its own process (`python -m engine.swarm.relay`), so its
+Every relay runs as its own process (`python -m engine.relay`), so its
 CPU and RSS are measured alone. Every peer does the real protocol: Ed25519
 handshake, signed ~20 KB batches, `sample` of 4 batches. The load generator
 is this process, on the same cores, so each number is printed beside a peer

@@ -2,7 +2,7 @@
 
     from bench.relay_peers import Peer, RelayProcess, connect_all, drive    # bench/relay_load.py, relay_scaleout.py
 
-A `RelayProcess` is `python -m engine.swarm.relay` on a free loopback port with
+A `RelayProcess` is `python -m engine.relay` on a free loopback port with
 its JSON log in a file and its CPU and memory read by psutil; redis-server is
 tests/servers.py's `RedisServer` (free ports and waiting for a listener come
 from there too). A `Peer` does what a node does on the wire (Ed25519 handshake,
@@ -69,7 +69,7 @@ class RelayProcess:
         self.port = free_port()
         self.url = f"ws://127.0.0.1:{self.port}/ws"
         self.log_path = workdir / f"{name}.log"
-        argv = [sys.executable, "-m", "engine.swarm.relay", "--port", str(self.port), "--max-conn-per-ip",
+        argv = [sys.executable, "-m", "engine.relay", "--port", str(self.port), "--max-conn-per-ip",
                 str(max_conn), "--rate", "50", "--burst", "50", "--window", str(window),
                 "--data-dir", str(workdir / f"{name}-data"), "--log-level", log_level]
         if redis_url:

@@ -187,8 +187,8 @@ def rss_round(side: str, threads: int) -> dict[str, Any]:
     """Child: one default round (solo, no evaluation) with the old or new sampler; its peak RSS and metrics."""
     import torch
 
-    from engine.config import build_config
-    from engine.paths import Paths
+    from engine.common.config import build_config
+    from engine.common.paths import Paths
     from engine.sapo import Node
 
     if threads:
@@ -215,8 +215,8 @@ def old_path_run(home: Path, rounds: int, threads: int) -> int:
     """`sapling-node run --home HOME --rounds N --solo` with HF generate for sampling and evaluation: the control run."""
     import torch
 
-    from engine.config import build_config
-    from engine.paths import Paths
+    from engine.common.config import build_config
+    from engine.common.paths import Paths
     from engine.sapo import Node
 
     if threads:

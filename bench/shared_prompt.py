@@ -61,10 +61,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from engine.backends.batching import micro_batches
     from engine.backends.torch_backend import TorchBackend
-    from engine.config import NodeConfig
-    from engine.device import pick_device
+    from engine.common.config import NodeConfig
+    from engine.common.device import pick_device
+    from engine.common.paths import Paths
     from engine.models import resolve_model_dir
-    from engine.paths import Paths
     from engine.rollouts import TrainItem
     from engine.tasks import TaskSet
 

@@ -54,7 +54,7 @@ import aiohttp
 import psutil
 
 from bench.relay_peers import Peer, RelayProcess, batch_items
-from engine.rules import Invite
+from engine.common.rules import Invite
 from engine.swarm.identity import Identity
 from tests.servers import RedisServer, stop_process
 

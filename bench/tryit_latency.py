@@ -45,7 +45,7 @@ from PySide6.QtWidgets import QApplication
 
 from app import theme
 from app.tryit import TryItPanel
-from engine.events import node_command
+from engine.common.events import node_command
 
 ROOT = Path(__file__).resolve().parents[1]
 SPECIALTIES = ("basic_arithmetic", "calendar_arithmetic", "base_conversion", "fraction_simplification")

@@ -6,7 +6,7 @@
     sapling-node export --out ./my-model  # merged HF folder of the newest checkpoint
     sapling-node config                   # print the effective configuration as TOML
     sapling-node doctor [--relay INVITE]  # check each step of joining the swarm, with its time (docs/swarm.md)
-    sapling-node stats [--json]           # what this node's rollouts did for other peers (engine/node_stats.py)
+    sapling-node stats [--json]           # what this node's rollouts did for other peers (engine/swarm/node_stats.py)
     sapling-node identity export FILE     # back up this node's key; `identity import FILE` restores it
 
 A user's mistake gets one sentence on stderr and a non-zero exit code
@@ -24,15 +24,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from engine import __version__, identity_backup, node_stats
-from engine.config import NodeConfig
-from engine.errors import SaplingError
-from engine.events import Event
+from engine import __version__
+from engine.common.config import NodeConfig
+from engine.common.errors import SaplingError
+from engine.common.events import Event
+from engine.common.paths import Paths
 from engine.gguf.export import DEFAULT_QUANT, export_model
 from engine.gguf.export import FORMATS as EXPORT_FORMATS
 from engine.gguf.export import QUANTS as EXPORT_QUANTS
 from engine.launch import add_settings_flags, config_from_args, run_node, setup_logging, stop_on_signals
-from engine.paths import Paths
+from engine.swarm import identity_backup, node_stats
 
 log = logging.getLogger("engine")
 

@@ -45,8 +45,8 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
-from engine.config import TaskConfig
-from engine.errors import CheckpointError
+from engine.common.config import TaskConfig
+from engine.common.errors import CheckpointError
 from engine.rollouts import rewards_differ
 from engine.task_configs import DEFAULT_DATASET_CONFIGS
 

@@ -38,9 +38,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from engine.errors import ConfigError, RelayError, SaplingError
-from engine.joining import DOCTOR_STEPS, Deadline, connect, read_head, resolve, start_tls
-from engine.rules import Invite, parse_invite
+from engine.common.errors import ConfigError, RelayError, SaplingError
+from engine.common.joining import DOCTOR_STEPS, Deadline, connect, read_head, resolve, start_tls
+from engine.common.rules import Invite, parse_invite
 from engine.swarm import protocol
 from engine.swarm.client import SOFTWARE
 
@@ -376,7 +376,7 @@ def relay_to_check(relay: str | None, config_file: Path | None) -> tuple[Invite 
     """The invite to check: `--relay`, else the swarm in config.toml. (None, why) when there is none."""
     if relay:
         return parse_invite(relay), "--relay"
-    from engine.config import build_config
+    from engine.common.config import build_config
 
     swarm = build_config("default", config_file).swarm
     if swarm.mode == "solo":

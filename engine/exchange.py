@@ -30,7 +30,7 @@ data dir), and a peer whose judged items are too often `forged_reward` or
 `implausible` is banned here (`BanBook`); `unban(peer)` lifts an earned ban.
 
 Which test an item gets follows the swarm's model policy, which the relay
-declares in its welcome (engine/model_policy.py). In a swarm the relay
+declares in its welcome (engine/common/model_policy.py). In a swarm the relay
 declares `mixed`, an item labelled with another model than this node's is
 put in `offer.baselines` with its sender's past (`SenderBaselines`, kept in
 the data dir): the loop judges it against that, such an `implausible` is no
@@ -51,12 +51,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.config import NodeConfig, SwarmConfig
-from engine.contribution import CREDIT_FILE, Contribution, receipt_verdicts, swarm_key
+from engine.common.config import NodeConfig, SwarmConfig
+from engine.common.errors import TaskError
+from engine.common.events import Event, make_event
+from engine.common.model_policy import ModelPolicy, policy_from_document, same_model
+from engine.common.rules import parse_invite
 from engine.defence import Ban, BanBook, ReplayMemory, SenderBaselines
-from engine.errors import TaskError
-from engine.events import Event, make_event
-from engine.model_policy import ModelPolicy, policy_from_document, same_model
 from engine.rollouts import (
     R_BANNED,
     R_DUPLICATE,
@@ -75,9 +75,9 @@ from engine.rollouts import (
     Offer,
     rewards_differ,
 )
-from engine.rules import parse_invite
 from engine.swarm import protocol
 from engine.swarm.client import LinkState, RelayMemory, SwarmClient, duration_text
+from engine.swarm.contribution import CREDIT_FILE, Contribution, receipt_verdicts, swarm_key
 from engine.swarm.identity import Identity, readable_name, verify_signed
 from engine.swarm.receipts import NOT_PICKED, receipts_payload
 from engine.tasks import TaskRef, TaskSet
@@ -238,7 +238,7 @@ class SwarmExchange:
 
     # -- the swarm's model policy -----------------------------------------------------
     def set_model_label(self, label: str) -> None:
-        """What this node's batches say it runs (`engine.model_policy.model_label`), once its model is loaded."""
+        """What this node's batches say it runs (`engine.common.model_policy.model_label`), once its model is loaded."""
         self.model_label = label
 
     @property
@@ -508,7 +508,7 @@ def open_swarm(config: NodeConfig, identity_file: Any, emit: Callable[[Event], N
     Bans, the replay memory and which relay last let this node in (`relays.json`)
     are kept in `state_dir`, by default the `swarm` folder beside the identity
     file (the data dir). In relay mode `swarm.relay_url` is an invite or a bare
-    relay address (`engine.rules.parse_invite`); its token comes before
+    relay address (`engine.common.rules.parse_invite`); its token comes before
     `swarm.join_token`.
     """
     from engine.swarm.local import LocalSwarm

@@ -28,10 +28,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from engine.config import PRESETS, NodeConfig, build_config
-from engine.errors import ConfigError
-from engine.events import Event
-from engine.paths import Paths
+from engine.common.config import PRESETS, NodeConfig, build_config
+from engine.common.errors import ConfigError
+from engine.common.events import Event
+from engine.common.paths import Paths
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """metrics.jsonl: one JSON line per round (and per evaluation), kept across restarts.
 
-Lines are appended with one O_APPEND write each (`engine.atomicio.append_line`);
+Lines are appended with one O_APPEND write each (`engine.common.atomicio.append_line`);
 readers skip anything that does not parse, so a torn last line after a crash
 costs at most that line, which the checkpoint restores on resume.
 
@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from engine.atomicio import append_line, atomic_write_bytes
+from engine.common.atomicio import append_line, atomic_write_bytes
 
 log = logging.getLogger(__name__)
 

@@ -96,7 +96,7 @@ class Offer:
     baselines: dict[int, tuple[float, ...]] = field(default_factory=dict)
     worst: dict[int, float] = field(default_factory=dict)  # the worst window of each of those items
     probation: set[int] = field(default_factory=set)  # of those, accepted while their sender is on probation
-    # For the receipts (engine/contribution.py): where each of `items` came from, and the verdicts already
+    # For the receipts (engine/swarm/contribution.py): where each of `items` came from, and the verdicts already
     # known for the other items a receipt can name (a rejection reason, or "not_picked").
     item_ids: list[ItemId] = field(default_factory=list)
     settled: list[tuple[ItemId, str]] = field(default_factory=list)

@@ -13,7 +13,7 @@ One `Node` owns a policy backend, a task set and a run folder. Each round:
    every `eval_every` rounds run the held-out evaluation.
 
 Everything the node does is reported through `emit(event)` (see
-engine/events.py); `Control` carries pause/resume/stop/reload requests in.
+engine/common/events.py); `Control` carries pause/resume/stop/reload requests in.
 """
 
 from __future__ import annotations
@@ -30,7 +30,13 @@ from typing import Any, Protocol
 
 from engine.backends import PolicyBackend, load_backend
 from engine.checkpoint import latest_good, save_checkpoint
-from engine.config import NodeConfig
+from engine.common.config import NodeConfig
+from engine.common.device import DeviceInfo, pick_device
+from engine.common.errors import ConfigError
+from engine.common.events import Event, make_event
+from engine.common.model_policy import model_label
+from engine.common.paths import Paths
+from engine.common.rules import stable_seed
 from engine.curriculum import curriculum_for, harder_configs
 from engine.defence import (
     IMPLAUSIBLE,
@@ -43,13 +49,8 @@ from engine.defence import (
     token_weights,
     trace_weights,
 )
-from engine.device import DeviceInfo, pick_device
-from engine.errors import ConfigError
-from engine.events import Event, make_event
 from engine.metrics import MetricsLog, held_out_summary
-from engine.model_policy import model_label
 from engine.models import resolve_model_dir
-from engine.paths import Paths
 from engine.priority import ThreadPolicy
 from engine.rollouts import (
     R_IMPLAUSIBLE,
@@ -61,7 +62,6 @@ from engine.rollouts import (
     group_advantages,
     train_items,
 )
-from engine.rules import stable_seed
 from engine.seeds import node_seed, run_seed
 from engine.tasks import Question, TaskSet
 
@@ -161,7 +161,7 @@ def _rss_bytes() -> int:
 
 
 def derive_seed(*parts: int) -> int:
-    """A stable 63-bit seed from integers (`engine.rules.stable_seed`, top bit dropped so that
+    """A stable 63-bit seed from integers (`engine.common.rules.stable_seed`, top bit dropped so that
     the runs recorded in docs/results.md keep their sampling seeds)."""
     return stable_seed(*parts) >> 1
 

@@ -18,9 +18,9 @@ import threading
 import traceback
 from typing import TextIO
 
-from engine.errors import EventError, SaplingError
-from engine.events import Event, encode, make_event, parse_command
-from engine.paths import Paths
+from engine.common.errors import EventError, SaplingError
+from engine.common.events import Event, encode, make_event, parse_command
+from engine.common.paths import Paths
 
 log = logging.getLogger(__name__)
 

@@ -43,9 +43,9 @@ from reasoning_gym.dataset import ProceduralDataset
 from reasoning_gym.factory import DATASETS as _RG_REGISTRY
 from reasoning_gym.utils import extract_answer
 
-from engine.config import SAPO_SPECIALTIES
-from engine.errors import TaskError
-from engine.rules import stable_seed
+from engine.common.config import SAPO_SPECIALTIES
+from engine.common.errors import TaskError
+from engine.common.rules import stable_seed
 from engine.swarm.protocol import MAX_COMPLETION_CHARS
 from engine.task_configs import DEFAULT_DATASET_CONFIGS, MAX_CONFIG_STRING, canonical_config, check_config
 

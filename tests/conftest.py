@@ -13,7 +13,7 @@ import pytest
 from tests.servers import RedisServer
 
 if TYPE_CHECKING:
-    from engine.swarm.relay import EmbeddedRelay
+    from engine.relay.server import EmbeddedRelay
 
 # Never reach for the network from tests; never print HF progress bars.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -56,7 +56,7 @@ StartRelay = Callable[..., "EmbeddedRelay"]
 @pytest.fixture
 def start_relay() -> Iterator[StartRelay]:
     """Real relays in this process, each on a free loopback port, stopped after the test."""
-    from engine.swarm.relay import EmbeddedRelay, RelaySettings
+    from engine.relay.server import EmbeddedRelay, RelaySettings
 
     started: list[EmbeddedRelay] = []
 

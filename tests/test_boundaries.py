@@ -1,4 +1,5 @@
-"""The house's two walls: engine/ never imports Qt or app/; app/ never imports training libraries.
+"""The house's walls: engine/ never imports Qt or app/; app/ never imports training libraries and imports only
+engine.common of the engine; the swarm and the relay never import the training loop.
 
 And the docs point only at what a clone has: no git-ignored path, no link to a missing file.
 """
@@ -39,10 +40,52 @@ def test_app_never_imports_training_libraries() -> None:
     assert not bad
 
 
+def _engine_imports(folder: Path) -> set[tuple[str, str]]:
+    """(file, module) for every absolute import of an engine module under `folder`, at any depth of its code;
+    `from engine import name` counts as engine.name when that is a module."""
+    found = set()
+    for path in folder.rglob("*.py"):
+        where = path.relative_to(ROOT).as_posix()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            if isinstance(node, ast.Import):
+                found |= {(where, a.name) for a in node.names if a.name.split(".")[0] == "engine"}
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0 and \
+                    node.module.split(".")[0] == "engine":
+                for alias in node.names:
+                    sub = f"{node.module}.{alias.name}"
+                    is_module = (ROOT / Path(*sub.split("."))).is_dir() or (ROOT / f"{sub.replace('.', '/')}.py").is_file()
+                    found.add((where, sub if is_module else node.module))
+    return found
+
+
+def test_app_imports_only_engine_common() -> None:
+    """The app's one rule (docs/architecture.md): app/ imports engine.common and nothing else of the engine, bar
+    the package root (`__version__`, and where the checkout is, to start the engine) and engine.cli (`sapling node`
+    runs the headless node in the app's process, before Qt loads)."""
+    allowed = {"engine", "engine.cli"}
+    used = _engine_imports(ROOT / "app")
+    bad = sorted((p, m) for p, m in used if m not in allowed and m != "engine.common" and
+                 not m.startswith("engine.common."))
+    assert not bad, f"app/ imports engine modules outside engine.common: {bad}"
+    assert any(m.startswith("engine.common.") for _, m in used)
+
+
+def test_the_swarm_and_the_relay_never_import_the_training_loop() -> None:
+    """engine/swarm and engine/relay import engine.common, each other and engine.rollouts (plain data): no round
+    loop, backend, task or model module."""
+    inside = ("engine.common", "engine.swarm", "engine.relay")
+    used = _engine_imports(ROOT / "engine" / "swarm") | _engine_imports(ROOT / "engine" / "relay")
+    bad = sorted((p, m) for p, m in used if m not in {"engine", "engine.rollouts"} and
+                 not any(m == pkg or m.startswith(pkg + ".") for pkg in inside))
+    assert not bad, bad
+
+
 @pytest.mark.integration
 def test_import_engine_is_cheap() -> None:
+    """The package root and every module of engine.common (what the app and the relay import) load nothing heavy."""
+    common = ", ".join(sorted(f"engine.common.{p.stem}" for p in (ROOT / "engine" / "common").glob("*.py")))
     code = (
-        "import sys, engine, engine.events, engine.config, engine.errors, engine.paths, engine.device\n"
+        f"import sys, engine, {common}\n"
         "heavy = [m for m in ('torch', 'transformers', 'PySide6', 'reasoning_gym', 'mlx', 'aiohttp') if m in sys.modules]\n"
         "print(','.join(heavy))"
     )

@@ -11,9 +11,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from engine.backends.base import PolicyBackend, StepCallback
-from engine.config import GRPOConfig
-from engine.device import MLX_INSTALL_HINT, DeviceInfo
-from engine.errors import DeviceError
+from engine.common.config import GRPOConfig
+from engine.common.device import MLX_INSTALL_HINT, DeviceInfo
+from engine.common.errors import DeviceError
 
 __all__ = ["PolicyBackend", "StepCallback", "load_backend"]
 

@@ -13,8 +13,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from engine.config import GRPOConfig
-from engine.device import DeviceInfo
+from engine.common.config import GRPOConfig
+from engine.common.device import DeviceInfo
 from engine.rollouts import Completion, TrainItem
 
 # Called with (steps done, steps total); may block (pause) or raise (stop).

@@ -20,9 +20,9 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from engine.config import GRPOConfig
-from engine.device import DeviceInfo
-from engine.errors import DeviceError, ModelError
+from engine.common.config import GRPOConfig
+from engine.common.device import DeviceInfo
+from engine.common.errors import DeviceError, ModelError
 from engine.rollouts import TrainItem
 
 log = logging.getLogger(__name__)

@@ -59,13 +59,13 @@ from mlx_lm.tuner.utils import linear_to_lora_layers
 from mlx_lm.utils import load_model
 from transformers import AutoTokenizer
 
-from engine.atomicio import atomic_dir
 from engine.backends.base import StepCallback
 from engine.backends.batching import HFTokenizerText, MicroBatchBudget
 from engine.backends.steps import train_steps
-from engine.config import GRPOConfig
-from engine.device import DeviceInfo
-from engine.errors import CheckpointError, ModelError
+from engine.common.atomicio import atomic_dir
+from engine.common.config import GRPOConfig
+from engine.common.device import DeviceInfo
+from engine.common.errors import CheckpointError, ModelError
 from engine.rollouts import Completion, TrainItem
 
 log = logging.getLogger(__name__)

@@ -16,7 +16,7 @@
   weight. With kl_beta > 0 the reference is the base model: the adapters
   switched off for LoRA, a frozen copy for full fine-tuning.
 - On CUDA: bf16 autocast on GPUs with native bf16 (Ampere and newer, see
-  `engine.device`), TF32 matmuls for what stays fp32, and a micro-batch
+  `engine.common.device`), TF32 matmuls for what stays fp32, and a micro-batch
   budget sized to the GPU's memory (`engine.backends.batching`). When the
   GPU runs out of memory, the budget is halved and the step retried from
   its start; a warning says so (a `log` event under `sapling-node serve`)
@@ -39,16 +39,16 @@ import torch
 from safetensors.torch import load_file, load_model, save_file, save_model
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from engine.atomicio import atomic_dir
 from engine.backends.base import StepCallback
 from engine.backends.batching import HFTokenizerText, MicroBatchBudget, micro_batches
 from engine.backends.decode import DecodedRow, DecodeModel, LoraAdapter, decode_batch, unsupported_reason
 from engine.backends.hf_generate import hf_greedy, hf_sample, left_pad, split_rows
 from engine.backends.memory import freeze_long_lived, release_memory
 from engine.backends.steps import train_steps
-from engine.config import GRPOConfig
-from engine.device import DeviceInfo
-from engine.errors import CheckpointError, ModelError
+from engine.common.atomicio import atomic_dir
+from engine.common.config import GRPOConfig
+from engine.common.device import DeviceInfo
+from engine.common.errors import CheckpointError, ModelError
 from engine.grpo import clipped_pg_loss
 from engine.rollouts import Completion, TrainItem
 

@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from engine import __version__
-from engine.config import PRESETS, SECTIONS, NodeConfig, build_config
-from engine.errors import ConfigError
+from engine.common.config import PRESETS, SECTIONS, NodeConfig, build_config
+from engine.common.errors import ConfigError
 from engine.seeds import AUTO_SEED
 
 # Node k's seed is seed + k * NODE_SEED_SPACING. reasoning-gym builds item (seed, index) from

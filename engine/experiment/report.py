@@ -20,8 +20,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from engine.atomicio import atomic_write_bytes, atomic_write_json, atomic_write_text
-from engine.config import NodeConfig
+from engine.common.atomicio import atomic_write_bytes, atomic_write_json, atomic_write_text
+from engine.common.config import NodeConfig
 from engine.experiment.hours import per_hour, reward_by_hour, timed
 from engine.experiment.plan import (
     EVAL_FILE,

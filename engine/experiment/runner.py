@@ -34,12 +34,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from engine.atomicio import append_line, atomic_write_json
 from engine.checkpoint import checkpoint_name, verify
-from engine.config import NodeConfig
+from engine.common.atomicio import append_line, atomic_write_json
+from engine.common.config import NodeConfig
+from engine.common.errors import CheckpointError, ConfigError, DeviceError
+from engine.common.events import Event
+from engine.common.paths import Paths
 from engine.curriculum import curriculum_for
-from engine.errors import CheckpointError, ConfigError, DeviceError
-from engine.events import Event
 from engine.experiment.hours import NodeClock, machine_tag
 from engine.experiment.nodes import NodeBackend, PublishFirst
 from engine.experiment.plan import (
@@ -59,7 +60,6 @@ from engine.experiment.plan import (
     saved_plan,
     widen,
 )
-from engine.paths import Paths
 from engine.rollouts import Group
 from engine.sapo import Control, Node, RoundAborted, derive_seed
 
@@ -189,7 +189,7 @@ class Experiment:
         import torch
 
         from engine.backends.torch_backend import TorchBackend
-        from engine.device import pick_device
+        from engine.common.device import pick_device
         from engine.models import resolve_model_dir
         from engine.priority import ThreadPolicy
         from engine.tasks import TaskSet
@@ -352,7 +352,7 @@ class Experiment:
         return run
 
     def _start_relay(self) -> tuple[Any, str]:
-        from engine.swarm.relay import EmbeddedRelay, RelaySettings
+        from engine.relay.server import EmbeddedRelay, RelaySettings
 
         # A real relay on a free loopback port. Simulated nodes publish and sample back to back, so the
         # per-peer request rate is raised above the default for people's nodes (2/s, burst 10).

@@ -28,14 +28,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engine.config import NodeConfig
-from engine.errors import CheckpointError, ModelError, SaplingError
-from engine.events import node_command
+from engine.common.config import NodeConfig
+from engine.common.errors import CheckpointError, ModelError, SaplingError
+from engine.common.events import node_command
+from engine.common.paths import Paths
+from engine.common.rules import BUNDLED
 from engine.gguf.export import find_checkpoint, gguf_cache_path
 from engine.gguf.merge import merge_lora
 from engine.models import BASE_GGUF, bundled_model_path
-from engine.paths import Paths
-from engine.rules import BUNDLED
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Try it: a question answered token by token by the newest checkpoint and, beside it, by the base model.
 
-    sapling-node chat [--home DIR] [--run-name NAME] [--budget N]    (the app starts it with engine.events.node_command)
+    sapling-node chat [--home DIR] [--run-name NAME] [--budget N]    (the app starts it with engine.common.events.node_command)
     python -m engine.gguf.chat [same flags]
 
 The desktop app's Try it panel runs this as a child process, started when
@@ -28,7 +28,7 @@ Commands (stdin), one JSON object per line:
     {"cmd": "threads", "n": 1}                              thread budget from the next answer on
     {"cmd": "cancel"}                                       stop the answer being written
 
-Messages (stdout), each with "type" (their required fields: `engine.events.CHAT_MESSAGE_FIELDS`):
+Messages (stdout), each with "type" (their required fields: `engine.common.events.CHAT_MESSAGE_FIELDS`):
 
     ready     llama_cpp (bool), message (one sentence when llama.cpp is unusable, else ""), specialties
     question  id, specialty, text, answer (a reference answer, or null)
@@ -57,12 +57,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.config import SAPO_SPECIALTIES, NodeConfig
-from engine.errors import SaplingError
-from engine.events import CHAT_COMMANDS, encode
+from engine.common.config import SAPO_SPECIALTIES, NodeConfig
+from engine.common.errors import SaplingError
+from engine.common.events import CHAT_COMMANDS, encode
+from engine.common.paths import Paths
 from engine.gguf.cache import ExportCache, Send
 from engine.launch import add_settings_flags, config_from_args, setup_logging
-from engine.paths import Paths
 from engine.priority import ThreadPolicy
 from engine.seeds import fixed_seed
 

@@ -26,13 +26,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from engine.checkpoint import Checkpoint, _listed, checkpoint_name, verify
-from engine.errors import CheckpointError, ConfigError
+from engine.common.errors import CheckpointError, ConfigError
 from engine.gguf.convert import CONVERT_LORA, atomic_file, converter_dir, hf_to_gguf, run_converter
 from engine.seeds import fixed_seed
 
 if TYPE_CHECKING:
-    from engine.config import NodeConfig
-    from engine.paths import Paths
+    from engine.common.config import NodeConfig
+    from engine.common.paths import Paths
 
 log = logging.getLogger(__name__)
 
@@ -159,7 +159,7 @@ def _scratch_dir(out: Path) -> Path:
 def _merged_hf(config: NodeConfig, model_dir: Path, checkpoint: Checkpoint | None, target: Path, report: Report) -> None:
     """Load the model and the checkpoint with the training backend and write the merged HF folder."""
     from engine.backends import load_backend
-    from engine.device import pick_device
+    from engine.common.device import pick_device
 
     if config.run.threads:
         import torch

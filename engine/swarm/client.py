@@ -76,7 +76,7 @@ from typing import Any
 import aiohttp
 
 from engine import __version__
-from engine.atomicio import atomic_write_json
+from engine.common.atomicio import atomic_write_json
 from engine.swarm import protocol
 from engine.swarm.identity import Identity
 from engine.swarm.rate import TokenBucket
@@ -118,8 +118,8 @@ class LinkState:
     lost_at: float | None = None  # when the link was last lost (None: not this run); once back, since - lost_at is the outage
     published: int = 0
     publish_errors: Counter[str] = field(default_factory=Counter)
-    models: Any = None  # the welcome's `models`: the swarm's model policy (engine/model_policy.py reads it)
-    credit: dict[str, Any] | None = None  # this node's credit as the relay last sent it (engine/swarm/credit.py)
+    models: Any = None  # the welcome's `models`: the swarm's model policy (engine/common/model_policy.py reads it)
+    credit: dict[str, Any] | None = None  # this node's credit as the relay last sent it (engine/relay/credit.py)
     credit_at: float = 0.0  # when it came
     receipts_counted: int = 0  # receipt items the relay counted, and those it refused, by why
     receipts_refused: Counter[str] = field(default_factory=Counter)

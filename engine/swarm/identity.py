@@ -18,7 +18,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from engine.atomicio import atomic_write_bytes
+from engine.common.atomicio import atomic_write_bytes
 from engine.swarm import protocol
 
 log = logging.getLogger(__name__)

@@ -436,7 +436,7 @@ def decode_relay(text: str | bytes) -> dict[str, Any]:
         return {"type": type_, "nonce": _hex(obj, "nonce", NONCE_BYTES), "relay": _str(obj, "relay", 128),
                 "time": _float(obj, "time")}
     if type_ == "welcome":
-        # `models`: the swarm's model policy (engine/model_policy.py reads it); absent or not an object: not declared
+        # `models`: the swarm's model policy (engine/common/model_policy.py reads it); absent or not an object: not declared
         return {"type": type_, "peer": _str(obj, "peer", PEER_ID_HEX), "online": _int(obj, "online", 0, 10**9),
                 "limits": obj.get("limits") if isinstance(obj.get("limits"), dict) else {},
                 "models": obj.get("models") if isinstance(obj.get("models"), dict) else None}
@@ -453,7 +453,7 @@ def decode_relay(text: str | bytes) -> dict[str, Any]:
             batches.append(_signed(entry))
         return {"type": type_, "id": _int(obj, "id", 0, MAX_REQUEST_ID), "batches": batches,
                 "cursor": _cursor(obj, "cursor")}
-    if type_ == "stats":  # `credit`: this peer's own numbers (engine/swarm/credit.py), absent in most pushes
+    if type_ == "stats":  # `credit`: this peer's own numbers (engine/relay/credit.py), absent in most pushes
         return {"type": type_, "online": _int(obj, "online", 0, 10**9), "window": _int(obj, "window", 0, 10**9),
                 "credit": obj.get("credit") if isinstance(obj.get("credit"), dict) else None}
     if type_ == "receipted":

@@ -14,7 +14,7 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
 from app.gui import Gui, build_gui
 from app.power import PowerPolicy
-from engine.paths import Paths
+from engine.common.paths import Paths
 from tests.conftest import (
     StartRelay as StartRelay,  # the fixture is in tests/conftest.py; re-exported for the app tests
 )

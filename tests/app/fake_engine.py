@@ -28,8 +28,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from engine.errors import EventError
-from engine.events import encode, make_event, parse_command
+from engine.common.errors import EventError
+from engine.common.events import encode, make_event, parse_command
 
 DEVICE = {"kind": "cpu", "name": "Fake CPU (2 threads)", "memory_bytes": 8 << 30, "bf16": False, "reason": "fake engine"}
 

@@ -20,8 +20,8 @@ import pytest
 from app.contribution import EMPTY, ContributionCard
 from app.engine_process import engine_command
 from app.identity import IdentityPanel
-from engine.events import node_command
-from engine.paths import Paths
+from engine.common.events import node_command
+from engine.common.paths import Paths
 from tests.app.conftest import MakeGui, StartRelay, fake_command
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -41,7 +41,7 @@ def test_the_engine_the_app_starts_runs_at_background_priority_and_the_window_do
         qtbot, tiny_model_dir: Path, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     from app.engine_process import engine_command
     from app.gui import build_gui
-    from engine.paths import Paths
+    from engine.common.paths import Paths
     from engine.priority import niceness
 
     flags = ["--home", str(tmp_path / "home"), "--model", str(tiny_model_dir), "--set", "swarm.embedded_port=0", *FAST]

@@ -27,9 +27,9 @@ from app.engine_process import engine_command
 from app.guards import InviteEvents, SingleInstance, instance_name
 from app.join import JoinDialog
 from app.settings import SettingsStore
-from engine.config import build_config
-from engine.paths import Paths
-from engine.rules import Invite, parse_invite
+from engine.common.config import build_config
+from engine.common.paths import Paths
+from engine.common.rules import Invite, parse_invite
 from tests.app.conftest import MakeGui, StartRelay
 from tests.servers import free_port
 
@@ -183,7 +183,8 @@ def test_sapling_with_an_invite_hands_it_to_the_running_app(qtbot, tmp_path: Pat
 
 
 def test_the_app_lists_the_doctors_steps_from_the_one_list_the_engine_runs() -> None:
-    from engine import doctor, joining
+    from engine import doctor
+    from engine.common import joining
 
     assert app_doctor.STEPS is joining.DOCTOR_STEPS and doctor.STEPS is joining.DOCTOR_STEPS
 

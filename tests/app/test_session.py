@@ -9,8 +9,8 @@ import pytest
 
 from app.charts import decimate, nice_step, rolling_mean
 from app.session import History, Session, describe_device, describe_model
-from engine.errors import EventError
-from engine.events import parse_event
+from engine.common.errors import EventError
+from engine.common.events import parse_event
 from tests.app.conftest import HISTORY, SESSION
 
 

@@ -26,7 +26,7 @@ from app.tryit import (
     parse_chat_line,
     settings_flags,
 )
-from engine.events import node_command
+from engine.common.events import node_command
 from tests.app.conftest import MakeGui
 
 HERE = Path(__file__).resolve().parent

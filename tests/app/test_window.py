@@ -12,7 +12,7 @@ from PySide6.QtWidgets import QApplication, QPushButton
 
 from app.dialogs import FirstRunDialog
 from app.settings import SettingsStore
-from engine.paths import Paths
+from engine.common.paths import Paths
 from tests.app.conftest import HISTORY, MakeGui, fake_command, read_commands
 
 

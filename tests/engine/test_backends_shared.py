@@ -19,10 +19,10 @@ import numpy as np
 import pytest
 
 from engine.backends import PolicyBackend, load_backend
-from engine.config import GRPOConfig, NodeConfig, build_config, with_changes
-from engine.device import pick_device
-from engine.events import Event
-from engine.paths import Paths
+from engine.common.config import GRPOConfig, NodeConfig, build_config, with_changes
+from engine.common.device import pick_device
+from engine.common.events import Event
+from engine.common.paths import Paths
 from engine.sapo import Control, Node, RoundAborted
 
 HAVE_MLX = importlib.util.find_spec("mlx") is not None and importlib.util.find_spec("mlx_lm") is not None

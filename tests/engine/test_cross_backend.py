@@ -33,8 +33,8 @@ from mlx.utils import tree_flatten
 
 from engine.backends.mlx_backend import MLXBackend
 from engine.backends.torch_backend import TorchBackend
-from engine.config import GRPOConfig
-from engine.device import pick_device
+from engine.common.config import GRPOConfig
+from engine.common.device import pick_device
 from engine.grpo import clipped_pg_loss
 from engine.rollouts import TrainItem
 from tests.tiny import make_sharp_model

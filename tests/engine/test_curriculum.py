@@ -14,7 +14,10 @@ from typing import Any
 
 import pytest
 
-from engine.config import SAPO_SPECIALTIES, NodeConfig, build_config
+from engine.common.config import SAPO_SPECIALTIES, NodeConfig, build_config
+from engine.common.errors import CheckpointError, ConfigError, TaskError
+from engine.common.events import Event
+from engine.common.paths import Paths
 from engine.curriculum import (
     FLOOR,
     KEEP_MIN,
@@ -27,9 +30,6 @@ from engine.curriculum import (
     keep_probability,
     level_config,
 )
-from engine.errors import CheckpointError, ConfigError, TaskError
-from engine.events import Event
-from engine.paths import Paths
 from engine.sapo import Node
 from engine.task_configs import DEFAULT_DATASET_CONFIGS
 from engine.tasks import TaskRef, TaskSet

@@ -22,8 +22,8 @@ from engine.backends import decode_model, kv_cache
 from engine.backends.decode import DecodedRow, DecodeModel, LoraAdapter, can_pack, decode_batch, unsupported_reason
 from engine.backends.kv_cache import partition
 from engine.backends.torch_backend import TorchBackend
-from engine.config import GRPOConfig
-from engine.device import pick_device
+from engine.common.config import GRPOConfig
+from engine.common.device import pick_device
 from tests.tiny import make_byte_tokenizer, make_sharp_model
 
 # Prompts of different lengths (prompt padding, groups and positions all differ), some sharing a

@@ -18,11 +18,11 @@ from typing import Any
 import pytest
 import torch
 
-from engine import device as dev
 from engine.backends.batching import MicroBatchBudget, memory_scale
-from engine.config import GRPOConfig
-from engine.device import DeviceInfo, pick_device
-from engine.errors import DeviceError
+from engine.common import device as dev
+from engine.common.config import GRPOConfig
+from engine.common.device import DeviceInfo, pick_device
+from engine.common.errors import DeviceError
 from engine.rollouts import TrainItem
 
 GIB = 1 << 30
@@ -126,9 +126,9 @@ def test_mlx_asked_for_but_missing(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.integration
 def test_choosing_a_backend_module_imports_no_framework() -> None:
-    """engine.device and engine.backends stay cheap: torch and mlx load only when a device is picked."""
+    """engine.common.device and engine.backends stay cheap: torch and mlx load only when a device is picked."""
     code = (
-        "import sys, engine.device, engine.backends, engine.backends.batching\n"
+        "import sys, engine.common.device, engine.backends, engine.backends.batching\n"
         "print(','.join(m for m in ('torch', 'mlx', 'mlx_lm', 'transformers') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

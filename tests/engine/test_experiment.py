@@ -11,13 +11,13 @@ import torch
 from safetensors.torch import load_file
 
 from engine.cli import main
-from engine.config import build_config
-from engine.errors import ConfigError
+from engine.common.config import build_config
+from engine.common.errors import ConfigError
+from engine.common.paths import Paths
 from engine.experiment.nodes import NodeBackend
 from engine.experiment.plan import Mix, make_plan, parse_mixes
 from engine.experiment.report import baseline_of, compare, pooled_compare, stratified_bootstrap, two_way_bootstrap
 from engine.experiment.runner import Experiment, Hooks
-from engine.paths import Paths
 from engine.sapo import Control
 
 

@@ -16,12 +16,12 @@ from typing import Any
 import pytest
 
 from engine.checkpoint import save_checkpoint
-from engine.config import NodeConfig, build_config
-from engine.errors import CheckpointError, ConfigError, ModelError
+from engine.common.config import NodeConfig, build_config
+from engine.common.errors import CheckpointError, ConfigError, ModelError
+from engine.common.paths import Paths
 from engine.gguf.convert import CONVERTER_ENV
 from engine.gguf.export import export_model, find_checkpoint
 from engine.gguf.merge import merge_lora, tensor_table
-from engine.paths import Paths
 
 # Every test here converts the bundled model (the `smol_dir` fixture) or starts `sapling-node export`.
 pytestmark = pytest.mark.integration
@@ -77,7 +77,7 @@ def _make_checkpoint(config: NodeConfig, paths: Paths, round_index: int, seed: i
     import torch
 
     from engine.backends.torch_backend import TorchBackend
-    from engine.device import pick_device
+    from engine.common.device import pick_device
     from engine.models import resolve_model_dir
 
     backend = TorchBackend(resolve_model_dir(config.model.source, paths.models_cache), pick_device("cpu"),
@@ -199,7 +199,7 @@ def test_merging_an_adapter_into_the_base_gguf_gives_the_merged_export(tiny_smol
     import numpy as np
     from gguf import GGUFReader
 
-    from engine.errors import SaplingError
+    from engine.common.errors import SaplingError
 
     paths = Paths.under(tmp_path / "home")
     config = _config(tiny_smol_dir)
@@ -246,7 +246,7 @@ def _adapter_gguf(path: Path, tensors: dict[str, tuple[int, ...]]) -> Path:
 def test_merging_an_adapter_that_does_not_fit_or_a_quantized_base_is_one_sentence(
         tiny_smol_dir: Path, tmp_path: Path) -> None:
     """The merge's other refusals: a weight the base lacks, a shape it does not have, a quantized base."""
-    from engine.errors import SaplingError
+    from engine.common.errors import SaplingError
 
     paths = Paths.under(tmp_path / "home")
     config = _config(tiny_smol_dir)

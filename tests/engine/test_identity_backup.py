@@ -1,4 +1,4 @@
-"""`sapling-node identity show|export|import` (engine/identity_backup.py): a key you can keep."""
+"""`sapling-node identity show|export|import` (engine/swarm/identity_backup.py): a key you can keep."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from engine.cli import main
-from engine.paths import Paths
+from engine.common.paths import Paths
 from engine.swarm.identity import Identity
 
 ROOT = Path(__file__).resolve().parents[2]

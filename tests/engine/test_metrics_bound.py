@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.config import ConfigError, build_config
+from engine.common.config import ConfigError, build_config
 from engine.metrics import MetricsLog
 
 

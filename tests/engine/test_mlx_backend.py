@@ -21,11 +21,11 @@ import mlx.core as mx
 
 from engine.backends import load_backend
 from engine.backends.mlx_backend import MLXBackend, mlx_config_overrides
-from engine.config import GRPOConfig, NodeConfig, build_config
-from engine.device import pick_device
-from engine.errors import CheckpointError
-from engine.events import Event
-from engine.paths import Paths
+from engine.common.config import GRPOConfig, NodeConfig, build_config
+from engine.common.device import pick_device
+from engine.common.errors import CheckpointError
+from engine.common.events import Event
+from engine.common.paths import Paths
 from engine.rollouts import TrainItem
 from engine.sapo import Node
 

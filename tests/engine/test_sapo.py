@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 import torch
 
-from engine.config import NodeConfig, build_config
-from engine.events import Event
-from engine.paths import Paths
+from engine.common.config import NodeConfig, build_config
+from engine.common.events import Event
+from engine.common.paths import Paths
 from engine.sapo import Node, RoundAborted
 
 FAST = [

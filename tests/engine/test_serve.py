@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from engine.events import encode, make_command, parse_event
+from engine.common.events import encode, make_command, parse_event
 
 ROOT = Path(__file__).resolve().parents[2]
 FAST = [

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from engine.errors import TaskError
+from engine.common.errors import TaskError
 from engine.task_configs import DEFAULT_DATASET_CONFIGS
 from engine.tasks import (
     EVAL_SEED_OFFSET,

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from engine.backends.torch_backend import TorchBackend
-from engine.config import GRPOConfig
-from engine.device import pick_device
+from engine.common.config import GRPOConfig
+from engine.common.device import pick_device
 from tests.tiny import make_sharp_model
 
 

@@ -33,7 +33,7 @@ def relay_process(tmp_path: Path) -> Iterator[Callable[[str], str]]:
         port = free_port()
         log = tmp_path / f"relay-{port}.log"
         with log.open("wb") as out:
-            proc = subprocess.Popen([sys.executable, "-m", "engine.swarm.relay", "--port", str(port), "--redis", redis,
+            proc = subprocess.Popen([sys.executable, "-m", "engine.relay", "--port", str(port), "--redis", redis,
                                      "--data-dir", str(tmp_path / "relay"), "--rate", "1000", "--burst", "1000"],
                                     cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
         started.append(proc)

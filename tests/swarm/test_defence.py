@@ -18,7 +18,9 @@ from typing import Any
 import pytest
 import torch
 
-from engine.config import build_config
+from engine.common.config import build_config
+from engine.common.errors import ConfigError, EventError
+from engine.common.events import make_command, parse_command
 from engine.defence import (
     IMPLAUSIBLE,
     PROBATION,
@@ -38,8 +40,6 @@ from engine.defence import (
     trace_weights,
     window_floor,
 )
-from engine.errors import ConfigError, EventError
-from engine.events import make_command, parse_command
 from engine.exchange import STRIKE_REASONS, defence_state, peer_of, senders_file
 from engine.grpo import clipped_pg_loss
 from engine.rollouts import R_FORGED_REWARD, R_IMPLAUSIBLE, R_QUESTION, TrainItem, train_items
@@ -339,8 +339,8 @@ def item_with(node: Any, completions: tuple[str, ...], index: int = 7) -> protoc
 
 
 def receiver_node(model_dir: Path, home: Path, *extra: str) -> tuple[Any, Any, Any, list[Any]]:
+    from engine.common.paths import Paths
     from engine.exchange import SwarmExchange
-    from engine.paths import Paths
     from engine.sapo import Node
     from tests.swarm.test_mix import RelayDouble, config, parity_reward
 
@@ -503,8 +503,8 @@ def test_replayed_content_is_dropped_across_a_restart(tiny_model_dir: Path, tmp_
 def test_through_a_real_relay_poison_is_rejected_and_its_sender_banned(
     taught: tuple[Path, Path], tmp_path: Path, start_relay: Any
 ) -> None:
+    from engine.common.paths import Paths
     from engine.exchange import open_swarm
-    from engine.paths import Paths
     from engine.sapo import Node
     from engine.swarm.client import SwarmClient
     from tests.swarm.test_mix import config, parity_reward
@@ -631,7 +631,7 @@ def test_in_a_mixed_swarm_an_injection_into_a_senders_usual_text_is_refused_but_
 def test_claiming_the_receivers_model_in_a_mixed_swarm_gains_an_attacker_nothing(
     taught: tuple[Path, Path], tmp_path: Path, claim: str
 ) -> None:
-    from engine.model_policy import make_label, split_label
+    from engine.common.model_policy import make_label, split_label
 
     node, exchange, relay, events = receiver_node(taught[0], tmp_path / "r", "swarm.ban_strikes=1",
                                                   "swarm.ban_window=1")

@@ -20,11 +20,11 @@ from pathlib import Path
 
 import pytest
 
-from engine.rules import Invite
+from engine.common.rules import Invite
+from engine.relay.server import EmbeddedRelay, RelaySettings
 from engine.swarm import protocol
 from engine.swarm.client import RelayMemory, SwarmClient
 from engine.swarm.identity import Identity
-from engine.swarm.relay import EmbeddedRelay, RelaySettings
 from tests.servers import RedisServer, free_port, wait_listening
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -25,10 +25,10 @@ from pathlib import Path
 
 import pytest
 
+from engine.relay.server import EmbeddedRelay, RelaySettings
 from engine.swarm import protocol
 from engine.swarm.client import SwarmClient
 from engine.swarm.identity import Identity
-from engine.swarm.relay import EmbeddedRelay, RelaySettings
 from tests.conftest import StartRelay
 from tests.servers import stop_process
 from tests.swarm.link_node import batch

@@ -35,13 +35,13 @@ from typing import IO, Any
 import pytest
 
 from engine.cli import TerminalView
-from engine.events import Event, make_event
+from engine.common.events import Event, make_event
 from engine.exchange import SwarmExchange
+from engine.relay.brokers import MemoryBroker
+from engine.relay.server import EmbeddedRelay, RelaySettings
 from engine.swarm import protocol
-from engine.swarm.brokers import MemoryBroker
 from engine.swarm.client import CONNECT_TIMEOUT_S, LinkState, SwarmClient
 from engine.swarm.identity import Identity
-from engine.swarm.relay import EmbeddedRelay, RelaySettings
 from tests.servers import stop_process
 from tests.swarm.conftest import StartRelay
 from tests.swarm.link_node import batch

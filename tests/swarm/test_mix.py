@@ -10,8 +10,9 @@ from typing import Any
 import pytest
 import torch
 
-from engine.config import NodeConfig, build_config
-from engine.events import Event
+from engine.common.config import NodeConfig, build_config
+from engine.common.events import Event
+from engine.common.paths import Paths
 from engine.exchange import (
     R_DUPLICATE,
     R_FORGED_REWARD,
@@ -22,12 +23,11 @@ from engine.exchange import (
     SwarmExchange,
     open_swarm,
 )
-from engine.paths import Paths
+from engine.relay.server import EmbeddedRelay, RelaySettings
 from engine.sapo import Node
 from engine.swarm import protocol as p
 from engine.swarm.client import LinkState
 from engine.swarm.identity import Identity
-from engine.swarm.relay import EmbeddedRelay, RelaySettings
 from tests.servers import free_port
 from tests.swarm.conftest import StartRelay
 
@@ -114,7 +114,7 @@ class RelayDouble:
         self.urls = ["ws://relay.test/ws"]  # a SwarmClient's swarm: its relays, in the order it tries them
         self.batches: list[p.Signed] = []
         self.published: list[str] = []
-        self.receipts: list[str] = []  # receipts payloads, one per settled round (engine/contribution.py)
+        self.receipts: list[str] = []  # receipts payloads, one per settled round (engine/swarm/contribution.py)
 
     def sample(self, n: int, timeout: float = 10.0) -> list[p.Signed]:
         return self.batches[:n]

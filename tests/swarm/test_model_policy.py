@@ -1,4 +1,4 @@
-"""A swarm's model policy and a node's model label (engine/model_policy.py, issue 29).
+"""A swarm's model policy and a node's model label (engine/common/model_policy.py, issue 29).
 
 Pure parts with values worked out by hand; the label of a real model folder
 and of the bundled GGUF against `hashlib`; then real relays on loopback: the
@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
-from engine.errors import ConfigError
-from engine.model_policy import (
+from engine.common.errors import ConfigError
+from engine.common.model_policy import (
     HASH_CACHE_FILE,
     MAX_LABEL_CHARS,
     UNDECLARED,
@@ -36,8 +36,8 @@ from engine.model_policy import (
     split_label,
     weights_hash,
 )
+from engine.relay.settings import settings_from_args
 from engine.swarm import protocol
-from engine.swarm.relay_settings import settings_from_args
 from tests.swarm.conftest import StartRelay
 from tests.swarm.doc_client import DocPeer, item
 
@@ -204,8 +204,8 @@ async def test_a_mixed_or_silent_relay_takes_every_label_and_says_so(start_relay
 def test_a_node_learns_the_policy_from_the_welcome_and_labels_its_batches(
     tiny_model_dir: Path, tmp_path: Path, start_relay: StartRelay, setting: str
 ) -> None:
+    from engine.common.paths import Paths
     from engine.exchange import open_swarm
-    from engine.paths import Paths
     from engine.sapo import Node
     from tests.swarm.test_mix import config, parity_reward
 

@@ -216,7 +216,7 @@ async def test_sigterm_closes_connections_cleanly_and_exits_zero(tmp_path: Path)
     port = free_port()
     config = tmp_path / "relay.toml"
     config.write_text('name = "toml-relay"\nwindow = 8\n')
-    proc = subprocess.Popen([sys.executable, "-m", "engine.swarm.relay", "--port", str(port), "--config", str(config),
+    proc = subprocess.Popen([sys.executable, "-m", "engine.relay", "--port", str(port), "--config", str(config),
                              "--data-dir", str(tmp_path / "relay")], cwd=ROOT, stderr=subprocess.PIPE, text=True)
     try:
         url = f"ws://127.0.0.1:{port}/ws"
@@ -254,12 +254,12 @@ def test_bad_flags_and_config_exit_2_with_one_line(tmp_path: Path) -> None:
     unknown.write_text("colour = 1\n")
     for args in (["--config", str(bad)], ["--config", str(unknown)], ["--rate", "-1"],
                  ["--ban-keys-file", str(tmp_path / "missing")], ["--redis", "http://x"]):
-        out = subprocess.run([sys.executable, "-m", "engine.swarm.relay", *args], cwd=ROOT, capture_output=True,
+        out = subprocess.run([sys.executable, "-m", "engine.relay", *args], cwd=ROOT, capture_output=True,
                              text=True, timeout=60, env={**os.environ})
         assert out.returncode == 2, (args, out.stderr)
         assert out.stderr.startswith("sapling-relay: "), out.stderr
         assert "Traceback" not in out.stderr
-    help_text = subprocess.run([sys.executable, "-m", "engine.swarm.relay", "--help"], cwd=ROOT, capture_output=True,
+    help_text = subprocess.run([sys.executable, "-m", "engine.relay", "--help"], cwd=ROOT, capture_output=True,
                                text=True, timeout=60).stdout
     for flag in ("--redis", "--join-token", "--allow-keys-file", "--ban-keys-file", "--max-conn-per-ip", "--rate",
                  "--send-queue", "--window", "--name", "--description", "--contact", "--public-url", "--data-dir"):
@@ -268,7 +268,7 @@ def test_bad_flags_and_config_exit_2_with_one_line(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("bad", ["x", "not-a-key", "AAAA", "0123456789abcdef012"])
 def test_key_lists_reject_garbage(bad: str, tmp_path: Path) -> None:
-    from engine.swarm.relay import settings_from_args
+    from engine.relay.server import settings_from_args
 
     keys = tmp_path / "keys"
     keys.write_text(f"# comment\n\n{bad}\n")
@@ -590,8 +590,8 @@ async def test_refusals_are_summed_per_peer_at_info_level(start_relay: StartRela
 
 async def test_a_second_sigterm_during_shutdown_is_ignored_and_the_relay_exits_zero(
         caplog: pytest.LogCaptureFixture) -> None:
-    from engine.swarm.brokers import MemoryBroker
-    from engine.swarm.relay import Relay, RelaySettings, serve
+    from engine.relay.brokers import MemoryBroker
+    from engine.relay.server import Relay, RelaySettings, serve
 
     class HeldBroker(MemoryBroker):
         """Holds the shutdown open until the test lets go, so the second signal lands inside it."""

@@ -1,7 +1,7 @@
 """Restarts under running nodes (issue 38): a relay restarted behind Caddy, and the Redis under two relays.
 
 Everything is a real process on loopback: redis-server (no persistence, as the deployment kit runs it),
-relay processes (`python -m engine.swarm.relay`), Debian's caddy with its own local CA in front (the kit's
+relay processes (`python -m engine.relay`), Debian's caddy with its own local CA in front (the kit's
 Caddyfile, started as tests/swarm/test_relay_stack.py starts it), and nodes that are
 tests/swarm/link_node.py (the real `SwarmClient` in a child process, a round every half second, each
 round's batch asking "<tag>round N"). What was stored is read straight from Redis's stream, so a round
@@ -62,7 +62,7 @@ class Processes:
     def relay(self, name: str, port: int, redis_url: str, *extra: str) -> subprocess.Popen[bytes]:
         log = self.logs / f"{name}.log"
         with log.open("ab") as out:
-            proc = subprocess.Popen([sys.executable, "-m", "engine.swarm.relay", "--host", "127.0.0.1", "--port",
+            proc = subprocess.Popen([sys.executable, "-m", "engine.relay", "--host", "127.0.0.1", "--port",
                                      str(port), "--name", name, "--redis", redis_url, "--heartbeat", "2",
                                      "--data-dir", str(self.tmp_path / "relay-data"), "--log-level", "info", *extra],
                                     cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)

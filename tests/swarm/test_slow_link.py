@@ -25,11 +25,11 @@ from pathlib import Path
 import psutil
 import pytest
 
+from engine.relay.brokers import MemoryBroker
+from engine.relay.server import EmbeddedRelay, RelaySettings
 from engine.swarm import protocol
-from engine.swarm.brokers import MemoryBroker
 from engine.swarm.client import CONNECT_TIMEOUT_S, SwarmClient
 from engine.swarm.identity import Identity, verify
-from engine.swarm.relay import EmbeddedRelay, RelaySettings
 from tests.servers import stop_process
 from tests.swarm.faultproxy import CHUNK, QUEUE_CHUNKS, FaultProxy
 from tests.swarm.link_node import batch

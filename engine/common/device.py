@@ -15,7 +15,7 @@ learn that it has no CUDA. Asking explicitly for a device that is not there
 is a `DeviceError`, never a silent fallback. `--device mlx` also works on
 Linux with `pip install "sapling[mlx-cpu]"` (MLX on the CPU, for testing).
 
-    python -m engine.device          # print what this machine would use
+    python -m engine.common.device          # print what this machine would use
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from engine.errors import DeviceError
+from engine.common.errors import DeviceError
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ class DeviceInfo:
         return asdict(self)
 
     def describe(self) -> str:
-        """Every detail, for logs and `python -m engine.device`."""
+        """Every detail, for logs and `python -m engine.common.device`."""
         gib = self.memory_bytes / 2**30
         mem = f", {gib:.0f} GiB" if self.memory_bytes else ""
         return f"{self.name}{mem}, bf16 {'yes' if self.bf16 else 'no'} ({self.reason})"

@@ -12,7 +12,7 @@ Precedence: defaults < preset < TOML file < ``--set section.key=value`` flags.
 Every value is checked in ``__post_init__``; a bad one raises `ConfigError`
 with one sentence naming the key and what is allowed (the CLI exits 2).
 
-    python -m engine.config          # print the effective default config as TOML
+    python -m engine.common.config          # print the effective default config as TOML
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from typing import Any
 
 import tomlkit
 
-from engine.errors import ConfigError
-from engine.rules import INVITE_MAX_CHARS, parse_invite
+from engine.common.errors import ConfigError
+from engine.common.rules import INVITE_MAX_CHARS, parse_invite
 
 SAPO_SPECIALTIES = (
     "base_conversion",

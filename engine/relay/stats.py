@@ -13,7 +13,7 @@ never checked), and the distinct peers that completed a handshake per UTC day.
 Counts wait in the process until `flush`; with Redis they go to a hash of
 per-minute fields and a HyperLogLog per day, so every process of one swarm
 reads the same numbers, through the relay process's one Redis client
-(engine/swarm/brokers.py, `redis_client`: a bounded pool, commands retried
+(engine/relay/brokers.py, `redis_client`: a bounded pool, commands retried
 on a fresh connection after a Redis restart). Nothing here is trusted by
 nodes: it is for people.
 """
@@ -26,8 +26,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from engine.relay.brokers import redis_client
 from engine.swarm import protocol
-from engine.swarm.brokers import redis_client
 
 log = logging.getLogger("sapling.relay")
 

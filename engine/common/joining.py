@@ -9,7 +9,7 @@ dialog, Settings ▸ Swarm and `sapling-node doctor` read it here:
     preview = preview_invite("sapling://join?relay=wss%3A%2F%2Frelay.example.org%2Fws&name=Lab")
     preview.info.name, preview.info.live.peers_online, preview.relay
 
-    python -m engine.joining 'sapling://join?relay=...'     # print what the dialog would show
+    python -m engine.common.joining 'sapling://join?relay=...'     # print what the dialog would show
 
 Everything a relay sends is untrusted: the document is refused, with one
 sentence, when it is over 64 kB (without reading more), when it is a web page
@@ -35,8 +35,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from engine import __version__
-from engine.errors import ConfigError, RelayError, SaplingError
-from engine.rules import Invite, parse_invite
+from engine.common.errors import ConfigError, RelayError, SaplingError
+from engine.common.rules import Invite, parse_invite
 from engine.swarm.protocol import VERSION as PROTOCOL_VERSION
 
 INFO_PATH = "/.well-known/sapling-relay"
@@ -401,7 +401,7 @@ def preview_invite(text: str, timeout: float = STEP_TIMEOUT_S, context: ssl.SSLC
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
-        print("usage: python -m engine.joining INVITE", file=sys.stderr)
+        print("usage: python -m engine.common.joining INVITE", file=sys.stderr)
         return 2
     try:
         preview = preview_invite(args[0])

@@ -1,4 +1,4 @@
-"""The relay's settings and its command line, apart from the server (engine/swarm/relay.py).
+"""The relay's settings and its command line, apart from the server (engine/relay/server.py).
 
     sapling-relay --help                             # every setting, with its default
     sapling-relay --config relay.toml --port 8765    # defaults < TOML file < flags
@@ -22,15 +22,15 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from engine.model_policy import ModelPolicy, parse_models_setting
-from engine.rules import check_relay_url
+from engine.common.model_policy import ModelPolicy, parse_models_setting
+from engine.common.rules import check_relay_url
+from engine.relay.proxy import TrustedProxies
 from engine.swarm import protocol
-from engine.swarm.relay_proxy import TrustedProxies
 
 MAX_NAME_CHARS = 80  # the relay's name, as nodes and the status page show it
 MAX_DESCRIPTION_CHARS = 1000
 MAX_CONTACT_CHARS = 200
-MAX_PUBLIC_URLS = 8  # the most relay addresses one invite may carry (engine.rules.INVITE_MAX_RELAYS)
+MAX_PUBLIC_URLS = 8  # the most relay addresses one invite may carry (engine.common.rules.INVITE_MAX_RELAYS)
 RELAY_DIR_NAME = "sapling-relay"  # the relay's own data folder under the user's data folder
 KEY_FILE_NAME = "relay.key"
 # Settings that are lists; the key lists are read from files named on the command line.
@@ -62,7 +62,7 @@ class RelaySettings:
     description: str = field(default="", metadata={"help": f"a sentence or two about this swarm for the status page and the join dialog (at most {MAX_DESCRIPTION_CHARS} characters)"})
     contact: str = field(default="", metadata={"help": "how to reach the operator: an email address or a URL"})
     public_url: list[str] = field(default_factory=list, metadata={"help": "the wss:// address nodes should use, as the internet sees it (repeat the flag or separate with commas for several); goes into invites and the information document"})
-    models: str = field(default="", metadata={"help": "which models this swarm trains: NAME@SHA256 for one model (batches labelled with another are refused as wrong_model; `python -m engine.model_policy` prints a node's label), 'mixed' (nodes may run different models: each judges another model's text against its sender's own past), or empty: not declared (nodes treat the swarm as one of their own model)"})
+    models: str = field(default="", metadata={"help": "which models this swarm trains: NAME@SHA256 for one model (batches labelled with another are refused as wrong_model; `python -m engine.common.model_policy` prints a node's label), 'mixed' (nodes may run different models: each judges another model's text against its sender's own past), or empty: not declared (nodes treat the swarm as one of their own model)"})
     data_dir: str = field(default="", metadata={"help": f"folder for the relay's Ed25519 key ({KEY_FILE_NAME}); processes of one swarm should share it (empty: the user's data folder, {RELAY_DIR_NAME})"})
     log_level: str = field(default="info", metadata={"help": "debug, info, warning or error"})
 
@@ -99,11 +99,11 @@ class RelaySettings:
                                credit_per_round=self.credit_per_round, receipt_window_s=self.receipt_window)
 
     def model_policy(self) -> ModelPolicy:
-        """The swarm's model policy from `models` (engine/model_policy.py): welcome, information document, publish."""
+        """The swarm's model policy from `models` (engine/common/model_policy.py): welcome, information document, publish."""
         return parse_models_setting(self.models)
 
     def trusted_proxies(self) -> TrustedProxies:
-        """The proxies whose X-Forwarded-For the relay believes (engine/swarm/relay_proxy.py): the per-address cap, logs."""
+        """The proxies whose X-Forwarded-For the relay believes (engine/relay/proxy.py): the per-address cap, logs."""
         return TrustedProxies(self.trusted_proxy)
 
     def key_path(self) -> Path:

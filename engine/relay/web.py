@@ -1,15 +1,15 @@
 """The relay's web face: status page, information document, invite page, health and metrics.
 
     GET /                          status page (JSON information document with Accept: application/json)
-    GET /.well-known/sapling-relay the information document, always JSON (engine/swarm/relay_info.py)
+    GET /.well-known/sapling-relay the information document, always JSON (engine/relay/info.py)
     GET /stats.json                live numbers and the last day per minute, polled by the status page
     GET /stats/peers.json          the peers whose rollouts others used most today, with their credit
     GET /join?relay=...&token=...  "Open in Sapling" for an invite, and how to install Sapling
     GET /static/NAME               the page's own script, style sheet and vendored chart library
     GET /healthz, GET /metrics     operations (JSON; Prometheus text)
 
-`RelayPages(relay).add_routes(app)` is called by the relay (engine/swarm/relay.py).
-The pages are files under engine/swarm/web/; every value put into them is
+`RelayPages(relay).add_routes(app)` is called by the relay (engine/relay/server.py).
+The pages are files under engine/relay/static/; every value put into them is
 HTML-escaped here, the script sets text with `textContent` only, and every
 response carries a Content-Security-Policy that allows nothing but the
 relay's own origin (no inline script or style), `nosniff` and no referrer
@@ -31,15 +31,15 @@ from urllib.parse import urlsplit
 from aiohttp import web
 
 from engine import __version__
-from engine.errors import ConfigError
-from engine.rules import Invite, check_relay_url, parse_invite
+from engine.common.errors import ConfigError
+from engine.common.rules import Invite, check_relay_url, parse_invite
+from engine.relay.credit import CreditBook
+from engine.relay.info import SOFTWARE, WELL_KNOWN_PATH, info_document
+from engine.relay.settings import RelaySettings
+from engine.relay.stats import LiveStats
 from engine.swarm import protocol
-from engine.swarm.credit import CreditBook
 from engine.swarm.identity import Identity
 from engine.swarm.receipts import OUTCOMES as RECEIPT_OUTCOMES
-from engine.swarm.relay_info import SOFTWARE, WELL_KNOWN_PATH, info_document
-from engine.swarm.relay_settings import RelaySettings
-from engine.swarm.relay_stats import LiveStats
 
 # Where people without Sapling get it; the status and /join pages link here.
 DOWNLOAD_URL = "https://github.com/sapling-swarm/sapling/releases"
@@ -53,7 +53,7 @@ SECURITY_HEADERS = {
 }
 MAX_ACCEPT_CHARS = 1024
 _MEDIA_RANGE = re.compile(r"^[A-Za-z0-9!#$%&'*+.^_`|~-]+/[A-Za-z0-9!#$%&'*+.^_`|~-]+$")
-# Files under engine/swarm/web/ served at /static/NAME, and their types; nothing else is.
+# Files under engine/relay/static/ served at /static/NAME, and their types; nothing else is.
 STATIC_TYPES = {
     "status.js": "text/javascript",
     "relay.css": "text/css",
@@ -65,7 +65,7 @@ PAGE_NAMES = ("status.html", "join.html", "error.html")
 
 
 class RelayView(Protocol):
-    """What the pages read from the relay (engine/swarm/relay.py's Relay)."""
+    """What the pages read from the relay (engine/relay/server.py's Relay)."""
 
     settings: RelaySettings
     identity: Identity
@@ -133,7 +133,7 @@ def _contact_href(contact: str) -> str:
 
 
 def _load(name: str) -> bytes:
-    return resources.files("engine.swarm").joinpath("web", name).read_bytes()
+    return resources.files("engine.relay").joinpath("static", name).read_bytes()
 
 
 class RelayPages:
@@ -199,7 +199,7 @@ class RelayPages:
         return self._json(await self._live())
 
     async def handle_peers(self, request: web.Request) -> web.Response:
-        """The credit board (engine/swarm/credit.py): public names and peer ids, never addresses."""
+        """The credit board (engine/relay/credit.py): public names and peer ids, never addresses."""
         accept = self._accept_json(request)
         if isinstance(accept, web.Response):
             return accept

@@ -71,7 +71,7 @@ class Entry(NamedTuple):
     peer: str
     payload: str
     sig: str  # base64
-    seq: int = 0  # the batch's sequence number and item count, for receipts (engine/swarm/credit.py);
+    seq: int = 0  # the batch's sequence number and item count, for receipts (engine/relay/credit.py);
     items: int = 0  # 0 for a stream entry written by a relay from before receipts
 
     def to_json(self) -> dict[str, str]:

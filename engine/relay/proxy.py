@@ -1,6 +1,6 @@
 """Which address a relay connection comes from, when a reverse proxy (Caddy) stands in front of the relay.
 
-    proxies = TrustedProxies(["127.0.0.1", "172.29.86.0/24"])   # --trusted-proxy ADDR (relay_settings.py)
+    proxies = TrustedProxies(["127.0.0.1", "172.29.86.0/24"])   # --trusted-proxy ADDR (settings.py)
     ip = proxies.client_ip(request.remote, request.headers.getall("X-Forwarded-For", []))
 
 Behind a proxy every connection reaches the relay from the proxy's address,

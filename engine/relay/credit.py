@@ -23,7 +23,7 @@ Two stores hold the same things: in memory (one relay process, the
 embedded relay), and Redis (`--redis`), where two Lua scripts make the
 "handed, not yet receipted, under the cap" checks atomic, so every relay
 process of a swarm agrees; the Redis store uses the relay process's one
-client (engine/swarm/brokers.py, `redis_client`: a bounded pool, commands
+client (engine/relay/brokers.py, `redis_client`: a bounded pool, commands
 retried on a fresh connection after a Redis restart). Distinct peers are
 exact in memory and a HyperLogLog in Redis (exact for small counts, about
 1% off for large ones). The Redis layout assumes one Redis server, not a
@@ -40,8 +40,8 @@ from collections import Counter, OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
+from engine.relay.brokers import redis_client
 from engine.swarm import protocol
-from engine.swarm.brokers import redis_client
 from engine.swarm.identity import verify
 from engine.swarm.receipts import COUNTED, DUPLICATE, NOT_SAMPLED, OVER_CAP, USED, Verdict, decode_receipts
 
@@ -417,7 +417,7 @@ class RedisCreditStore:
 
 
 class CreditBook:
-    """The relay's side of receipts and credit (engine/swarm/relay.py calls it)."""
+    """The relay's side of receipts and credit (engine/relay/server.py calls it)."""
 
     def __init__(self, redis_url: str = "", swarm: str = "default",
                  credit_per_round: int = protocol.DEFAULT_CREDIT_PER_ROUND,

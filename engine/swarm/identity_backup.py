@@ -28,9 +28,9 @@ from typing import Any
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from engine.atomicio import atomic_write_bytes
-from engine.errors import IdentityError
-from engine.paths import Paths
+from engine.common.atomicio import atomic_write_bytes
+from engine.common.errors import IdentityError
+from engine.common.paths import Paths
 from engine.swarm.identity import KEY_FILE_MODE, Identity
 
 MAX_KEY_FILE_BYTES = 64 * 1024  # a backup is a few hundred bytes; anything this big is not one

@@ -27,13 +27,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from engine.contribution import CREDIT_FILE, read_kept, rejection_warning, summary, swarm_key
-from engine.errors import ConfigError, RelayError, SaplingError
-from engine.identity_backup import current
-from engine.paths import Paths
-from engine.rules import Invite, parse_invite
+from engine.common.errors import ConfigError, RelayError, SaplingError
+from engine.common.paths import Paths
+from engine.common.rules import Invite, parse_invite
 from engine.swarm import protocol
+from engine.swarm.contribution import CREDIT_FILE, read_kept, rejection_warning, summary, swarm_key
 from engine.swarm.identity import Identity
+from engine.swarm.identity_backup import current
 
 SOFTWARE = "sapling-stats/1"
 ROWS = (("shared", "Rollouts shared"), ("sampled", "Sampled by others"), ("used", "Used by others"),
@@ -51,11 +51,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
 
 
 def swarm_of(relay: str | None, config_file: Path) -> tuple[Invite, str]:
-    """The swarm to ask: its invite and its key in the kept credit (engine/contribution.py, swarm_key)."""
+    """The swarm to ask: its invite and its key in the kept credit (engine/swarm/contribution.py, swarm_key)."""
     if relay:
         invite = parse_invite(relay)
         return invite, swarm_key(invite.relays)
-    from engine.config import build_config
+    from engine.common.config import build_config
 
     sw = build_config("default", config_file).swarm
     if sw.mode == "relay":

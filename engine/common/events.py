@@ -1,8 +1,8 @@
 """The engine <-> app channel: JSON lines, one schema, stdlib only.
 
 `sapling-node serve` writes one JSON object per line on stdout (events) and
-reads one per line on stdin (commands). The app imports only this module of
-the engine. Full reference with examples: docs/engine-events.md.
+reads one per line on stdin (commands); the app reads and writes them with
+this module. Full reference with examples: docs/engine-events.md.
 
 Every event has ``type`` (str), ``v`` (schema version, int) and ``ts`` (unix
 seconds, float), plus the fields below. Readers ignore unknown types (with a
@@ -25,7 +25,7 @@ Event types and their required fields:
     error       kind, message, fatal
     checkpoint  round, path
     contribution peer_id, credit, message  (+ warning, at, swarm, history): what the relay counted from
-                other peers' receipts about this node's rollouts (engine/contribution.py)
+                other peers' receipts about this node's rollouts (engine/swarm/contribution.py)
 
 Commands: ``{"cmd": "pause" | "resume" | "stop" | "reload", "v": 1}`` and
 ``{"cmd": "unban", "v": 1, "peer": "<peer id>"}``.
@@ -49,7 +49,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from engine.errors import EventError
+from engine.common.errors import EventError
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ relay handed this node and that the round settled, the verdict (used, the
 rejection reason, or not picked; docs/protocol.md, "Receipts"). Credit is
 the sending side: the relay counts other peers' receipts about this node's
 items and sends this node its own numbers in its stats messages
-(engine/swarm/credit.py). The node keeps the latest numbers per (identity,
+(engine/relay/credit.py). The node keeps the latest numbers per (identity,
 swarm) in `swarm/credit.json` in the data dir (written atomically), with a
 history for the app's chart, and says in words what they mean, including
 when peers reject more than a quarter of what they judged of this node's
@@ -25,8 +25,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from engine.atomicio import atomic_write_json
-from engine.events import Event, make_event
+from engine.common.atomicio import atomic_write_json
+from engine.common.events import Event, make_event
 from engine.rollouts import Offer, group_advantages
 from engine.swarm.receipts import USED, Verdict
 

@@ -1,8 +1,8 @@
 """Which models a swarm trains, and which model a node runs: one stdlib-only home (issue 29).
 
-    python -m engine.model_policy                      # this computer's model label (the bundled model)
-    python -m engine.model_policy --model ~/my-model   # the label of a model folder
-    sapling-relay --models "$(python -m engine.model_policy)"   # a swarm of that one model
+    python -m engine.common.model_policy                      # this computer's model label (the bundled model)
+    python -m engine.common.model_policy --model ~/my-model   # the label of a model folder
+    sapling-relay --models "$(python -m engine.common.model_policy)"   # a swarm of that one model
 
 **A node's model label** is ``NAME@HASH``, what every batch it publishes
 carries in ``model`` (docs/protocol.md). HASH is the sha256 of its weights:
@@ -47,8 +47,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from engine.atomicio import atomic_write_json
-from engine.errors import ConfigError, SaplingError
+from engine.common.atomicio import atomic_write_json
+from engine.common.errors import ConfigError, SaplingError
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +134,7 @@ def parse_models_setting(text: str) -> ModelPolicy:
     if not digest or not _NAME.match(name) or len(value) > MAX_LABEL_CHARS:
         raise ConfigError(
             f"models must be 'mixed' or one model as NAME@SHA256 (a name without '@', then 64 lowercase hex "
-            f"characters, at most {MAX_LABEL_CHARS} characters in all; `python -m engine.model_policy` prints "
+            f"characters, at most {MAX_LABEL_CHARS} characters in all; `python -m engine.common.model_policy` prints "
             f"this computer's), got {value[:80]!r}."
         )
     return ModelPolicy("single", name, digest)
@@ -225,7 +225,7 @@ def model_label(source: str, model_dir: Path, cache_dir: Path | None = None) -> 
     The bundled model is named and hashed by the GGUF it ships as, not by the
     folder it is converted into, so every install of one Sapling version agrees.
     """
-    from engine.rules import model_source_kind
+    from engine.common.rules import model_source_kind
 
     if model_source_kind(source) == "bundled":
         from engine.models import BUNDLED_NAME, bundled_gguf_path
@@ -239,8 +239,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="bundled", help="'bundled' (default), a model folder or a hub id")
     args = ap.parse_args(argv)
+    from engine.common.paths import Paths
     from engine.models import resolve_model_dir
-    from engine.paths import Paths
 
     paths = Paths.default()
     try:

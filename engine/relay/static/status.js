@@ -1,4 +1,4 @@
-/* The status page's live part (engine/swarm/relay_web.py serves it at /static/status.js).
+/* The status page's live part (engine/relay/web.py serves it at /static/status.js).
    Every few seconds it reads /stats.json and redraws the numbers and the two charts; every
    half minute it reads /stats/peers.json and lists the day's top contributors.
    Text from the server is only ever set with textContent: nothing is parsed as HTML. */

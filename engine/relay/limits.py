@@ -1,4 +1,4 @@
-"""Per-peer rate limits and the summary log of refusals, for the relay (engine/swarm/relay.py).
+"""Per-peer rate limits and the summary log of refusals, for the relay (engine/relay/server.py).
 
 The relay takes one token of a peer's `rate.TokenBucket` per request;
 `RejectionLog` counts refused messages per (peer, address) and

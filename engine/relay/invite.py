@@ -7,7 +7,7 @@
 It prints the `sapling://join?...` link (opens Sapling), the
 `https://HOST/join?...` page that the relay serves for people who do not
 have Sapling yet, and a QR code of that page for phones. The invite format
-and its parser are engine/rules.py's (`Invite`, `parse_invite`); what this
+and its parser are engine/common/rules.py's (`Invite`, `parse_invite`); what this
 prints parses back to the same invite, or the command says in one sentence
 what is wrong and exits 2.
 """
@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import TextIO
 from urllib.parse import urlsplit
 
-from engine.errors import ConfigError
-from engine.rules import INVITE_MAX_NAME, INVITE_MAX_TOKEN, Invite, parse_invite
-from engine.swarm.relay_settings import RelaySettings, settings_from_namespace, split_urls
+from engine.common.errors import ConfigError
+from engine.common.rules import INVITE_MAX_NAME, INVITE_MAX_TOKEN, Invite, parse_invite
+from engine.relay.settings import RelaySettings, settings_from_namespace, split_urls
 
 QR_ERROR_LEVEL = "m"  # recovers from about 15% damage: a screen photographed at an angle
 # Longer page addresses make a code too dense for a terminal and a phone's camera: link only.

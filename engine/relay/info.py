@@ -26,10 +26,10 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from engine import __version__
-from engine.atomicio import atomic_write_bytes
+from engine.common.atomicio import atomic_write_bytes
+from engine.relay.settings import KEY_FILE_NAME, RelaySettings
 from engine.swarm import protocol
 from engine.swarm.identity import KEY_FILE_MODE, Identity
-from engine.swarm.relay_settings import KEY_FILE_NAME, RelaySettings
 
 SOFTWARE = "sapling-relay"
 WELL_KNOWN_PATH = "/.well-known/sapling-relay"
@@ -79,7 +79,7 @@ def info_document(settings: RelaySettings, public_key: bytes, live: dict[str, An
         "description": settings.description,
         "contact": settings.contact,
         "policy": policy(settings),
-        "models": settings.model_policy().to_document(),  # null: not declared (engine/model_policy.py)
+        "models": settings.model_policy().to_document(),  # null: not declared (engine/common/model_policy.py)
         "limits": settings.limits(),
         "public_key": protocol.b64encode(public_key),
         "urls": list(settings.public_url),

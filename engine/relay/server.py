@@ -2,8 +2,8 @@
 
     sapling-relay --port 8765                        # one process, in-memory window
     sapling-relay --redis redis://host:6379/0        # several processes, one swarm
-    sapling-relay invite --url wss://HOST/ws         # invite links and a QR code (relay_invite.py)
-    python -m engine.swarm.relay --help              # every setting (engine/swarm/relay_settings.py)
+    sapling-relay invite --url wss://HOST/ws         # invite links and a QR code (invite.py)
+    python -m engine.relay --help              # every setting (engine/relay/settings.py)
 
 The relay is not trusted by anyone, but it still refuses what it can see is
 wrong, so a bad peer costs the swarm as little as possible:
@@ -12,7 +12,7 @@ wrong, so a bad peer costs the swarm as little as possible:
 - every publish: size, schema, limits, signature, a per-peer monotonic
   sequence number (replay) and a timestamp window;
 - per-peer token-bucket rate limits, a cap on connections per IP address
-  (behind a reverse proxy, the client's: --trusted-proxy, relay_proxy.py),
+  (behind a reverse proxy, the client's: --trusted-proxy, proxy.py),
   its own websocket pings (a peer that answers neither of two in a row gets
   `heartbeat_timeout`), and a bounded send queue per connection: a slow
   consumer gets `slow_consumer` and is closed, and nobody else waits for it;
@@ -25,9 +25,9 @@ request returns n batches drawn uniformly, without replacement, from the
 recent window (only those newer than the request's cursor, if it sent one),
 never the requester's own. Over plain HTTP the relay serves its status
 page, its information document, invite pages, `/healthz` and `/metrics`
-(engine/swarm/relay_web.py, with live numbers from relay_stats.py and the
-document from relay_info.py); refusals are summed per peer and logged at
-info level once a minute (relay_limits.py); SIGTERM (once or several times)
+(engine/relay/web.py, with live numbers from stats.py and the
+document from info.py); refusals are summed per peer and logged at
+info level once a minute (limits.py); SIGTERM (once or several times)
 closes connections and exits 0. The wire format is engine/swarm/protocol.py
 and docs/protocol.md.
 """
@@ -49,16 +49,17 @@ from typing import Any
 
 from aiohttp import WebSocketError, WSCloseCode, WSMsgType, web
 
-from engine.swarm import protocol, relay_invite
-from engine.swarm.brokers import Broker, Entry, MemoryBroker, RedisBroker
-from engine.swarm.credit import CREDIT_PUSH_S, CreditBook
+from engine.relay import invite as relay_invite
+from engine.relay.brokers import Broker, Entry, MemoryBroker, RedisBroker
+from engine.relay.credit import CREDIT_PUSH_S, CreditBook
+from engine.relay.info import relay_identity
+from engine.relay.limits import QuietBadRequests, RejectionLog
+from engine.relay.settings import JsonLogFormatter, RelaySettings, build_parser, settings_from_args
+from engine.relay.stats import LiveStats
+from engine.relay.web import RelayPages
+from engine.swarm import protocol
 from engine.swarm.identity import readable_name, verify
 from engine.swarm.rate import TokenBucket
-from engine.swarm.relay_info import relay_identity
-from engine.swarm.relay_limits import QuietBadRequests, RejectionLog
-from engine.swarm.relay_settings import JsonLogFormatter, RelaySettings, build_parser, settings_from_args
-from engine.swarm.relay_stats import LiveStats
-from engine.swarm.relay_web import RelayPages
 
 __all__ = ["EmbeddedRelay", "Relay", "RelaySettings", "build_parser", "main", "serve", "settings_from_args"]
 
@@ -106,7 +107,7 @@ class Connection:
         self.missed_pings = 0
         self.writer: asyncio.Task[None] | None = None
         self.reader: asyncio.Task[None] | None = None  # the handshake, then serving requests
-        self.credit_due = 0.0  # when the next stats push carries this peer's credit (engine/swarm/credit.py)
+        self.credit_due = 0.0  # when the next stats push carries this peer's credit (engine/relay/credit.py)
 
     def send(self, message: dict[str, Any]) -> None:
         if self.closing:
@@ -210,7 +211,7 @@ class Relay:
         shared = self.broker.client if isinstance(self.broker, RedisBroker) else None  # one Redis pool per process
         self.live = LiveStats(settings.redis, settings.swarm, client=shared)  # the status page's numbers
         self.models = settings.model_policy()  # one model, mixed or not declared: welcome and publish
-        self.proxies = settings.trusted_proxies()  # whose X-Forwarded-For names the client (relay_proxy.py)
+        self.proxies = settings.trusted_proxies()  # whose X-Forwarded-For names the client (proxy.py)
         self.credit = CreditBook(settings.redis, settings.swarm, settings.credit_per_round, settings.receipt_window, client=shared)
 
     def window_size(self) -> int:
@@ -568,7 +569,7 @@ async def serve(relay: Relay) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`sapling-relay [flags]` serves; `sapling-relay invite ...` prints invite links (relay_invite.py)."""
+    """`sapling-relay [flags]` serves; `sapling-relay invite ...` prints invite links (invite.py)."""
     args = sys.argv[1:] if argv is None else list(argv)
     if args[:1] == ["invite"]:
         return relay_invite.main(args[1:])

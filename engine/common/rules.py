@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Literal
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
-from engine.errors import ConfigError
+from engine.common.errors import ConfigError
 
 BUNDLED = "bundled"
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
