@@ -300,14 +300,14 @@ async def soak(args: argparse.Namespace) -> int:
         with (out / "samples.jsonl").open("w") as log:
             while True:
                 t = time.monotonic() - started
-                sample = {"t": round(t, 1), "procs": {w.name: await asyncio.to_thread(w.sample) for w in watched},
-                          "churn": vars(stats).copy()}
+                procs = {w.name: await asyncio.to_thread(w.sample) for w in watched}
+                sample = {"t": round(t, 1), "procs": procs, "churn": vars(stats).copy()}
                 samples.append(sample)
                 log.write(json.dumps(sample) + "\n")
                 log.flush()
-                brief = " ".join(f"{n}:{p.get('rss', 0) >> 20}M/{p.get('fds', 0)}f" for n, p in sample["procs"].items())
+                brief = " ".join(f"{n}:{p.get('rss', 0) >> 20}M/{p.get('fds', 0)}f" for n, p in procs.items())
                 print(f"[soak {t / 60:5.1f} min] {brief} | churned {stats.joined}+{stats.failed} failed", flush=True)
-                if t >= seconds or any(not p["alive"] for p in sample["procs"].values()):
+                if t >= seconds or any(not p["alive"] for p in procs.values()):
                     break
                 await asyncio.sleep(max(0.0, started + (len(samples)) * args.sample_s - time.monotonic()))
         if not churner.done():
