@@ -15,9 +15,11 @@ over the run, each staying a few seconds.
 Every `--sample-s` seconds (60 s; 15 s with --ci) it reads each process's
 RSS, open file descriptors and threads (psutil) and the disk each node's home
 and each relay's data dir take, into samples.jsonl. At the end it writes
-table.md: per process the first sample after the warm-up (`--warmup-minutes`,
-default a sixth of the run), the last, and the least-squares slope per hour
-over the samples after the warm-up; and it exits 1 when a goal fails:
+table.md: per process the start and end after the warm-up (`--warmup-minutes`,
+default a sixth of the run but at least the relays' receipt window plus 5
+minutes: Redis keeps what the relays handed out that long, so it grows until
+then) and the least-squares slope per hour over the samples after it; and it
+exits 1 when a goal fails:
 
 - RSS: at most 5% growth after the warm-up; open files: none (below);
 - disk: each node home under its bound (keep_checkpoints + 1 checkpoints of
@@ -65,6 +67,7 @@ LOG_BOUND = 4 * (5 << 20)  # engine/launch.py's RotatingFileHandler: 5 MB, three
 OTHER_BOUND = 1 << 20  # identity, seed, relay memory, config, bans: small files
 RSS_GROWTH = 0.05
 WINDOW = 512  # the relays' window, and so Redis's stream: full within the warm-up
+LINE_SLACK = 8192  # metrics.jsonl passes its bound by the line just appended, until that append trims it
 
 
 def node_settings(home: Path, model: Path, seed: int) -> list[str]:
@@ -241,7 +244,7 @@ def judge(samples: list[dict[str, Any]], warmup_s: float, watched: list[dict[str
             if max(r["checkpoints"] for r in every) > KEEP_CHECKPOINTS + 1:
                 failed.append(f"{w.name}: {max(r['checkpoints'] for r in every)} checkpoints on disk "
                               f"(keep_checkpoints {KEEP_CHECKPOINTS})")
-            if max(r["metrics"] for r in every) > METRICS_MAX_KB * 1024:
+            if max(r["metrics"] for r in every) > METRICS_MAX_KB * 1024 + LINE_SLACK:  # sampled mid-append
                 failed.append(f"{w.name}: metrics.jsonl passed its bound")
             if max(r["logs"] for r in every) > LOG_BOUND:
                 failed.append(f"{w.name}: its logs passed their rotation bound")
@@ -263,7 +266,7 @@ async def soak(args: argparse.Namespace) -> int:
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     seconds = args.minutes * 60.0
-    warmup_s = args.warmup_minutes * 60.0 if args.warmup_minutes is not None else seconds / 6
+    warmup_s = args.warmup_minutes * 60.0
     model = make_tiny_model(out / "model")
     task = asyncio.current_task()
     assert task is not None
@@ -280,7 +283,8 @@ async def soak(args: argparse.Namespace) -> int:
         assert redis.proc is not None
         watched.append(Watched("redis-server", redis.proc))
         for name in ("relay-a", "relay-b"):
-            relay = RelayProcess(out, name, redis_url=redis.url, log_level="warning", window=WINDOW)
+            relay = RelayProcess(out, name, redis_url=redis.url, log_level="warning", window=WINDOW,
+                                 extra=["--receipt-window", f"{args.receipt_window:g}"])
             await relay.ready()
             relays.append(relay)
             watched.append(Watched(name, relay.proc, folder=out / f"{name}-data"))
@@ -323,9 +327,18 @@ async def soak(args: argparse.Namespace) -> int:
     return report(out)
 
 
-def report(out: Path) -> int:
-    """table.md from out/meta.json and out/samples.jsonl (also on its own: --judge); 1 when a goal failed."""
+def default_warmup_s(args: argparse.Namespace) -> float:
+    """A sixth of the run, and at least the relays' receipt window and 5 minutes: Redis keeps what each relay
+    handed out for a receipt window (engine/relay/credit.py), so it grows that long before it levels off."""
+    return max(args.minutes * 60.0 / 6, args.receipt_window + 300.0)
+
+
+def report(out: Path, warmup_minutes: float | None = None) -> int:
+    """table.md from out/meta.json and out/samples.jsonl (also on its own: --judge, where `warmup_minutes` may
+    replace the run's warm-up); 1 when a goal failed."""
     meta = json.loads((out / "meta.json").read_text())
+    if warmup_minutes is not None:
+        meta["warmup_s"] = warmup_minutes * 60.0
     samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines() if line.strip()]
     lines, failed = judge(samples, meta["warmup_s"], meta["watched"])
     churned = samples[-1]["churn"]
@@ -346,7 +359,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True, help="working folder: homes, logs, samples.jsonl, table.md")
     parser.add_argument("--minutes", type=float, default=120.0)
     parser.add_argument("--sample-s", type=float, default=60.0, help="seconds between samples (default 60)")
-    parser.add_argument("--warmup-minutes", type=float, help="samples before this are not judged (default: a sixth)")
+    parser.add_argument("--warmup-minutes", type=float,
+                        help="samples before this are not judged (default: a sixth, at least the receipt window + 5)")
+    parser.add_argument("--receipt-window", type=float, default=3600.0,
+                        help="the relays' --receipt-window in seconds (default 3600, the relay's; --ci: 60)")
     parser.add_argument("--churn", type=int, default=1000, help="short-lived peers over the run (default 1000)")
     parser.add_argument("--nodes", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
@@ -354,17 +370,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--judge", action="store_true", help="only write table.md again from --out's samples")
     args = parser.parse_args(argv)
     if args.judge:
-        return report(args.out)
+        return report(args.out, args.warmup_minutes)
     if args.ci:
-        args.minutes, args.sample_s = 10.0, 15.0
+        args.minutes, args.sample_s, args.receipt_window = 10.0, 15.0, 60.0
         if args.warmup_minutes is None:
             args.warmup_minutes = 3.0
     if not (0 < args.minutes < math.inf and 0 < args.sample_s < math.inf) or args.churn < 0 or args.nodes < 1:
         print("soak: --minutes and --sample-s must be positive numbers, --churn at least 0 and --nodes at least 1",
               file=sys.stderr)
         return 2
-    if args.warmup_minutes is not None and not 0 <= args.warmup_minutes < args.minutes:
-        print("soak: --warmup-minutes must be at least 0 and shorter than the run", file=sys.stderr)
+    if not 0 < args.receipt_window < math.inf:
+        print("soak: --receipt-window must be a positive number of seconds", file=sys.stderr)
+        return 2
+    if args.warmup_minutes is None:
+        args.warmup_minutes = default_warmup_s(args) / 60.0
+    if not 0 <= args.warmup_minutes < args.minutes:
+        print(f"soak: the warm-up ({args.warmup_minutes:g} min) must be at least 0 and shorter than the run: give "
+              "--warmup-minutes, or a shorter --receipt-window", file=sys.stderr)
         return 2
     return asyncio.run(soak(args))
 

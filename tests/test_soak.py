@@ -47,7 +47,8 @@ def test_a_node_that_stopped_or_stopped_sharing_fails_the_run() -> None:
 
 
 @pytest.mark.parametrize("args", [["--minutes", "0"], ["--sample-s", "-1"], ["--churn", "-5"], ["--nodes", "0"],
-                                  ["--minutes", "10", "--warmup-minutes", "10"]])
+                                  ["--minutes", "10", "--warmup-minutes", "10"], ["--receipt-window", "0"],
+                                  ["--minutes", "30"]])  # the default warm-up, a receipt window and 5 min, is longer
 def test_bad_arguments_are_one_sentence_and_exit_2(args: list[str], tmp_path: Any,
                                                    capsys: pytest.CaptureFixture[str]) -> None:
     assert soak.main(["--out", str(tmp_path), *args]) == 2
