@@ -172,7 +172,7 @@ class Node:
         self.control = control or Control()
         self.exchange = exchange
         self.reload_config = reload_config
-        self.metrics = MetricsLog(paths.metrics_file)
+        self.metrics = MetricsLog(paths.metrics_file, self.config.run.metrics_max_kb * 1024)
         self.taskset = self._taskset(self.config)
         self.curriculum = curriculum_for(self.config.tasks, self.taskset.specialties)  # None: fixed difficulty
         self.device: DeviceInfo | None = None

@@ -244,6 +244,9 @@ class RunConfig:
     )
     max_rounds: int = _help("Stop after this round number (0: train until stopped).", 0)
     keep_checkpoints: int = _help("How many recent good checkpoints to keep.", 3)
+    metrics_max_kb: int = _help(
+        "Most kilobytes metrics.jsonl may hold; past it the oldest half of its lines is dropped (a line is about "
+        "1.5 kB a round: the default keeps weeks of rounds for the charts).", 32768)
 
     def __post_init__(self) -> None:
         s = "run"
@@ -260,6 +263,7 @@ class RunConfig:
         if isinstance(self.max_rounds, bool) or not isinstance(self.max_rounds, int) or self.max_rounds < 0:
             raise ConfigError(f"{s}.max_rounds must be 0 (no limit) or a positive round number.")
         _positive_int(s, "keep_checkpoints", self.keep_checkpoints, 1000)
+        _positive_int(s, "metrics_max_kb", self.metrics_max_kb, 1 << 22)
 
 
 @dataclass
