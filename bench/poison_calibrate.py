@@ -31,7 +31,8 @@ import json
 import sys
 from pathlib import Path
 
-from bench.poisoning import BENCH_SETTINGS, PLACES, TRIGGERS, poisoned_completion
+from bench.poisoning import TRIGGERS
+from bench.poisoning_peers import BENCH_SETTINGS, PLACES, poisoned_completion
 from engine.common.config import build_config
 from engine.common.device import pick_device
 from engine.common.paths import Paths
