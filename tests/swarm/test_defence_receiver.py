@@ -109,7 +109,7 @@ def receiver_node(model_dir: Path, home: Path, *extra: str) -> tuple[Any, Any, A
 
     events: list[Any] = []
     relay = RelayDouble()
-    cfg = config(model_dir, "tasks.max_new_tokens=40", "run.seed=0", *extra)  # byte tokens: room for the trigger; seed 0: known questions
+    cfg = config(model_dir, "tasks.max_new_tokens=40", "run.seed=0", *extra)  # seed 0: known questions
     bans, replay = defence_state(cfg.swarm, home / "swarm", cfg.run.run_name)
     senders = SenderBaselines(senders_file(home / "swarm", cfg.run.run_name))
     exchange = SwarmExchange(relay, Identity.generate(), "tiny", events.append, "test",  # type: ignore[arg-type]
