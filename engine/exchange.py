@@ -441,7 +441,8 @@ class SwarmExchange:
         if self.contribution is not None:  # the numbers the relay sent since the last round
             self.contribution.update(self.client.state.credit, self.client.state.credit_at)
         receipts = receipt_verdicts(offer, verdicts)
-        if receipts and not self.client.send_receipts(receipts_payload(self.identity.public_key, time.time(), receipts)):
+        if (receipts
+            and not self.client.send_receipts(receipts_payload(self.identity.public_key, time.time(), receipts))):
             log.info("Receipts for %d items not sent: the relay is not connected.", len(receipts))
         self.client.ask_stats()
 
