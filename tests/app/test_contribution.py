@@ -25,7 +25,8 @@ from tests.app.conftest import MakeGui, StartRelay, fake_command
 
 ROOT = Path(__file__).resolve().parents[2]
 FAST = ["--device", "cpu", "--threads", "1", "--set", "tasks.questions_per_round=2",
-        "--set", "tasks.completions_per_question=2", "--set", "tasks.max_new_tokens=8", "--set", "tasks.eval_every=0"]
+        "--set", "tasks.completions_per_question=2", "--set", "tasks.max_new_tokens=8", "--set", "tasks.eval_every=0",
+        "--set", "run.priority='normal'"]  # at nice 19 a loaded machine starves the engines past the waits
 
 
 def period(**values: Any) -> dict[str, Any]:

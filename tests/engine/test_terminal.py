@@ -75,7 +75,8 @@ def test_the_cli_prints_no_bars_into_a_log_file(tmp_path: Path, tiny_model_dir: 
         proc = subprocess.run([sys.executable, "-m", "engine.cli", "run", "--home", str(tmp_path / "home"), "--model",
                                str(tiny_model_dir), "--rounds", "1", "--solo", "--set", "tasks.eval_every=0",
                                "--set", "tasks.questions_per_round=2", "--set", "tasks.completions_per_question=2",
-                               "--set", "tasks.max_new_tokens=8"], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+                               "--set", "tasks.max_new_tokens=8", "--set", "run.priority='normal'"],
+                              cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
                               timeout=600)
     text = log.read_text(encoding="utf-8")
     assert proc.returncode == 0, text
