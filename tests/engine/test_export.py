@@ -358,11 +358,12 @@ def test_bundled_model_gguf_answers_ten_questions_like_torch(smol_dir: Path, tmp
     want = _torch_greedy(merged, prompts, 48)
     assert _llama_greedy(gguf, prompts, 48) == want
     # What Try it loads: the base model's f16 GGUF with the checkpoint's f32 adapter applied by llama.cpp
-    # (before the merge is done), and the two merged by engine/gguf/merge.py (after).
+    # (before the merge is done), and the two merged by engine/gguf/merge.py (after); on 5 of the 10
+    # prompts, to keep the suite short (the 10 above already tie the export to torch).
     base = export_model(config, paths, tmp_path / "base.gguf", "gguf", round_index=0).path
     adapter = export_model(config, paths, tmp_path / "adapter.gguf", "gguf-lora", "f32").path
-    assert _llama_greedy(base, prompts, 48, lora=adapter) == want
-    assert _llama_greedy(merge_lora(base, adapter, tmp_path / "merged.gguf"), prompts, 48) == want
+    assert _llama_greedy(base, prompts[:5], 48, lora=adapter) == want[:5]
+    assert _llama_greedy(merge_lora(base, adapter, tmp_path / "merged.gguf"), prompts[:5], 48) == want[:5]
     shutil.rmtree(merged)
 
 

@@ -119,7 +119,7 @@ def _only_protocol_errors(fn: object, arg: object) -> None:
         assert exc.code in p.ERROR_CODES
 
 
-@settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(message=MESSAGES, as_bytes=st.booleans())
 def test_fuzz_message_decoders(message: dict[str, object], as_bytes: bool) -> None:
     text = json.dumps(message)
