@@ -103,10 +103,12 @@ run: $(STAMP)
 		$(BIN)/sapling-node run; \
 	fi
 
-# PNGs of the app (main window idle and training, first-run and settings dialogs), offscreen.
+# PNGs of the app (main window idle and training, first-run and settings dialogs): in a real X server with a
+# window manager where Xvfb and openbox are installed (make test-deps installs them), else offscreen;
+# `QT_QPA_PLATFORM=offscreen make screenshots` forces offscreen.
 .PHONY: screenshots
 screenshots: $(STAMP)
-	QT_QPA_PLATFORM=offscreen $(BIN)/python -m app.screenshots docs/screenshots
+	$(BIN)/python -m app.screenshots docs/screenshots
 
 lint: $(STAMP) lint-workflows
 	$(BIN)/ruff check engine app tests bench

@@ -46,6 +46,7 @@ def run_gui(args: argparse.Namespace) -> int:
     from PySide6.QtWidgets import QApplication
 
     from app import theme
+    from app.engine_flags import EngineFlags
     from app.guards import (
         InviteEvents,
         SingleInstance,
@@ -56,9 +57,9 @@ def run_gui(args: argparse.Namespace) -> int:
         setup_app_logging,
     )
     from app.gui import build_gui
-    from engine.common.paths import Paths
 
-    paths = Paths.under(args.home) if args.home else Paths.default()
+    flags = EngineFlags(home=args.home)
+    paths = flags.paths()
     app = QApplication.instance() or QApplication(sys.argv[:1])
     if not isinstance(app, QApplication):
         raise RuntimeError("a QCoreApplication already exists")
@@ -81,8 +82,7 @@ def run_gui(args: argparse.Namespace) -> int:
     install_excepthook(error_dialog, log_file)
     route_qt_messages()
 
-    flags = ["--home", str(args.home)] if args.home else []
-    gui = build_gui(paths, flags)
+    gui = build_gui(flags)
     guard.raiseRequested.connect(gui.window.bring_to_front)
     guard.inviteReceived.connect(gui.window.open_invite)
     invites.inviteOpened.connect(gui.window.open_invite)

@@ -11,9 +11,10 @@ runs the child gets a budget of 1 thread (`TRAINING_THREADS`), else every core.
 `ExportDialog` runs `sapling-node export` as a child process with the chosen
 format and shows its progress lines, then where the file went.
 
-The messages `engine/gguf/chat.py` sends, and the command line that starts it,
-come from `engine.common.events` (`CHAT_MESSAGE_FIELDS`, `node_command`), the one
-engine module both sides of the process boundary import.
+The messages `engine/gguf/chat.py` sends come from `engine.common.events`
+(`CHAT_MESSAGE_FIELDS`), the one engine module both sides of the process
+boundary import; the command lines that start `chat` and `export` come from the
+window's `EngineFlags` (app/engine_flags.py).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +49,6 @@ from PySide6.QtWidgets import (
 from app.engine_process import engine_environment
 from engine.common.config import SAPO_SPECIALTIES
 from engine.common.events import CHAT_MESSAGE_FIELDS, encode
-from engine.common.events import node_command as node_command  # the window starts `chat` and `export` with it
 
 log = logging.getLogger(__name__)
 
@@ -61,12 +61,6 @@ EXPORT_CHOICES = (
     ("GGUF LoRA adapter (llama.cpp --lora)", "gguf-lora", "f16", ".gguf"),
     ("Hugging Face folder (safetensors)", "hf", "f16", ""),
 )
-
-
-def settings_flags(engine_argv: Sequence[str]) -> list[str]:
-    """The settings flags the app gives its engine (everything after `serve`), for other subcommands."""
-    argv = list(engine_argv)
-    return argv[argv.index("serve") + 1 :] if "serve" in argv else []
 
 
 def parse_chat_line(line: bytes) -> dict[str, Any] | None:

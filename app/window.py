@@ -43,14 +43,14 @@ from app.contribution import ContributionCard
 from app.controller import Controller, Problem
 from app.dialogs import FirstRunDialog, ProblemDialog, SettingsDialog
 from app.doctor import DoctorDialog
+from app.engine_flags import EngineFlags
 from app.header import HeaderCard
 from app.identity import IdentityPanel
 from app.join import JoinDialog
 from app.panels import Banner, LogView, PeersPanel, Tile
 from app.settings import AppSettings, EngineSettings, SettingsError, SettingsStore, settings_place, swarm_invite
-from app.tryit import TRAINING_PHASES, ExportDialog, TryItPanel, node_command, settings_flags
+from app.tryit import TRAINING_PHASES, ExportDialog, TryItPanel
 from engine.common.joining import Preview
-from engine.common.paths import Paths
 
 CONTRIBUTION_TAB = "Your contribution"
 
@@ -87,9 +87,11 @@ class MainWindow(QMainWindow):
     quitRequested = Signal()
 
     def __init__(self, controller: Controller, store: SettingsStore, app_settings: AppSettings,
-                 engine_settings: EngineSettings, tray_available: bool, autostart: Autostart | None = None,
-                 autostart_argv: list[str] | None = None, parent: QWidget | None = None) -> None:
+                 engine_settings: EngineSettings, engine_flags: EngineFlags, tray_available: bool,
+                 autostart: Autostart | None = None, autostart_argv: list[str] | None = None,
+                 parent: QWidget | None = None) -> None:
         super().__init__(parent)
+        self.engine_flags = engine_flags  # the command of each subcommand the window starts (chat, export, ...)
         self.autostart = autostart or Autostart()
         self.autostart_argv = autostart_argv or launch_command()
         self.controller = controller
@@ -174,7 +176,7 @@ class MainWindow(QMainWindow):
         scroll.setFrameShape(QFrame.Shape.NoFrame)
         scroll.setWidget(charts_card)
         scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
-        self.tryit = TryItPanel(lambda: node_command("chat", self._engine_flags()))
+        self.tryit = TryItPanel(lambda: self.engine_flags.command("chat"))
         self.contribution = ContributionCard()  # what peers did with this node's rollouts (`contribution` events)
         self.controller.engine.eventReceived.connect(self.contribution.handle)
         self.contribution.changed.connect(self._contribution_tab)
@@ -270,16 +272,6 @@ class MainWindow(QMainWindow):
         help_menu = self.menuBar().addMenu("&Help")
         help_menu.addAction("Check connection…", self.open_doctor)
 
-    def _engine_flags(self) -> list[str]:
-        """The settings flags this window's engine runs with (--home ...), for export and Try it."""
-        return settings_flags(self.controller.engine.command())
-
-    def _home_flags(self) -> list[str]:
-        """--home DIR when this window's folders are all under one (as `sapling --home` makes them)."""
-        paths = self.controller.paths
-        home = paths.config_dir.parent
-        return ["--home", str(home)] if paths == Paths.under(home) else []
-
     def open_doctor(self) -> DoctorDialog:
         """Help ▸ Check connection: `sapling-node doctor --json` on the swarm in the settings, in a dialog."""
         if self.doctor_dialog is not None:
@@ -287,7 +279,7 @@ class MainWindow(QMainWindow):
             self.doctor_dialog.deleteLater()
         invite = swarm_invite(self.engine_settings)
         relay = ["--relay", invite.link()] if invite is not None else []
-        dialog = DoctorDialog(lambda: node_command("doctor", ["--json", *self._home_flags(), *relay]), self)
+        dialog = DoctorDialog(lambda: self.engine_flags.command("doctor", "--json", *relay), self)
         self.doctor_dialog = dialog
         dialog.open()
         dialog.start()
@@ -295,7 +287,7 @@ class MainWindow(QMainWindow):
 
     def open_export(self) -> ExportDialog:
         training = self.controller.phase in TRAINING_PHASES
-        dialog = ExportDialog(lambda flags: node_command("export", [*self._engine_flags(), *flags]), training, self)
+        dialog = ExportDialog(lambda flags: self.engine_flags.command("export", *flags), training, self)
         dialog.exported.connect(lambda path: dialog.step.setText(f"Saved to {short_path(path)}."))
         dialog.open()
         return dialog
@@ -376,7 +368,7 @@ class MainWindow(QMainWindow):
         dialog = SettingsDialog(self.engine_settings, self.app_settings, self.controller.policy.idle_supported(),
                                 has_battery(), str(self.store.config_file), self)
         dialog.finished.connect(lambda result: self._settings_chosen(dialog, result, first_run=False))
-        identity = IdentityPanel(lambda args: node_command("identity", [*args, *self._home_flags()]))
+        identity = IdentityPanel(lambda args: self.engine_flags.command("identity", *args))
         identity.restored.connect(self._identity_restored)
         dialog.tabs.addTab(identity, "Identity")  # Settings ▸ Identity: back up and restore the key (app/identity.py)
         self.dialog = dialog

@@ -47,11 +47,11 @@ from pathlib import Path
 from PySide6.QtCore import QTimer
 from PySide6.QtWidgets import QApplication
 from app import theme
+from app.engine_flags import EngineFlags
 from app.gui import build_gui
-from engine.common.paths import Paths
 app = QApplication(sys.argv[:1])
 theme.apply(app)
-gui = build_gui(Paths.under(Path(sys.argv[1])), tray_available=False)
+gui = build_gui(EngineFlags(Path(sys.argv[1])), tray_available=False)
 gui.window.app_settings.first_run_done = True
 gui.window.show()
 def shown():
@@ -172,10 +172,10 @@ def main() -> int:
     from PySide6.QtWidgets import QApplication
 
     from app import theme
+    from app.engine_flags import EngineFlags
     from app.guards import route_qt_messages
     from app.gui import build_gui
     from app.power import PowerPolicy
-    from engine.common.paths import Paths
     from engine.gguf.chat import TYPED_MAX_TOKENS
 
     print(f"$ QT_QPA_PLATFORM=offscreen {Path(sys.executable).name} -m bench.gui_responsiveness --seconds {args.seconds:g}")
@@ -196,7 +196,7 @@ def main() -> int:
         route_qt_messages()
         command = [sys.executable, str(FAKE_ENGINE), "--synthetic", str(int(args.seconds * 100) + 1000),
                    "--first-round", str(args.rounds + 1), "--rate", "100", "--hold"]
-        gui = build_gui(Paths.under(home), tray_available=False, command=lambda: command,
+        gui = build_gui(EngineFlags(home), tray_available=False, command=lambda: command,
                         policy=PowerPolicy(idle_probe=lambda: None, ac_probe=lambda: True))
         gui.window.app_settings.first_run_done = True
         gui.window.resize(1280, 820)

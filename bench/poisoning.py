@@ -38,7 +38,7 @@ available offline), each under a label that says what it is:
 nothing; it publishes the groups that carry a gradient), `stand-in:drifted`
 (a node of the bundled model trained `--drift-rounds` rounds alone first,
 then in the swarm), and a tiny random Qwen2 model (another architecture,
-tests/tiny.py, under its real label) for the mechanics: it receives the
+bench/harness/tiny.py, under its real label) for the mechanics: it receives the
 others' text as another model's. The calibration's "other policy" (T = 1.2
 *without* the worked example) got 0 of 256 answers right here (32
 questions, 8 each), so every group it could share is `zero_advantage` and
@@ -389,14 +389,14 @@ def drift_standin(folder: Path, relay_url: str, drift_rounds: int, extra: Sequen
 
 
 def tiny_peer(folder: Path, relay_url: str, extra: Sequence[str]) -> tuple[Any, Any]:
-    """A tiny random Qwen2 (tests/tiny.py: another architecture and tokenizer) under its real label.
+    """A tiny random Qwen2 (bench/harness/tiny.py: another architecture and tokenizer) under its real label.
 
     Its answers earn no reward, so it shares nothing a receiver trains on; what
     it shows is the other side: a receiver whose model differs from every
     sender's, judging them all against their own past. Its length cap is 128
     of its byte tokens, so the bundled model's answers fit it.
     """
-    from tests.tiny import make_tiny_model
+    from bench.harness.tiny import make_tiny_model
 
     model = folder / "tiny-random-qwen2"
     if not (model / "config.json").is_file():

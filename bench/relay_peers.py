@@ -4,7 +4,7 @@
 
 A `RelayProcess` is `python -m engine.relay` on a free loopback port with
 its JSON log in a file and its CPU and memory read by psutil; redis-server is
-tests/servers.py's `RedisServer` (free ports and waiting for a listener come
+bench/harness/servers.py's `RedisServer` (free ports and waiting for a listener come
 from there too). A `Peer` does what a node does on the wire (Ed25519 handshake,
 signed ~20 KB batches, `sample`), and can move to the next relay process when
 its connection drops, with the node client's backoff. `drive` makes peers
@@ -28,10 +28,10 @@ from typing import Any
 import aiohttp
 import psutil
 
+from bench.harness.servers import free_port, stop_process, wait_listening
 from engine.swarm import protocol
 from engine.swarm.client import BACKOFF_CAP_S, BACKOFF_START_S
 from engine.swarm.identity import Identity
-from tests.servers import free_port, stop_process, wait_listening
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE_N = 4  # batches a peer asks for each round, as a node asks for J = 4

@@ -48,6 +48,7 @@ from typing import Any
 import aiohttp
 import redis.asyncio as aioredis
 
+from bench.harness.servers import RedisServer
 from bench.relay_peers import (
     SAMPLE_N,
     TARGET_P99_MS,
@@ -64,7 +65,6 @@ from bench.relay_peers import (
 )
 from engine.swarm import protocol
 from engine.swarm.identity import Identity
-from tests.servers import RedisServer
 
 TARGET_REJOIN_S = 5.0
 # The capacity steps go on past the target, to show CPU, memory and bytes per peer further up,

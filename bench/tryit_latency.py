@@ -85,8 +85,8 @@ def pump(app: QApplication, until: Any, timeout: float) -> bool:
 
 def train(home: Path, rounds: int) -> subprocess.Popen[bytes]:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    return subprocess.Popen([sys.executable, "-m", "engine.cli", "run", "--home", str(home), "--rounds", str(rounds),
-                             *TRAIN_FLAGS], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return subprocess.Popen(node_command("run", ["--home", str(home), "--rounds", str(rounds), *TRAIN_FLAGS]), env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def round_seconds(home: Path) -> dict[int, float]:

@@ -1,7 +1,8 @@
 """The SAPO mix: what the round loop shares with the swarm and what it takes back.
 
-`SwarmExchange` is the `RolloutExchange` the node uses when a relay is
-configured. The round loop sees it through three calls:
+`RolloutExchange` is the round loop's interface to the swarm; `SwarmExchange`
+is the one the node uses when a relay is configured. The round loop sees it
+through these calls (and `set_model_label` once its model is loaded):
 
 - `publish(round, groups)` signs this round's groups as a batch of text;
 - `sample(round, n, taskset, exclude=, seed=)` returns an `Offer`: up to n
@@ -49,7 +50,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Callable, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from engine.common.config import NodeConfig, SwarmConfig
 from engine.common.errors import TaskError
@@ -164,6 +165,29 @@ def verify_item(peer: str, item: protocol.Item, taskset: TaskSet, exclude: Set[s
     if not rewards_differ(rewards):
         return R_ZERO_ADVANTAGE
     return ExternalItem(peer, question, tuple(item.completions), rewards, model)
+
+
+class RolloutExchange(Protocol):
+    """The training loop's whole view of the swarm: text out, verified text in (`SwarmExchange` below, and the
+    experiment's `PublishFirst`). engine/sapo.py imports it for its annotations only."""
+
+    def set_model_label(self, label: str) -> None:
+        """What this node's batches say it runs (NAME@sha256 of the weights), once the loop has loaded its model."""
+        ...
+
+    def publish(self, round_index: int, groups: Sequence[Group]) -> None: ...
+
+    def sample(self, round_index: int, n: int, taskset: TaskSet, *, exclude: Set[str], seed: int) -> Offer:
+        """Up to n external items, verified and re-scored by this node, none of them a question in `exclude`."""
+        ...
+
+    def settle(self, offer: Offer, verdicts: Mapping[int, str | None]) -> dict[str, Any]:
+        """Count the offer with the loop's verdicts (index -> rejection reason); the round's swarm report."""
+        ...
+
+    def unban(self, peer: str) -> str:
+        """Lift a local ban on `peer` (serve's `unban` command): "lifted", "not_banned" or "configured"."""
+        ...
 
 
 class SwarmExchange:

@@ -23,10 +23,10 @@ import random
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence, Set
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from engine.backends import PolicyBackend, load_backend
 from engine.checkpoint import latest_good, save_checkpoint
@@ -64,6 +64,9 @@ from engine.rollouts import (
 )
 from engine.seeds import node_seed, run_seed
 from engine.tasks import Question, TaskSet
+
+if TYPE_CHECKING:  # the loop never imports the swarm: its exchange comes from the caller
+    from engine.exchange import RolloutExchange
 
 log = logging.getLogger(__name__)
 
@@ -133,24 +136,6 @@ class Control:
 
     def wait_while_paused(self) -> None:
         self._running.wait()
-
-
-class RolloutExchange(Protocol):
-    """The training loop's whole view of the swarm: text out, verified text in (engine/exchange.py)."""
-
-    def publish(self, round_index: int, groups: Sequence[Group]) -> None: ...
-
-    def sample(self, round_index: int, n: int, taskset: TaskSet, *, exclude: Set[str], seed: int) -> Offer:
-        """Up to n external items, verified and re-scored by this node, none of them a question in `exclude`."""
-        ...
-
-    def settle(self, offer: Offer, verdicts: Mapping[int, str | None]) -> dict[str, Any]:
-        """Count the offer with the loop's verdicts (index -> rejection reason); the round's swarm report."""
-        ...
-
-    def unban(self, peer: str) -> str:
-        """Lift a local ban on `peer` (serve's `unban` command): "lifted", "not_banned" or "configured"."""
-        ...
 
 
 def _rss_bytes() -> int:
@@ -235,9 +220,8 @@ class Node:
         self.status("loading", f"Loading {source} on {self.device.plain()}")
         model_dir = resolve_model_dir(self.config.model.source, self.paths.models_cache, self.config.model.revision or None)
         self.backend = load_backend(model_dir, self.device, self.config.grpo, run.seed, self.config.tasks.temperature)
-        set_label = getattr(self.exchange, "set_model_label", None)
-        if set_label is not None:  # what this node's batches say it runs: NAME@sha256 of the weights (cached)
-            set_label(model_label(self.config.model.source, model_dir, self.paths.cache_dir))
+        if self.exchange is not None:  # what this node's batches say it runs: NAME@sha256 of the weights (cached)
+            self.exchange.set_model_label(model_label(self.config.model.source, model_dir, self.paths.cache_dir))
         self.resume()
 
     def resume(self) -> None:

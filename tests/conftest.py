@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from tests.servers import RedisServer
+from bench.harness.servers import RedisServer
 
 if TYPE_CHECKING:
     from engine.relay.server import EmbeddedRelay
@@ -32,14 +32,14 @@ def _one_thread() -> None:
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from tests.tiny import make_tiny_model
+    from bench.harness.tiny import make_tiny_model
 
     return make_tiny_model(tmp_path_factory.mktemp("tiny-llama"), arch="llama")
 
 
 @pytest.fixture(scope="session")
 def tiny_qwen_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from tests.tiny import make_tiny_model
+    from bench.harness.tiny import make_tiny_model
 
     return make_tiny_model(tmp_path_factory.mktemp("tiny-qwen"), arch="qwen2", seed=1)
 

@@ -1,5 +1,5 @@
 """The house's walls: engine/ never imports Qt or app/; app/ never imports training libraries and imports only
-engine.common of the engine; the swarm and the relay never import the training loop.
+engine.common of the engine; the swarm and the relay never import the training loop; bench/ never imports tests/.
 
 And the docs point only at what a clone has: no git-ignored path, no link to a missing file.
 """
@@ -38,6 +38,12 @@ def test_app_never_imports_training_libraries() -> None:
     heavy = {"torch", "transformers", "peft", "mlx", "llama_cpp", "reasoning_gym"}
     bad = {(p, m) for p, m in _imports(ROOT / "app") if m in heavy}
     assert not bad
+
+
+def test_bench_never_imports_tests() -> None:
+    """The arrow runs one way: tests may import bench/ (its harness, its argument checks), never the reverse."""
+    bad = sorted((p, m) for p, m in _imports(ROOT / "bench") if m == "tests")
+    assert not bad, f"bench/ imports tests/: {bad}"
 
 
 def _engine_imports(folder: Path) -> set[tuple[str, str]]:

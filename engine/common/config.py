@@ -131,8 +131,8 @@ class TaskConfig:
     temperature: float = _help("Sampling temperature for rollouts.", 0.7)
     eval_every: int = _help("Run the held-out evaluation every N rounds (0: never).", 10)
     eval_questions: int = _help(
-        "Size of the fixed held-out evaluation set (greedy pass@1); 108 is 12 per specialty, in no more time on the "
-        "fast decoder than 27 took on HF generate (docs/results.md, Rollout speed).", 108,
+        "Size of the fixed held-out evaluation set (greedy pass@1), drawn evenly over the specialties; what an "
+        "evaluation costs: docs/results.md 'Rollout speed'.", 108,
     )
     difficulty: str = _help(
         "'fixed': every specialty at its default config, drawn by the weights above. 'adaptive': each specialty "
@@ -182,7 +182,10 @@ class TaskConfig:
 
 @dataclass
 class GRPOConfig:
-    learning_rate: float = _help("AdamW learning rate (3e-4 for LoRA on the bundled model; higher rates peaked early and then fell back, docs/results.md).", 3e-4)
+    learning_rate: float = _help(
+        "AdamW learning rate of the trained weights (the LoRA adapters, or every weight with finetune = 'full'); "
+        "how the default was chosen: docs/results.md 'Learning'.", 3e-4,
+    )
     eps_low: float = _help("Lower clip range of the importance ratio (1 - eps_low).", 0.2)
     eps_high: float = _help("Upper clip range of the importance ratio (1 + eps_high).", 0.28)
     kl_beta: float = _help("Weight of the KL penalty to the reference model (0: none, no reference kept).", 0.0)
@@ -290,9 +293,8 @@ class SwarmConfig:
     train_groups: int = _help(
         "A cap on each round's training batch, in informative groups (0: none, all your informative groups plus J "
         "from the swarm). Swarm rollouts only fill the batch up to it after your own informative groups, so a "
-        "round in which your own questions taught enough takes none and costs about what a round alone costs "
-        "(training is most of a round; docs/results.md 'Swarm' compares the settings per hour). Your own groups "
-        "are never left out for it.",
+        "round in which your own questions taught enough takes none and trains no more than a round alone "
+        "(docs/results.md 'Swarm' compares the settings per hour). Your own groups are never left out for it.",
         4,
     )
     local_informative_first: bool = _help(
@@ -336,9 +338,8 @@ class SwarmConfig:
     offpolicy_negative_kl: float = _help(
         "F-TIS filter (off at 0): leave out of training an external completion with negative advantage when its "
         "mean per-token log-loss under this node's policy exceeds that of this round's own completions by more "
-        "than this many nats (an estimate of how far off-policy it is; docs/swarm.md). Off by default: it helps "
-        "when local_groups is below the round's questions, not with the default mix (docs/results.md 'Swarm'). "
-        "Try 0.5.",
+        "than this many nats (an estimate of how far off-policy it is; docs/swarm.md). Where it was measured to "
+        "help, and where not: docs/results.md 'Swarm'. A value to try: 0.5.",
         0.0,
     )
     ban_strikes: int = _help(

@@ -18,8 +18,8 @@ split the round's seconds equally between the nodes. Comparisons here:
    is the same over the last quarter of the slices: where each node stands
    after T_k, not on the way there.
 
-Held-out accuracy is measured when a mix ends: it is reported with the hours
-each node took to get there.
+Below, the held-out accuracy when each mix ended, with the hours it took;
+held-out accuracy at equal time is engine/experiment/heldout.py's.
 """
 
 from __future__ import annotations

@@ -37,6 +37,7 @@ PLAN_FILE = "experiment.json"
 PROGRESS_FILE = "progress.json"
 ROUNDS_FILE = "rounds.jsonl"
 EVAL_FILE = "eval.json"
+EVALS_FILE = "evals.jsonl"  # held-out accuracy on the way, every tasks.eval_every rounds of a mix
 START_EVAL_FILE = "eval-start.json"
 VETERANS_FOLDER = "veterans"  # the veterans' own training, kept in the experiment folder
 
@@ -250,6 +251,11 @@ def saved_plan(out: Path) -> Plan | None:
 def rounds_done(folder: Path) -> int:
     """The last round that every node of a mix finished (its progress.json)."""
     return int((read_json(Path(folder) / PROGRESS_FILE) or {}).get("round", 0))
+
+
+def read_evals(folder: Path) -> dict[int, dict[str, Any]]:
+    """A mix's held-out evaluations on the way (EVALS_FILE) by round; a repeated round's last line wins."""
+    return {record["round"]: record for record in read_rounds(Path(folder) / EVALS_FILE, rounds_done(folder))}
 
 
 def read_rounds(path: Path, upto: int) -> list[dict[str, Any]]:

@@ -22,6 +22,7 @@ from typing import Any
 
 from engine.common.atomicio import atomic_write_bytes, atomic_write_json, atomic_write_text
 from engine.common.config import NodeConfig
+from engine.experiment.heldout import held_out_at_equal_time
 from engine.experiment.hours import per_hour, reward_by_hour, timed
 from engine.experiment.plan import (
     EVAL_FILE,
@@ -406,14 +407,15 @@ def compare(a_dir: Path, b_dir: Path, label: str, label_b: str | None = None,
     differs says when the runs parted.
     """
     a, b = _paired_tables(Path(a_dir), Path(b_dir), label, label_b or label, nodes)
+    folders = [(Path(a_dir) / _slug(label), Path(b_dir) / _slug(label_b or label))]
     common, count = len(a[0]) if a else 0, len(a)
     parted = next((r + 1 for r in range(common) if any(a[k][r] != b[k][r] for k in range(count))), None)
     return {"mix": label, **({"mix_b": label_b} if label_b else {}), "a": str(a_dir), "b": str(b_dir), "rounds": common,
             "nodes": count, **({"only_nodes": list(nodes)} if nodes is not None else {}),
             "cumulative_a": sum(map(sum, a)), "cumulative_b": sum(map(sum, b)), "first_round_that_differs": parted,
             **two_way_bootstrap(a, b),
-            "per_hour": per_hour([(Path(a_dir) / _slug(label), Path(b_dir) / _slug(label_b or label))], nodes,
-                                 stratified_bootstrap)}
+            "per_hour": per_hour(folders, nodes, stratified_bootstrap),
+            "held_out_per_hour": held_out_at_equal_time(folders, nodes, stratified_bootstrap)}
 
 
 def _paired_tables(a_dir: Path, b_dir: Path, label: str, label_b: str,
@@ -452,9 +454,11 @@ def pooled_compare(pairs: Sequence[tuple[Path, Path]], label: str, label_b: str,
         one = two_way_bootstrap(a, b)
         each.append({"a": str(a_dir), "b": str(b_dir), "rounds": len(a[0]), "cumulative_a": sum(map(sum, a)),
                      "cumulative_b": sum(map(sum, b)), "ratio": one["ratio"], "ratio_ci95": one["ratio_ci95"]})
-    hourly = per_hour([(Path(a) / _slug(label), Path(b) / _slug(label_b)) for a, b in pairs], nodes, stratified_bootstrap)
+    folders = [(Path(a) / _slug(label), Path(b) / _slug(label_b)) for a, b in pairs]
     return {"mix": label, "mix_b": label_b, "pairs": each, "cumulative_a": sum(p["cumulative_a"] for p in each),
-            "cumulative_b": sum(p["cumulative_b"] for p in each), **stratified_bootstrap(strata), "per_hour": hourly}
+            "cumulative_b": sum(p["cumulative_b"] for p in each), **stratified_bootstrap(strata),
+            "per_hour": per_hour(folders, nodes, stratified_bootstrap),
+            "held_out_per_hour": held_out_at_equal_time(folders, nodes, stratified_bootstrap)}
 
 
 def _variant(spec: str) -> tuple[str, Path, str]:

@@ -45,6 +45,7 @@ from engine.experiment.hours import NodeClock, machine_tag
 from engine.experiment.nodes import NodeBackend, PublishFirst
 from engine.experiment.plan import (
     EVAL_FILE,
+    EVALS_FILE,
     NODE_SEED_SPACING,
     PLAN_FILE,
     PROGRESS_FILE,
@@ -55,6 +56,7 @@ from engine.experiment.plan import (
     Plan,
     check_plan,
     plan_config,
+    read_evals,
     read_json,
     same_experiment,
     saved_plan,
@@ -268,8 +270,9 @@ class Experiment:
         for k in range(len(views)):
             answers = rows[k * len(prompts) : (k + 1) * len(prompts)]
             rewards = [self.taskset.reward(q, c.text) for q, c in zip(questions, answers, strict=True)]
-            per_node.append({"accuracy": sum(1 for r in rewards if r >= 1.0) / len(rewards),
-                             "reward_mean": sum(rewards) / len(rewards)})
+            passes = "".join("1" if r >= 1.0 else "0" for r in rewards)  # question by question, for a paired bootstrap
+            per_node.append({"accuracy": passes.count("1") / len(rewards),
+                             "reward_mean": sum(rewards) / len(rewards), "passes": passes})
         return {
             "questions": len(questions),
             "examples": self.eval_examples,
@@ -318,6 +321,8 @@ class Experiment:
         with self.open_mix(mix, folder, stage.nodes) as run:
             for k, node in enumerate(run.nodes):
                 self._load_round(node, stage.offset + done, done == 0, stage.starts.get(k) if done == 0 else None)
+            if number:
+                self._evaluate_on_the_way(run, folder, done, stage.rounds)  # one a stop cut short
             for round_index in range(done + 1, stage.rounds + 1):
                 record = run.round(stage.offset + round_index)
                 record["round"] = round_index
@@ -327,6 +332,7 @@ class Experiment:
                 atomic_write_json(folder / PROGRESS_FILE, {"round": round_index})
                 if number:
                     self.hooks.round_done(mix, record)
+                    self._evaluate_on_the_way(run, folder, round_index, stage.rounds)
                 else:
                     self.hooks.say(f"veterans round {round_index:>4} | reward by node "
                                    + " ".join(f"{r:.3f}" for r in record["rewards"]))
@@ -335,6 +341,19 @@ class Experiment:
                 atomic_write_json(folder / EVAL_FILE, {"round": stage.rounds, **result})
                 self.hooks.say(f"{f'mix {mix.label}' if number else 'veterans'}: held-out accuracy after round "
                                f"{stage.rounds}: {100 * result['accuracy']:.1f}% (mean of {len(run.views)} nodes)")
+
+    def _evaluate_on_the_way(self, run: MixRun, folder: Path, round_index: int, rounds: int) -> None:
+        """Held-out accuracy after round `round_index` when it is a multiple of tasks.eval_every (the last
+        round's goes to EVAL_FILE), so that mixes whose rounds cost different time compare at equal time."""
+        every = self.config.tasks.eval_every
+        if every <= 0 or round_index <= 0 or round_index >= rounds or round_index % every:
+            return
+        if round_index in read_evals(folder):
+            return
+        result = self._evaluate(run.views)
+        append_line(folder / EVALS_FILE, json.dumps({"round": round_index, **result}, sort_keys=True))
+        self.hooks.say(f"mix {run.mix.label}: held-out accuracy after round {round_index}: "
+                       f"{100 * result['accuracy']:.1f}% (mean of {len(run.views)} nodes)")
 
     def open_mix(self, mix: Mix, folder: Path, nodes: int | None = None) -> MixRun:
         """`nodes` nodes (the plan's by default) of `mix` with their data in `folder`, joined to a loopback relay

@@ -23,15 +23,14 @@ from PySide6.QtGui import QColor, QFileOpenEvent
 
 from app import doctor as app_doctor
 from app import theme
-from app.engine_process import engine_command
 from app.guards import InviteEvents, SingleInstance, instance_name
 from app.join import JoinDialog
 from app.settings import SettingsStore
+from bench.harness.servers import free_port
 from engine.common.config import build_config
 from engine.common.paths import Paths
 from engine.common.rules import Invite, parse_invite
 from tests.app.conftest import MakeGui, StartRelay
-from tests.servers import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 FAST = ["--device", "cpu", "--threads", "1", "--set", "tasks.questions_per_round=2",
@@ -70,8 +69,7 @@ def silent_port() -> Iterator[int]:
 def test_an_invite_opened_while_the_app_runs_joins_that_swarm(qtbot, make_gui: MakeGui, paths: Paths,  # type: ignore[no-untyped-def]
                                                               start_relay: StartRelay, tiny_model_dir: Path) -> None:
     relay = start_relay(name="Maple Street Lab", contact="ops@example.org", description="Arithmetic on weeknights.")
-    flags = ["--home", str(paths.config_dir.parent), "--model", str(tiny_model_dir), *FAST]
-    gui = make_gui(engine_command(flags))
+    gui = make_gui(settings=["--model", str(tiny_model_dir), *FAST])
     w = gui.window
     w.show()
     assert w.peers.swarm_name.text() == "Local swarm on this computer"

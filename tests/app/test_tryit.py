@@ -24,7 +24,6 @@ from app.tryit import (
     TryItPanel,
     exit_sentence,
     parse_chat_line,
-    settings_flags,
 )
 from engine.common.events import node_command
 from tests.app.conftest import MakeGui
@@ -198,8 +197,6 @@ def test_window_has_the_try_it_tab_and_the_export_menu(qtbot, make_gui: MakeGui,
     assert w.tryit.llama_problem.startswith("Try it needs llama-cpp-python")
     w.tryit.shut_down()
     assert "Export model…" in actions
-    assert settings_flags([sys.executable, "-m", "engine.cli", "serve", "--home", "/h"]) == ["--home", "/h"]
-    assert settings_flags(["x"]) == []
 
 
 @pytest.mark.integration

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
-from PySide6.QtWidgets import QApplication, QPushButton
+from PySide6.QtWidgets import QApplication, QPushButton, QScrollArea
 
 from app.dialogs import FirstRunDialog
 from app.settings import SettingsStore
@@ -328,3 +328,28 @@ def test_the_reward_tile_tooltip_shows_each_specialtys_reward_level_and_pass_rat
     })
     assert "<td>base conversion</td><td>0.00</td><td>-1</td><td>12%</td>" in adaptive
     assert "<td>arc 1d</td><td>–</td><td>0</td><td>–</td>" in adaptive
+
+
+def test_banners_shrink_the_charts_instead_of_scrolling_them(qtbot, make_gui: MakeGui) -> None:  # type: ignore[no-untyped-def]
+    """At the window's size on a 1280x800 screen (92% of it), a banner or two leave the three charts whole: no
+    scroll bar; a short chart drops its legend and axis titles and keeps its labels."""
+    gui = make_gui()
+    w = gui.window
+    w.resize(1177, 736)
+    w.show()
+    scroll = w.tabs.widget(0)
+    assert isinstance(scroll, QScrollArea)
+
+    def settle() -> None:
+        for _ in range(10):
+            QApplication.processEvents()
+
+    settle()
+    assert not scroll.verticalScrollBar().isVisible()
+    w.add_banner("info", "<b>Joined Riverside Maths Club swarm.</b> Training continues in this swarm.")
+    settle()
+    assert not scroll.verticalScrollBar().isVisible()
+    w.add_banner("warning", "<b>Another banner.</b> Something else to say.")
+    settle()
+    assert not scroll.verticalScrollBar().isVisible()
+    assert w.charts.accuracy.compact and not w.charts.accuracy.chart().legend().isVisible()

@@ -31,13 +31,13 @@ import mlx.core as mx
 import torch
 from mlx.utils import tree_flatten
 
+from bench.harness.tiny import make_sharp_model
 from engine.backends.mlx_backend import MLXBackend
 from engine.backends.torch_backend import TorchBackend
 from engine.common.config import GRPOConfig
 from engine.common.device import pick_device
 from engine.grpo import clipped_pg_loss
 from engine.rollouts import TrainItem
-from tests.tiny import make_sharp_model
 
 LOGP_ATOL = 1e-4
 LOSS_RTOL = 1e-4

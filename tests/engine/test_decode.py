@@ -18,13 +18,13 @@ from typing import Any
 import pytest
 import torch
 
+from bench.harness.tiny import make_byte_tokenizer, make_sharp_model
 from engine.backends import decode_model, kv_cache
 from engine.backends.decode import DecodedRow, DecodeModel, LoraAdapter, can_pack, decode_batch, unsupported_reason
 from engine.backends.kv_cache import partition
 from engine.backends.torch_backend import TorchBackend
 from engine.common.config import GRPOConfig
 from engine.common.device import pick_device
-from tests.tiny import make_byte_tokenizer, make_sharp_model
 
 # Prompts of different lengths (prompt padding, groups and positions all differ), some sharing a
 # prefix (its prefill is shared): one is a prefix of another, one appears twice.

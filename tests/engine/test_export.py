@@ -1,6 +1,6 @@
 """GGUF export: written by llama.cpp's converters, loaded by llama-cpp-python, greedy answers equal torch's.
 
-The tiny model is built from a config (as in tests/tiny.py) but carries the
+The tiny model is built from a config (as in bench/harness/tiny.py) but carries the
 bundled model's tokenizer: llama.cpp's converter names a BPE tokenizer's
 pre-tokenizer from a table of known tokenizers and refuses any other, so the
 byte-level test tokenizer cannot be converted (that refusal is tested too).

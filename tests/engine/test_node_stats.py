@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from bench.harness.servers import free_port
 from engine.cli import main
 from engine.common.paths import Paths
 from engine.swarm.contribution import CREDIT_FILE, Contribution, swarm_key
 from engine.swarm.identity import Identity
-from tests.servers import free_port
 
 
 def closed_port() -> str:

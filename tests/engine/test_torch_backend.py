@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from bench.harness.tiny import make_sharp_model
 from engine.backends.torch_backend import TorchBackend
 from engine.common.config import GRPOConfig
 from engine.common.device import pick_device
-from tests.tiny import make_sharp_model
 
 
 def test_sampling_leaves_the_training_weights_untouched(tiny_model_dir: Path) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.servers import RedisServer, free_port, wait_listening
+from bench.harness.servers import RedisServer, free_port, wait_listening
 from tests.swarm.doc_client import DocPeer, item
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -274,7 +274,7 @@ def teach(folder: Path, steps: int, seed: int, start: Path | None = None, lr: fl
     """A tiny model trained (next-token loss) on chat-formatted sums answered as <answer>n</answer>."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from tests.tiny import make_tiny_model
+    from bench.harness.tiny import make_tiny_model
 
     base = start or make_tiny_model(folder)
     tok = AutoTokenizer.from_pretrained(base)

@@ -34,6 +34,7 @@ from typing import IO, Any
 
 import pytest
 
+from bench.harness.servers import stop_process
 from engine.cli import TerminalView
 from engine.common.events import Event, make_event
 from engine.exchange import SwarmExchange
@@ -42,7 +43,6 @@ from engine.relay.server import EmbeddedRelay, RelaySettings
 from engine.swarm import protocol
 from engine.swarm.client import CONNECT_TIMEOUT_S, LinkState, SwarmClient
 from engine.swarm.identity import Identity
-from tests.servers import stop_process
 from tests.swarm.conftest import StartRelay
 from tests.swarm.link_node import batch
 

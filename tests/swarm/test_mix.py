@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import torch
 
+from bench.harness.servers import free_port
 from engine.common.config import NodeConfig, build_config
 from engine.common.events import Event
 from engine.common.paths import Paths
@@ -28,7 +29,6 @@ from engine.sapo import Node
 from engine.swarm import protocol as p
 from engine.swarm.client import LinkState
 from engine.swarm.identity import Identity
-from tests.servers import free_port
 from tests.swarm.conftest import StartRelay
 
 FAST = [

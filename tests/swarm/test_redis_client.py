@@ -24,9 +24,9 @@ import aiohttp
 import pytest
 import redis.asyncio as aioredis
 
+from bench.harness.servers import RedisServer
 from engine.relay.brokers import REDIS_MAX_CONNECTIONS
 from engine.relay.server import EmbeddedRelay
-from tests.servers import RedisServer
 from tests.swarm.conftest import StartRelay
 from tests.swarm.doc_client import DocPeer, b64, item
 

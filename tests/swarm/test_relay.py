@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from bench.harness.servers import free_port
 from engine.swarm import protocol as p
-from tests.servers import free_port
 from tests.swarm.conftest import StartRelay
 from tests.swarm.doc_client import DocPeer, b64, item
 

@@ -36,7 +36,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests.servers import RedisServer, free_port, wait_listening
+from bench.harness.servers import RedisServer, free_port, wait_listening
 
 ROOT = Path(__file__).resolve().parents[2]
 KIT = ROOT / "installers" / "relay"

@@ -33,13 +33,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from bench.harness.servers import RedisServer, free_port, wait_listening
 from engine import __version__
 from engine.common.rules import Invite
 from engine.relay.info import INFO_FIELDS, LIVE_FIELDS, relay_identity
 from engine.relay.web import DOWNLOAD_URL, SECURITY_HEADERS, wants_json
 from engine.swarm import protocol
 from engine.swarm.identity import Identity
-from tests.servers import RedisServer, free_port, wait_listening
 from tests.swarm.conftest import StartRelay
 from tests.swarm.doc_client import DocPeer, item
 

@@ -1,6 +1,6 @@
 """Loopback servers for the tests and the benches: free ports, waiting for a listener, redis-server.
 
-    from tests.servers import RedisServer, free_port, wait_listening
+    from bench.harness.servers import RedisServer, free_port, wait_listening
 
 `free_port` is a TCP port on 127.0.0.1 that nothing listens on (also what a
 test uses as a closed port); `wait_listening` waits until a child process
