@@ -55,10 +55,10 @@ from typing import Any
 import aiohttp
 import psutil
 
+from bench.harness.servers import RedisServer, stop_process
 from bench.relay_peers import Peer, RelayProcess, batch_items
 from engine.common.rules import Invite
 from engine.swarm.identity import Identity
-from tests.servers import RedisServer, stop_process
 
 ROOT = Path(__file__).resolve().parents[1]
 KEEP_CHECKPOINTS = 2
@@ -261,7 +261,7 @@ def judge(samples: list[dict[str, Any]], warmup_s: float, watched: list[dict[str
 
 
 async def soak(args: argparse.Namespace) -> int:
-    from tests.tiny import make_tiny_model
+    from bench.harness.tiny import make_tiny_model
 
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)

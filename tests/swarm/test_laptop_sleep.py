@@ -25,12 +25,12 @@ from pathlib import Path
 
 import pytest
 
+from bench.harness.servers import stop_process
 from engine.relay.server import EmbeddedRelay, RelaySettings
 from engine.swarm import protocol
 from engine.swarm.client import SwarmClient
 from engine.swarm.identity import Identity
 from tests.conftest import StartRelay
-from tests.servers import stop_process
 from tests.swarm.link_node import batch
 from tests.swarm.test_link_loss import NodeLines, peer_sees, stored_questions
 
