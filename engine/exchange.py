@@ -122,6 +122,12 @@ def senders_file(state_dir: Path, run_name: str) -> Path:
     return state_dir / f"senders-{run_name}.json"
 
 
+# Peers listed one by one (the peers panel, each round's metrics line), the most recently heard from; the
+# others' counts are summed in `SwarmExchange.others`. Without a cap, a node in a swarm where identities come
+# and go listed every peer it ever heard from in every round's record: 64 kB a line after 1,000 (the soak).
+MAX_PEERS_LISTED = 100
+
+
 @dataclass
 class PeerCounts:
     """Everything one peer sent this run, each item counted once."""
@@ -217,7 +223,8 @@ class SwarmExchange:
         self.replay = replay
         self.senders = senders if senders is not None else SenderBaselines(None)  # of other models, when mixed
         self._warned_policy = ""
-        self.peers: dict[str, PeerCounts] = {}
+        self.peers: dict[str, PeerCounts] = {}  # MAX_PEERS_LISTED at most, the least recently heard from first
+        self.others = PeerCounts(name="others")  # the counts of the peers no longer listed
         self.received = 0
         self._seen: OrderedDict[tuple[str, int], None] = OrderedDict()
         self.contribution: Contribution | None = None  # this node's credit, from the relay (open_swarm sets it)
@@ -309,9 +316,15 @@ class SwarmExchange:
 
     # -- sample -----------------------------------------------------------------------
     def _peer(self, peer: str) -> PeerCounts:
-        counts = self.peers.get(peer)
+        counts = self.peers.pop(peer, None)  # put back last: the most recently heard from
         if counts is None:
-            counts = self.peers[peer] = PeerCounts(name=peer[:8])
+            counts = PeerCounts(name=peer[:8])
+        self.peers[peer] = counts
+        while len(self.peers) > MAX_PEERS_LISTED:
+            oldest = self.peers.pop(next(iter(self.peers)))
+            for key in ("accepted", "rejected", "not_picked", "probation"):
+                setattr(self.others, key, getattr(self.others, key) + getattr(oldest, key))
+            self.others.reasons.update(oldest.reasons)
         return counts
 
     def sample(self, round_index: int, n: int, taskset: TaskSet, *, exclude: Set[str] = frozenset(),
@@ -474,18 +487,19 @@ class SwarmExchange:
         round_counts[reason] += 1
 
     def _emit_peers(self, this_round: dict[str, Any]) -> None:
-        rejected_by_reason: Counter[str] = Counter()
+        rejected_by_reason: Counter[str] = Counter(self.others.reasons)
+        every = [*self.peers.values(), self.others]  # totals for the run, listed or not
         for counts in self.peers.values():
             rejected_by_reason.update(counts.reasons)
         self.emit(make_event(
             "peers",
             online=self.client.state.online,
             received=self.received,
-            accepted=sum(c.accepted for c in self.peers.values()),
-            rejected=sum(c.rejected for c in self.peers.values()),
+            accepted=sum(c.accepted for c in every),
+            rejected=sum(c.rejected for c in every),
             connected=self.client.state.connected,
-            not_picked=sum(c.not_picked for c in self.peers.values()),
-            probation=sum(c.probation for c in self.peers.values()),
+            not_picked=sum(c.not_picked for c in every),
+            probation=sum(c.probation for c in every),
             rejected_by_reason=dict(rejected_by_reason),
             by_peer=self._by_peer(),
             banned={pid: {**ban.to_json(), "name": self.peers[pid].name if pid in self.peers else pid[:8]}
