@@ -25,7 +25,8 @@ exits 1 when a goal fails:
 - disk: each node home under its bound (keep_checkpoints + 1 checkpoints of
   the largest size seen, four 5 MB log files, metrics_max_kb, and 1 MB for the
   rest), with no more than keep_checkpoints + 1 checkpoints and metrics.jsonl
-  under its bound at every sample; each relay's data dir not growing;
+  under its bound at every sample, still holding MIN_HELD rounds after the
+  warm-up; each relay's data dir not growing;
 - every process still running at the end, every node past its first rounds,
   connected and receiving batches from the swarm.
 
@@ -67,6 +68,7 @@ LOG_BOUND = 4 * (5 << 20)  # engine/launch.py's RotatingFileHandler: 5 MB, three
 OTHER_BOUND = 1 << 20  # identity, seed, relay memory, config, bans: small files
 RSS_GROWTH = 0.05
 WINDOW = 512  # the relays' window, and so Redis's stream: full within the warm-up
+MIN_HELD = 50  # rounds metrics.jsonl must still hold: its bound is for old rounds, not for lines that grow
 LINE_SLACK = 8192  # metrics.jsonl passes its bound by the line just appended, until that append trims it
 
 
@@ -121,16 +123,16 @@ class Watched:
             metrics = data / "metrics.jsonl"
             row["metrics"] = metrics.stat().st_size if metrics.exists() else 0
             row["logs"] = folder_bytes(self.home / "logs")
-            row["rounds"], row["received"], row["connected"] = rounds_of(metrics)
+            row["rounds"], row["received"], row["connected"], row["held"] = rounds_of(metrics)
         return row
 
 
-def rounds_of(metrics: Path) -> tuple[int, int, bool]:
-    """From metrics.jsonl: the last round, the batches received from the swarm in the rounds it still holds, and
-    whether the last round had the relay connected."""
-    last, received, connected = 0, 0, False
+def rounds_of(metrics: Path) -> tuple[int, int, bool, int]:
+    """From metrics.jsonl: the last round, the batches received from the swarm in the rounds it still holds,
+    whether the last round had the relay connected, and how many rounds it holds."""
+    last, received, connected, held = 0, 0, False, 0
     if not metrics.exists():
-        return 0, 0, False
+        return 0, 0, False, 0
     for line in metrics.read_text(encoding="utf-8", errors="replace").splitlines():
         try:
             record = json.loads(line)
@@ -138,10 +140,11 @@ def rounds_of(metrics: Path) -> tuple[int, int, bool]:
             continue
         if isinstance(record, dict) and record.get("kind") == "round":
             last = max(last, int(record.get("round", 0)))
+            held += 1
             swarm = record.get("swarm") or {}
             received += int(swarm.get("received", 0))
             connected = bool(swarm.get("connected"))
-    return last, received, connected
+    return last, received, connected, held
 
 
 @dataclass
@@ -246,6 +249,8 @@ def judge(samples: list[dict[str, Any]], warmup_s: float, watched: list[dict[str
                               f"(keep_checkpoints {KEEP_CHECKPOINTS})")
             if max(r["metrics"] for r in every) > METRICS_MAX_KB * 1024 + LINE_SLACK:  # sampled mid-append
                 failed.append(f"{w.name}: metrics.jsonl passed its bound")
+            if min(r.get("held", MIN_HELD) for _t, r in rows) < MIN_HELD:  # trimmed to a handful of long lines
+                failed.append(f"{w.name}: metrics.jsonl held fewer than {MIN_HELD} rounds after the warm-up")
             if max(r["logs"] for r in every) > LOG_BOUND:
                 failed.append(f"{w.name}: its logs passed their rotation bound")
             if rows[-1][1]["rounds"] < 3:
