@@ -125,7 +125,7 @@ def senders_file(state_dir: Path, run_name: str) -> Path:
 # Peers listed one by one (the peers panel, each round's metrics line), the most recently heard from; the
 # others' counts are summed in `SwarmExchange.others`. Without a cap, a node in a swarm where identities come
 # and go listed every peer it ever heard from in every round's record: 64 kB a line after 1,000 (the soak).
-MAX_PEERS_LISTED = 100
+MAX_PEERS_LISTED = 50
 
 
 @dataclass

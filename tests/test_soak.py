@@ -32,7 +32,7 @@ def test_a_flat_run_meets_every_goal() -> None:
 
 
 def test_memory_growth_open_files_and_disk_fail_the_run() -> None:
-    _lines, failed = soak.judge(samples([400, 420, 430, 440, 450, 460, 470, 480], [8, 8, 8, 9, 9, 10, 10, 11],
+    _lines, failed = soak.judge(samples([400, 420, 430, 440, 450, 460, 470, 480], [8, 8, 8, 9, 10, 11, 12, 13],
                                         checkpoints=4, node_disk=60.0), 120, WATCHED)
     assert any("node-0: RSS grew" in f for f in failed)
     assert any("node-0: open files grew" in f for f in failed)
