@@ -206,7 +206,8 @@ def thirds(values: list[float]) -> tuple[list[float], list[float]]:
     return values[:n], values[-n:]
 
 
-def judge(samples: list[dict[str, Any]], warmup_s: float, watched: list[dict[str, Any]]) -> tuple[list[str], list[str]]:
+def judge(samples: list[dict[str, Any]], warmup_s: float, watched: list[dict[str, Any]],
+          metrics_max_kb: int = METRICS_MAX_KB) -> tuple[list[str], list[str]]:
     """The table's lines and the failed goals; `watched` names each process and whether it has a folder or home."""
     homes = [meta["name"] for meta in watched if meta["home"]]
     running = [s["t"] for s in samples if all(s["procs"][n].get("rounds", 0) >= 1 for n in homes)]
@@ -247,14 +248,14 @@ def judge(samples: list[dict[str, Any]], warmup_s: float, watched: list[dict[str
         if w.home:
             every = [s["procs"][w.name] for s in samples]
             biggest = max(r["checkpoint_max"] for r in every)
-            bound = (KEEP_CHECKPOINTS + 1) * biggest + LOG_BOUND + METRICS_MAX_KB * 1024 + OTHER_BOUND
+            bound = (KEEP_CHECKPOINTS + 1) * biggest + LOG_BOUND + metrics_max_kb * 1024 + OTHER_BOUND
             if max(r["disk"] for r in every) > bound:
                 failed.append(f"{w.name}: its home took {max(r['disk'] for r in every) / mb:.1f} MB, over its bound "
                               f"{bound / mb:.1f} MB")
             if max(r["checkpoints"] for r in every) > KEEP_CHECKPOINTS + 1:
                 failed.append(f"{w.name}: {max(r['checkpoints'] for r in every)} checkpoints on disk "
                               f"(keep_checkpoints {KEEP_CHECKPOINTS})")
-            if max(r["metrics"] for r in every) > METRICS_MAX_KB * 1024 + LINE_SLACK:  # sampled mid-append
+            if max(r["metrics"] for r in every) > metrics_max_kb * 1024 + LINE_SLACK:  # sampled mid-append
                 failed.append(f"{w.name}: metrics.jsonl passed its bound")
             if min(r.get("held", MIN_HELD) for _t, r in rows) < MIN_HELD:  # trimmed to a handful of long lines
                 failed.append(f"{w.name}: metrics.jsonl held fewer than {MIN_HELD} rounds after the warm-up")
@@ -310,6 +311,7 @@ async def soak(args: argparse.Namespace) -> int:
             watched.append(Watched(f"node-{k}", proc, folder=home, home=home))
         (out / "meta.json").write_text(json.dumps({
             "warmup_s": warmup_s, "sample_s": args.sample_s, "churn": args.churn, "argv": sys.argv,
+            "metrics_max_kb": METRICS_MAX_KB,
             "watched": [{"name": w.name, "folder": w.folder is not None, "home": w.home is not None} for w in watched]}))
         churner = asyncio.create_task(churn([r.url for r in relays], args.churn, seconds * 0.95, stats,
                                             random.Random(args.seed)))
@@ -352,7 +354,7 @@ def report(out: Path, warmup_minutes: float | None = None) -> int:
     if warmup_minutes is not None:
         meta["warmup_s"] = warmup_minutes * 60.0
     samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines() if line.strip()]
-    lines, failed = judge(samples, meta["warmup_s"], meta["watched"])
+    lines, failed = judge(samples, meta["warmup_s"], meta["watched"], meta.get("metrics_max_kb", 256))
     churned = samples[-1]["churn"]
     if churned["joined"] < meta["churn"] * 0.9:
         failed.append(f"only {churned['joined']} of {meta['churn']} churned peers joined")
