@@ -122,10 +122,7 @@ def senders_file(state_dir: Path, run_name: str) -> Path:
     return state_dir / f"senders-{run_name}.json"
 
 
-# Peers listed one by one (the peers panel, each round's metrics line), the most recently heard from; the
-# others' counts are summed in `SwarmExchange.others`. Without a cap, a node in a swarm where identities come
-# and go listed every peer it ever heard from in every round's record: 64 kB a line after 1,000 (the soak).
-MAX_PEERS_LISTED = 50
+MAX_PEERS_LISTED = 50  # peers listed one by one, the latest heard from (all: 64 kB a metrics line in the soak)
 
 
 @dataclass
@@ -320,11 +317,11 @@ class SwarmExchange:
         if counts is None:
             counts = PeerCounts(name=peer[:8])
         self.peers[peer] = counts
-        while len(self.peers) > MAX_PEERS_LISTED:
-            oldest = self.peers.pop(next(iter(self.peers)))
-            for key in ("accepted", "rejected", "not_picked", "probation"):
-                setattr(self.others, key, getattr(self.others, key) + getattr(oldest, key))
-            self.others.reasons.update(oldest.reasons)
+        while len(self.peers) > MAX_PEERS_LISTED:  # the least recently heard from join `others`
+            old = self.peers.pop(next(iter(self.peers)))
+            self.others.accepted, self.others.rejected = self.others.accepted + old.accepted, self.others.rejected + old.rejected
+            self.others.not_picked, self.others.probation = self.others.not_picked + old.not_picked, self.others.probation + old.probation
+            self.others.reasons.update(old.reasons)
         return counts
 
     def sample(self, round_index: int, n: int, taskset: TaskSet, *, exclude: Set[str] = frozenset(),
@@ -487,9 +484,9 @@ class SwarmExchange:
         round_counts[reason] += 1
 
     def _emit_peers(self, this_round: dict[str, Any]) -> None:
-        rejected_by_reason: Counter[str] = Counter(self.others.reasons)
         every = [*self.peers.values(), self.others]  # totals for the run, listed or not
-        for counts in self.peers.values():
+        rejected_by_reason: Counter[str] = Counter()
+        for counts in every:
             rejected_by_reason.update(counts.reasons)
         self.emit(make_event(
             "peers",
