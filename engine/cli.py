@@ -22,18 +22,17 @@ import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from engine import __version__
 from engine.common.config import NodeConfig
 from engine.common.errors import SaplingError
-from engine.common.events import Event
 from engine.common.paths import Paths
 from engine.gguf.export import DEFAULT_QUANT, export_model
 from engine.gguf.export import FORMATS as EXPORT_FORMATS
 from engine.gguf.export import QUANTS as EXPORT_QUANTS
 from engine.launch import add_settings_flags, config_from_args, run_node, setup_logging, stop_on_signals
 from engine.swarm import identity_backup, node_stats
+from engine.terminal import ConsoleHandler, TerminalView
 
 log = logging.getLogger("engine")
 
@@ -84,77 +83,6 @@ def build_parser() -> argparse.ArgumentParser:
     node_stats.add_parser(sub)
     identity_backup.add_parser(sub)
     return parser
-
-
-class TerminalView:
-    """Renders events for a person: a progress bar per phase and a line per round."""
-
-    def __init__(self) -> None:
-        from tqdm import tqdm
-
-        self._tqdm = tqdm
-        self.bar: Any = None
-        self.phase = ""
-
-    def _close_bar(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-            self.bar = None
-
-    def __call__(self, event: Event) -> None:
-        kind = event["type"]
-        if kind == "progress":
-            if event["phase"] != self.phase or self.bar is None:
-                self._close_bar()
-                self.phase = event["phase"]
-                self.bar = self._tqdm(total=event["total"], desc=f"round {event['round']} {self.phase:<12}",
-                                      leave=False, dynamic_ncols=True, file=sys.stderr)
-            self.bar.total = event["total"]
-            self.bar.n = event["done"]
-            self.bar.refresh()
-        elif kind == "round":
-            self._close_bar()
-            m = event["metrics"]
-            self._tqdm.write(
-                f"round {m['round']:>4} | reward {m['reward_mean']:.3f} | acc {100 * m['accuracy']:5.1f}% | "
-                f"{m['tokens_per_second']:6.1f} tok/s | {m['seconds']:6.1f} s | {m['rss_bytes'] / 2**30:4.1f} GB | "
-                f"loss {m['loss']:+.4f}",
-                file=sys.stdout,
-            )
-        elif kind == "eval":
-            self._close_bar()
-            self._tqdm.write(
-                f"eval  {event['round']:>4} | held-out accuracy {100 * event['accuracy']:5.1f}% "
-                f"({event['questions']} questions, greedy pass@1) | reward {event['reward_mean']:.3f}",
-                file=sys.stdout,
-            )
-        elif kind == "swarm":
-            self._close_bar()
-            self._tqdm.write(f"[swarm] {event['name']} ({event['peer_id'][:8]}): {event['message']}", file=sys.stderr)
-        elif kind == "peers":
-            self._close_bar()
-            reasons = ", ".join(f"{k} {v}" for k, v in sorted(event.get("rejected_by_reason", {}).items()))
-            # Cut off, the last count of peers online is stale: say what is going on instead.
-            link = "cut off from the relay, reconnecting" if event.get("connected") is False \
-                else f"{event['online']} peers online"
-            self._tqdm.write(
-                f"[swarm] {link} | received {event['received']} | accepted {event['accepted']} "
-                f"| rejected {event['rejected']}" + (f" ({reasons})" if reasons else ""),
-                file=sys.stderr,
-            )
-        elif kind == "status":
-            self._close_bar()
-            self._tqdm.write(f"[{event['state']}] {event['message']}", file=sys.stderr)
-        elif kind == "error":
-            self._close_bar()
-            self._tqdm.write(f"error: {event['message']}", file=sys.stderr)
-
-
-class _ConsoleHandler(logging.Handler):
-    def emit(self, record: logging.LogRecord) -> None:
-        from tqdm import tqdm
-
-        tqdm.write(f"{record.levelname.lower()}: {record.getMessage()}", file=sys.stderr)
 
 
 def cmd_run(args: argparse.Namespace, paths: Paths, config: NodeConfig) -> int:
@@ -238,7 +166,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print("sapling-node: error: --timeout must be a number of seconds from 0 to 600.", file=sys.stderr)
             return 2
         return run_doctor(args.relay, paths.identity_file, args.config or paths.config_file, args.json, args.timeout)
-    setup_logging(paths, args.verbose, _ConsoleHandler(logging.WARNING if not args.verbose else logging.DEBUG))
+    setup_logging(paths, args.verbose, ConsoleHandler(logging.WARNING if not args.verbose else logging.DEBUG))
     try:
         if args.command == "experiment":
             return cmd_experiment(args, paths)

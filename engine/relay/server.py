@@ -1,4 +1,4 @@
-"""`sapling-relay`: the websocket relay that nodes share rollouts through.
+"""`sapling-relay`: the websocket relay that nodes share rollouts through (600 lines: one aiohttp app, kept whole).
 
     sapling-relay --port 8765                        # one process, in-memory window
     sapling-relay --redis redis://host:6379/0        # several processes, one swarm

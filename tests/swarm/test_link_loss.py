@@ -35,7 +35,6 @@ from typing import IO, Any
 import pytest
 
 from bench.harness.servers import stop_process
-from engine.cli import TerminalView
 from engine.common.events import Event, make_event
 from engine.exchange import SwarmExchange
 from engine.relay.brokers import MemoryBroker
@@ -43,6 +42,7 @@ from engine.relay.server import EmbeddedRelay, RelaySettings
 from engine.swarm import protocol
 from engine.swarm.client import CONNECT_TIMEOUT_S, LinkState, SwarmClient
 from engine.swarm.identity import Identity
+from engine.terminal import TerminalView
 from tests.swarm.conftest import StartRelay
 from tests.swarm.link_node import batch
 
