@@ -189,7 +189,8 @@ class MetricChart(QChartView):
             markers = legend.markers(series)
             if markers and not line.in_legend:
                 markers[0].setVisible(False)
-            series.hovered.connect(lambda point, state, name=line.name, fmt=y_format: self._hover(point, state, name, fmt))
+            series.hovered.connect(lambda point, state, name=line.name,
+                                   fmt=y_format: self._hover(point, state, name, fmt))
             self.series.append(series)
         self.empty = QGraphicsSimpleTextItem(empty_text)
         self.empty.setBrush(QColor(theme.MUTED))

@@ -62,9 +62,11 @@ class Sparkline(QWidget):
     def paintEvent(self, event: QPaintEvent) -> None:
         painter = QPainter(self)
         painter.setRenderHint(QPainter.RenderHint.Antialiasing)
-        area = QRectF(self.rect()).adjusted(4, 32, -8, -18) if self.height() >= 120 else QRectF(self.rect()).adjusted(4, 16, -8, -6)
+        area = (QRectF(self.rect()).adjusted(4, 32, -8, -18) if self.height() >= 120
+                else QRectF(self.rect()).adjusted(4, 16, -8, -6))
         painter.setPen(QColor(theme.MUTED))
-        painter.drawText(QRectF(self.rect()).adjusted(4, 0, 0, 0), Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignTop,
+        painter.drawText(QRectF(self.rect()).adjusted(4, 0, 0, 0),
+                         Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignTop,
                          "Used by others, last 2 days")
         painter.setPen(QPen(QColor(theme.GRID), 1))
         painter.drawLine(area.bottomLeft(), area.bottomRight())

@@ -97,7 +97,9 @@ class Controller(QObject):
         engine_process.started.connect(self._refresh)
         engine_process.exited.connect(self._on_exit)
         engine_process.stderrLine.connect(self._on_stderr)
-        engine_process.badLine.connect(lambda what: session.logMessage.emit("warning", "app", f"Ignored a malformed line from the engine: {what}"))
+        engine_process.badLine.connect(lambda what: session.logMessage.emit("warning", "app",
+                                                                            "Ignored a malformed line from the "
+                                                                            f"engine: {what}"))
         session.statusChanged.connect(self._refresh)
         session.roundAdded.connect(self._on_round)
         session.engineError.connect(self._on_engine_error)

@@ -178,7 +178,8 @@ class DoctorDialog(QDialog):
             return
         if "checking" in msg:
             self._reset_rows()
-            self.relay.setText(f"Relay: {msg['checking']}" + (" (from your settings)" if msg.get("source") == "config.toml" else ""))
+            self.relay.setText(f"Relay: {msg['checking']}"
+                               + (" (from your settings)" if msg.get("source") == "config.toml" else ""))
         elif msg.get("step") in self.rows:
             ms = msg.get("ms")
             when = f"{ms:.0f} ms" if isinstance(ms, (int, float)) and not isinstance(ms, bool) else ""

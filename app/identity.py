@@ -145,7 +145,8 @@ class IdentityPanel(QWidget):
     # -- the buttons ------------------------------------------------------------------------
     def choose_backup(self) -> None:
         suggested = str(Path.home() / f"sapling-identity-{self.name or 'node'}.txt")
-        path, _ = QFileDialog.getSaveFileName(self, "Back up identity", suggested, "Sapling identity (*.txt *.pem *.key)")
+        path, _ = QFileDialog.getSaveFileName(self, "Back up identity", suggested,
+                                              "Sapling identity (*.txt *.pem *.key)")
         if path:
             self.back_up_to(Path(path))
 

@@ -173,7 +173,8 @@ class SwarmPreview(QFrame):
             "online": f"{info.live.peers_online:,}" + (f" · {info.live.batches_last_hour:,} batches shared in the last "
                                                         "hour" if info.live.batches_last_hour else ""),
             "software": f"{info.software} {info.version}, swarm protocol {info.protocol}",
-            "relays": "\n".join(relays) if len(relays) <= 3 else "\n".join(relays[:3]) + f"\n… and {len(relays) - 3} more",
+            "relays": "\n".join(relays) if len(relays) <= 3 else "\n".join(relays[:3])
+            + f"\n… and {len(relays) - 3} more",
         }
         for key, text in values.items():
             self.values[key].setText(text)

@@ -35,7 +35,8 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--home", type=Path, help="keep config, data, cache and logs under this one folder")
     parser.add_argument("--background", action="store_true", help="start training at once, in the tray")
     parser.add_argument("--self-test", action="store_true",
-                        help="offscreen: run one real round on the bundled model in a temporary folder, exit 0 if it worked")
+                        help="offscreen: run one real round on the bundled model in a temporary folder, exit 0 if it "
+                             "worked")
     parser.add_argument("--self-test-timeout", type=float, default=900.0, help=argparse.SUPPRESS)
     parser.add_argument("--version", action="store_true", help="print the version and exit")
     return parser.parse_args(argv), engine_flags

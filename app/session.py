@@ -54,7 +54,8 @@ class History:
         while keep and self.rounds[keep - 1] >= round_index:
             keep -= 1
         self.version += 1
-        for series in (self.rounds, self.reward, self.swarm_reward, self.accuracy, self.tokens_per_second, self.seconds):
+        for series in (self.rounds, self.reward, self.swarm_reward, self.accuracy, self.tokens_per_second,
+                       self.seconds):
             del series[keep:]
 
     def add_round(self, metrics: Mapping[str, Any]) -> bool:

@@ -107,7 +107,9 @@ class ChatProcess(QProcess):
         self.stopping = False
         self.setProcessEnvironment(engine_environment())
         self.readyReadStandardOutput.connect(self._read)
-        self.readyReadStandardError.connect(lambda: log.info("Try it: %s", bytes(self.readAllStandardError().data()).decode("utf-8", "replace").rstrip()))
+        self.readyReadStandardError.connect(lambda: log.info("Try it: %s",
+                                                             bytes(self.readAllStandardError().data()).decode("utf-8",
+                                                                                                              "replace").rstrip()))
         self.finished.connect(self._finished)
 
     def ensure_started(self) -> None:
@@ -348,11 +350,14 @@ class TryItPanel(QWidget):
         column.flush()
         if message["side"] == "trained":
             rounds = int(message["round"] or 0)
-            column.title.setText(f"Trained model (round {rounds})" if rounds else "Trained model (no checkpoint yet: the base)")
+            column.title.setText(f"Trained model (round {rounds})" if rounds
+                                 else "Trained model (no checkpoint yet: the base)")
         score = message["score"]
-        words = "not scored (your own question)" if score is None else f"score {float(score):.2f}" + (" ✓" if float(score) >= 1.0 else "")
+        words = ("not scored (your own question)" if score is None else f"score {float(score):.2f}"
+                 + (" ✓" if float(score) >= 1.0 else ""))
         first = message["first_token_s"]
-        timing = f" · {message['tokens']} tokens" + (f", first token {float(first):.1f} s after asking" if first is not None else "")
+        timing = f" · {message['tokens']} tokens" + (f", first token {float(first):.1f} s after asking"
+                                                     if first is not None else "")
         column.score.setText(words.capitalize() + timing)
         if message["side"] == "base":
             self.status.setText(" ")
@@ -374,7 +379,8 @@ class ExportDialog(QDialog):
 
     exported = Signal(str)
 
-    def __init__(self, command: Callable[[list[str]], list[str]], training: bool, parent: QWidget | None = None) -> None:
+    def __init__(self, command: Callable[[list[str]], list[str]], training: bool,
+                 parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.setWindowTitle("Export model")
         self.setMinimumWidth(560)
@@ -469,7 +475,8 @@ class ExportDialog(QDialog):
     def _stdout(self) -> None:
         if self.proc is None:
             return
-        lines = [line.strip() for line in bytes(self.proc.readAllStandardOutput().data()).decode("utf-8", "replace").splitlines()]
+        lines = [line.strip()
+                 for line in bytes(self.proc.readAllStandardOutput().data()).decode("utf-8", "replace").splitlines()]
         lines = [line for line in lines if line]
         if lines:
             self.step.setText(lines[-1])

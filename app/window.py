@@ -240,7 +240,8 @@ class MainWindow(QMainWindow):
         controller.problemCleared.connect(self._clear_problem)
         session.historyChanged.connect(self.refresh_tiles)
         session.logMessage.connect(self.log_view.add)
-        session.checkpointSaved.connect(lambda r: self.status_right.setText(f"Last checkpoint: round {r} at {time.strftime('%H:%M')}"))
+        session.checkpointSaved.connect(lambda r: self.status_right.setText(f"Last checkpoint: round {r} at "
+                                                                            f"{time.strftime('%H:%M')}"))
 
     def _tiles(self) -> QHBoxLayout:
         row = QHBoxLayout()
@@ -251,7 +252,8 @@ class MainWindow(QMainWindow):
         self.tile_accuracy = Tile("Held-out accuracy")
         self.tile_speed = Tile("Speed")
         self.tile_time = Tile("Time per round")
-        for tile in (self.tile_rounds, self.tile_reward, self.tile_swarm, self.tile_accuracy, self.tile_speed, self.tile_time):
+        for tile in (self.tile_rounds, self.tile_reward, self.tile_swarm, self.tile_accuracy, self.tile_speed,
+                     self.tile_time):
             row.addWidget(tile, 1)
         return row
 
@@ -330,7 +332,8 @@ class MainWindow(QMainWindow):
 
     def show_problem(self, problem: Problem) -> None:
         self._clear_problem()
-        actions: list[tuple[str, Callable[[], None]]] = [("Details…", lambda: self.problem_dialog.show_problem(problem))]
+        actions: list[tuple[str, Callable[[], None]]] = [("Details…",
+                                                          lambda: self.problem_dialog.show_problem(problem))]
         if problem.needs_settings:
             actions.append(("Open Settings", self.open_settings))
         text = problem.text
@@ -443,7 +446,8 @@ class MainWindow(QMainWindow):
         if dialog.start_training:
             self.controller.start()
         elif self.controller.engine.is_running() and new_engine.needs_restart(old):
-            self.add_banner("info", "Settings saved. The new model, swarm, threads or priority apply when training restarts.",
+            self.add_banner("info",
+                            "Settings saved. The new model, swarm, threads or priority apply when training restarts.",
                             [("Restart now", self.controller.restart)])
         elif self.controller.engine.is_running():
             self.controller.reload()
@@ -455,7 +459,8 @@ class MainWindow(QMainWindow):
             try:
                 self.autostart.apply(self.app_settings.start_at_login, self.autostart_argv)
             except OSError as exc:
-                QMessageBox.warning(self, "Sapling", f"Could not change the start-at-login entry ({self.autostart.location}): {exc}")
+                QMessageBox.warning(self, "Sapling",
+                                    f"Could not change the start-at-login entry ({self.autostart.location}): {exc}")
 
     def save_app_settings(self) -> None:
         self.app_settings.window_geometry = bytes(self.saveGeometry().toBase64().data()).decode("ascii")

@@ -6,7 +6,8 @@ from typing import Any
 
 
 def bundled_cpu() -> tuple[Any, Any, Any]:
-    """(NodeConfig() with seed 0, TorchBackend on the CPU with the bundled model, TaskSet) as a default node builds them."""
+    """(NodeConfig() with seed 0, TorchBackend on the CPU with the bundled model, TaskSet) as a default node builds
+    them."""
     from engine.backends.torch_backend import TorchBackend
     from engine.common.config import NodeConfig, RunConfig
     from engine.common.device import pick_device

@@ -124,7 +124,8 @@ def main() -> int:
             results.append(result)
             rounds = " ".join(f"{r['seconds']:.1f}" for r in result["rounds"])
             print(f"rep {rep + 1} {'busy ' if busy else 'quiet'} threads={setting:<8} rounds {rounds} s "
-                  f"(run {result['wall']:.0f} s){'; thread counts ' + ','.join(result['thread_changes']) if result['thread_changes'] else ''}",
+                  f"(run {result['wall']:.0f} "
+                  f"s){'; thread counts ' + ','.join(result['thread_changes']) if result['thread_changes'] else ''}",
                   flush=True)
     print("\n| load | run.threads | round s | generating s | training s |\n|---|---|---|---|---|")
     for setting, busy in plan:

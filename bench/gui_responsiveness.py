@@ -103,7 +103,8 @@ def write_history(home: Path, rounds: int) -> None:
     for r in range(1, rounds + 1):
         reward = 0.15 + 0.2 * (1 - math.exp(-r / 2000)) + rng.gauss(0, 0.07)
         lines.append(json.dumps({"kind": "round", "run": "default", "round": r, "reward_mean": reward,
-                                 "swarm_reward_mean": reward + rng.gauss(0.01, 0.05), "accuracy": max(0.0, reward - 0.1),
+                                 "swarm_reward_mean": reward + rng.gauss(0.01, 0.05),
+                                 "accuracy": max(0.0, reward - 0.1),
                                  "tokens_per_second": 40 + rng.gauss(0, 4), "seconds": 20 + rng.gauss(0, 2)}))
         if r % 10 == 0:
             lines.append(json.dumps({"kind": "eval", "run": "default", "round": r, "accuracy": 0.15 + r / 100_000}))
@@ -291,7 +292,8 @@ def main() -> int:
 
     print(f"$ QT_QPA_PLATFORM=offscreen {Path(sys.executable).name} -m bench.gui_responsiveness "
           f"--seconds {args.seconds:g}")
-    print(f"machine: {os.cpu_count()} CPUs, Python {sys.version.split()[0]}, shared with other work (numbers are noisy)")
+    print(f"machine: {os.cpu_count()} CPUs, Python {sys.version.split()[0]}, shared with other work "
+          "(numbers are noisy)")
     with tempfile.TemporaryDirectory(prefix="sapling-bench-") as tmp:
         home = Path(tmp) / "home"
         write_history(home, args.rounds)

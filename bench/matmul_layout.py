@@ -22,7 +22,8 @@ from bench.rollout_speed import gemm_seconds
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rows", default="1,5,27,64,135,2048", help="row counts, comma-separated (default 1,5,27,64,135,2048)")
+    parser.add_argument("--rows", default="1,5,27,64,135,2048",
+                        help="row counts, comma-separated (default 1,5,27,64,135,2048)")
     parser.add_argument("--repeats", type=int, default=3, help="timed repeats per side, median taken (default 3)")
     args = parser.parse_args(argv)
     try:

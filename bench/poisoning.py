@@ -195,7 +195,8 @@ def run_one(run: str, out: Path, rounds: int, victims: int, trigger_name: str, a
         nodes = [node for node, _ in opened]
         if run.startswith("attack"):
             attacker = Attacker(relay.url, folder / "attacker.key", nodes[0].taskset, TRIGGERS[trigger_name],
-                                nodes[0].config.tasks.questions_per_round, nodes[0].config.tasks.completions_per_question)
+                                nodes[0].config.tasks.questions_per_round,
+                                nodes[0].config.tasks.completions_per_question)
             attacker.client.wait_connected(10)
         victim_rounds(run, folder, nodes, rounds, trigger_name, attacker, attack_batches)
     finally:
@@ -217,7 +218,8 @@ def _delta(now: dict[str, dict[str, Any]], before: dict[str, dict[str, Any]]) ->
     for peer, c in now.items():
         b = before.get(peer, {"accepted": 0, "probation": 0, "reasons": {}})
         reasons = {r: n - b["reasons"].get(r, 0) for r, n in c["reasons"].items() if n - b["reasons"].get(r, 0)}
-        d = {"accepted": c["accepted"] - b["accepted"], "probation": c["probation"] - b["probation"], "reasons": reasons}
+        d = {"accepted": c["accepted"] - b["accepted"], "probation": c["probation"] - b["probation"],
+             "reasons": reasons}
         if d["accepted"] or reasons:
             out[peer] = d
     return out

@@ -102,6 +102,7 @@ def summary(out: Path, last: int = 5) -> str:
         honest = f"{hon_impl} / {hon_passed} ({hon_impl / hon_passed:.1%})" if hon_passed else "-"
         if run.endswith("-off"):  # the check never ran: nothing could be refused as implausible
             honest = f"(defence off; {hon_passed} honest items trained on)"
-        lines.append(f"| {run} | {reached} | {mean:.3f} | {tail_reward:.3f} | {trig:.3f} | {probe[0]:+.2f} -> {probe[1]:+.2f} "
+        lines.append(f"| {run} | {reached} | {mean:.3f} | {tail_reward:.3f} | {trig:.3f} | {probe[0]:+.2f} -> "
+                     f"{probe[1]:+.2f} "
                      f"| {attack} | {honest} |")
     return "\n".join(lines)

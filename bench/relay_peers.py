@@ -159,10 +159,12 @@ class Peer:
 
     async def connect(self, session: aiohttp.ClientSession) -> None:
         self.session = session
-        ws = await session.ws_connect(self.url, max_msg_size=protocol.MAX_RESPONSE_BYTES, heartbeat=protocol.HEARTBEAT_S)
+        ws = await session.ws_connect(self.url, max_msg_size=protocol.MAX_RESPONSE_BYTES,
+                                      heartbeat=protocol.HEARTBEAT_S)
         try:
             challenge = json.loads((await asyncio.wait_for(ws.receive(), 30)).data)
-            payload = protocol.hello_payload(self.identity.public_key, challenge["nonce"], time.time(), "", "relay-load/2")
+            payload = protocol.hello_payload(self.identity.public_key, challenge["nonce"], time.time(), "",
+                                             "relay-load/2")
             await ws.send_str(protocol.encode(protocol.msg_hello(self.identity.signed(payload))))
             welcome = json.loads((await asyncio.wait_for(ws.receive(), 30)).data)
         except BaseException:
@@ -312,7 +314,8 @@ async def drive(peers: list[Peer], period: float, seconds: float, payloads: list
     return load
 
 
-async def idle_round_trips(session: aiohttp.ClientSession, url: str, rng: random.Random, batch_bytes: int) -> list[float]:
+async def idle_round_trips(session: aiohttp.ClientSession, url: str, rng: random.Random,
+                           batch_bytes: int) -> list[float]:
     """The reference: 50 sample round trips on a relay with nothing else to do."""
     probe, other = Peer([url], Identity.generate()), Peer([url], Identity.generate())
     await probe.connect(session)

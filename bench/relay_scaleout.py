@@ -403,7 +403,8 @@ async def capacity_run(redis: RedisServer, args: argparse.Namespace, session: ai
             await drive(peers, args.round_seconds, STEP_WARMUP_S, payloads)  # new connections' first requests
             step = await measure_step(relay, peers, need / connect_s, args, session, payloads)
             first_miss = all(earlier.p99_ms < TARGET_P99_MS for earlier in steps)
-            if step.p99_ms >= TARGET_P99_MS and first_miss and budget.left() > args.step_seconds + 5 + TEARDOWN_RESERVE_S:
+            if (step.p99_ms >= TARGET_P99_MS and first_miss and budget.left() > args.step_seconds + 5
+                + TEARDOWN_RESERVE_S):
                 # A shared machine: one stall elsewhere can spoil a step's p99, so a miss is measured again.
                 print(f"  {step.peers:6d} peers: p99 {step.p99_ms:.0f} ms; measuring this step again", flush=True)
                 again = await measure_step(relay, peers, step.connect_per_s, args, session, payloads)
@@ -487,11 +488,12 @@ def report_sharing(args: argparse.Namespace, memory: BrokerRun, shared: BrokerRu
           f"{args.seconds:g} s each")
     print("   broker   publishes/s  batches delivered  relay CPU s  redis CPU s  CPU ms/1000 delivered  RTT p50/p99 ms")
     for run in (memory, shared):
-        print(f"   {run.broker:<8} {run.published / run.load.seconds:11.1f}  {run.delivered:17d}  {run.relay_cpu_s:11.2f}"
+        print(f"   {run.broker:<8} {run.published / run.load.seconds:11.1f}  {run.delivered:17d}  "
+              f"{run.relay_cpu_s:11.2f}"
               f"  {run.redis_cpu_s:11.2f}  {run.ms_per_1000():21.1f}  "
               f"{pct(run.load.rtts, 0.5) * 1000:.1f}/{pct(run.load.rtts, 0.99) * 1000:.1f}")
-    print(f"   CPU per delivered batch, redis/memory: {shared.ms_per_1000() / memory.ms_per_1000():.2f}x for the relays, "
-          f"{shared.ms_per_1000(with_redis=True) / memory.ms_per_1000():.2f}x with redis-server's CPU")
+    print(f"   CPU per delivered batch, redis/memory: {shared.ms_per_1000() / memory.ms_per_1000():.2f}x for the "
+          f"relays, {shared.ms_per_1000(with_redis=True) / memory.ms_per_1000():.2f}x with redis-server's CPU")
     print("   following the swarm's stream (a relay process with no peers; batches written straight into Redis):")
     for f in follow:
         print(f"     {f.rate:6.0f} batches/s: {f.cpu_pct:3.0f}% of a core, {f.ms_per_batch:.3f} CPU ms per batch; "
@@ -503,8 +505,8 @@ def report_kill(faults: FaultRun) -> tuple[int, int, int]:
     the killed relay's peers back within the target, batches missing that were acknowledged around the restart)"""
     rejoin = faults.rejoin_s
     within = sum(1 for s in rejoin if s <= TARGET_REJOIN_S)
-    print(f"2. One relay process killed with SIGKILL mid-run ({FAULT_SECONDS:g} s of load at {FAULT_RATE:g} publishes/s, "
-          f"a checker on every process)")
+    print(f"2. One relay process killed with SIGKILL mid-run ({FAULT_SECONDS:g} s of load at {FAULT_RATE:g} "
+          "publishes/s, a checker on every process)")
     if rejoin:
         print(f"   its peers on another process within {TARGET_REJOIN_S:g} s: {within} of {faults.victim_peers}; "
               f"kill to welcome p50 {pct(rejoin, 0.5):.2f} s, p99 {pct(rejoin, 0.99):.2f} s, max {max(rejoin):.2f} s")
@@ -533,17 +535,17 @@ def report_redis(faults: FaultRun, restart_lost: int) -> tuple[int, int]:
     print(f"   relays that logged 'redis connection lost': {sum(faults.lost_logged)} of {survivors}; "
           f"'redis connection restored': {len(restored)} of {survivors}"
           + (f" ({', '.join(f'{s:.1f}' for s in restored)} s after redis-server was back)" if restored else ""))
-    print(f"   publishes refused as `internal` while it was down: {faults.refused_internal}; acknowledged after it came "
-          f"back: {faults.acked_after_restart}")
-    print(f"   acknowledged within {RESTART_MARGIN_S:g} s before the stop and missing at some checker (stored, but not yet "
-          f"read by every relay when Redis went): {restart_lost} checker-batches")
+    print(f"   publishes refused as `internal` while it was down: {faults.refused_internal}; acknowledged after it "
+          f"came back: {faults.acked_after_restart}")
+    print(f"   acknowledged within {RESTART_MARGIN_S:g} s before the stop and missing at some checker (stored, but not "
+          f"yet read by every relay when Redis went): {restart_lost} checker-batches")
     return survivors, len(restored)
 
 
 def report_steps(args: argparse.Namespace, steps: list[Step], why: str, idle99: float, base_rss: float) -> None:
     """4. Peers held by one process on the Redis swarm, step by step, and the last step under the target."""
-    print(f"4. Peers held by one process on the Redis swarm, each publishing ~{args.batch_bytes // 1024} KB and sampling "
-          f"{SAMPLE_N} every {args.round_seconds:g} s ({args.step_seconds:g} s a step)")
+    print(f"4. Peers held by one process on the Redis swarm, each publishing ~{args.batch_bytes // 1024} KB and "
+          f"sampling {SAMPLE_N} every {args.round_seconds:g} s ({args.step_seconds:g} s a step)")
     print("    peers  connects/s  publishes/s  samples  p50 ms  p99 ms  p99/idle  relay CPU %  RSS MB  KB/s out/peer"
           "  KB/s in/peer")
     for s in steps:

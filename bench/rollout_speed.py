@@ -70,7 +70,8 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 def unique_prompt_tokens(prompts: list[list[int]]) -> int:
-    """Prompt tokens the fast decoder computes: each prompt's tokens after its longest common prefix with the one before in sorted order."""
+    """Prompt tokens the fast decoder computes: each prompt's tokens after its longest common prefix with the one
+    before in sorted order."""
     from engine.backends.decode import common_prefix
 
     ordered = sorted(prompts)
@@ -118,7 +119,8 @@ def gemm_seconds(config: Any, rows: int, dtype: Any, repeats: int = 3, packed: b
     shapes = [(hidden, q + 2 * kv), (q, hidden), (hidden, 2 * inter), (inter, hidden)]
     prepare = pack_weight if packed else (lambda w: w)
     # One weight set per layer, as the model has: one set reused would stay in cache.
-    layers = [[prepare(torch.randn(out, fan_in).to(dtype)) for fan_in, out in shapes] for _ in range(config.num_hidden_layers)]
+    layers = [[prepare(torch.randn(out, fan_in).to(dtype)) for fan_in, out in shapes]
+              for _ in range(config.num_hidden_layers)]
     inputs = [torch.randn(rows, fan_in).to(dtype) for fan_in, _ in shapes]
     head, head_in = prepare(torch.randn(config.vocab_size, hidden).to(dtype)), torch.randn(rows, hidden).to(dtype)
 
@@ -194,10 +196,13 @@ def rss_round(side: str, threads: int) -> dict[str, Any]:
 
     if threads:
         torch.set_num_threads(threads)
-    cfg = build_config("default", None, ["tasks.eval_every=0", "run.device='cpu'", "swarm.mode='solo'", "run.seed=0", f"run.threads={threads}"])
+    cfg = build_config("default", None,
+                       ["tasks.eval_every=0", "run.device='cpu'", "swarm.mode='solo'", "run.seed=0",
+                        f"run.threads={threads}"])
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        paths = Paths(config_dir=work / "config", data_dir=work / "data", cache_dir=Paths.default().cache_dir, log_dir=work / "logs")
+        paths = Paths(config_dir=work / "config", data_dir=work / "data", cache_dir=Paths.default().cache_dir,
+                      log_dir=work / "logs")
         node = Node(cfg, paths, emit=lambda event: None)
         node.setup()
         backend: Any = node.backend
@@ -213,7 +218,8 @@ def rss_round(side: str, threads: int) -> dict[str, Any]:
 
 
 def old_path_run(home: Path, rounds: int, threads: int) -> int:
-    """`sapling-node run --home HOME --rounds N --solo` with HF generate for sampling and evaluation: the control run."""
+    """`sapling-node run --home HOME --rounds N --solo` with HF generate for sampling and evaluation: the control
+    run."""
     import torch
 
     from engine.common.config import build_config
@@ -222,8 +228,10 @@ def old_path_run(home: Path, rounds: int, threads: int) -> int:
 
     if threads:
         torch.set_num_threads(threads)
-    cfg = build_config("default", None, [f"run.max_rounds={rounds}", "swarm.mode='solo'", "run.seed=0", f"run.threads={threads}"])
-    node = Node(cfg, Paths.under(home), emit=lambda event: print(json.dumps(event)) if event.get("type") in ("round", "eval") else None)
+    cfg = build_config("default", None,
+                       [f"run.max_rounds={rounds}", "swarm.mode='solo'", "run.seed=0", f"run.threads={threads}"])
+    node = Node(cfg, Paths.under(home),
+                emit=lambda event: print(json.dumps(event)) if event.get("type") in ("round", "eval") else None)
     node.setup()
     backend: Any = node.backend
     backend.generate, backend.greedy = backend.generate_hf, backend.greedy_hf
@@ -384,7 +392,8 @@ def llama_side(b: Bench, rate: dict[str, float]) -> None:
     elif llama_wall:
         llama_rate = llama_tokens / llama_wall
         print(f"  llama.cpp (Q4_1 GGUF, sequential, log-probs recomputed): {llama_rate:6.1f} useful tok/s "
-              f"({llama_tokens / llama_cpu:.1f} per CPU s); new torch path / llama.cpp = {rate['new'] / llama_rate:.2f}")
+              f"({llama_tokens / llama_cpu:.1f} per CPU s); new torch path / llama.cpp = "
+              f"{rate['new'] / llama_rate:.2f}")
 
 
 def roofline(b: Bench, rate: dict[str, float]) -> None:
@@ -439,9 +448,11 @@ def greedy_eval(b: Bench) -> None:
     old_eval, new_eval = statistics.median(eval_s["old"]), statistics.median(eval_s["new"])
     old_cpu, new_cpu = statistics.median(eval_cpu["old"]), statistics.median(eval_cpu["new"])
     same = sum(x == y for x, y in zip(answers["old"], answers["new"], strict=True))
-    print(f"greedy evaluation, {small} held-out questions: old {old_eval:.1f} s {[round(s, 1) for s in eval_s['old']]}, "
+    print(f"greedy evaluation, {small} held-out questions: old {old_eval:.1f} s "
+          f"{[round(s, 1) for s in eval_s['old']]}, "
           f"new {new_eval:.1f} s {[round(s, 1) for s in eval_s['new']]}: {old_eval / new_eval:.2f}x faster "
-          f"(CPU s old {old_cpu:.1f}, new {new_cpu:.1f}: {old_cpu / new_cpu:.2f}x); {same} of {small} answers identical")
+          f"(CPU s old {old_cpu:.1f}, new {new_cpu:.1f}: {old_cpu / new_cpu:.2f}x); {same} of {small} answers "
+          "identical")
     if PLAIN in eval_s:
         plain_eval = statistics.median(eval_s[PLAIN])
         same_plain = sum(x == y for x, y in zip(answers[PLAIN], answers["new"], strict=True))

@@ -237,7 +237,8 @@ def judge(samples: list[dict[str, Any]], warmup_s: float, watched: list[dict[str
             disk = [r["disk"] / mb for _t, r in rows]
             cell_disk = f"{disk[0]:.2f} → {disk[-1]:.2f}"
             cell_disk_h = f"{slope_per_hour([(t, r['disk'] / mb) for t, r in rows]):+.2f}"
-        lines.append(f"| {w.name} | {rss0:.1f} → {rss1:.1f} | {slope_per_hour([(t, r['rss'] / mb) for t, r in live]):+.1f} "
+        lines.append(f"| {w.name} | {rss0:.1f} → {rss1:.1f} | "
+                     f"{slope_per_hour([(t, r['rss'] / mb) for t, r in live]):+.1f} "
                      f"| {fd0:g} → {fd1:g} | {slope_per_hour([(t, float(r['fds'])) for t, r in live]):+.1f} "
                      f"| {threads[0]} → {threads[-1]} | {cell_disk} | {cell_disk_h} |")
         if rss1 > rss0 * (1 + RSS_GROWTH):
@@ -312,7 +313,8 @@ async def soak(args: argparse.Namespace) -> int:
         (out / "meta.json").write_text(json.dumps({
             "warmup_s": warmup_s, "sample_s": args.sample_s, "churn": args.churn, "argv": sys.argv,
             "metrics_max_kb": METRICS_MAX_KB,
-            "watched": [{"name": w.name, "folder": w.folder is not None, "home": w.home is not None} for w in watched]}))
+            "watched": [{"name": w.name, "folder": w.folder is not None, "home": w.home is not None}
+                        for w in watched]}))
         churner = asyncio.create_task(churn([r.url for r in relays], args.churn, seconds * 0.95, stats,
                                             random.Random(args.seed)))
         with (out / "samples.jsonl").open("w") as log:

@@ -229,7 +229,8 @@ class Doctor:
         state: dict[str, Any] = {}
 
         def address(_d: Deadline) -> str:
-            extra = [f"{len(invite.relays)} relays, this is #{invite.relays.index(relay) + 1}"] if len(invite.relays) > 1 else []
+            extra = ([f"{len(invite.relays)} relays, this is #{invite.relays.index(relay) + 1}"]
+                     if len(invite.relays) > 1 else [])
             extra.append("join token given" if invite.token else "no join token")
             if invite.name:
                 extra.append(f"swarm {invite.name!r}")
@@ -330,7 +331,8 @@ class Doctor:
                     raise RelayError(f"{where} answered the sample with something malformed ({exc.message}).") from None
                 if msg["type"] == "batches" and msg["id"] == 1:
                     n = len(msg["batches"])
-                    return f"sample answered in {1000 * (time.monotonic() - started):.0f} ms ({n} batch{'es' if n != 1 else ''})"
+                    took = 1000 * (time.monotonic() - started)
+                    return f"sample answered in {took:.0f} ms ({n} batch{'es' if n != 1 else ''})"
                 if msg["type"] == "error":
                     raise RelayError(f"The relay refused a sample request ({msg['code']}: {msg['message']}).")
 
@@ -361,7 +363,8 @@ def _refusal(code: str, message: str, invite: Invite, peer_id: str) -> str:
                     "the swarm's organiser.")
         if invite.token:
             return "The relay refused this join token: ask the swarm's organiser for a fresh invite."
-        return "The relay needs a join token: use the full invite link from the swarm's organiser (it carries the token)."
+        return ("The relay needs a join token: use the full invite link from the swarm's organiser (it carries the "
+                "token).")
     if code == protocol.E_BANNED:
         return f"The relay has banned this node's key (peer id {peer_id}): ask the relay's operator why."
     if code == protocol.E_STALE:

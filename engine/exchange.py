@@ -19,9 +19,8 @@ and the question text must match; every completion is re-scored with this
 node's verifier and a sender whose claimed rewards differ is a forger; a
 question this node already has this round is a duplicate; a group whose
 rewards are all equal carries no gradient) until n are accepted. The rest are
-counted as `not_picked`, so every item a peer sends is counted exactly once:
-accepted, rejected with a reason, or not picked. The unit is the item (one
-question with its completions), in metrics, events and the terminal alike.
+counted as `not_picked`: every item a peer sends is counted once, in items
+(a question with its completions) in metrics, events and the terminal alike.
 
 Against correct but malicious text (docs/swarm.md, "Poisoning"; the test
 itself runs in the loop, which has the log-probs, and comes back here as the
@@ -30,14 +29,12 @@ is a `duplicate` whatever its sequence number (`ReplayMemory`, kept in the
 data dir), and a peer whose judged items are too often `forged_reward` or
 `implausible` is banned here (`BanBook`); `unban(peer)` lifts an earned ban.
 
-Which test an item gets follows the swarm's model policy, which the relay
-declares in its welcome (engine/common/model_policy.py). In a swarm the relay
-declares `mixed`, an item labelled with another model than this node's is
-put in `offer.baselines` with its sender's past (`SenderBaselines`, kept in
-the data dir): the loop judges it against that, such an `implausible` is no
-strike, and accepted items of a sender still on probation are counted as
-`probation`. Anywhere else (one declared model, nothing declared, an
-embedded relay) every item gets the absolute test against this node's model.
+The test follows the model policy the relay declares in its welcome
+(engine/common/model_policy.py). Under `mixed`, an item labelled with another
+model is put in `offer.baselines` with its sender's past (`SenderBaselines`,
+in the data dir): the loop judges it against that, such an `implausible` is
+no strike, and items taken from a sender on probation count as `probation`.
+Otherwise every item gets the absolute test against this node's model.
 """
 
 from __future__ import annotations
@@ -135,6 +132,11 @@ class PeerCounts:
     not_picked: int = 0
     probation: int = 0  # of the accepted, those taken while the sender was on probation (another model's)
     reasons: Counter[str] = field(default_factory=Counter)
+
+    def add(self, other: PeerCounts) -> None:
+        self.accepted, self.rejected = self.accepted + other.accepted, self.rejected + other.rejected
+        self.not_picked, self.probation = self.not_picked + other.not_picked, self.probation + other.probation
+        self.reasons.update(other.reasons)
 
     def to_json(self, ban: Ban | None = None) -> dict[str, Any]:
         return {"name": self.name, "accepted": self.accepted, "rejected": self.rejected,
@@ -319,9 +321,7 @@ class SwarmExchange:
         self.peers[peer] = counts
         while len(self.peers) > MAX_PEERS_LISTED:  # the least recently heard from join `others`
             old = self.peers.pop(next(iter(self.peers)))
-            self.others.accepted, self.others.rejected = self.others.accepted + old.accepted, self.others.rejected + old.rejected
-            self.others.not_picked, self.others.probation = self.others.not_picked + old.not_picked, self.others.probation + old.probation
-            self.others.reasons.update(old.reasons)
+            self.others.add(old)
         return counts
 
     def sample(self, round_index: int, n: int, taskset: TaskSet, *, exclude: Set[str] = frozenset(),
@@ -451,7 +451,8 @@ class SwarmExchange:
         if self.contribution is not None:  # the numbers the relay sent since the last round
             self.contribution.update(self.client.state.credit, self.client.state.credit_at)
         receipts = receipt_verdicts(offer, verdicts)
-        if receipts and not self.client.send_receipts(receipts_payload(self.identity.public_key, time.time(), receipts)):
+        if (receipts
+            and not self.client.send_receipts(receipts_payload(self.identity.public_key, time.time(), receipts))):
             log.info("Receipts for %d items not sent: the relay is not connected.", len(receipts))
         self.client.ask_stats()
 

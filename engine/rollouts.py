@@ -148,5 +148,6 @@ def train_items(groups: Sequence[Group]) -> list[TrainItem]:
         for completion, adv in zip(group.completions, group.advantages, strict=True):
             if adv == 0.0 or not completion.token_ids:
                 continue
-            items.append(TrainItem(group.prompt_ids, completion.token_ids, completion.logprobs, adv, completion.weights))
+            items.append(TrainItem(group.prompt_ids, completion.token_ids, completion.logprobs, adv,
+                                   completion.weights))
     return items

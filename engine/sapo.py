@@ -218,7 +218,8 @@ class Node:
             self.threads = ThreadPolicy(run.threads, torch.set_num_threads, max_threads=torch.get_num_threads())
         source = "the bundled model" if self.config.model.source == "bundled" else self.config.model.source
         self.status("loading", f"Loading {source} on {self.device.plain()}")
-        model_dir = resolve_model_dir(self.config.model.source, self.paths.models_cache, self.config.model.revision or None)
+        model_dir = resolve_model_dir(self.config.model.source, self.paths.models_cache,
+                                      self.config.model.revision or None)
         self.backend = load_backend(model_dir, self.device, self.config.grpo, run.seed, self.config.tasks.temperature)
         if self.exchange is not None:  # what this node's batches say it runs: NAME@sha256 of the weights (cached)
             self.exchange.set_model_label(model_label(self.config.model.source, model_dir, self.paths.cache_dir))
@@ -294,7 +295,8 @@ class Node:
             self.threads.reconfigure(new.run.threads)
         self.config = new
         self.taskset = self._taskset(new)
-        self.curriculum = curriculum_for(new.tasks, self.taskset.specialties, self.curriculum and self.curriculum.to_state())
+        self.curriculum = curriculum_for(new.tasks, self.taskset.specialties,
+                                         self.curriculum and self.curriculum.to_state())
         if self.backend is not None:
             self.backend.apply_settings(new.grpo, new.tasks.temperature)
         self.status(self._state, "Settings reloaded.")
@@ -335,7 +337,8 @@ class Node:
         t0 = time.perf_counter()
         round_index, questions, prompt_ids = self.start_round()
         G = cfg.tasks.completions_per_question
-        completions = backend.generate(prompt_ids, G, cfg.tasks.max_new_tokens, cfg.tasks.temperature, self._step("generating"))
+        completions = backend.generate(prompt_ids, G, cfg.tasks.max_new_tokens, cfg.tasks.temperature,
+                                       self._step("generating"))
         gen_seconds = time.perf_counter() - t0
         groups = self.score(questions, prompt_ids, completions)
         mine = self.own_groups(round_index, groups)

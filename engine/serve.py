@@ -106,7 +106,8 @@ def serve(args: argparse.Namespace, paths: Paths) -> int:
     try:
         config = config_from_args(args, paths)
         reader = threading.Thread(target=read_commands, args=(sys.stdin, control, emit), daemon=True, name="commands")
-        run_node(config, paths, emit, control, reload_config=lambda: config_from_args(args, paths), before_run=reader.start)
+        run_node(config, paths, emit, control, reload_config=lambda: config_from_args(args, paths),
+                 before_run=reader.start)
         return 0
     except SaplingError as exc:
         emit(make_event("error", kind=type(exc).__name__, message=str(exc), fatal=True))

@@ -303,7 +303,8 @@ class TaskSet:
     def _shares(self, weights: Mapping[str, float]) -> tuple[float, ...]:
         """A curriculum's weights in the order of `specialties`; each must be a positive number."""
         shares = tuple(weights.get(name, 0.0) for name in self._specialties)
-        if not all(isinstance(w, int | float) and not isinstance(w, bool) and math.isfinite(w) and w > 0 for w in shares):
+        if not all(isinstance(w, int | float) and not isinstance(w, bool) and math.isfinite(w) and w > 0
+                   for w in shares):
             raise TaskError(f"A draw's weights must give each of {', '.join(self._specialties)} a positive number.")
         return tuple(float(w) for w in shares)
 

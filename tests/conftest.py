@@ -30,6 +30,20 @@ def _one_thread() -> None:
     torch.set_num_threads(1)
 
 
+@pytest.fixture(autouse=True)
+def _install_seeds_follow_the_test(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An install draws its seed at random (engine/seeds.py). In this process a test's installs draw
+    from a generator seeded by the test's id instead: a test sees the same seeds on every run (no
+    test passes or fails by the draw), and two installs in one test still get different seeds."""
+    import random
+    from types import SimpleNamespace
+
+    import engine.seeds
+
+    draw = random.Random(request.node.nodeid)
+    monkeypatch.setattr(engine.seeds, "secrets", SimpleNamespace(randbelow=draw.randrange))
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from bench.harness.tiny import make_tiny_model

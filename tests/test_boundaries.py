@@ -59,7 +59,8 @@ def _engine_imports(folder: Path) -> set[tuple[str, str]]:
                     node.module.split(".")[0] == "engine":
                 for alias in node.names:
                     sub = f"{node.module}.{alias.name}"
-                    is_module = (ROOT / Path(*sub.split("."))).is_dir() or (ROOT / f"{sub.replace('.', '/')}.py").is_file()
+                    is_module = ((ROOT / Path(*sub.split("."))).is_dir()
+                                 or (ROOT / f"{sub.replace('.', '/')}.py").is_file())
                     found.add((where, sub if is_module else node.module))
     return found
 
@@ -92,7 +93,8 @@ def test_import_engine_is_cheap() -> None:
     common = ", ".join(sorted(f"engine.common.{p.stem}" for p in (ROOT / "engine" / "common").glob("*.py")))
     code = (
         f"import sys, engine, {common}\n"
-        "heavy = [m for m in ('torch', 'transformers', 'PySide6', 'reasoning_gym', 'mlx', 'aiohttp') if m in sys.modules]\n"
+        "heavy = [m for m in ('torch', 'transformers', 'PySide6', 'reasoning_gym', 'mlx', 'aiohttp')\n"
+        "         if m in sys.modules]\n"
         "print(','.join(heavy))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
@@ -106,7 +108,8 @@ def test_importing_every_app_module_loads_no_training_library() -> None:
         "import importlib, sys\n"
         f"for name in {modules!r}:\n"
         "    importlib.import_module(name)\n"
-        "heavy = [m for m in ('torch', 'transformers', 'peft', 'mlx', 'llama_cpp', 'reasoning_gym') if m in sys.modules]\n"
+        "heavy = [m for m in ('torch', 'transformers', 'peft', 'mlx', 'llama_cpp', 'reasoning_gym')\n"
+        "         if m in sys.modules]\n"
         "print(','.join(heavy))"
     )
     env = {**os.environ, "QT_QPA_PLATFORM": "offscreen"}
@@ -122,12 +125,14 @@ def test_the_repository_points_only_at_its_own_files() -> None:
     bad = []
     for name in tracked:
         path = ROOT / name
-        if path.suffix not in {".py", ".md", ".toml", ".sh", ".spec", ".yml", ".nsi", ".cfg"} and path.name != "Makefile":
+        if (path.suffix not in {".py", ".md", ".toml", ".sh", ".spec", ".yml", ".nsi", ".cfg"}
+            and path.name != "Makefile"):
             continue
         if not path.is_file():
             continue
         text = path.read_text(encoding="utf-8", errors="replace")
-        bad += [name for needle in ("../shared/", "FACTS.md", "DESIGN.md", "STYLE.md") if needle in text and name != "tests/test_boundaries.py"]
+        bad += [name for needle in ("../shared/", "FACTS.md", "DESIGN.md", "STYLE.md") if needle in text
+                and name != "tests/test_boundaries.py"]
     assert not bad, f"references to files outside the repository: {sorted(set(bad))}"
 
 
@@ -138,7 +143,9 @@ MADE_BY_MAKE = (".venv/", "build/", "dist/")
 # the join token, so it is ignored and never committed).
 MADE_BY_THE_READER = ("installers/relay/.env",)
 _FENCE = re.compile(r"^\s*(```|~~~)")
-_LINK = re.compile(r"!?\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)|^\s*\[[^\]]+\]:\s*(\S+)|(?:src|href)=\"([^\"]+)\"")
+_LINK = re.compile(r"!?\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)"  # [text](target "title")
+                   r"|^\s*\[[^\]]+\]:\s*(\S+)"  # [name]: target
+                   r"|(?:src|href)=\"([^\"]+)\"")
 _PATHLIKE = re.compile(r"[\w.@+-]+(?:/[\w.@+-]*)+")
 
 
@@ -250,11 +257,11 @@ def test_every_engine_and_app_module_has_its_line_in_the_architecture_page() -> 
 
 
 def test_modules_and_the_results_page_stay_a_size_a_person_can_hold() -> None:
-    """docs/results.md under 400 lines (the run-by-run story goes to docs/dev-log/); every engine/ and app/
-    module under 600 lines, or its docstring says why not (it names its size)."""
+    """docs/results.md under 400 lines (the run-by-run story goes to docs/dev-log/); every module of engine/, app/,
+    bench/ and tests/ under 600 lines, or its docstring says why not (it names its size)."""
     assert len((ROOT / "docs" / "results.md").read_text(encoding="utf-8").splitlines()) < 400
     long = []
-    for path in [p for pkg in ("engine", "app") for p in (ROOT / pkg).rglob("*.py")]:
+    for path in [p for pkg in ("engine", "app", "bench", "tests") for p in (ROOT / pkg).rglob("*.py")]:
         text = path.read_text(encoding="utf-8")
         docstring = text.split('"""')[1] if text.count('"""') >= 2 else ""
         if len(text.splitlines()) > 600 and not re.search(r"\d[\d,]* lines", docstring):

@@ -75,7 +75,8 @@ def make_sharp_model(folder: Path, arch: str, rope_theta: float = 50_000.0) -> P
         initializer_range=0.3, rope_parameters={"rope_type": "default", "rope_theta": rope_theta},
     )
     # llama with tied embeddings; qwen2 (attention biases) with its own lm_head.
-    config = LlamaConfig(**common, tie_word_embeddings=True) if arch == "llama" else Qwen2Config(**common, tie_word_embeddings=False)
+    config = (LlamaConfig(**common, tie_word_embeddings=True) if arch == "llama"
+              else Qwen2Config(**common, tie_word_embeddings=False))
     torch.manual_seed(3)
     model = AutoModelForCausalLM.from_config(config)
     with torch.no_grad():

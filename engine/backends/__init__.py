@@ -24,7 +24,8 @@ def load_backend(model_dir: Path, device: DeviceInfo, grpo: GRPOConfig, seed: in
         try:
             from engine.backends.mlx_backend import MLXBackend
         except ImportError as exc:
-            raise DeviceError(f"The MLX backend could not start ({exc}); use --device cpu, or {MLX_INSTALL_HINT}.") from exc
+            raise DeviceError(f"The MLX backend could not start ({exc}); use --device cpu, or "
+                              f"{MLX_INSTALL_HINT}.") from exc
 
         return MLXBackend(model_dir, device, grpo, seed=seed, temperature=temperature)
     if device.kind in ("cpu", "cuda"):

@@ -179,7 +179,8 @@ class TorchBackend(HFTokenizerText):
         dtype = torch.bfloat16 if self.autocast else torch.float32
         merge = LoraAdapter.from_peft(self.model) if not adapters and self.grpo.finetune == "lora" else None
         rows = decode_batch(
-            DecodeModel(self.model, dtype, merge=merge, packed=self.pack_weights), prompts, n, max_new_tokens, self.eos_token_id, temperature,
+            DecodeModel(self.model, dtype, merge=merge, packed=self.pack_weights), prompts, n, max_new_tokens,
+            self.eos_token_id, temperature,
             on_step, adapters=adapters, **options,
         )
         release_memory()
@@ -223,10 +224,12 @@ class TorchBackend(HFTokenizerText):
         call with that adapter alone and its seed would. docs/backends.md.
         """
         if not self._fast_decoder():
-            raise ModelError(f"Per-row adapters need the fast decoder, which does not support {unsupported_reason(self.model.config)}.")
+            raise ModelError("Per-row adapters need the fast decoder, which does not support "
+                             f"{unsupported_reason(self.model.config)}.")
         resolved = [LoraAdapter.from_peft(self.model, a) if isinstance(a, str) else a for a in adapters]
         rows = self.decode_rows(
-            prompts, n, max_new_tokens, temperature, on_step, adapters=resolved, adapter_index=adapter_index, seeds=seeds,
+            prompts, n, max_new_tokens, temperature, on_step, adapters=resolved, adapter_index=adapter_index,
+            seeds=seeds,
         )
         return [Completion(self.decode(r.tokens), r.tokens, r.logprobs, r.finished) for r in rows]
 
@@ -249,18 +252,21 @@ class TorchBackend(HFTokenizerText):
                                             self.pad_token_id, self.eos_token_id, on_step)
         release_memory()
         completions = []
-        for (tokens, finished), lps in zip(split_rows(sequences, ids.shape[1], self.eos_token_id), logprobs, strict=True):
+        for (tokens, finished), lps in zip(split_rows(sequences, ids.shape[1], self.eos_token_id), logprobs,
+                                           strict=True):
             completions.append(Completion(self.decode(tokens), tokens, lps[: len(tokens)], finished))
         return completions
 
-    def greedy(self, prompts: Sequence[list[int]], max_new_tokens: int, on_step: StepCallback | None = None) -> list[str]:
+    def greedy(self, prompts: Sequence[list[int]], max_new_tokens: int,
+               on_step: StepCallback | None = None) -> list[str]:
         """Greedy answers: all prompts in cache-sized chunks, finished rows leaving (engine.backends.decode)."""
         if not self._fast_decoder():
             return self.greedy_hf(prompts, max_new_tokens, on_step)
         rows = self.decode_rows(prompts, 1, max_new_tokens, None, on_step)
         return [self.decode(r.tokens) for r in rows]
 
-    def greedy_hf(self, prompts: Sequence[list[int]], max_new_tokens: int, on_step: StepCallback | None = None) -> list[str]:
+    def greedy_hf(self, prompts: Sequence[list[int]], max_new_tokens: int,
+                  on_step: StepCallback | None = None) -> list[str]:
         """HF greedy answers, in chunks of similar prompt length so padding costs little (fallback and bench peer)."""
         order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
         chunks = [order[i : i + GREEDY_CHUNK] for i in range(0, len(order), GREEDY_CHUNK)]
@@ -275,7 +281,8 @@ class TorchBackend(HFTokenizerText):
         return [answers[i] for i in range(len(prompts))]
 
     # -- log-probs and training --------------------------------------------------------
-    def batch_logprobs(self, pairs: Sequence[tuple[list[int], list[int]]], temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    def batch_logprobs(self, pairs: Sequence[tuple[list[int], list[int]]], temperature: float) -> tuple[torch.Tensor,
+                                                                                                        torch.Tensor]:
         """Log-probs [n, T] of each completion token, and the completion mask.
 
         The G completions of a question share its prompt, so each distinct

@@ -150,7 +150,8 @@ class TaskConfig:
     def __post_init__(self) -> None:
         s = "tasks"
         if not isinstance(self.specialties, dict) or not self.specialties:
-            raise ConfigError(f"{s}.specialties must be a table of specialty = weight, e.g. {{basic_arithmetic = 1.0}}.")
+            raise ConfigError(f"{s}.specialties must be a table of specialty = weight, e.g. "
+                              "{basic_arithmetic = 1.0}.")
         for name, weight in self.specialties.items():
             if name not in SAPO_SPECIALTIES:
                 raise ConfigError(
@@ -251,7 +252,8 @@ class RunConfig:
     def __post_init__(self) -> None:
         s = "run"
         name = self.run_name
-        if not isinstance(name, str) or not name or len(name) > 64 or not all(c.isalnum() or c in "-_." for c in name) or name.startswith("."):
+        if (not isinstance(name, str) or not name or len(name) > 64 or not all(c.isalnum() or c in "-_." for c in name)
+            or name.startswith(".")):
             raise ConfigError(f"{s}.run_name must be 1-64 letters, digits, '-', '_' or '.', got {name!r}.")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not -1 <= self.seed < 2**31:
             raise ConfigError(f"{s}.seed must be -1 (this install's own) or a whole number from 0 to 2147483647, "
@@ -370,26 +372,35 @@ class SwarmConfig:
                 raise ConfigError(f"{s}.{key} must be true or false, got {getattr(self, key)!r}.")
         _number(s, "implausible_logprob", self.implausible_logprob, -100.0, 0.0)
         _positive_int(s, "plausibility_window", self.plausibility_window, 256)
-        if isinstance(self.probation_items, bool) or not isinstance(self.probation_items, int) or not 1 <= self.probation_items <= 10_000:
-            raise ConfigError(f"{s}.probation_items must be a whole number from 1 to 10000, got {self.probation_items!r}.")
+        if (isinstance(self.probation_items, bool) or not isinstance(self.probation_items, int)
+            or not 1 <= self.probation_items <= 10_000):
+            raise ConfigError(f"{s}.probation_items must be a whole number from 1 to 10000, got "
+                              f"{self.probation_items!r}.")
         _number(s, "sender_spreads", self.sender_spreads, 0.0, 100.0, open_low=True)
         _number(s, "token_weight_logprob", self.token_weight_logprob, -100.0, 0.0)
         _number(s, "offpolicy_negative_kl", self.offpolicy_negative_kl, 0.0, 100.0)
-        if isinstance(self.ban_strikes, bool) or not isinstance(self.ban_strikes, int) or not 0 <= self.ban_strikes <= 10_000:
-            raise ConfigError(f"{s}.ban_strikes must be a whole number from 0 (never ban) to 10000, got {self.ban_strikes!r}.")
+        if (isinstance(self.ban_strikes, bool) or not isinstance(self.ban_strikes, int)
+            or not 0 <= self.ban_strikes <= 10_000):
+            raise ConfigError(f"{s}.ban_strikes must be a whole number from 0 (never ban) to 10000, got "
+                              f"{self.ban_strikes!r}.")
         _positive_int(s, "ban_window", self.ban_window, 10_000)
         if self.ban_strikes > self.ban_window:
-            raise ConfigError(f"{s}.ban_strikes ({self.ban_strikes}) must be at most swarm.ban_window ({self.ban_window}).")
+            raise ConfigError(f"{s}.ban_strikes ({self.ban_strikes}) must be at most swarm.ban_window "
+                              f"({self.ban_window}).")
         _number(s, "ban_hours", self.ban_hours, 0.0, 24.0 * 365 * 100)
         if not isinstance(self.banned_peers, list) or not all(isinstance(p, str) for p in self.banned_peers):
-            raise ConfigError(f"{s}.banned_peers must be a list of peer ids or public keys, e.g. [\"3750d8d5a1b2c3d4e5f6\"].")
+            raise ConfigError(f"{s}.banned_peers must be a list of peer ids or public keys, e.g. "
+                              "[\"3750d8d5a1b2c3d4e5f6\"].")
         for peer in self.banned_peers:
             if not _peer_reference(peer):
                 raise ConfigError(
-                    f"{s}.banned_peers has {peer!r}: use a peer id (20 hex characters) or a public key (base64 of 32 bytes)."
+                    f"{s}.banned_peers has {peer!r}: use a peer id (20 hex characters) or a public key (base64 of 32 "
+                    "bytes)."
                 )
-        if isinstance(self.replay_memory, bool) or not isinstance(self.replay_memory, int) or not 0 <= self.replay_memory <= 10_000_000:
-            raise ConfigError(f"{s}.replay_memory must be a whole number from 0 (off) to 10000000, got {self.replay_memory!r}.")
+        if (isinstance(self.replay_memory, bool) or not isinstance(self.replay_memory, int)
+            or not 0 <= self.replay_memory <= 10_000_000):
+            raise ConfigError(f"{s}.replay_memory must be a whole number from 0 (off) to 10000000, got "
+                              f"{self.replay_memory!r}.")
         _choice(s, "mode", self.mode, ("embedded", "relay", "solo"))
         if not isinstance(self.relay_url, str) or len(self.relay_url) > INVITE_MAX_CHARS:
             raise ConfigError(f"{s}.relay_url must be an invite link or a ws:// or wss:// URL of at most "
@@ -405,14 +416,21 @@ class SwarmConfig:
             raise ConfigError(f"{s}.join_token must be a string of at most 256 characters.")
         if not isinstance(self.embedded_host, str) or not self.embedded_host:
             raise ConfigError(f"{s}.embedded_host must be an address such as 127.0.0.1.")
-        if isinstance(self.embedded_port, bool) or not isinstance(self.embedded_port, int) or not 0 <= self.embedded_port <= 65535:
+        if (isinstance(self.embedded_port, bool) or not isinstance(self.embedded_port, int)
+            or not 0 <= self.embedded_port <= 65535):
             raise ConfigError(f"{s}.embedded_port must be a port number from 0 to 65535, got {self.embedded_port!r}.")
-        if isinstance(self.local_groups, bool) or not isinstance(self.local_groups, int) or not 0 <= self.local_groups <= 256:
-            raise ConfigError(f"{s}.local_groups must be a whole number from 0 (all of the round's questions) to 256, got {self.local_groups!r}.")
-        if isinstance(self.external_groups, bool) or not isinstance(self.external_groups, int) or not 0 <= self.external_groups <= 256:
-            raise ConfigError(f"{s}.external_groups must be a whole number from 0 (solo) to 256, got {self.external_groups!r}.")
-        if isinstance(self.train_groups, bool) or not isinstance(self.train_groups, int) or not 0 <= self.train_groups <= 512:
-            raise ConfigError(f"{s}.train_groups must be a whole number from 0 (no cap) to 512, got {self.train_groups!r}.")
+        if (isinstance(self.local_groups, bool) or not isinstance(self.local_groups, int)
+            or not 0 <= self.local_groups <= 256):
+            raise ConfigError(f"{s}.local_groups must be a whole number from 0 (all of the round's questions) to 256, "
+                              f"got {self.local_groups!r}.")
+        if (isinstance(self.external_groups, bool) or not isinstance(self.external_groups, int)
+            or not 0 <= self.external_groups <= 256):
+            raise ConfigError(f"{s}.external_groups must be a whole number from 0 (solo) to 256, got "
+                              f"{self.external_groups!r}.")
+        if (isinstance(self.train_groups, bool) or not isinstance(self.train_groups, int)
+            or not 0 <= self.train_groups <= 512):
+            raise ConfigError(f"{s}.train_groups must be a whole number from 0 (no cap) to 512, got "
+                              f"{self.train_groups!r}.")
 
 
 SECTIONS: dict[str, type] = {

@@ -62,7 +62,8 @@ class DeviceInfo:
         return f"{self.name}{mem}, bf16 {'yes' if self.bf16 else 'no'} ({self.reason})"
 
     def plain(self) -> str:
-        """Where training runs, in a few plain words for a status line: "the processor", "the NVIDIA H200 graphics card"."""
+        """Where training runs, in a few plain words for a status line: "the processor", "the NVIDIA H200 graphics
+        card"."""
         if self.kind == "cuda":
             return f"the {self.name} graphics card"
         if self.kind == "mlx" and not self.name.endswith(MLX_ON_CPU):
@@ -213,7 +214,8 @@ def _mlx(require_metal: bool = False) -> DeviceInfo | None:
         name=f"{cpu_name()} {MLX_ON_CPU}",
         memory_bytes=_system_memory(),
         bf16=False,
-        reason=f"MLX {version} on CPU, no Metal" if not metal else f"MLX {version} on CPU, {info.get('device_name')} is "
+        reason=f"MLX {version} on CPU, no Metal" if not metal
+        else f"MLX {version} on CPU, {info.get('device_name')} is "
         "a virtual machine's GPU, not one to train on",
     )
 

@@ -213,7 +213,8 @@ def resolve(host: str, port: int, deadline: Deadline) -> list[tuple[Any, ...]]:
     worker.start()
     worker.join(deadline.left())
     if worker.is_alive():
-        raise RelayError(f"Looking up {host} took more than {deadline.seconds:g} s: this network's DNS is not answering.")
+        raise RelayError(f"Looking up {host} took more than {deadline.seconds:g} s: this network's DNS is not "
+                         "answering.")
     if error or not result:
         raise RelayError(f"The name {host} was not found: check the address for a typo, or this network's DNS.")
     return result
@@ -241,7 +242,8 @@ def connect(addresses: list[tuple[Any, ...]], host: str, port: int, deadline: De
     raise RelayError(f"{host}:{port} cannot be reached from this network ({last}).")
 
 
-def start_tls(sock: socket.socket, host: str, deadline: Deadline, context: ssl.SSLContext | None = None) -> ssl.SSLSocket:
+def start_tls(sock: socket.socket, host: str, deadline: Deadline,
+              context: ssl.SSLContext | None = None) -> ssl.SSLSocket:
     """TLS on a connected socket, the certificate checked against `host`; one sentence when it fails."""
     context = context or ssl.create_default_context()
     try:
@@ -312,7 +314,8 @@ def info_url(relay_url: str) -> str:
     return f"{scheme}://{parts.netloc}{INFO_PATH}"
 
 
-def fetch_relay_info(relay_url: str, timeout: float = STEP_TIMEOUT_S, context: ssl.SSLContext | None = None) -> RelayInfo:
+def fetch_relay_info(relay_url: str, timeout: float = STEP_TIMEOUT_S,
+                     context: ssl.SSLContext | None = None) -> RelayInfo:
     """The checked information document of the relay at `relay_url`; RelayError with
     one sentence. The whole exchange shares one deadline of `timeout` seconds."""
     where = urlsplit(relay_url).netloc or relay_url
@@ -349,7 +352,8 @@ def fetch_relay_info(relay_url: str, timeout: float = STEP_TIMEOUT_S, context: s
                 break
             body += chunk
         if len(body) > MAX_INFO_BYTES:
-            raise RelayError(f"The relay information from {where} is more than the {MAX_INFO_BYTES // 1024} kB allowed.")
+            raise RelayError(f"The relay information from {where} is more than the {MAX_INFO_BYTES // 1024} kB "
+                             "allowed.")
     if body.lstrip()[:1] == b"<":
         raise RelayError(f"{where} answered with a web page, not a Sapling relay's information: check the address.")
     try:

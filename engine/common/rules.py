@@ -123,9 +123,11 @@ def parse_invite(text: str) -> Invite:
     address -> Invite; anything else is a ConfigError naming what is wrong, in one sentence."""
     text = str(text).strip()
     if not text:
-        raise ConfigError(f"Paste the invite link you were given (sapling://join?...) or a relay address, {RELAY_EXAMPLE}.")
+        raise ConfigError("Paste the invite link you were given (sapling://join?...) or a relay address, "
+                          f"{RELAY_EXAMPLE}.")
     if len(text) > INVITE_MAX_CHARS:
-        raise ConfigError(f"The invite is {len(text)} characters long, more than the {INVITE_MAX_CHARS} an invite may have.")
+        raise ConfigError(f"The invite is {len(text)} characters long, more than the {INVITE_MAX_CHARS} an invite may "
+                          "have.")
     if _CONTROL.search(text):
         raise ConfigError("The invite contains control characters; copy it again from the message you got.")
     try:

@@ -64,7 +64,8 @@ def parse_mixes(text: str) -> tuple[Mix, ...]:
     for part in str(text).split(","):
         left, slash, right = part.strip().partition("/")
         if not slash or not left.isdigit() or not right.isdigit():
-            raise ConfigError(f"--mixes takes I/J pairs of whole numbers separated by commas, like 8/0,4/4; got {part.strip()!r}.")
+            raise ConfigError("--mixes takes I/J pairs of whole numbers separated by commas, like 8/0,4/4; got "
+                              f"{part.strip()!r}.")
         mix = Mix(int(left), int(right))
         if mix in mixes:
             raise ConfigError(f"--mixes lists {mix.label} twice.")
@@ -184,7 +185,8 @@ BEFORE_THE_KEY: dict[str, dict[str, Any]] = {"swarm": {"train_groups": 0}, "task
 def check_plan(plan: Plan, config: NodeConfig) -> None:
     """Refuse, in one sentence, a plan that cannot run as asked."""
     if plan.nodes < 2:
-        raise ConfigError(f"--nodes must be at least 2 (an experiment compares sharing between nodes), got {plan.nodes}.")
+        raise ConfigError("--nodes must be at least 2 (an experiment compares sharing between nodes), got "
+                          f"{plan.nodes}.")
     if plan.nodes > MAX_NODES:
         raise ConfigError(f"--nodes must be at most {MAX_NODES}, got {plan.nodes}.")
     if plan.rounds < 1:
@@ -222,7 +224,8 @@ def same_experiment(saved: Plan, plan: Plan) -> bool:
 
 
 def widen(saved: Plan | None, plan: Plan) -> Plan:
-    """`plan`, or the saved plan (settings included) with its mixes and then `plan`'s new ones when only the mixes differ."""
+    """`plan`, or the saved plan (settings included) with its mixes and then `plan`'s new ones when only the mixes
+    differ."""
     if saved is None or not same_experiment(saved, plan):
         return plan
     return replace(saved, mixes=saved.mixes + tuple(m for m in plan.mixes if m not in saved.mixes)).frozen()

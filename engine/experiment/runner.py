@@ -175,8 +175,10 @@ class Experiment:
     def _claim_out(self) -> None:
         saved = saved_plan(self.out)
         if saved is not None and not same_experiment(saved, self.plan):
-            raise ConfigError(f"{self.out} holds an experiment with other settings ({json.dumps(saved.to_json()['mixes'])} "
-                              f"over {saved.nodes} nodes, {saved.rounds} rounds, --set {' '.join(saved.overrides) or 'none'}); "
+            raise ConfigError(f"{self.out} holds an experiment with other settings "
+                              f"({json.dumps(saved.to_json()['mixes'])} "
+                              f"over {saved.nodes} nodes, {saved.rounds} rounds, --set "
+                              f"{' '.join(saved.overrides) or 'none'}); "
                               "run it with --resume or choose another --out.")
         self.plan = widen(saved, self.plan).frozen()
         self.config = plan_config(self.plan)
@@ -201,7 +203,8 @@ class Experiment:
         # As `sapling-node run`: run.threads, or (0) the CPUs other programs leave free, re-measured as it goes.
         self.threads = ThreadPolicy(cfg.run.threads, torch.set_num_threads, max_threads=torch.get_num_threads())
         if device.kind not in ("cpu", "cuda"):
-            raise DeviceError(f"The experiment runs on the torch backend; {device.kind} is not supported (use --device cpu or cuda).")
+            raise DeviceError(f"The experiment runs on the torch backend; {device.kind} is not supported (use --device "
+                              "cpu or cuda).")
         self.hooks.say(f"Loading {cfg.model.source} on {device.describe()}")
         model_dir = resolve_model_dir(cfg.model.source, self.paths.models_cache, cfg.model.revision or None)
         self.shared = TorchBackend(model_dir, device, cfg.grpo, cfg.run.seed, cfg.tasks.temperature)
@@ -305,7 +308,8 @@ class Experiment:
     def _node_paths(self, folder: Path, index: int) -> Paths:
         """Node `index`'s data in a stage's folder (identity, checkpoints, metrics); the model cache is shared."""
         home = folder / f"node-{index}"
-        return Paths(config_dir=home / "config", data_dir=home, cache_dir=self.paths.cache_dir, log_dir=self.paths.log_dir)
+        return Paths(config_dir=home / "config", data_dir=home, cache_dir=self.paths.cache_dir,
+                     log_dir=self.paths.log_dir)
 
     def _run_stage(self, stage: Stage, number: int) -> None:
         """Run a mix (number >= 1) or the veterans' training (number 0) from its last finished round."""
@@ -364,7 +368,8 @@ class Experiment:
             url = ""
             if mix.external:
                 run.relay, url = self._start_relay()
-            run.nodes, run.views = self._nodes(mix, folder, url, run.sessions, self.plan.nodes if nodes is None else nodes)
+            run.nodes, run.views = self._nodes(mix, folder, url, run.sessions,
+                                               self.plan.nodes if nodes is None else nodes)
         except BaseException:
             run.close()
             raise
@@ -379,7 +384,8 @@ class Experiment:
                                             name="sapling-experiment"))
         return relay, relay.start()
 
-    def _nodes(self, mix: Mix, folder: Path, url: str, sessions: list[Any], count: int) -> tuple[list[Node], list[NodeBackend]]:
+    def _nodes(self, mix: Mix, folder: Path, url: str, sessions: list[Any], count: int) -> tuple[list[Node],
+                                                                                                 list[NodeBackend]]:
         from engine.exchange import open_swarm
 
         nodes: list[Node] = []
@@ -432,7 +438,8 @@ class Experiment:
         # adaptive difficulty: the levels and streaks this checkpoint ended with (None: fixed difficulty)
         node.curriculum = curriculum_for(node.config.tasks, node.taskset.specialties, state.get("curriculum"))
 
-    def _round(self, mix: Mix, round_index: int, nodes: list[Node], views: list[NodeBackend], relay: Any) -> dict[str, Any]:
+    def _round(self, mix: Mix, round_index: int, nodes: list[Node], views: list[NodeBackend], relay: Any) -> dict[str,
+                                                                                                                  Any]:
         """Round r of every node of the mix: one batched generation, then each node's own steps in turn.
 
         Each node is charged the seconds it would spend on its own computer

@@ -156,7 +156,8 @@ def _scratch_dir(out: Path) -> Path:
     return parent
 
 
-def _merged_hf(config: NodeConfig, model_dir: Path, checkpoint: Checkpoint | None, target: Path, report: Report) -> None:
+def _merged_hf(config: NodeConfig, model_dir: Path, checkpoint: Checkpoint | None, target: Path,
+               report: Report) -> None:
     """Load the model and the checkpoint with the training backend and write the merged HF folder."""
     from engine.backends import load_backend
     from engine.common.device import pick_device
@@ -187,7 +188,8 @@ def _adapter_to_gguf(checkpoint: Path, model_dir: Path, config: NodeConfig, out:
         }
         (folder / "adapter_config.json").write_text(json.dumps(adapter_config, indent=2) + "\n")
         with atomic_file(out) as tmp:
-            run_converter(CONVERT_LORA, [str(folder), "--base", str(model_dir), "--outtype", quant, "--outfile", str(tmp)])
+            run_converter(CONVERT_LORA,
+                          [str(folder), "--base", str(model_dir), "--outtype", quant, "--outfile", str(tmp)])
 
 
 def gguf_cache_path(paths: Paths, run_name: str, round_index: int, quant: str = DEFAULT_QUANT, *,

@@ -1,6 +1,6 @@
 """`sapling-relay`: the websocket relay nodes share rollouts through, deployable on its own.
 
-- `server`: the relay (`Relay`, `EmbeddedRelay` for a node's local relay) and `sapling-relay`'s `main`;
+- `server`: the relay (`Relay`, `EmbeddedRelay` for a node's local relay); `cli`: `sapling-relay`'s command line;
 - `settings`: its settings and command line; `proxy`: which address a connection behind Caddy comes from;
 - `brokers`: where the swarm's recent batches are kept (memory, or Redis Streams shared by processes);
 - `limits`: per-peer rate limits and the refusals' summary log; `credit`: usefulness counted from receipts;

@@ -2,6 +2,6 @@
 
 import sys
 
-from engine.relay.server import main
+from engine.relay.cli import main
 
 sys.exit(main())

@@ -90,7 +90,8 @@ class Broker(Protocol):
     async def add(self, entry: Entry) -> None: ...
 
     async def sample(self, n: int, exclude_peer: str, after: str | None = None) -> tuple[list[Entry], str]:
-        """Up to n entries not from exclude_peer, newer than the cursor `after` if it is this broker's; and the new cursor."""
+        """Up to n entries not from exclude_peer, newer than the cursor `after` if it is this broker's; and the new
+        cursor."""
         ...
 
     async def report_online(self, count: int) -> int:
@@ -328,7 +329,8 @@ class RedisBroker:
         try:
             await self._redis.xadd(
                 self.stream,
-                {"peer": entry.peer, "payload": entry.payload, "sig": entry.sig, "seq": entry.seq, "items": entry.items},
+                {"peer": entry.peer, "payload": entry.payload, "sig": entry.sig, "seq": entry.seq,
+                 "items": entry.items},
                 maxlen=self._window_len,
                 approximate=True,
             )

@@ -492,14 +492,15 @@ class CreditBook:
             counted = [v for v, outcome in zip(receipts.verdicts, outcomes, strict=True) if outcome == COUNTED]
             await self.store.count(receiver, counted, now)
         except self.store.errors as exc:  # Redis away: this message fails, the connection stays
-            raise protocol.ProtocolError(protocol.E_INTERNAL,
-                                         f"the relay cannot reach its store to count receipts ({exc}); try again") from exc
+            raise protocol.ProtocolError(
+                protocol.E_INTERNAL, f"the relay cannot reach its store to count receipts ({exc}); try again") from exc
         refused = Counter(o for o in outcomes if o != COUNTED)
         self.changes += bool(counted)
         self.metrics["receipts"] += 1
         self.metrics[COUNTED] += len(counted)
         self.metrics.update(refused)
-        return protocol.msg_receipted(request_id, len(counted), {k: refused[k] for k in (NOT_SAMPLED, DUPLICATE, OVER_CAP)
+        return protocol.msg_receipted(request_id, len(counted),
+                                      {k: refused[k] for k in (NOT_SAMPLED, DUPLICATE, OVER_CAP)
                                                                  if refused[k]})
 
     async def credits(self, peers: Sequence[str]) -> dict[str, dict[str, Any]]:

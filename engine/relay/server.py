@@ -1,9 +1,7 @@
-"""`sapling-relay`: the websocket relay that nodes share rollouts through (600 lines: one aiohttp app, kept whole).
+"""`sapling-relay`: the websocket relay that nodes share rollouts through.
 
-    sapling-relay --port 8765                        # one process, in-memory window
-    sapling-relay --redis redis://host:6379/0        # several processes, one swarm
-    sapling-relay invite --url wss://HOST/ws         # invite links and a QR code (invite.py)
-    python -m engine.relay --help              # every setting (engine/relay/settings.py)
+    relay = Relay(RelaySettings(port=8765))           # its aiohttp app: relay.app(); `serve` in engine/relay/cli.py
+    EmbeddedRelay(RelaySettings(port=0)).start()      # on a background thread (a node's local relay, the tests)
 
 The relay is not trusted by anyone, but it still refuses what it can see is
 wrong, so a bad peer costs the swarm as little as possible:
@@ -39,8 +37,6 @@ import contextlib
 import hmac
 import logging
 import secrets
-import signal
-import sys
 import threading
 import time
 from collections import Counter, deque
@@ -49,19 +45,18 @@ from typing import Any
 
 from aiohttp import WebSocketError, WSCloseCode, WSMsgType, web
 
-from engine.relay import invite as relay_invite
 from engine.relay.brokers import Broker, Entry, MemoryBroker, RedisBroker
 from engine.relay.credit import CREDIT_PUSH_S, CreditBook
 from engine.relay.info import relay_identity
-from engine.relay.limits import QuietBadRequests, RejectionLog
-from engine.relay.settings import JsonLogFormatter, RelaySettings, build_parser, settings_from_args
+from engine.relay.limits import RejectionLog
+from engine.relay.settings import RelaySettings
 from engine.relay.stats import LiveStats
 from engine.relay.web import RelayPages
 from engine.swarm import protocol
 from engine.swarm.identity import readable_name, verify
 from engine.swarm.rate import TokenBucket
 
-__all__ = ["EmbeddedRelay", "Relay", "RelaySettings", "build_parser", "main", "serve", "settings_from_args"]
+__all__ = ["EmbeddedRelay", "Relay", "RelaySettings"]
 
 log = logging.getLogger("sapling.relay")
 
@@ -193,7 +188,8 @@ class Relay:
         self.settings = settings
         self.shutdown_message = shutdown_message
         self.broker: Broker = broker or (
-            RedisBroker(settings.redis, settings.window, settings.swarm) if settings.redis else MemoryBroker(settings.window)
+            RedisBroker(settings.redis, settings.window, settings.swarm) if settings.redis
+            else MemoryBroker(settings.window)
         )
         self.connections: set[Connection] = set()
         self.per_ip: Counter[str] = Counter()
@@ -212,7 +208,8 @@ class Relay:
         self.live = LiveStats(settings.redis, settings.swarm, client=shared)  # the status page's numbers
         self.models = settings.model_policy()  # one model, mixed or not declared: welcome and publish
         self.proxies = settings.trusted_proxies()  # whose X-Forwarded-For names the client (proxy.py)
-        self.credit = CreditBook(settings.redis, settings.swarm, settings.credit_per_round, settings.receipt_window, client=shared)
+        self.credit = CreditBook(settings.redis, settings.swarm, settings.credit_per_round, settings.receipt_window,
+                                 client=shared)
 
     def window_size(self) -> int:
         return self.broker.window_size()
@@ -391,7 +388,8 @@ class Relay:
         if self.allow and key_b64 not in self.allow and hello.peer not in self.allow:
             conn.drop(protocol.E_FORBIDDEN, "this swarm is private and the key is not on its allow-list")
             return False
-        if self.settings.join_token and not hmac.compare_digest(hello.token.encode(), self.settings.join_token.encode()):
+        if (self.settings.join_token
+            and not hmac.compare_digest(hello.token.encode(), self.settings.join_token.encode())):
             conn.drop(protocol.E_FORBIDDEN, "this swarm is private: a valid join token is needed")
             return False
         conn.peer = hello.peer
@@ -463,7 +461,8 @@ class Relay:
     async def _publish(self, conn: Connection, signed: protocol.Signed) -> None:
         batch = protocol.decode_batch(signed.payload)
         if batch.key != conn.key:
-            raise protocol.ProtocolError(protocol.E_BAD_SIGNATURE, "the batch is signed for a different key than this connection's")
+            raise protocol.ProtocolError(protocol.E_BAD_SIGNATURE,
+                                         "the batch is signed for a different key than this connection's")
         if not verify(batch.key, signed.payload.encode("utf-8"), signed.sig):
             raise protocol.ProtocolError(protocol.E_BAD_SIGNATURE, "batch signature does not verify")
         protocol.check_timestamp(batch.ts, time.time())
@@ -473,7 +472,8 @@ class Relay:
         assert conn.peer is not None
         if not await self.broker.claim_seq(conn.peer, batch.seq):
             raise protocol.ProtocolError(protocol.E_REPLAY, f"sequence {batch.seq} is not above this peer's last one")
-        await self.broker.add(Entry(conn.peer, signed.payload, protocol.b64encode(signed.sig), batch.seq, len(batch.items)))
+        await self.broker.add(Entry(conn.peer, signed.payload, protocol.b64encode(signed.sig), batch.seq,
+                                    len(batch.items)))
         self.metrics["publishes"] += 1
         self.credit.shared(conn.peer, readable_name(batch.key), len(batch.items))
         self.live.record_publish(batch)
@@ -524,78 +524,3 @@ class EmbeddedRelay:
             self._loop.call_soon_threadsafe(self._loop.stop)
         if self._thread.is_alive():
             self._thread.join(timeout=10)
-
-
-# -- command line ----------------------------------------------------------------------------
-async def serve(relay: Relay) -> int:
-    """Serve until SIGTERM or SIGINT, then close every connection; 0, or 1 if the port cannot be bound.
-
-    Further signals during the shutdown are logged and ignored, so a second
-    SIGTERM (systemd, Docker and impatient people send one) cannot cut it short.
-    """
-    settings = relay.settings
-    runner = web.AppRunner(relay.app(), handle_signals=False, shutdown_timeout=DROP_GRACE_S)
-    await runner.setup()
-    try:
-        await web.TCPSite(runner, settings.host, settings.port).start()
-    except OSError as exc:
-        log.error("cannot listen: %s", exc)
-        await runner.cleanup()
-        return 1
-    log.info("listening", extra={"host": settings.host, "port": settings.port, "redis": bool(settings.redis)})
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-
-    def on_signal(signum: int) -> None:
-        name = signal.Signals(signum).name
-        if stop.is_set():
-            log.info("already shutting down; ignoring %s", name)
-            return
-        log.info("received %s", name)
-        stop.set()
-
-    handled: list[signal.Signals] = []
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        with contextlib.suppress(NotImplementedError, RuntimeError):  # Windows; a loop outside the main thread
-            loop.add_signal_handler(sig, on_signal, sig)
-            handled.append(sig)
-    try:
-        await stop.wait()
-        await runner.cleanup()
-    finally:
-        for sig in handled:
-            loop.remove_signal_handler(sig)
-    return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`sapling-relay [flags]` serves; `sapling-relay invite ...` prints invite links (invite.py)."""
-    args = sys.argv[1:] if argv is None else list(argv)
-    if args[:1] == ["invite"]:
-        return relay_invite.main(args[1:])
-    try:
-        settings = settings_from_args(args)
-    except ValueError as exc:
-        print(f"sapling-relay: {exc}", file=sys.stderr)
-        return 2
-    if not settings.data_dir:
-        settings.data_dir = str(settings.key_path().parent)
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonLogFormatter())
-    logging.basicConfig(level=settings.log_level.upper(), handlers=[handler], force=True)
-    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
-    logging.getLogger("aiohttp.server").addFilter(QuietBadRequests())
-    try:
-        relay = Relay(settings)
-    except OSError as exc:
-        print(f"sapling-relay: cannot keep the relay's key in {settings.data_dir} ({exc.strerror or exc}); "
-              "choose another folder with --data-dir.", file=sys.stderr)
-        return 1
-    try:
-        return asyncio.run(serve(relay))
-    except KeyboardInterrupt:  # Ctrl-C where the loop cannot take signals (Windows)
-        return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -44,26 +44,65 @@ class RelaySettings:
     host: str = field(default="127.0.0.1", metadata={"help": "address to listen on (0.0.0.0 for every interface)"})
     port: int = field(default=8765, metadata={"help": "TCP port (0 picks a free one)"})
     redis: str = field(default="", metadata={"help": "redis://host:port/db to share one swarm between relay processes"})
-    swarm: str = field(default="default", metadata={"help": "swarm name: the Redis key prefix, so one Redis can hold several swarms"})
-    join_token: str = field(default="", metadata={"help": "private swarm: nodes must present this token (with allow-keys, both must pass)"})
-    allow_keys: list[str] = field(default_factory=list, metadata={"help": "private swarm: only these public keys (base64) or peer ids may join"})
-    ban_keys: list[str] = field(default_factory=list, metadata={"help": "public keys (base64) or peer ids that may not join"})
-    max_conn_per_ip: int = field(default=protocol.DEFAULT_MAX_CONN_PER_IP, metadata={"help": "open connections allowed from one IP address"})
-    trusted_proxy: list[str] = field(default_factory=list, metadata={"help": "IP address or CIDR network of a reverse proxy in front of the relay, such as Caddy (repeat the flag or separate with commas): for a connection from it, the client's address is the rightmost one in X-Forwarded-For that is not a trusted proxy, and the per-address cap and the logs use it; empty: the header is never read"})
-    rate: float = field(default=protocol.DEFAULT_RATE_PER_S, metadata={"help": "requests per second per peer (token-bucket refill)"})
+    swarm: str = field(default="default",
+                       metadata={"help": "swarm name: the Redis key prefix, so one Redis can hold several swarms"})
+    join_token: str = field(default="",
+                            metadata={"help": "private swarm: nodes must present this token (with allow-keys, both "
+                                              "must pass)"})
+    allow_keys: list[str] = field(default_factory=list,
+                                  metadata={"help": "private swarm: only these public keys (base64) or peer ids may "
+                                                    "join"})
+    ban_keys: list[str] = field(default_factory=list,
+                                metadata={"help": "public keys (base64) or peer ids that may not join"})
+    max_conn_per_ip: int = field(default=protocol.DEFAULT_MAX_CONN_PER_IP,
+                                 metadata={"help": "open connections allowed from one IP address"})
+    trusted_proxy: list[str] = field(default_factory=list,
+                                     metadata={"help": "IP address or CIDR network of a reverse proxy in front of the "
+                                                       "relay, such as Caddy (repeat the flag or separate with "
+                                                       "commas): for a connection from it, the client's address is the "
+                                                       "rightmost one in X-Forwarded-For that is not a trusted proxy, "
+                                                       "and the per-address cap and the logs use it; empty: the header "
+                                                       "is never read"})
+    rate: float = field(default=protocol.DEFAULT_RATE_PER_S,
+                        metadata={"help": "requests per second per peer (token-bucket refill)"})
     burst: float = field(default=protocol.DEFAULT_BURST, metadata={"help": "token-bucket capacity per peer"})
     window: int = field(default=protocol.DEFAULT_WINDOW_BATCHES, metadata={"help": "recent batches kept for sampling"})
-    send_queue: int = field(default=protocol.DEFAULT_SEND_QUEUE, metadata={"help": "messages queued to one connection before it is dropped as a slow consumer"})
-    credit_per_round: int = field(default=protocol.DEFAULT_CREDIT_PER_ROUND, metadata={"help": "receipts credit at most this many items of one sender as used per sample answer of one receiver (docs/protocol.md, Credit)"})
-    receipt_window: float = field(default=protocol.DEFAULT_RECEIPT_WINDOW_S, metadata={"help": "seconds after a sample during which the relay takes receipts for what it handed out"})
-    heartbeat: float = field(default=protocol.HEARTBEAT_S, metadata={"help": "websocket ping interval in seconds; a peer answering neither of two pings is dropped"})
-    reject_log_every: float = field(default=60.0, metadata={"help": "seconds between info-level summaries of refused messages per peer"})
-    name: str = field(default="sapling-relay", metadata={"help": f"the swarm's name, shown to nodes, on the status page and in invites (at most {MAX_NAME_CHARS} characters)"})
-    description: str = field(default="", metadata={"help": f"a sentence or two about this swarm for the status page and the join dialog (at most {MAX_DESCRIPTION_CHARS} characters)"})
+    send_queue: int = field(default=protocol.DEFAULT_SEND_QUEUE,
+                            metadata={"help": "messages queued to one connection before it is dropped as a slow "
+                                              "consumer"})
+    credit_per_round: int = field(default=protocol.DEFAULT_CREDIT_PER_ROUND,
+                                  metadata={"help": "receipts credit at most this many items of one sender as used per "
+                                                    "sample answer of one receiver (docs/protocol.md, Credit)"})
+    receipt_window: float = field(default=protocol.DEFAULT_RECEIPT_WINDOW_S,
+                                  metadata={"help": "seconds after a sample during which the relay takes receipts for "
+                                                    "what it handed out"})
+    heartbeat: float = field(default=protocol.HEARTBEAT_S,
+                             metadata={"help": "websocket ping interval in seconds; a peer answering neither of two "
+                                               "pings is dropped"})
+    reject_log_every: float = field(default=60.0,
+                                    metadata={"help": "seconds between info-level summaries of refused messages per "
+                                                      "peer"})
+    name: str = field(default="sapling-relay",
+                      metadata={"help": "the swarm's name, shown to nodes, on the status page and in invites (at most "
+                                        f"{MAX_NAME_CHARS} characters)"})
+    description: str = field(default="",
+                             metadata={"help": "a sentence or two about this swarm for the status page and the join "
+                                               f"dialog (at most {MAX_DESCRIPTION_CHARS} characters)"})
     contact: str = field(default="", metadata={"help": "how to reach the operator: an email address or a URL"})
-    public_url: list[str] = field(default_factory=list, metadata={"help": "the wss:// address nodes should use, as the internet sees it (repeat the flag or separate with commas for several); goes into invites and the information document"})
-    models: str = field(default="", metadata={"help": "which models this swarm trains: NAME@SHA256 for one model (batches labelled with another are refused as wrong_model; `python -m engine.common.model_policy` prints a node's label), 'mixed' (nodes may run different models: each judges another model's text against its sender's own past), or empty: not declared (nodes treat the swarm as one of their own model)"})
-    data_dir: str = field(default="", metadata={"help": f"folder for the relay's Ed25519 key ({KEY_FILE_NAME}); processes of one swarm should share it (empty: the user's data folder, {RELAY_DIR_NAME})"})
+    public_url: list[str] = field(default_factory=list,
+                                  metadata={"help": "the wss:// address nodes should use, as the internet sees it "
+                                                    "(repeat the flag or separate with commas for several); goes into "
+                                                    "invites and the information document"})
+    models: str = field(default="",
+                        metadata={"help": "which models this swarm trains: NAME@SHA256 for one model (batches labelled "
+                                          "with another are refused as wrong_model; `python -m "
+                                          "engine.common.model_policy` prints a node's label), 'mixed' (nodes may run "
+                                          "different models: each judges another model's text against its sender's own "
+                                          "past), or empty: not declared (nodes treat the swarm as one of their own "
+                                          "model)"})
+    data_dir: str = field(default="",
+                          metadata={"help": f"folder for the relay's Ed25519 key ({KEY_FILE_NAME}); processes of one "
+                                            f"swarm should share it (empty: the user's data folder, {RELAY_DIR_NAME})"})
     log_level: str = field(default="info", metadata={"help": "debug, info, warning or error"})
 
     def check(self) -> None:
@@ -72,13 +111,16 @@ class RelaySettings:
         for key in ("max_conn_per_ip", "window", "send_queue", "credit_per_round"):
             if getattr(self, key) < 1:
                 raise ValueError(f"{key.replace('_', '-')} must be at least 1")
-        if self.rate <= 0 or self.burst < 1 or self.heartbeat <= 0 or self.reject_log_every <= 0 or self.receipt_window <= 0:
-            raise ValueError("rate, heartbeat, reject-log-every and receipt-window must be positive and burst at least 1")
+        if (self.rate <= 0 or self.burst < 1 or self.heartbeat <= 0 or self.reject_log_every <= 0
+            or self.receipt_window <= 0):
+            raise ValueError("rate, heartbeat, reject-log-every and receipt-window must be positive and burst at "
+                             "least 1")
         if self.log_level not in ("debug", "info", "warning", "error"):
             raise ValueError("log-level must be debug, info, warning or error")
         if self.redis and not self.redis.startswith(("redis://", "rediss://", "unix://")):
             raise ValueError("redis must be a redis://, rediss:// or unix:// URL")
-        for key, limit in (("name", MAX_NAME_CHARS), ("description", MAX_DESCRIPTION_CHARS), ("contact", MAX_CONTACT_CHARS)):
+        for key, limit in (("name", MAX_NAME_CHARS), ("description", MAX_DESCRIPTION_CHARS),
+                           ("contact", MAX_CONTACT_CHARS)):
             value: str = getattr(self, key)
             if len(value) > limit:
                 raise ValueError(f"{key} must be at most {limit} characters, got {len(value)}")
@@ -99,7 +141,8 @@ class RelaySettings:
                                credit_per_round=self.credit_per_round, receipt_window_s=self.receipt_window)
 
     def model_policy(self) -> ModelPolicy:
-        """The swarm's model policy from `models` (engine/common/model_policy.py): welcome, information document, publish."""
+        """The swarm's model policy from `models` (engine/common/model_policy.py): welcome, information document,
+        publish."""
         return parse_models_setting(self.models)
 
     def trusted_proxies(self) -> TrustedProxies:

@@ -341,7 +341,8 @@ class RelayPages:
                 f"sapling_relay_{name}_total {relay.metrics[name]}",
             ]
         lines += [
-            "# HELP sapling_relay_receipt_items_total Items named in receipts, by outcome (docs/protocol.md, Receipts).",
+            "# HELP sapling_relay_receipt_items_total Items named in receipts, by outcome "
+            "(docs/protocol.md, Receipts).",
             "# TYPE sapling_relay_receipt_items_total counter",
         ]
         lines += [f'sapling_relay_receipt_items_total{{result="{name}"}} {relay.credit.metrics[name]}'

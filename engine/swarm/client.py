@@ -115,7 +115,8 @@ class LinkState:
     relay: str = ""  # the name the relay gave in its challenge
     url: str = ""  # the relay address in use (or being tried)
     since: float = field(default_factory=time.time)  # when `connected` last changed
-    lost_at: float | None = None  # when the link was last lost (None: not this run); once back, since - lost_at is the outage
+    # when the link was last lost (None: not this run); once back, since - lost_at is the outage
+    lost_at: float | None = None
     published: int = 0
     publish_errors: Counter[str] = field(default_factory=Counter)
     models: Any = None  # the welcome's `models`: the swarm's model policy (engine/common/model_policy.py reads it)
@@ -424,7 +425,8 @@ class SwarmClient:
 
     @staticmethod
     async def _text(ws: aiohttp.ClientWebSocketResponse, closed: str) -> str:
-        """The next text frame of the handshake, answering pings on the way; ConnectionError(`closed`) when none comes."""
+        """The next text frame of the handshake, answering pings on the way; ConnectionError(`closed`) when none
+        comes."""
         while True:
             msg = await ws.receive()
             if msg.type == aiohttp.WSMsgType.PING:

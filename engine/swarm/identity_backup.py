@@ -54,7 +54,8 @@ def read_key(path: Path, what: str = "The identity file") -> Ed25519PrivateKey:
     path = Path(path)
     try:
         if path.stat().st_size > MAX_KEY_FILE_BYTES:
-            raise IdentityError(f"{what} {path} is too large to be a Sapling identity ({MAX_KEY_FILE_BYTES // 1024} kB at most).")
+            raise IdentityError(f"{what} {path} is too large to be a Sapling identity ({MAX_KEY_FILE_BYTES // 1024} kB "
+                                "at most).")
         data = path.read_bytes()
     except FileNotFoundError:
         raise IdentityError(f"{what} {path} does not exist.") from None
@@ -65,7 +66,8 @@ def read_key(path: Path, what: str = "The identity file") -> Ed25519PrivateKey:
     except TypeError:
         raise IdentityError(f"{what} {path} is protected by a password; Sapling keys have none.") from None
     except ValueError:
-        raise IdentityError(f"{what} {path} is damaged or is not a Sapling identity (no readable private key in it).") from None
+        raise IdentityError(f"{what} {path} is damaged or is not a Sapling identity (no readable private key in "
+                            "it).") from None
     if not isinstance(key, Ed25519PrivateKey):
         raise IdentityError(f"{what} {path} holds another kind of key than a Sapling identity (Ed25519).")
     return key
@@ -124,7 +126,8 @@ def import_identity(paths: Paths, source: Path, now: float | None = None) -> tup
             os.link(path, kept)  # a second name for the old key: identity.key itself is never missing
         atomic_write_bytes(path, _pem(key), mode=KEY_FILE_MODE)
     except OSError as exc:
-        raise IdentityError(f"The identity cannot be written to {path} ({exc.strerror or exc}); nothing was changed.") from None
+        raise IdentityError(f"The identity cannot be written to {path} ({exc.strerror or exc}); nothing was "
+                            "changed.") from None
     return Identity(key, path), kept, True
 
 

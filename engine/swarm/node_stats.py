@@ -42,12 +42,15 @@ ROWS = (("shared", "Rollouts shared"), ("sampled", "Sampled by others"), ("used"
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """`sapling-node stats ...` (engine/cli.py adds it)."""
-    stats = sub.add_parser("stats", help="what this node's rollouts did for other peers: used, by how many, rejected and why")
-    stats.add_argument("--relay", metavar="URL|INVITE", help="a relay address or invite link (default: the swarm in config.toml)")
+    stats = sub.add_parser("stats",
+                           help="what this node's rollouts did for other peers: used, by how many, rejected and why")
+    stats.add_argument("--relay", metavar="URL|INVITE",
+                       help="a relay address or invite link (default: the swarm in config.toml)")
     stats.add_argument("--home", type=Path, help="keep config, data, cache and logs under this one folder")
     stats.add_argument("--config", type=Path, help="config file (default: config.toml in the config dir)")
     stats.add_argument("--json", action="store_true", help="one JSON object for scripts")
-    stats.add_argument("--timeout", type=float, default=10.0, metavar="S", help="seconds to wait for the relay (default 10)")
+    stats.add_argument("--timeout", type=float, default=10.0, metavar="S",
+                       help="seconds to wait for the relay (default 10)")
 
 
 def swarm_of(relay: str | None, config_file: Path) -> tuple[Invite, str]:

@@ -37,7 +37,8 @@ def test_without_a_home_the_engine_uses_the_users_folders(monkeypatch: pytest.Mo
 
 def test_a_frozen_build_runs_itself_with_the_node_subcommand(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(sys, "frozen", True, raising=False)
-    assert EngineFlags(settings=("--rounds", "1")).command("serve") == [sys.executable, "node", "serve", "--rounds", "1"]
+    assert EngineFlags(settings=("--rounds", "1")).command("serve") == [sys.executable, "node", "serve", "--rounds",
+                                                                        "1"]
 
 
 def test_what_the_app_never_starts_or_a_second_home_is_refused() -> None:

@@ -217,7 +217,8 @@ def test_names_from_a_relay_or_an_invite_are_shown_as_text(qtbot, make_gui: Make
     gui = make_gui()
     w = gui.window
     name = "<img src=x><b>Lab</b>"
-    gui.session.handle({"type": "swarm", "v": 1, "ts": 0.0, "peer_id": "3f9a2c7e51b04d8e9a6c", "name": "quiet-fern-3f9a",
+    gui.session.handle({"type": "swarm", "v": 1, "ts": 0.0, "peer_id": "3f9a2c7e51b04d8e9a6c",
+                        "name": "quiet-fern-3f9a",
                         "relay": "wss://relay.example.org/ws", "connected": False, "message": "<i>down</i>",
                         "swarm_name": name})
     assert "&lt;img src=x&gt;&lt;b&gt;Lab&lt;/b&gt;" in w.relay_label.text() and "<img" not in w.relay_label.text()

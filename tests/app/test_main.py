@@ -50,7 +50,8 @@ def test_self_test_says_whether_try_it_can_run_without_failing(monkeypatch: pyte
 def test_node_subcommand_runs_without_qt(tmp_path: Path) -> None:
     code = ("import sys, app.main; rc = app.main.main(['node', 'config', '--home', sys.argv[1]]); "
             "assert 'PySide6' not in sys.modules, 'node must not load Qt'; sys.exit(rc)")
-    out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, cwd=ROOT,
+                         timeout=120)
     assert out.returncode == 0, out.stderr
     assert "[swarm]" in out.stdout and 'mode = "embedded"' in out.stdout
 

@@ -53,7 +53,8 @@ def test_unknown_type_is_ignored_with_a_log_line(caplog: pytest.LogCaptureFixtur
 
 @pytest.mark.parametrize(
     "line",
-    ["", "not json", "[1,2]", '{"v": 1}', '{"type": "round", "v": 1}', '{"type": "round", "v": "1", "round": 1, "metrics": {}}', b"\xff\xfe"],
+    ["", "not json", "[1,2]", '{"v": 1}', '{"type": "round", "v": 1}',
+     '{"type": "round", "v": "1", "round": 1, "metrics": {}}', b"\xff\xfe"],
 )
 def test_malformed_event_lines_raise_event_error(line: str | bytes) -> None:
     with pytest.raises(EventError):

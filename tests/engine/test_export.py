@@ -69,7 +69,8 @@ def tiny_smol_dir(smol_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> P
 
 
 def _config(model: Path, *extra: str) -> NodeConfig:
-    return build_config("default", None, [f"model.source='{model}'", "run.device='cpu'", "grpo.precision='fp32'", *extra])
+    return build_config("default", None,
+                        [f"model.source='{model}'", "run.device='cpu'", "grpo.precision='fp32'", *extra])
 
 
 def _make_checkpoint(config: NodeConfig, paths: Paths, round_index: int, seed: int = 1) -> Any:
@@ -132,7 +133,8 @@ def _prompts(folder: Path, texts: list[str]) -> list[list[int]]:
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(folder))
-    return [list(tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True, tokenize=True)["input_ids"])
+    return [list(tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True,
+                                         tokenize=True)["input_ids"])
             for t in texts]
 
 
@@ -166,11 +168,14 @@ def test_gguf_carries_the_tokenizer_and_chat_template(tiny_smol_dir: Path, tmp_p
     out = export_model(config, paths, tmp_path / "base.gguf", "gguf", round_index=0).path
     llm = Llama(model_path=str(out), n_ctx=512, n_threads=1, verbose=False)
     assert "<|im_start|>" in llm.metadata["tokenizer.chat_template"]
-    messages = [{"role": "system", "content": "Give only the final answer."}, {"role": "user", "content": "17 + 25 = ?"}]
+    messages = [{"role": "system", "content": "Give only the final answer."},
+                {"role": "user", "content": "17 + 25 = ?"}]
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(tiny_smol_dir))
-    assert prompt_tokens(llm, messages) == list(tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)["input_ids"])
+    assert prompt_tokens(llm,
+                         messages) == list(tok.apply_chat_template(messages, add_generation_prompt=True,
+                                                                   tokenize=True)["input_ids"])
     assert llm.tokenize(b"Hello world 123", add_bos=False) == tok("Hello world 123", add_special_tokens=False).input_ids
     llm.close()
 

@@ -105,7 +105,8 @@ def test_a_wrong_file_is_refused_and_the_identity_stays(tmp_path: Path, capsys: 
     assert [p.name for p in Paths.under(home).data_dir.iterdir()] == ["identity.key"]
 
 
-def test_importing_another_key_keeps_the_current_one_beside_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_importing_another_key_keeps_the_current_one_beside_it(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
     mine, theirs = node(tmp_path / "mine"), node(tmp_path / "theirs")
     backup = tmp_path / "theirs.key"
     assert main(["identity", "export", str(backup), "--home", str(tmp_path / "theirs")]) == 0

@@ -80,6 +80,6 @@ def test_the_cli_prints_no_bars_into_a_log_file(tmp_path: Path, tiny_model_dir: 
     text = log.read_text(encoding="utf-8")
     assert proc.returncode == 0, text
     assert "\r" not in text
-    assert re.search(r"^round 1 generating\s*: \d+/\d+ in \d+\.\d s$", text, re.MULTILINE) is None  # stripped
+    assert re.search(r"^round 1 generating\s+: ", text, re.MULTILINE) is None  # the bar's padding is stripped
     assert re.search(r"^round 1 generating: \d+/\d+ in \d+\.\d s$", text, re.MULTILINE), text
     assert re.search(r"^round    1 \| reward ", text, re.MULTILINE), text

@@ -95,7 +95,8 @@ def test_shared_prompts_give_the_same_logprobs_and_gradients_as_one_forward_per_
     for i, row in enumerate(rows):
         assert mask[i].sum() == len(row)
         assert logp[i, : len(row)].tolist() == pytest.approx(row.tolist(), abs=1e-5)
-    assert float(torch.stack([r.std() for r in rows if len(r) > 1] or [logp.std()]).mean().detach()) > 0.1  # not near-uniform
+    # not near-uniform
+    assert float(torch.stack([r.std() for r in rows if len(r) > 1] or [logp.std()]).mean().detach()) > 0.1
     assert set(fast) == set(plain)
     for name in plain:
         # fp32 sums in another order: within 3e-6 of the tensor's norm (measured), allowed 1e-5.

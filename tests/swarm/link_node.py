@@ -40,7 +40,8 @@ def batch(client: SwarmClient, identity: Identity, question: str, pad: int = 0) 
     """A signed-to-be batch payload with one item asking `question`, its two answers padded by `pad` characters
     (a real round's batch is some 20 kB)."""
     filler = "x" * (pad // 2)
-    item = protocol.Item(ITEM_TASK, question, (f"{filler}<answer>7</answer>", f"{filler}<answer>8</answer>"), (1.0, 0.0))
+    item = protocol.Item(ITEM_TASK, question, (f"{filler}<answer>7</answer>", f"{filler}<answer>8</answer>"),
+                         (1.0, 0.0))
     return protocol.batch_payload(identity.public_key, client.next_seq(), time.time(), "m", [item])
 
 

@@ -21,7 +21,8 @@ from tests.swarm.doc_client import DocPeer, item
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [
     pytest.mark.integration,
-    pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server is not installed (make test installs it)"),
+    pytest.mark.skipif(shutil.which("redis-server") is None,
+                       reason="redis-server is not installed (make test installs it)"),
 ]
 
 

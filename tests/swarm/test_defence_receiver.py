@@ -45,7 +45,8 @@ def teach(folder: Path, steps: int, seed: int, start: Path | None = None, lr: fl
     for _ in range(64):
         x, y = rng.randint(1, 50), rng.randint(1, 50)
         texts.append(tok.apply_chat_template(
-            [{"role": "user", "content": f"What is {x} + {y}?"}, {"role": "assistant", "content": f"<answer>{x + y}</answer>"}],
+            [{"role": "user", "content": f"What is {x} + {y}?"},
+             {"role": "assistant", "content": f"<answer>{x + y}</answer>"}],
             tokenize=False))
     torch.manual_seed(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
@@ -216,10 +217,12 @@ def test_with_the_check_off_the_poisoned_group_is_trained_on(taught: tuple[Path,
     assert len(external) == 1 and report["accepted"] == 1
 
 
-def test_a_peer_sending_poison_is_banned_and_the_unban_command_lifts_it(taught: tuple[Path, Path], tmp_path: Path) -> None:
+def test_a_peer_sending_poison_is_banned_and_the_unban_command_lifts_it(taught: tuple[Path, Path],
+                                                                        tmp_path: Path) -> None:
     from engine.serve import read_commands
 
-    node, exchange, relay, events = receiver_node(taught[0], tmp_path / "r", "swarm.ban_strikes=2", "swarm.ban_window=4")
+    node, exchange, relay, events = receiver_node(taught[0], tmp_path / "r", "swarm.ban_strikes=2",
+                                                  "swarm.ban_window=4")
     mine = own_groups(node)
     attacker = Identity.generate()
     poison = [item_with(node, POISONED, index=i) for i in range(2)]
@@ -236,7 +239,8 @@ def test_a_peer_sending_poison_is_banned_and_the_unban_command_lifts_it(taught: 
     # the app's command, through serve's reader
     import io
 
-    read_commands(io.StringIO(f'{{"cmd": "unban", "v": 1, "peer": "{attacker.peer_id}"}}\n'), node.control, events.append)
+    read_commands(io.StringIO(f'{{"cmd": "unban", "v": 1, "peer": "{attacker.peer_id}"}}\n'), node.control,
+                  events.append)
     node.control.resume()  # read_commands stops the node when its input ends; only the unban matters here
     relay.batches = []
     node.share_and_sample(3, mine)

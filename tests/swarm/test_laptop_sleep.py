@@ -57,7 +57,8 @@ def sleep_and_wake(tmp_path: Path, stop_s: float) -> dict[str, float]:
         start = time.monotonic()
         node.wait("connection", lambda line: line["connected"], "link", start, start + 30)
         _t, first = node.wait("shared round", lambda line: line["published"], "round", start, start + 30)
-        seen, _ = node.wait("third shared round", lambda line: line["published"] and line["round"] >= first["round"] + 2,
+        seen, _ = node.wait("third shared round",
+                            lambda line: line["published"] and line["round"] >= first["round"] + 2,
                             "round", start, start + 30)
         time.sleep(max(0.0, seen + 0.2 - time.monotonic()))  # mid-round: between its publish and the next one
         proc.send_signal(signal.SIGSTOP)
@@ -112,7 +113,8 @@ def test_a_node_stopped_mid_round_is_dropped_readmitted_and_loses_nothing(tmp_pa
 
 
 @pytest.mark.integration
-@pytest.mark.skipif(os.environ.get("SAPLING_LONG_FAULTS") != "1", reason="set SAPLING_LONG_FAULTS=1 for a 10-minute sleep")
+@pytest.mark.skipif(os.environ.get("SAPLING_LONG_FAULTS") != "1",
+                    reason="set SAPLING_LONG_FAULTS=1 for a 10-minute sleep")
 def test_a_ten_minute_sleep(tmp_path: Path) -> None:
     sleep_and_wake(tmp_path, stop_s=600.0)  # past the relay's 300 s timestamp window
 

@@ -66,7 +66,8 @@ def test_the_relay_setting_reads_one_model_mixed_or_nothing() -> None:
     assert parse_models_setting("") == UNDECLARED and parse_models_setting("  ") == UNDECLARED
     assert parse_models_setting("Mixed") == ModelPolicy("mixed")
     single = parse_models_setting(f"SmolLM2-135M-Instruct@{H1}")
-    assert single == ModelPolicy("single", "SmolLM2-135M-Instruct", H1) and single.label == f"SmolLM2-135M-Instruct@{H1}"
+    assert single == ModelPolicy("single", "SmolLM2-135M-Instruct",
+                                 H1) and single.label == f"SmolLM2-135M-Instruct@{H1}"
     assert single.admits(f"other-name@{H1}") and not single.admits(f"SmolLM2-135M-Instruct@{H2}")
     assert not single.admits("bundled")
     assert ModelPolicy("mixed").admits("anything") and UNDECLARED.admits("anything")
@@ -118,7 +119,8 @@ def test_several_weights_files_hash_as_their_sha256sum_list(tmp_path: Path) -> N
     a, b = tmp_path / "b.safetensors", tmp_path / "a.safetensors"
     a.write_bytes(b"one")
     b.write_bytes(b"two")
-    listing = f"{hashlib.sha256(b'two').hexdigest()}  a.safetensors\n{hashlib.sha256(b'one').hexdigest()}  b.safetensors\n"
+    listing = (f"{hashlib.sha256(b'two').hexdigest()}  a.safetensors\n"
+               f"{hashlib.sha256(b'one').hexdigest()}  b.safetensors\n")
     assert weights_hash([a, b]) == hashlib.sha256(listing.encode()).hexdigest()
     assert weights_hash([a]) == hashlib.sha256(b"one").hexdigest()
     with pytest.raises(ConfigError, match="no weights file"):

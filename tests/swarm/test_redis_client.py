@@ -1,4 +1,5 @@
-"""The relay process's one Redis client (engine/relay/brokers.py, `redis_client`), shared by its broker, live stats and credit.
+"""The relay process's one Redis client (engine/relay/brokers.py, `redis_client`), shared by its broker, live
+stats and credit.
 
     .venv/bin/python -m pytest -q tests/swarm/test_redis_client.py
 

@@ -259,7 +259,7 @@ def test_bad_flags_and_config_exit_2_with_one_line(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("bad", ["x", "not-a-key", "AAAA", "0123456789abcdef012"])
 def test_key_lists_reject_garbage(bad: str, tmp_path: Path) -> None:
-    from engine.relay.server import settings_from_args
+    from engine.relay.settings import settings_from_args
 
     keys = tmp_path / "keys"
     keys.write_text(f"# comment\n\n{bad}\n")
@@ -360,7 +360,8 @@ async def test_refusals_are_summed_per_peer_at_info_level(start_relay: StartRela
     assert (await peer.recv())["code"] == p.E_BAD_SCHEMA
 
     def summaries() -> list[logging.LogRecord]:
-        return [r for r in caplog.records if r.getMessage() == "refused messages" and getattr(r, "peer", "") == peer.peer_id]
+        return [r for r in caplog.records if r.getMessage() == "refused messages"
+                and getattr(r, "peer", "") == peer.peer_id]
 
     deadline = time.monotonic() + 10
     while not summaries() and time.monotonic() < deadline:
@@ -375,7 +376,8 @@ async def test_refusals_are_summed_per_peer_at_info_level(start_relay: StartRela
 async def test_a_second_sigterm_during_shutdown_is_ignored_and_the_relay_exits_zero(
         caplog: pytest.LogCaptureFixture) -> None:
     from engine.relay.brokers import MemoryBroker
-    from engine.relay.server import Relay, RelaySettings, serve
+    from engine.relay.cli import serve
+    from engine.relay.server import Relay, RelaySettings
 
     class HeldBroker(MemoryBroker):
         """Holds the shutdown open until the test lets go, so the second signal lands inside it."""

@@ -21,8 +21,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from engine.relay.cli import main as relay_main
 from engine.relay.proxy import TrustedProxies, parse_network
-from engine.relay.server import main as relay_main
 from engine.relay.settings import settings_from_args
 from engine.swarm import protocol as p
 from tests.swarm.conftest import StartRelay

@@ -167,7 +167,8 @@ def test_a_relay_restarted_behind_caddy(processes: Processes, redis_server: Redi
     back, _ = node.wait("reconnection", lambda line: line["connected"], "link", up - 1, up + 35)
     assert "restarting" in lost["error"], lost  # the app says why: "the relay is restarting; reconnect shortly"
     _t, again = node.wait("round shared again", lambda line: line["published"], "round", back, back + 20)
-    last_t, _ = node.wait("five more rounds", lambda line: line["round"] >= again["round"] + 5, "round", back, back + 30)
+    last_t, _ = node.wait("five more rounds", lambda line: line["round"] >= again["round"] + 5, "round", back,
+                          back + 30)
     time.sleep(1.0)  # the last acknowledgements
 
     counts = stored(redis_server.url)

@@ -108,7 +108,8 @@ def run_slow_link(tmp_path: Path, seconds: float, reset_every_s: float) -> dict[
         lost = [n for n in published if f"round {n}" not in stored]
         copies = max(stored.count(q) for q in set(stored))
         assert copies == 1, "a batch was stored twice"
-        for code in (protocol.E_BAD_JSON, protocol.E_BAD_SCHEMA, protocol.E_BAD_SIGNATURE, protocol.E_REPLAY, protocol.E_STALE):
+        for code in (protocol.E_BAD_JSON, protocol.E_BAD_SCHEMA, protocol.E_BAD_SIGNATURE, protocol.E_REPLAY,
+                     protocol.E_STALE):
             assert relay.relay.rejections[code] == 0, relay.relay.rejections
         assert len(lost) <= proxy.resets, f"published and never stored: {lost}"  # at most one a reset
 
