@@ -20,7 +20,7 @@ def samples(rss: list[float], fds: list[int], checkpoints: int = 2, node_disk: f
             "relay-a": {"alive": True, "rss": 50 * MB, "fds": 10, "threads": 1, "disk": 400},
             "node-0": {"alive": True, "rss": int(r * MB), "fds": f, "threads": 4, "disk": int(node_disk * MB),
                        "checkpoints": checkpoints, "checkpoint_max": MB, "metrics": 1000, "logs": 5000,
-                       "rounds": 10 * (i + 1), "received": 8, "connected": True}}})
+                       "rounds": 10 * (i + 1), "received": 8, "connected": True, "held": 60}}})
     return rows
 
 
@@ -32,11 +32,18 @@ def test_a_flat_run_meets_every_goal() -> None:
 
 
 def test_memory_growth_open_files_and_disk_fail_the_run() -> None:
-    _lines, failed = soak.judge(samples([400, 420, 430, 440, 450, 460, 470, 480], [8, 8, 8, 9, 9, 10, 10, 11],
+    _lines, failed = soak.judge(samples([400, 420, 430, 440, 450, 460, 470, 480], [8, 8, 8, 9, 10, 11, 12, 13],
                                         checkpoints=4, node_disk=60.0), 120, WATCHED)
     assert any("node-0: RSS grew" in f for f in failed)
     assert any("node-0: open files grew" in f for f in failed)
     assert any("4 checkpoints on disk" in f for f in failed) and any("over its bound" in f for f in failed)
+
+
+def test_metrics_trimmed_to_a_few_rounds_fail_the_run() -> None:
+    rows = samples([440] * 6, [8] * 6)
+    rows[4]["procs"]["node-0"]["held"] = 2  # lines that grew until the bound kept two rounds
+    _lines, failed = soak.judge(rows, 60, WATCHED)
+    assert failed == ["node-0: metrics.jsonl held fewer than 50 rounds after the warm-up"]
 
 
 def test_a_node_that_stopped_or_stopped_sharing_fails_the_run() -> None:

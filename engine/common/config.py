@@ -246,8 +246,8 @@ class RunConfig:
     max_rounds: int = _help("Stop after this round number (0: train until stopped).", 0)
     keep_checkpoints: int = _help("How many recent good checkpoints to keep.", 3)
     metrics_max_kb: int = _help(
-        "Most kilobytes metrics.jsonl may hold; past it the oldest half of its lines is dropped (a line is about "
-        "1.5 kB a round: the default keeps weeks of rounds for the charts).", 32768)
+        "Most kilobytes metrics.jsonl may hold; past it the oldest half of its lines is dropped (a round's line is "
+        "1.5 kB, up to some 8 kB with many peers listed: the default keeps days to weeks of rounds).", 32768)
 
     def __post_init__(self) -> None:
         s = "run"

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +49,7 @@ def relay_identity(data_dir: str) -> Identity:
         key = Ed25519PrivateKey.generate()
         pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                                 serialization.NoEncryption())
-        fresh = path.with_name(f".{path.name}.{os.getpid()}.new")
+        fresh = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.new")  # threads share a pid
         atomic_write_bytes(fresh, pem, mode=KEY_FILE_MODE)
         try:
             # A hard link creates the name only if it is free: of several relay processes starting
