@@ -22,7 +22,7 @@ import html
 import re
 import time
 from collections import Counter
-from collections.abc import Sized
+from collections.abc import Awaitable, Callable, Sized
 from importlib import resources
 from string import Template
 from typing import Any, Protocol
@@ -51,6 +51,7 @@ SECURITY_HEADERS = {
     "Referrer-Policy": "no-referrer",
     "X-Frame-Options": "DENY",
 }
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 MAX_ACCEPT_CHARS = 1024
 _MEDIA_RANGE = re.compile(r"^[A-Za-z0-9!#$%&'*+.^_`|~-]+/[A-Za-z0-9!#$%&'*+.^_`|~-]+$")
 # Files under engine/relay/static/ served at /static/NAME, and their types; nothing else is.
@@ -152,12 +153,28 @@ class RelayPages:
         app.router.add_get("/favicon.ico", self.handle_favicon)  # asked for by browsers that skip the <link>
         app.router.add_get("/healthz", self.handle_health)
         app.router.add_get("/metrics", self.handle_metrics)
+        app.middlewares.append(self._branded_errors)
         app.on_response_prepare.append(self._secure)
 
     @staticmethod
     async def _secure(_request: web.Request, response: web.StreamResponse) -> None:
         for name, value in SECURITY_HEADERS.items():
             response.headers.setdefault(name, value)
+        response.headers["Server"] = SOFTWARE  # one name, no versions (aiohttp would name itself and Python's)
+
+    @web.middleware
+    async def _branded_errors(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """An unknown path or method gets the relay's own error page instead of aiohttp's bare text."""
+        try:
+            return await handler(request)
+        except web.HTTPNotFound:
+            return self._error(404, "Page not found", "This relay has no page at that address; its status page "
+                               "has the links to everything it serves.")
+        except web.HTTPMethodNotAllowed as exc:
+            allowed = ", ".join(sorted(exc.allowed_methods))
+            page = self._error(405, "Method not allowed", f"This address answers {allowed} only, not {exc.method}.")
+            page.headers["Allow"] = allowed
+            return page
 
     # -- pages --------------------------------------------------------------------------------
     def _page(self, page: str, status: int = 200, **values: str) -> web.Response:
@@ -295,7 +312,7 @@ class RelayPages:
         name = request.match_info["name"]
         body = self.static.get(name)
         if body is None:
-            raise web.HTTPNotFound(text="404: Not Found")
+            raise web.HTTPNotFound()  # the branded page (_branded_errors)
         return web.Response(body=body, content_type=STATIC_TYPES[name], charset="utf-8",
                             headers={"Cache-Control": "public, max-age=300"})
 

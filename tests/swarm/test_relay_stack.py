@@ -185,6 +185,9 @@ def test_a_node_publishes_over_wss_through_caddy_and_a_node_on_the_other_process
 def test_caddy_serves_health_and_keeps_metrics_private(stack: Stack) -> None:
     status, body = stack.get("/healthz")
     assert status == 200 and json.loads(body)["status"] == "ok"
+    context = ssl.create_default_context(cafile=str(stack.ca))
+    with urllib.request.urlopen(f"https://localhost:{stack.https_port}/", context=context, timeout=10) as page:
+        assert page.headers.get_all("Server") == ["sapling-relay"]  # Caddy's own dropped, no versions
     assert stack.get("/metrics")[0] == 404  # the Caddyfile's rule: Prometheus scrapes each process directly
     with urllib.request.urlopen(f"http://127.0.0.1:{stack.relay_ports[0]}/metrics", timeout=10) as direct:
         assert b"sapling_relay_connections" in direct.read()
