@@ -374,11 +374,14 @@ class Preview:
 
     @property
     def name(self) -> str:
-        return self.info.name or self.invite.name or urlsplit(self.relay).hostname or self.relay
+        """The swarm's name as the relay that answered gives it (else its host), never the link's: anyone can
+        write any name into a link, so "Riverside Maths Club" in an invite proves nothing."""
+        return self.info.name or urlsplit(self.relay).hostname or self.relay
 
     def link(self) -> str:
-        """The invite to store (swarm.relay_url), its name filled in from the relay when it had none."""
-        return Invite(self.invite.relays, self.invite.token, self.invite.name or self.info.name[:80]).link()
+        """The invite to store (swarm.relay_url), named as the relay that answered names its swarm (the app's swarm
+        panel shows that name), not as the link did."""
+        return Invite(self.invite.relays, self.invite.token, self.info.name[:80]).link()
 
 
 def preview_invite(text: str, timeout: float = STEP_TIMEOUT_S, context: ssl.SSLContext | None = None) -> Preview:

@@ -4,7 +4,8 @@
     GET /.well-known/sapling-relay the information document, always JSON (engine/relay/info.py)
     GET /stats.json                live numbers and the last day per minute, polled by the status page
     GET /stats/peers.json          the peers whose rollouts others used most today, with their credit
-    GET /join?relay=...&token=...  "Open in Sapling" for an invite, and how to install Sapling
+    GET /join?relay=...&token=...  "Open in Sapling" for an invite to this relay, and how to install Sapling;
+                                   an invite to another relay gets "this page does not vouch for that relay"
     GET /static/NAME               the page's own script, style sheet and vendored chart library
     GET /healthz, GET /metrics     operations (JSON; Prometheus text)
 
@@ -62,7 +63,7 @@ STATIC_TYPES = {
     "uPlot.min.css": "text/css",
     "favicon.svg": "image/svg+xml",
 }
-PAGE_NAMES = ("status.html", "join.html", "error.html")
+PAGE_NAMES = ("status.html", "join.html", "foreign.html", "error.html")
 
 
 class RelayView(Protocol):
@@ -131,6 +132,13 @@ def _contact_href(contact: str) -> str:
     if urlsplit(contact).scheme in ("http", "https") and urlsplit(contact).netloc:
         return contact
     return ""
+
+
+def relay_key(url: str) -> tuple[str, str, int, str]:
+    """What makes two relay addresses the same relay: scheme, host (any case), port (the scheme's by default), path."""
+    parts = urlsplit(url)
+    port = parts.port or (443 if parts.scheme == "wss" else 80)
+    return parts.scheme, (parts.hostname or "").lower(), port, parts.path.rstrip("/") or "/"
 
 
 def _load(name: str) -> bytes:
@@ -234,12 +242,6 @@ class RelayPages:
             return self._json(await self._document())
         settings = self.relay.settings
         live = (await self._live())["live"]
-        contact = settings.contact
-        href = _contact_href(contact)
-        if href:
-            contact_html = f'<a href="{html.escape(href)}">{html.escape(contact)}</a>'
-        else:
-            contact_html = html.escape(contact) if contact else "not given"
         private = bool(settings.join_token)
         if private:
             policy_text = "Private swarm: nodes need a join token from its operator."
@@ -252,7 +254,8 @@ class RelayPages:
             name=html.escape(settings.name),
             description=html.escape(settings.description),
             policy=html.escape(policy_text),
-            contact=contact_html,
+            operator=self._operator_html(),
+            contact=self._contact_html(),
             peers=str(int(live["peers_online"])),
             rate=html.escape(f"{live['publishes_per_minute']:g}"),
             hour=str(int(live["batches_last_hour"])),
@@ -261,6 +264,16 @@ class RelayPages:
             software=SOFTWARE,
             join=self._join_section(request, private),
         )
+
+    def _contact_html(self) -> str:
+        contact = self.relay.settings.contact
+        href = _contact_href(contact)
+        if href:
+            return f'<a href="{html.escape(href)}">{html.escape(contact)}</a>'
+        return html.escape(contact) if contact else "not given"
+
+    def _operator_html(self) -> str:
+        return html.escape(self.relay.settings.operator or "not given")
 
     def _relay_urls(self, request: web.Request) -> tuple[str, ...]:
         """The addresses to invite people to: --public-url, else this request's host (for display only)."""
@@ -288,6 +301,9 @@ class RelayPages:
                 f'<p>To send to someone without Sapling: <a href="{page}">{page}</a></p>')
 
     async def handle_join(self, request: web.Request) -> web.Response:
+        """An invite page for this relay's own addresses only; an invite to any other relay gets a page saying
+        that this site does not vouch for it (a link could otherwise dress someone else's relay in this site's
+        name and certificate)."""
         accept = self._accept_json(request)
         if isinstance(accept, web.Response):
             return accept
@@ -295,18 +311,34 @@ class RelayPages:
             invite = parse_invite(f"https://relay.invalid/join?{request.query_string}")
         except ConfigError as exc:
             return self._error(400, "Not a valid invite", str(exc))
+        settings = self.relay.settings
+        own = {relay_key(url) for url in self._relay_urls(request)}
+        if not all(relay_key(url) in own for url in invite.relays):
+            return self._foreign_invite(invite)
         relays = "".join(f"<li><code>{html.escape(url)}</code></li>" for url in invite.relays)
         if invite.token:
             privacy = "A private swarm: this link carries its join token, so share it only with people you want in."
         else:
             privacy = "An open swarm: anyone with Sapling can join."
+        vouched = Invite(invite.relays, invite.token, settings.name)  # the relay's own name, never the link's
         return self._page(
             "join.html",
-            name=html.escape(invite.name or "a Sapling swarm"),
+            name=html.escape(settings.name),
+            description=html.escape(settings.description),
             privacy=html.escape(privacy),
             relays=relays,
-            link=html.escape(invite.link()),
+            link=html.escape(vouched.link()),
+            operator=self._operator_html(),
+            contact=self._contact_html(),
         )
+
+    def _foreign_invite(self, invite: Invite) -> web.Response:
+        relays = "".join(f"<li><code>{html.escape(url)}</code></li>" for url in invite.relays)
+        claimed = ""
+        if invite.name:
+            claimed = (f'<p>The link calls its swarm <q class="claimed" id="claimed-name">{html.escape(invite.name)}'
+                       "</q>; anyone can write any name into a link.</p>")
+        return self._page("foreign.html", relays=relays, claimed=claimed, own=html.escape(self.relay.settings.name))
 
     async def handle_static(self, request: web.Request) -> web.Response:
         name = request.match_info["name"]

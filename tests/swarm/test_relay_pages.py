@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from engine.common.rules import Invite
 from tests.swarm.conftest import StartRelay
 from tests.swarm.test_relay_web import BROWSER_ACCEPT, XSS, PageWatch, _base, chromium  # noqa: F401  (the fixture)
 
@@ -58,3 +59,41 @@ def test_a_wrong_method_gets_a_405_page_naming_the_allowed_ones(start_relay: Sta
     status, headers, body = fetch(_base(relay) + "/healthz", "POST")
     assert status == 405 and headers["Allow"] == "GET, HEAD"
     assert "answers GET, HEAD only, not POST" in text_of(body, "error-message")
+
+
+# -- /join vouches only for the relay's own addresses -------------------------------------------
+def test_an_invite_to_another_relay_gets_the_does_not_vouch_page(start_relay: StartRelay) -> None:
+    relay = start_relay(name="Our club", operator="Hill School IT", public_url=["wss://relay.example.org/ws"])
+    spoof = Invite(("wss://other.example/ws",), "", "Riverside Maths Club")
+    status, _headers, body = fetch(spoof.page_url(_base(relay)))
+    assert status == 200 and text_of(body, "foreign-title") == "This page does not vouch for that relay"
+    assert "<code>wss://other.example/ws</code>" in body
+    assert text_of(body, "claimed-name") == "Riverside Maths Club"  # quoted as the link's claim, not as a title
+    assert "<h1" not in body.split('id="claimed-name"')[0].split("foreign-title")[1]  # the only heading is the warning
+    assert "sapling://" not in body and "Open in Sapling" not in body  # no button to the other relay
+    assert "Hill School IT" not in body  # this site's operator does not lend its name to it
+    # one own address and one foreign one: still not vouched for
+    mixed = Invite(("wss://relay.example.org/ws", "wss://other.example/ws"), "", "Our club")
+    assert "does not vouch" in fetch(mixed.page_url(_base(relay)))[2]
+
+
+def test_an_invite_to_the_relays_own_address_shows_its_name_operator_and_contact(start_relay: StartRelay) -> None:
+    relay = start_relay(name="Our club", operator="Hill <School> IT", contact="ops@example.org",
+                        description="Arithmetic on Tuesdays.", public_url=["wss://Relay.Example.org:443/ws"])
+    invite = Invite(("wss://relay.example.org/ws",), "tok", "A name someone else wrote")
+    status, _headers, body = fetch(invite.page_url(_base(relay)))
+    assert status == 200 and "does not vouch" not in body
+    assert text_of(body, "invite-name") == "Our club" and "A name someone else wrote" not in body
+    assert text_of(body, "invite-operator") == "Hill &lt;School&gt; IT"
+    assert 'href="mailto:ops@example.org"' in body and text_of(body, "invite-description") == "Arithmetic on Tuesdays."
+    link = Invite(("wss://relay.example.org/ws",), "tok", "Our club").link()
+    assert f'href="{link.replace("&", "&amp;")}"' in body
+
+
+def test_without_public_urls_the_relay_vouches_for_the_address_it_was_reached_at(start_relay: StartRelay) -> None:
+    relay = start_relay(name="Lab")
+    own = Invite((f"ws://127.0.0.1:{relay.port}/ws",), "", "Lab")
+    body = fetch(own.page_url(_base(relay)))[2]
+    assert text_of(body, "invite-name") == "Lab"
+    other_port = Invite((f"ws://127.0.0.1:{relay.port + 1}/ws",), "", "Lab")
+    assert "does not vouch" in fetch(other_port.page_url(_base(relay)))[2]

@@ -299,11 +299,14 @@ def test_the_status_page_invites_to_the_public_urls_and_never_shows_a_token(star
 
 
 def test_the_join_page_offers_the_link_and_the_download(start_relay: StartRelay) -> None:
-    relay = start_relay()
-    invite = Invite(("wss://relay.example.org/ws", "wss://b.example.org/ws"), "tok", XSS)
+    urls = ("wss://relay.example.org/ws", "wss://b.example.org/ws")
+    relay = start_relay(name=XSS, public_url=list(urls))
+    invite = Invite(urls, "tok", "Some other name")
     status, _, body = _get(invite.page_url(_base(relay)), BROWSER_ACCEPT)
     assert status == 200
-    assert f'href="{invite.link().replace("&", "&amp;")}"' in body and "Open in Sapling" in body
+    vouched = Invite(urls, "tok", XSS)  # the relay's own name replaces the link's
+    assert f'href="{vouched.link().replace("&", "&amp;")}"' in body and "Open in Sapling" in body
+    assert "Some other name" not in body
     assert XSS not in body and "&lt;script&gt;" in body and DOWNLOAD_URL in body
     assert "<script" not in body and "join token" in body
 
@@ -504,7 +507,8 @@ def test_browser_status_page_updates_live_from_real_peers(chromium: Any, start_r
 def test_browser_hostile_names_render_as_text(chromium: Any, start_relay: StartRelay) -> None:
     from playwright.sync_api import expect
 
-    relay = start_relay(name=XSS, description='<img src=x onerror="alert(2)">')
+    relay = start_relay(name=XSS, description='<img src=x onerror="alert(2)">',
+                        public_url=["wss://relay.example.org/ws"])
     page = chromium.new_page()
     watch = PageWatch(page)
     page.goto(_base(relay) + "/")
