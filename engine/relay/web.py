@@ -257,7 +257,7 @@ class RelayPages:
             operator=self._operator_html(),
             contact=self._contact_html(),
             peers=str(int(live["peers_online"])),
-            rate=html.escape(f"{live['publishes_per_minute']:g}"),
+            rate=html.escape(f"{live['rollouts_per_minute']:g}"),
             hour=str(int(live["batches_last_hour"])),
             joined=str(int(live["joined_today"])),
             protocol=str(protocol.VERSION),

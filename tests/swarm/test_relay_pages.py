@@ -97,3 +97,51 @@ def test_without_public_urls_the_relay_vouches_for_the_address_it_was_reached_at
     assert text_of(body, "invite-name") == "Lab"
     other_port = Invite((f"ws://127.0.0.1:{relay.port + 1}/ws",), "", "Lab")
     assert "does not vouch" in fetch(other_port.page_url(_base(relay)))[2]
+
+
+# -- the pages fit a phone ------------------------------------------------------------------------
+LONG_NAME = "W" * 80  # the longest name the relay takes, with nowhere to break
+LONG_HOST = "a-community-relay-with-a-rather-long-name-for-its-own-subdomain.maths-club.example.org"
+SCREENS = [(320, 640), (390, 844), (1280, 800)]
+NO_SIDEWAYS_SCROLL = "() => document.documentElement.scrollWidth <= document.documentElement.clientWidth"
+
+
+def test_browser_every_page_fits_the_screen_without_sideways_scrolling(chromium: Any,  # noqa: F811
+                                                                      start_relay: StartRelay) -> None:
+    from playwright.sync_api import expect
+
+    public = f"wss://{LONG_HOST}/ws"
+    relay = start_relay(name=LONG_NAME, description="D" * 300, operator="O" * 80, contact="x" * 60 + "@example.org",
+                        public_url=[public])
+    pages = {
+        "status": _base(relay) + "/",
+        "join": Invite((public,), "t" * 64, LONG_NAME).page_url(_base(relay)),
+        "not vouched": Invite((f"wss://{LONG_HOST}.evil.example/ws",), "", "N" * 80).page_url(_base(relay)),
+        "404": _base(relay) + "/" + "p" * 200,
+    }
+    for width, height in SCREENS:
+        context = chromium.new_context(viewport={"width": width, "height": height})
+        try:
+            page = context.new_page()
+            watch = PageWatch(page)
+            for what, url in pages.items():
+                page.goto(url)
+                if what == "status":  # the charts are drawn by the script: wait for its first update
+                    expect(page.locator("#status-line")).to_have_text(re.compile(r"^Updated "), timeout=20_000)
+                    assert page.locator("#chart-rollouts canvas").count() == 1
+                widths = page.evaluate("() => [document.documentElement.scrollWidth, "
+                                       "document.documentElement.clientWidth]")
+                assert page.evaluate(NO_SIDEWAYS_SCROLL), f"{what} at {width} px is {widths[0]} px wide"
+            assert [p for p in watch.problems if "status of 404" not in p] == []
+        finally:
+            context.close()
+
+
+def test_browser_the_rate_card_counts_what_its_chart_shows(chromium: Any, start_relay: StartRelay) -> None:  # noqa: F811
+    relay = start_relay()
+    page = chromium.new_page()
+    page.goto(_base(relay) + "/")
+    label = page.text_content("#rollouts-per-minute + .label") or ""
+    heading = page.text_content(".chart h2") or ""
+    assert label.startswith("rollouts a minute") and heading.startswith("Rollouts a minute")
+    assert "batches a minute" not in (page.text_content("body") or "")

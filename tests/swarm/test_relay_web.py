@@ -488,7 +488,7 @@ def test_browser_status_page_updates_live_from_real_peers(chromium: Any, start_r
         expect(page.locator("#peers-online")).to_have_text("3", timeout=20_000)
         expect(page.locator("#batches-last-hour")).to_have_text(str(sent), timeout=20_000)
         expect(page.locator("#joined-today")).to_have_text("3", timeout=20_000)
-        assert float(page.text_content("#publishes-per-minute") or "0") > 0
+        assert float(page.text_content("#rollouts-per-minute") or "0") > 0
         assert page.locator("#chart-rollouts canvas").count() == 1
         assert page.locator("#chart-reward canvas").count() == 1
         assert page.text_content("#open-link") == "Open in Sapling"
