@@ -75,6 +75,7 @@ class RelayInfo:
     name: str
     description: str = ""
     contact: str = ""
+    operator: str = ""  # who runs it, as the relay says (relays before the field: "")
     join: str = "open"  # "open" or "token"
     allow_list: bool = False
     models: Any = None
@@ -171,6 +172,7 @@ def parse_relay_info(doc: Any, where: str) -> RelayInfo:
         name=_text(doc, "name", where, 120, required=True),
         description=_text(doc, "description", where, 2000, multiline=True),
         contact=_text(doc, "contact", where, 200),
+        operator=_text(doc, "operator", where, 200),
         join=str(join),
         allow_list=allow_list,
         models=models,

@@ -113,13 +113,13 @@ def test_an_invite_opened_while_the_app_runs_joins_that_swarm(qtbot, make_gui: M
 @pytest.mark.integration
 def test_the_join_dialog_names_the_relay_that_answered_not_the_name_in_the_link(  # type: ignore[no-untyped-def]
         qtbot, start_relay: StartRelay) -> None:
-    relay = start_relay(name="Someone else's relay", contact="other@example.org")
+    relay = start_relay(name="Someone else's relay", operator="Other people", contact="other@example.org")
     spoof = Invite((relay.url,), "", "Riverside Maths Club").link()
     dialog = JoinDialog(spoof)
     qtbot.addWidget(dialog)
     qtbot.waitUntil(lambda: dialog.preview is not None, timeout=10_000)
     assert dialog.card.values["swarm"].text() == "Someone else's relay"
-    assert dialog.card.values["operator"].text() == "other@example.org"
+    assert dialog.card.values["operator"].text() == "Other people · other@example.org"  # as the relay says
     assert dialog.card.status.text() == f"The relay at {relay.url} answered."
     shown = " ".join(label.text() for label in dialog.card.values.values()) + dialog.card.status.text()
     assert "Riverside" not in shown

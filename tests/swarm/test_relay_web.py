@@ -112,7 +112,7 @@ def _raw_get(port: int, target: str, *headers: str) -> tuple[int, bytes]:
 # -- the information document -------------------------------------------------------------------
 async def test_the_information_document_has_every_field(start_relay: StartRelay, tmp_path: Path) -> None:
     relay = start_relay(name="Maths club", description="We train on arithmetic.", contact="ops@example.org",
-                        public_url=["wss://relay.example.org/ws", "wss://backup.example.org/ws"],
+                        operator="Hill School IT", public_url=["wss://relay.example.org/ws", "wss://backup.example.org/ws"],
                         join_token="tok", data_dir=str(tmp_path))
     peer = DocPeer(relay.url, token="tok")
     welcome = await peer.connect()
@@ -122,8 +122,9 @@ async def test_the_information_document_has_every_field(start_relay: StartRelay,
     key = Identity.load_or_create(tmp_path / "relay.key").public_key
     assert doc == {
         "software": "sapling-relay", "version": __version__, "protocol": protocol.VERSION,
-        "name": "Maths club", "description": "We train on arithmetic.", "contact": "ops@example.org",
-        "policy": {"join": "token", "allow_list": False}, "models": None, "limits": welcome["limits"],
+        "name": "Maths club", "description": "We train on arithmetic.", "operator": "Hill School IT",
+        "contact": "ops@example.org", "policy": {"join": "token", "allow_list": False}, "models": None,
+        "limits": welcome["limits"],
         "public_key": protocol.b64encode(key),
         "urls": ["wss://relay.example.org/ws", "wss://backup.example.org/ws"],
         "live": {"peers_online": 1, "batches_last_hour": 0, "publishes_per_minute": 0.0, "joined_today": 1},
