@@ -151,13 +151,16 @@ test-quick: lint typecheck
 # the `relay` extra's pins from pyproject.toml, then this checkout with --no-deps.
 #   make relay-venv && build/relay-venv/bin/sapling-relay --help
 RELAY_VENV ?= build/relay-venv
+# -e: the venv runs the checkout's code (for development). Servers: RELAY_EDITABLE= builds a wheel of the
+# checkout and installs that, so the venv no longer needs the checkout (docs/relay-operators.md).
+RELAY_EDITABLE ?= -e
 .PHONY: relay-venv
 relay-venv:
 	$(PYTHON) -m venv $(RELAY_VENV)
 	$(RELAY_VENV)/bin/python -m pip install -q --upgrade pip
 	$(RELAY_VENV)/bin/python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']['relay']))" > $(RELAY_VENV)/relay-requirements.txt
 	$(RELAY_VENV)/bin/pip install -q -r $(RELAY_VENV)/relay-requirements.txt
-	$(RELAY_VENV)/bin/pip install -q --no-deps -e .
+	$(RELAY_VENV)/bin/pip install -q --no-deps --force-reinstall $(RELAY_EDITABLE) .
 	$(RELAY_VENV)/bin/sapling-relay --help > /dev/null
 	@echo "$(RELAY_VENV)/bin/sapling-relay is ready (no torch, no Qt)."
 

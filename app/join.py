@@ -167,7 +167,7 @@ class SwarmPreview(QFrame):
         relays = preview.invite.relays
         values = {
             "swarm": preview.name,
-            "operator": info.contact or "not given",
+            "operator": " · ".join(part for part in (info.operator, info.contact) if part) or "not given",
             "policy": info.policy_words() + token,
             "models": describe_model_policy(info.models),
             "online": f"{info.live.peers_online:,}" + (f" · {info.live.batches_last_hour:,} batches shared in the last "

@@ -64,9 +64,9 @@ class RelayProcess:
     """One relay subprocess on a free port; its JSON log in a file, its CPU and memory read by psutil."""
 
     def __init__(self, workdir: Path, name: str, *, redis_url: str = "", max_conn: int = 100, window: int = WINDOW,
-                 log_level: str = "info", extra: list[str] | None = None) -> None:
+                 log_level: str = "info", extra: list[str] | None = None, port: int = 0) -> None:
         self.name = name
-        self.port = free_port()
+        self.port = port or free_port()  # a given port: the same process started again where a proxy expects it
         self.url = f"ws://127.0.0.1:{self.port}/ws"
         self.log_path = workdir / f"{name}.log"
         argv = [sys.executable, "-m", "engine.relay", "--port", str(self.port), "--max-conn-per-ip",

@@ -53,6 +53,12 @@ class RelayError(SaplingError):
     exit_code = 1
 
 
+class RelayStartError(SaplingError):
+    """A relay process cannot start: its port is taken, its Redis does not answer, its key folder is not writable."""
+
+    exit_code = 2
+
+
 class IdentityError(SaplingError, ValueError):
     """A swarm identity file is missing, damaged or not a Sapling key, or cannot be written."""
 

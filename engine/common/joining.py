@@ -75,6 +75,7 @@ class RelayInfo:
     name: str
     description: str = ""
     contact: str = ""
+    operator: str = ""  # who runs it, as the relay says (relays before the field: "")
     join: str = "open"  # "open" or "token"
     allow_list: bool = False
     models: Any = None
@@ -171,6 +172,7 @@ def parse_relay_info(doc: Any, where: str) -> RelayInfo:
         name=_text(doc, "name", where, 120, required=True),
         description=_text(doc, "description", where, 2000, multiline=True),
         contact=_text(doc, "contact", where, 200),
+        operator=_text(doc, "operator", where, 200),
         join=str(join),
         allow_list=allow_list,
         models=models,
@@ -374,11 +376,14 @@ class Preview:
 
     @property
     def name(self) -> str:
-        return self.info.name or self.invite.name or urlsplit(self.relay).hostname or self.relay
+        """The swarm's name as the relay that answered gives it (else its host), never the link's: anyone can
+        write any name into a link, so "Riverside Maths Club" in an invite proves nothing."""
+        return self.info.name or urlsplit(self.relay).hostname or self.relay
 
     def link(self) -> str:
-        """The invite to store (swarm.relay_url), its name filled in from the relay when it had none."""
-        return Invite(self.invite.relays, self.invite.token, self.invite.name or self.info.name[:80]).link()
+        """The invite to store (swarm.relay_url), named as the relay that answered names its swarm (the app's swarm
+        panel shows that name), not as the link did."""
+        return Invite(self.invite.relays, self.invite.token, self.info.name[:80]).link()
 
 
 def preview_invite(text: str, timeout: float = STEP_TIMEOUT_S, context: ssl.SSLContext | None = None) -> Preview:

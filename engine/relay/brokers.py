@@ -34,7 +34,9 @@ import secrets
 import time
 import uuid
 from typing import Any, NamedTuple, Protocol
+from urllib.parse import urlsplit
 
+from engine.common.errors import RelayStartError
 from engine.swarm import protocol
 
 log = logging.getLogger(__name__)
@@ -213,6 +215,18 @@ return 1
 """
 
 
+def redis_address(url: str) -> str:
+    """Where a redis:// URL points, without its password: host:port/db, or the socket's path."""
+    parts = urlsplit(url)
+    if parts.scheme == "unix":
+        return parts.path or url.split("?", 1)[0]
+    try:
+        port = parts.port or 6379
+    except ValueError:
+        port = 6379
+    return f"{parts.hostname or 'localhost'}:{port}{parts.path or ''}"
+
+
 def redis_client(url: str) -> Any:
     """A `redis.asyncio.Redis` for one relay process: a bounded pool, commands retried on a fresh connection.
 
@@ -257,7 +271,12 @@ class RedisBroker:
         self._claim = self._redis.register_script(_CLAIM_SEQ)
 
     async def start(self) -> None:
-        await self._redis.ping()
+        try:
+            await self._redis.ping()
+        except self._errors as exc:
+            reason = str(exc).split(". ")[0].rstrip(".") or type(exc).__name__  # redis-py adds a second sentence
+            raise RelayStartError(f"Redis at {redis_address(self.url)} does not answer ({reason}); start it, or "
+                                  "correct --redis") from None
         # One epoch per swarm in this Redis, shared by all its relays, so a node's cursor
         # works on any of them; a flushed or different Redis gets a new one.
         await self._redis.set(self.epoch_key, "r" + secrets.token_hex(4), nx=True)

@@ -13,11 +13,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import sys
 
 from aiohttp import web
 
+from engine.common.errors import RelayStartError
 from engine.relay import invite as relay_invite
 from engine.relay.limits import QuietBadRequests
 from engine.relay.server import DROP_GRACE_S, Relay
@@ -28,20 +30,27 @@ log = logging.getLogger("sapling.relay")
 
 # -- command line ----------------------------------------------------------------------------
 async def serve(relay: Relay) -> int:
-    """Serve until SIGTERM or SIGINT, then close every connection; 0, or 1 if the port cannot be bound.
+    """Serve until SIGTERM or SIGINT, then close every connection; 0 when it stopped that way.
 
+    RelayStartError (one sentence) when it cannot start: Redis does not answer, the port is taken.
     Further signals during the shutdown are logged and ignored, so a second
     SIGTERM (systemd, Docker and impatient people send one) cannot cut it short.
     """
     settings = relay.settings
     runner = web.AppRunner(relay.app(), handle_signals=False, shutdown_timeout=DROP_GRACE_S)
-    await runner.setup()
     try:
-        await web.TCPSite(runner, settings.host, settings.port).start()
-    except OSError as exc:
-        log.error("cannot listen: %s", exc)
-        await runner.cleanup()
-        return 1
+        await runner.setup()  # the relay's on_startup: Redis is asked here (RelayStartError)
+        try:
+            await web.TCPSite(runner, settings.host, settings.port).start()
+        except OSError as exc:
+            reason = os.strerror(exc.errno).lower() if exc.errno else str(exc)
+            raise RelayStartError(f"cannot listen on {settings.host}:{settings.port} ({reason}); stop what uses "
+                                  "that port, or choose another with --port") from None
+    except RelayStartError:
+        with contextlib.suppress(Exception):  # what started is stopped; a second failure adds nothing to say
+            await runner.cleanup()
+        raise
+    relay.bound = True
     log.info("listening", extra={"host": settings.host, "port": settings.port, "redis": bool(settings.redis)})
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
@@ -68,31 +77,41 @@ async def serve(relay: Relay) -> int:
     return 0
 
 
+def start_failed(sentence: str) -> int:
+    """Log why the relay cannot start, one sentence at level error (a JSON line like every other), and return 2."""
+    log.error("sapling-relay cannot start: %s.", sentence.rstrip(". "), extra={"event": "start_failed"})
+    return 2
+
+
 def main(argv: list[str] | None = None) -> int:
-    """`sapling-relay [flags]` serves; `sapling-relay invite ...` prints invite links (invite.py)."""
+    """`sapling-relay [flags]` serves; `sapling-relay invite ...` prints invite links (invite.py).
+
+    Every reason it cannot start (a bad setting, Redis down, the port taken, a key folder it cannot
+    write) is one JSON log line at level error and exit code 2."""
     args = sys.argv[1:] if argv is None else list(argv)
     if args[:1] == ["invite"]:
         return relay_invite.main(args[1:])
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonLogFormatter())
+    logging.basicConfig(level=logging.INFO, handlers=[handler], force=True)  # before the settings: their errors too
     try:
         settings = settings_from_args(args)
     except ValueError as exc:
-        print(f"sapling-relay: {exc}", file=sys.stderr)
-        return 2
+        return start_failed(str(exc))
     if not settings.data_dir:
         settings.data_dir = str(settings.key_path().parent)
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonLogFormatter())
-    logging.basicConfig(level=settings.log_level.upper(), handlers=[handler], force=True)
+    logging.getLogger().setLevel(settings.log_level.upper())
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
     logging.getLogger("aiohttp.server").addFilter(QuietBadRequests())
     try:
         relay = Relay(settings)
     except OSError as exc:
-        print(f"sapling-relay: cannot keep the relay's key in {settings.data_dir} ({exc.strerror or exc}); "
-              "choose another folder with --data-dir.", file=sys.stderr)
-        return 1
+        return start_failed(f"cannot keep the relay's key in {settings.data_dir} ({exc.strerror or exc}); choose "
+                            "another folder with --data-dir")
     try:
         return asyncio.run(serve(relay))
+    except RelayStartError as exc:
+        return start_failed(str(exc))
     except KeyboardInterrupt:  # Ctrl-C where the loop cannot take signals (Windows)
         return 0
 

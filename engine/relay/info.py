@@ -35,8 +35,8 @@ from engine.swarm.identity import KEY_FILE_MODE, Identity
 SOFTWARE = "sapling-relay"
 WELL_KNOWN_PATH = "/.well-known/sapling-relay"
 # The fields of the document, in order; docs/protocol.md describes each and a test keeps the two equal.
-INFO_FIELDS = ("software", "version", "protocol", "name", "description", "contact", "policy", "models", "limits",
-               "public_key", "urls", "live")
+INFO_FIELDS = ("software", "version", "protocol", "name", "description", "operator", "contact", "policy", "models",
+               "limits", "public_key", "urls", "live")
 LIVE_FIELDS = ("peers_online", "batches_last_hour", "publishes_per_minute", "joined_today")
 
 
@@ -78,6 +78,7 @@ def info_document(settings: RelaySettings, public_key: bytes, live: dict[str, An
         "protocol": protocol.VERSION,
         "name": settings.name,
         "description": settings.description,
+        "operator": settings.operator,
         "contact": settings.contact,
         "policy": policy(settings),
         "models": settings.model_policy().to_document(),  # null: not declared (engine/common/model_policy.py)

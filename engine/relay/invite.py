@@ -3,10 +3,12 @@
     sapling-relay invite --url wss://relay.example.org/ws --name "Maths club"
     sapling-relay invite --url wss://a.example.org/ws --url wss://b.example.org/ws --token T
     sapling-relay invite --config relay.toml        # public_url, join_token and name from the relay's settings
+    sapling-relay invite --config relay.toml --qr-png poster.png --qr-svg poster.svg
 
 It prints the `sapling://join?...` link (opens Sapling), the
 `https://HOST/join?...` page that the relay serves for people who do not
-have Sapling yet, and a QR code of that page for phones. The invite format
+have Sapling yet, and a QR code of that page for phones (in the terminal,
+and with --qr-png/--qr-svg saved as an image for a poster). The invite format
 and its parser are engine/common/rules.py's (`Invite`, `parse_invite`); what this
 prints parses back to the same invite, or the command says in one sentence
 what is wrong and exits 2.
@@ -15,12 +17,16 @@ what is wrong and exits 2.
 from __future__ import annotations
 
 import argparse
+import io
 import os
 import sys
 from pathlib import Path
 from typing import TextIO
 from urllib.parse import urlsplit
 
+import segno
+
+from engine.common.atomicio import atomic_write_bytes
 from engine.common.errors import ConfigError
 from engine.common.rules import INVITE_MAX_NAME, INVITE_MAX_TOKEN, Invite, parse_invite
 from engine.relay.settings import RelaySettings, settings_from_namespace, split_urls
@@ -28,6 +34,8 @@ from engine.relay.settings import RelaySettings, settings_from_namespace, split_
 QR_ERROR_LEVEL = "m"  # recovers from about 15% damage: a screen photographed at an angle
 # Longer page addresses make a code too dense for a terminal and a phone's camera: link only.
 QR_MAX_CHARS = 1000
+QR_IMAGE_SCALE = 10  # pixels per module of a saved PNG (a version-10 code is about 600 px): sharp on A4
+QR_IMAGE_BORDER = 4  # the quiet zone the standard asks for, in modules
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -44,7 +52,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--page", default="", metavar="URL",
                         help="the site that serves the /join page (default: the first relay's host over https)")
     parser.add_argument("--config", type=Path, default=None, help="the relay's TOML settings file")
-    parser.add_argument("--no-qr", action="store_true", help="leave out the QR code")
+    parser.add_argument("--no-qr", action="store_true", help="leave out the QR code printed to the terminal")
+    parser.add_argument("--qr-png", type=Path, default=None, metavar="FILE",
+                        help="also save the QR code of the web page as a PNG image (for a poster or a slide)")
+    parser.add_argument("--qr-svg", type=Path, default=None, metavar="FILE",
+                        help="also save the QR code of the web page as an SVG image (scales to any size in print)")
     return parser
 
 
@@ -71,6 +83,24 @@ def invite_from_args(args: argparse.Namespace) -> Invite:
     return parse_invite(Invite(tuple(urls), token.strip(), name.strip()).link())
 
 
+def qr_code(page_url: str) -> segno.QRCode:
+    """The QR code of an invite's web page; ConfigError when the address is too long for a phone to read it."""
+    if len(page_url) > QR_MAX_CHARS:
+        raise ConfigError(f"The invite is too long for a QR code a phone can read (over {QR_MAX_CHARS} characters); "
+                          "send the link instead.")
+    return segno.make(page_url, error=QR_ERROR_LEVEL, micro=False)  # 1000 characters fit: level M holds 2331 bytes
+
+
+def save_qr(code: segno.QRCode, path: Path, kind: str) -> None:
+    """The code as a PNG or SVG image at `path`, written atomically; ConfigError when it cannot be written."""
+    buffer = io.BytesIO()
+    code.save(buffer, kind=kind, scale=QR_IMAGE_SCALE, border=QR_IMAGE_BORDER, dark="#000000", light="#ffffff")
+    try:
+        atomic_write_bytes(path, buffer.getvalue())
+    except OSError as exc:
+        raise ConfigError(f"Cannot write the QR code to {path} ({exc.strerror or exc}).") from None
+
+
 def print_invite(invite: Invite, page: str, qr: bool, out: TextIO) -> None:
     page_url = invite.page_url(page)
     print("Invite link (opens Sapling):", file=out)
@@ -81,13 +111,11 @@ def print_invite(invite: Invite, page: str, qr: bool, out: TextIO) -> None:
         print("This invite carries the swarm's join token: share it only with people you want in.", file=out)
     if not qr:
         return
-    if len(page_url) > QR_MAX_CHARS:
-        print(f"(The invite is too long for a QR code a phone can read, over {QR_MAX_CHARS} characters; "
-              "send the link instead.)", file=out)
+    try:
+        code = qr_code(page_url)
+    except ConfigError as exc:
+        print(f"({exc})", file=out)
         return
-    import segno
-
-    code = segno.make(page_url, error=QR_ERROR_LEVEL, micro=False)  # 1000 characters fit: level M holds 2331 bytes
     print("QR code of the web page (scan it with a phone):", file=out)
     code.terminal(out=out, compact=True)
 
@@ -106,11 +134,16 @@ def main(argv: list[str] | None = None) -> int:
         if args.page and not _is_site(args.page):
             raise ConfigError(f"--page must be a site address such as https://relay.example.org, not {args.page!r}.")
         invite = invite_from_args(args)
+        images = [(path, kind) for path, kind in ((args.qr_png, "png"), (args.qr_svg, "svg")) if path is not None]
+        for path, kind in images:
+            save_qr(qr_code(invite.page_url(args.page)), path, kind)
     except ConfigError as exc:
         print(f"sapling-relay invite: {exc}", file=sys.stderr)
         return 2
     try:
         print_invite(invite, args.page, not args.no_qr, sys.stdout)
+        for path, kind in images:
+            print(f"QR code of the web page saved as {kind.upper()}: {path}", file=sys.stdout)
         sys.stdout.flush()
     except BrokenPipeError:  # `sapling-relay invite | head`: the reader has what it wanted
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -203,6 +203,7 @@ class Relay:
         self.ban = {k.strip() for k in settings.ban_keys if k.strip()}
         self._tasks: list[asyncio.Task[None]] = []
         self.started = time.time()
+        self.bound = False  # set once its port listens (cli.serve, EmbeddedRelay)
         self.identity = relay_identity(settings.data_dir)  # the relay's key: information document, receipts
         shared = self.broker.client if isinstance(self.broker, RedisBroker) else None  # one Redis pool per process
         self.live = LiveStats(settings.redis, settings.swarm, client=shared)  # the status page's numbers
@@ -237,10 +238,11 @@ class Relay:
             asyncio.create_task(self._every(self.settings.heartbeat, self._heartbeat), name="relay-heartbeat"),
             asyncio.create_task(self._every(self.settings.reject_log_every, self._log_rejections), name="relay-log"),
         ]
-        log.info("relay started", extra={"broker": type(self.broker).__name__})
+        log.debug("relay started", extra={"broker": type(self.broker).__name__})  # "listening" follows, once bound
 
     async def _on_shutdown(self, _app: web.Application) -> None:
-        log.info("relay shutting down", extra={"connections": len(self.connections)})
+        if self.bound:  # a relay that never listened (its port was taken) has nothing to shut down
+            log.info("relay shutting down", extra={"connections": len(self.connections)})
         for conn in list(self.connections):
             conn.drop(protocol.E_SHUTDOWN, self.shutdown_message, CLOSE_GOING_AWAY)
         writers = [c.writer for c in self.connections if c.writer is not None]
@@ -512,6 +514,7 @@ class EmbeddedRelay:
         # never on Windows, where it would let a second relay bind a port that is in use.
         site = web.TCPSite(self._runner, self.settings.host, self.settings.port)
         await site.start()
+        self.relay.bound = True
         server = site._server
         sockets = getattr(server, "sockets", None) or []
         self.port = int(sockets[0].getsockname()[1]) if sockets else self.settings.port

@@ -88,6 +88,10 @@ class RelaySettings:
     description: str = field(default="",
                              metadata={"help": "a sentence or two about this swarm for the status page and the join "
                                                f"dialog (at most {MAX_DESCRIPTION_CHARS} characters)"})
+    operator: str = field(default="",
+                          metadata={"help": "who runs this relay, as people should see it on the status page and "
+                                            f"the /join page: a person, a club, a school (at most {MAX_NAME_CHARS} "
+                                            "characters)"})
     contact: str = field(default="", metadata={"help": "how to reach the operator: an email address or a URL"})
     public_url: list[str] = field(default_factory=list,
                                   metadata={"help": "the wss:// address nodes should use, as the internet sees it "
@@ -120,7 +124,7 @@ class RelaySettings:
         if self.redis and not self.redis.startswith(("redis://", "rediss://", "unix://")):
             raise ValueError("redis must be a redis://, rediss:// or unix:// URL")
         for key, limit in (("name", MAX_NAME_CHARS), ("description", MAX_DESCRIPTION_CHARS),
-                           ("contact", MAX_CONTACT_CHARS)):
+                           ("operator", MAX_NAME_CHARS), ("contact", MAX_CONTACT_CHARS)):
             value: str = getattr(self, key)
             if len(value) > limit:
                 raise ValueError(f"{key} must be at most {limit} characters, got {len(value)}")

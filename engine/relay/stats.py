@@ -225,7 +225,9 @@ class LiveStats:
         last_hour = sum(c.publishes for m, c in minutes.items() if m > minute - 60)
         window_start = max((minute - RATE_WINDOW_MINUTES + 1) * MINUTE_S, self.started)
         recent = sum(c.publishes for m, c in minutes.items() if m > minute - RATE_WINDOW_MINUTES)
-        rate = recent / max(1.0, (now - window_start) / MINUTE_S)
+        recent_rollouts = sum(c.rollouts for m, c in minutes.items() if m > minute - RATE_WINDOW_MINUTES)
+        span = max(1.0, (now - window_start) / MINUTE_S)
+        rate = recent / span
         ordered = sorted(minutes)
         snapshot: dict[str, Any] = {
             "live": {
@@ -233,6 +235,8 @@ class LiveStats:
                 "batches_last_hour": last_hour,
                 "publishes_per_minute": round(rate, 2),
                 "joined_today": joined,
+                # the status page's card beside the rollouts chart (not in the information document)
+                "rollouts_per_minute": round(recent_rollouts / span, 2),
             },
             "series": {
                 "minute": [m * MINUTE_S for m in ordered],

@@ -4,7 +4,8 @@
     GET /.well-known/sapling-relay the information document, always JSON (engine/relay/info.py)
     GET /stats.json                live numbers and the last day per minute, polled by the status page
     GET /stats/peers.json          the peers whose rollouts others used most today, with their credit
-    GET /join?relay=...&token=...  "Open in Sapling" for an invite, and how to install Sapling
+    GET /join?relay=...&token=...  "Open in Sapling" for an invite to this relay, and how to install Sapling;
+                                   an invite to another relay gets "this page does not vouch for that relay"
     GET /static/NAME               the page's own script, style sheet and vendored chart library
     GET /healthz, GET /metrics     operations (JSON; Prometheus text)
 
@@ -22,7 +23,7 @@ import html
 import re
 import time
 from collections import Counter
-from collections.abc import Sized
+from collections.abc import Awaitable, Callable, Sized
 from importlib import resources
 from string import Template
 from typing import Any, Protocol
@@ -51,6 +52,7 @@ SECURITY_HEADERS = {
     "Referrer-Policy": "no-referrer",
     "X-Frame-Options": "DENY",
 }
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 MAX_ACCEPT_CHARS = 1024
 _MEDIA_RANGE = re.compile(r"^[A-Za-z0-9!#$%&'*+.^_`|~-]+/[A-Za-z0-9!#$%&'*+.^_`|~-]+$")
 # Files under engine/relay/static/ served at /static/NAME, and their types; nothing else is.
@@ -61,7 +63,7 @@ STATIC_TYPES = {
     "uPlot.min.css": "text/css",
     "favicon.svg": "image/svg+xml",
 }
-PAGE_NAMES = ("status.html", "join.html", "error.html")
+PAGE_NAMES = ("status.html", "join.html", "foreign.html", "error.html")
 
 
 class RelayView(Protocol):
@@ -132,6 +134,13 @@ def _contact_href(contact: str) -> str:
     return ""
 
 
+def relay_key(url: str) -> tuple[str, str, int, str]:
+    """What makes two relay addresses the same relay: scheme, host (any case), port (the scheme's by default), path."""
+    parts = urlsplit(url)
+    port = parts.port or (443 if parts.scheme == "wss" else 80)
+    return parts.scheme, (parts.hostname or "").lower(), port, parts.path.rstrip("/") or "/"
+
+
 def _load(name: str) -> bytes:
     return resources.files("engine.relay").joinpath("static", name).read_bytes()
 
@@ -152,12 +161,28 @@ class RelayPages:
         app.router.add_get("/favicon.ico", self.handle_favicon)  # asked for by browsers that skip the <link>
         app.router.add_get("/healthz", self.handle_health)
         app.router.add_get("/metrics", self.handle_metrics)
+        app.middlewares.append(self._branded_errors)
         app.on_response_prepare.append(self._secure)
 
     @staticmethod
     async def _secure(_request: web.Request, response: web.StreamResponse) -> None:
         for name, value in SECURITY_HEADERS.items():
             response.headers.setdefault(name, value)
+        response.headers["Server"] = SOFTWARE  # one name, no versions (aiohttp would name itself and Python's)
+
+    @web.middleware
+    async def _branded_errors(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """An unknown path or method gets the relay's own error page instead of aiohttp's bare text."""
+        try:
+            return await handler(request)
+        except web.HTTPNotFound:
+            return self._error(404, "Page not found", "This relay has no page at that address; its status page "
+                               "has the links to everything it serves.")
+        except web.HTTPMethodNotAllowed as exc:
+            allowed = ", ".join(sorted(exc.allowed_methods))
+            page = self._error(405, "Method not allowed", f"This address answers {allowed} only, not {exc.method}.")
+            page.headers["Allow"] = allowed
+            return page
 
     # -- pages --------------------------------------------------------------------------------
     def _page(self, page: str, status: int = 200, **values: str) -> web.Response:
@@ -217,12 +242,6 @@ class RelayPages:
             return self._json(await self._document())
         settings = self.relay.settings
         live = (await self._live())["live"]
-        contact = settings.contact
-        href = _contact_href(contact)
-        if href:
-            contact_html = f'<a href="{html.escape(href)}">{html.escape(contact)}</a>'
-        else:
-            contact_html = html.escape(contact) if contact else "not given"
         private = bool(settings.join_token)
         if private:
             policy_text = "Private swarm: nodes need a join token from its operator."
@@ -235,15 +254,26 @@ class RelayPages:
             name=html.escape(settings.name),
             description=html.escape(settings.description),
             policy=html.escape(policy_text),
-            contact=contact_html,
+            operator=self._operator_html(),
+            contact=self._contact_html(),
             peers=str(int(live["peers_online"])),
-            rate=html.escape(f"{live['publishes_per_minute']:g}"),
+            rate=html.escape(f"{live['rollouts_per_minute']:g}"),
             hour=str(int(live["batches_last_hour"])),
             joined=str(int(live["joined_today"])),
             protocol=str(protocol.VERSION),
             software=SOFTWARE,
             join=self._join_section(request, private),
         )
+
+    def _contact_html(self) -> str:
+        contact = self.relay.settings.contact
+        href = _contact_href(contact)
+        if href:
+            return f'<a href="{html.escape(href)}">{html.escape(contact)}</a>'
+        return html.escape(contact) if contact else "not given"
+
+    def _operator_html(self) -> str:
+        return html.escape(self.relay.settings.operator or "not given")
 
     def _relay_urls(self, request: web.Request) -> tuple[str, ...]:
         """The addresses to invite people to: --public-url, else this request's host (for display only)."""
@@ -271,6 +301,9 @@ class RelayPages:
                 f'<p>To send to someone without Sapling: <a href="{page}">{page}</a></p>')
 
     async def handle_join(self, request: web.Request) -> web.Response:
+        """An invite page for this relay's own addresses only; an invite to any other relay gets a page saying
+        that this site does not vouch for it (a link could otherwise dress someone else's relay in this site's
+        name and certificate)."""
         accept = self._accept_json(request)
         if isinstance(accept, web.Response):
             return accept
@@ -278,24 +311,40 @@ class RelayPages:
             invite = parse_invite(f"https://relay.invalid/join?{request.query_string}")
         except ConfigError as exc:
             return self._error(400, "Not a valid invite", str(exc))
+        settings = self.relay.settings
+        own = {relay_key(url) for url in self._relay_urls(request)}
+        if not all(relay_key(url) in own for url in invite.relays):
+            return self._foreign_invite(invite)
         relays = "".join(f"<li><code>{html.escape(url)}</code></li>" for url in invite.relays)
         if invite.token:
             privacy = "A private swarm: this link carries its join token, so share it only with people you want in."
         else:
             privacy = "An open swarm: anyone with Sapling can join."
+        vouched = Invite(invite.relays, invite.token, settings.name)  # the relay's own name, never the link's
         return self._page(
             "join.html",
-            name=html.escape(invite.name or "a Sapling swarm"),
+            name=html.escape(settings.name),
+            description=html.escape(settings.description),
             privacy=html.escape(privacy),
             relays=relays,
-            link=html.escape(invite.link()),
+            link=html.escape(vouched.link()),
+            operator=self._operator_html(),
+            contact=self._contact_html(),
         )
+
+    def _foreign_invite(self, invite: Invite) -> web.Response:
+        relays = "".join(f"<li><code>{html.escape(url)}</code></li>" for url in invite.relays)
+        claimed = ""
+        if invite.name:
+            claimed = (f'<p>The link calls its swarm <q class="claimed" id="claimed-name">{html.escape(invite.name)}'
+                       "</q>; anyone can write any name into a link.</p>")
+        return self._page("foreign.html", relays=relays, claimed=claimed, own=html.escape(self.relay.settings.name))
 
     async def handle_static(self, request: web.Request) -> web.Response:
         name = request.match_info["name"]
         body = self.static.get(name)
         if body is None:
-            raise web.HTTPNotFound(text="404: Not Found")
+            raise web.HTTPNotFound()  # the branded page (_branded_errors)
         return web.Response(body=body, content_type=STATIC_TYPES[name], charset="utf-8",
                             headers={"Cache-Control": "public, max-age=300"})
 

@@ -111,6 +111,25 @@ def test_an_invite_opened_while_the_app_runs_joins_that_swarm(qtbot, make_gui: M
 
 
 @pytest.mark.integration
+def test_the_join_dialog_names_the_relay_that_answered_not_the_name_in_the_link(  # type: ignore[no-untyped-def]
+        qtbot, start_relay: StartRelay) -> None:
+    relay = start_relay(name="Someone else's relay", operator="Other people", contact="other@example.org")
+    spoof = Invite((relay.url,), "", "Riverside Maths Club").link()
+    dialog = JoinDialog(spoof)
+    qtbot.addWidget(dialog)
+    qtbot.waitUntil(lambda: dialog.preview is not None, timeout=10_000)
+    assert dialog.card.values["swarm"].text() == "Someone else's relay"
+    assert dialog.card.values["operator"].text() == "Other people · other@example.org"  # as the relay says
+    assert dialog.card.status.text() == f"The relay at {relay.url} answered."
+    shown = " ".join(label.text() for label in dialog.card.values.values()) + dialog.card.status.text()
+    assert "Riverside" not in shown
+    assert dialog.preview is not None
+    # what Join would save names the swarm as the relay does, so the swarm panel shows that name too
+    assert parse_invite(dialog.preview.link()) == Invite((relay.url,), "", "Someone else's relay")
+    dialog.cancel_button.click()
+
+
+@pytest.mark.integration
 def test_a_relay_that_cannot_be_joined_is_one_sentence_and_nothing_is_saved(  # type: ignore[no-untyped-def]
         qtbot, make_gui: MakeGui, paths: Paths, start_relay: StartRelay, silent_port: int) -> None:
     gui = make_gui()

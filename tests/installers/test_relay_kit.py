@@ -80,6 +80,7 @@ def test_the_relays_own_parser_accepts_the_compose_command(domain: str) -> None:
     settings = settings_from_args(relay_argv(compose()["services"]["relay1"], env))
     assert settings.redis == "redis://redis:6379/0" and settings.public_url == [f"wss://{domain}/ws"]
     assert settings.name == env["SAPLING_RELAY_NAME"] and settings.contact == env["SAPLING_CONTACT"]
+    assert settings.operator == env["SAPLING_OPERATOR"]
     assert settings.join_token == "" and settings.allow_keys == [] and settings.ban_keys == []  # open by default
     # Caddy's fixed address is the relays' trusted proxy, so the per-address cap is per node again
     caddy = compose()["services"]["caddy"]["networks"]["default"]["ipv4_address"]

@@ -6,9 +6,11 @@
 from __future__ import annotations
 
 import io
+import json
 import subprocess
 import sys
 from pathlib import Path
+from xml.etree import ElementTree
 
 import pytest
 import segno
@@ -67,7 +69,8 @@ def test_bad_public_face_settings_are_one_sentence(args: list[str]) -> None:
 @pytest.mark.integration
 def test_a_bad_public_url_exits_2_without_a_traceback() -> None:
     out = _cli("--public-url", "http://relay.example.org/ws")
-    assert out.returncode == 2 and out.stderr.startswith("sapling-relay: ") and "Traceback" not in out.stderr
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "ws:// or wss://" in json.loads(out.stderr)["msg"], out.stderr
 
 
 # -- invite -------------------------------------------------------------------------------------
@@ -137,3 +140,30 @@ def test_the_invite_command_through_sapling_relay(tmp_path: Path) -> None:
         out = _cli(*args)
         assert out.returncode == 2, (args, out.stderr)
         assert out.stderr.startswith("sapling-relay invite: ") and "Traceback" not in out.stderr, out.stderr
+
+
+def test_invite_saves_the_qr_code_of_the_page_as_png_and_svg(tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    png, svg = tmp_path / "poster.png", tmp_path / "poster.svg"
+    code, out, err = _invite(["--url", "wss://relay.example.org/ws", "--name", "Club", "--no-qr",
+                              "--qr-png", str(png), "--qr-svg", str(svg)], capsys)
+    assert code == 0, err
+    page = Invite(("wss://relay.example.org/ws",), "", "Club").page_url()
+    want = io.BytesIO()  # what segno draws for the page's address, at the documented scale and quiet zone
+    segno.make(page, error="m", micro=False).save(want, kind="png", scale=10, border=4)
+    assert png.read_bytes() == want.getvalue() and png.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+    root = ElementTree.fromstring(svg.read_bytes())
+    assert root.tag.endswith("svg") and root.get("width") == root.get("height")
+    assert f"saved as PNG: {png}" in out and f"saved as SVG: {svg}" in out
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["poster.png", "poster.svg"]  # no temporary files left
+
+
+def test_a_qr_image_that_cannot_be_made_or_written_is_one_sentence(tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "a-file").write_text("not a folder")
+    code, out, err = _invite(["--url", "wss://relay.example.org/ws", "--qr-png", str(tmp_path / "a-file" / "q.png")],
+                             capsys)
+    assert code == 2 and out == "" and err.count("\n") == 1 and "Cannot write the QR code" in err, err
+    urls = [f"wss://relay-number-{i}-of-a-long-list.{'x' * 180}.example.org/ws" for i in range(8)]
+    code, out, err = _invite(["--url", ",".join(urls), "--qr-svg", str(tmp_path / "q.svg")], capsys)
+    assert code == 2 and "too long for a QR code" in err and not (tmp_path / "q.svg").exists()

@@ -112,7 +112,7 @@ def _raw_get(port: int, target: str, *headers: str) -> tuple[int, bytes]:
 # -- the information document -------------------------------------------------------------------
 async def test_the_information_document_has_every_field(start_relay: StartRelay, tmp_path: Path) -> None:
     relay = start_relay(name="Maths club", description="We train on arithmetic.", contact="ops@example.org",
-                        public_url=["wss://relay.example.org/ws", "wss://backup.example.org/ws"],
+                        operator="Hill School IT", public_url=["wss://relay.example.org/ws", "wss://backup.example.org/ws"],
                         join_token="tok", data_dir=str(tmp_path))
     peer = DocPeer(relay.url, token="tok")
     welcome = await peer.connect()
@@ -122,8 +122,9 @@ async def test_the_information_document_has_every_field(start_relay: StartRelay,
     key = Identity.load_or_create(tmp_path / "relay.key").public_key
     assert doc == {
         "software": "sapling-relay", "version": __version__, "protocol": protocol.VERSION,
-        "name": "Maths club", "description": "We train on arithmetic.", "contact": "ops@example.org",
-        "policy": {"join": "token", "allow_list": False}, "models": None, "limits": welcome["limits"],
+        "name": "Maths club", "description": "We train on arithmetic.", "operator": "Hill School IT",
+        "contact": "ops@example.org", "policy": {"join": "token", "allow_list": False}, "models": None,
+        "limits": welcome["limits"],
         "public_key": protocol.b64encode(key),
         "urls": ["wss://relay.example.org/ws", "wss://backup.example.org/ws"],
         "live": {"peers_online": 1, "batches_last_hour": 0, "publishes_per_minute": 0.0, "joined_today": 1},
@@ -299,11 +300,14 @@ def test_the_status_page_invites_to_the_public_urls_and_never_shows_a_token(star
 
 
 def test_the_join_page_offers_the_link_and_the_download(start_relay: StartRelay) -> None:
-    relay = start_relay()
-    invite = Invite(("wss://relay.example.org/ws", "wss://b.example.org/ws"), "tok", XSS)
+    urls = ("wss://relay.example.org/ws", "wss://b.example.org/ws")
+    relay = start_relay(name=XSS, public_url=list(urls))
+    invite = Invite(urls, "tok", "Some other name")
     status, _, body = _get(invite.page_url(_base(relay)), BROWSER_ACCEPT)
     assert status == 200
-    assert f'href="{invite.link().replace("&", "&amp;")}"' in body and "Open in Sapling" in body
+    vouched = Invite(urls, "tok", XSS)  # the relay's own name replaces the link's
+    assert f'href="{vouched.link().replace("&", "&amp;")}"' in body and "Open in Sapling" in body
+    assert "Some other name" not in body
     assert XSS not in body and "&lt;script&gt;" in body and DOWNLOAD_URL in body
     assert "<script" not in body and "join token" in body
 
@@ -485,7 +489,7 @@ def test_browser_status_page_updates_live_from_real_peers(chromium: Any, start_r
         expect(page.locator("#peers-online")).to_have_text("3", timeout=20_000)
         expect(page.locator("#batches-last-hour")).to_have_text(str(sent), timeout=20_000)
         expect(page.locator("#joined-today")).to_have_text("3", timeout=20_000)
-        assert float(page.text_content("#publishes-per-minute") or "0") > 0
+        assert float(page.text_content("#rollouts-per-minute") or "0") > 0
         assert page.locator("#chart-rollouts canvas").count() == 1
         assert page.locator("#chart-reward canvas").count() == 1
         assert page.text_content("#open-link") == "Open in Sapling"
@@ -504,7 +508,8 @@ def test_browser_status_page_updates_live_from_real_peers(chromium: Any, start_r
 def test_browser_hostile_names_render_as_text(chromium: Any, start_relay: StartRelay) -> None:
     from playwright.sync_api import expect
 
-    relay = start_relay(name=XSS, description='<img src=x onerror="alert(2)">')
+    relay = start_relay(name=XSS, description='<img src=x onerror="alert(2)">',
+                        public_url=["wss://relay.example.org/ws"])
     page = chromium.new_page()
     watch = PageWatch(page)
     page.goto(_base(relay) + "/")

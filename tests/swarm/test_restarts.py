@@ -35,12 +35,12 @@ from typing import Any
 
 import pytest
 
+from bench.harness.caddy import start_caddy
 from bench.harness.servers import RedisServer, free_port, stop_process, wait_listening
 from engine.swarm import protocol
 from engine.swarm.client import SwarmClient
 from engine.swarm.identity import Identity
 from tests.swarm.test_link_loss import NodeLines
-from tests.swarm.test_relay_stack import start_caddy
 
 ROOT = Path(__file__).resolve().parents[2]
 REDIS = shutil.which("redis-server")

@@ -46,6 +46,13 @@
     return { xs: xs, rollouts: rollouts, reward: reward };
   }
 
+  // The chart fills its box (less the box's own padding), so the page never scrolls sideways, even at 320 px.
+  function plotWidth(el) {
+    var style = window.getComputedStyle(el);
+    var inner = el.clientWidth - parseFloat(style.paddingLeft) - parseFloat(style.paddingRight);
+    return Math.max(120, Math.floor(inner));
+  }
+
   // id: the element; yRange: uPlot's range function; bars: draw bars (counts) instead of a line with points.
   function chart(id, label, color, yRange, bars) {
     var el = document.getElementById(id);
@@ -53,7 +60,7 @@
       return null;
     }
     var options = {
-      width: Math.max(280, el.clientWidth),
+      width: plotWidth(el),
       height: CHART_HEIGHT,
       legend: { show: false },
       cursor: { drag: { x: false, y: false } },
@@ -70,7 +77,7 @@
     };
     var plot = new uPlot(options, [[], []], el);
     window.addEventListener("resize", function () {
-      plot.setSize({ width: Math.max(280, el.clientWidth), height: CHART_HEIGHT });
+      plot.setSize({ width: plotWidth(el), height: CHART_HEIGHT });
     });
     return plot;
   }
@@ -78,7 +85,7 @@
   function update(data) {
     var live = data.live;
     setText("peers-online", live.peers_online);
-    setText("publishes-per-minute", rounded(live.publishes_per_minute));
+    setText("rollouts-per-minute", rounded(live.rollouts_per_minute));
     setText("batches-last-hour", live.batches_last_hour);
     setText("joined-today", live.joined_today);
     var d = dense(data.series, data.now);
