@@ -190,7 +190,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_experiment(args, paths)
         config = config_from_args(args, paths)
         if args.command == "config":
-            print(config.to_toml())
+            from engine.common.config_text import config_toml
+
+            print(config_toml(config))
             return 0
         if args.command == "export":
             return cmd_export(args, paths, config)

@@ -11,7 +11,8 @@ log line) and extra fields; a malformed line is reported, never fatal.
 Event types and their required fields:
 
     status      state, message, device, model, run, round
-                (state: starting, loading, training, paused, stopped)
+                (state: starting, loading, training, paused, waiting, stopped; waiting: outside
+                run.schedule's hours, with next_start, local ISO time such as "2026-12-03T22:00")
     progress    phase, done, total, round
                 (phase: generating, scoring, training, evaluating, checkpointing)
     round       round, metrics
