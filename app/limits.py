@@ -5,7 +5,9 @@ Maximum (``run.power``, `engine.common.config.POWER_PRESETS`). Picking one sets
 the rows below it to its bundle (threads, priority, the idle and AC-power
 pauses); a row changed by hand afterwards is the user's own setting and wins
 (the engine's rule for config.toml, too). Below them: "Train only between
-[22:00] and [07:00] [every day]" (``run.schedule``) and start at login.
+[22:00] and [07:00] [every day]" (``run.schedule``), the daily swarm data
+limits (``swarm.daily_upload_mb``, ``swarm.daily_download_mb``) and start at
+login.
 """
 
 from __future__ import annotations
@@ -102,6 +104,15 @@ class ResourcesBox(QGroupBox):
         for value, text in DAY_CHOICES:
             self.days.addItem(text, value)
         limits.addLayout(_row(self.scheduled, self.start_time, QLabel("and"), self.end_time, self.days))
+        self.upload_mb, self.download_mb = QSpinBox(), QSpinBox()
+        for spin in (self.upload_mb, self.download_mb):
+            spin.setRange(0, 1_000_000)
+            spin.setSuffix(" MB")
+            spin.setSpecialValueText("no limit")
+            spin.setToolTip("Counted from what this computer sends to and receives from the swarm, from local "
+                            "midnight. At the limit it trains on its own answers until midnight.")
+        limits.addLayout(_row(QLabel("Swarm data a day: send at most"), self.upload_mb, QLabel("receive at most"),
+                              self.download_mb))
         self.only_idle = QCheckBox("Train only when the computer is idle (no keyboard or mouse for 5 minutes)")
         self.only_ac = QCheckBox("Train only when plugged in (on AC power)")
         self.autostart = QCheckBox("Start Sapling when I log in, training in the background")
@@ -115,6 +126,7 @@ class ResourcesBox(QGroupBox):
                 limits.addWidget(_hint(why))
         limits.addWidget(self.autostart)
         self.duty_cycle = 1.0  # no row of its own: what the power choice (or config.toml) says
+        self.loaded_caps = (0.0, 0.0)
         self.power.activated.connect(lambda _index: self.apply_power(str(self.power.currentData())))
         self.scheduled.toggled.connect(self._sync)
         self._sync()
@@ -147,6 +159,9 @@ class ResourcesBox(QGroupBox):
             self.end_time.setTime(QTime(rule.end // 60, rule.end % 60))
             days = next(name for name, value in DAYS.items() if value == rule.days)
             self.days.setCurrentIndex(max(0, self.days.findData(days)))
+        self.loaded_caps = (engine.daily_upload_mb, engine.daily_download_mb)  # config.toml may hold 0.5 MB
+        self.upload_mb.setValue(round(engine.daily_upload_mb))
+        self.download_mb.setValue(round(engine.daily_download_mb))
         self.only_idle.setChecked(app.only_when_idle and self.only_idle.isEnabled())
         self.only_ac.setChecked(app.only_on_ac_power and self.only_ac.isEnabled())
         self.autostart.setChecked(app.start_at_login)
@@ -157,7 +172,14 @@ class ResourcesBox(QGroupBox):
         schedule = schedule_text(self.scheduled.isChecked(), self.start_time.time(), self.end_time.time(),
                                  str(self.days.currentData()))
         return replace(engine, power=str(self.power.currentData()), threads=self.threads.value(),
-                       priority=str(self.priority.currentData()), duty_cycle=self.duty_cycle, schedule=schedule)
+                       priority=str(self.priority.currentData()), duty_cycle=self.duty_cycle, schedule=schedule,
+                       daily_upload_mb=self._cap(self.upload_mb, self.loaded_caps[0]),
+                       daily_download_mb=self._cap(self.download_mb, self.loaded_caps[1]))
+
+    @staticmethod
+    def _cap(spin: QSpinBox, loaded: float) -> float:
+        """The row's megabytes; a fraction from the file stays as it was unless the row was changed."""
+        return loaded if spin.value() == round(loaded) else float(spin.value())
 
     def app_values(self, app: AppSettings) -> AppSettings:
         """A copy of `app` with this box's choices."""

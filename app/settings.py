@@ -66,6 +66,8 @@ class EngineSettings:
     priority: str = "background"  # [run] priority: "background" or "normal"; likewise
     duty_cycle: float = 1.0  # [run] duty_cycle; likewise
     schedule: str = ""  # [run] schedule: "22:00-07:00", "weekdays 22:00-07:00"; empty: at any hour
+    daily_upload_mb: float = 0.0  # [swarm] daily_upload_mb (0: no cap)
+    daily_download_mb: float = 0.0  # [swarm] daily_download_mb (0: no cap)
     # Protection from bad peers (Settings ▸ Protection; docs/swarm.md "Poisoning")
     plausibility_check: bool = _SWARM.plausibility_check  # [swarm] plausibility_check
     ban_strikes: int = _SWARM.ban_strikes  # [swarm] ban_strikes (0: never ban automatically)
@@ -84,6 +86,8 @@ class EngineSettings:
         ("run", "priority", "priority"),
         ("run", "duty_cycle", "duty_cycle"),
         ("run", "schedule", "schedule"),
+        ("swarm", "daily_upload_mb", "daily_upload_mb"),
+        ("swarm", "daily_download_mb", "daily_download_mb"),
         ("swarm", "plausibility_check", "plausibility_check"),
         ("swarm", "ban_strikes", "ban_strikes"),
         ("swarm", "ban_window", "ban_window"),
@@ -94,8 +98,8 @@ class EngineSettings:
 
     def needs_restart(self, other: EngineSettings) -> bool:
         """Whether going from `other` to self needs the engine restarted (model, swarm, threads, priority);
-        the power choice itself, the schedule and the duty cycle apply with a reload at the next round."""
-        live = ("power", "schedule", "duty_cycle")
+        the power choice itself, the schedule, the duty cycle and the data caps apply with a reload."""
+        live = ("power", "schedule", "duty_cycle", "daily_upload_mb", "daily_download_mb")
         return {k: v for k, v in asdict(self).items() if k not in live} != \
             {k: v for k, v in asdict(other).items() if k not in live}
 
@@ -140,7 +144,8 @@ def validate(settings: EngineSettings) -> None:
     # The protection settings: the engine's own rules (engine/common/config.py, SwarmConfig), one copy.
     replace(_SWARM, plausibility_check=settings.plausibility_check, ban_strikes=settings.ban_strikes,
             ban_window=settings.ban_window, ban_hours=settings.ban_hours, persist_bans=settings.persist_bans,
-            banned_peers=list(settings.banned_peers))
+            banned_peers=list(settings.banned_peers), daily_upload_mb=settings.daily_upload_mb,
+            daily_download_mb=settings.daily_download_mb)
 
 
 def swarm_invite(settings: EngineSettings) -> Invite | None:

@@ -384,6 +384,10 @@ class SwarmConfig:
         "keys (base64). Bans listed here can only be lifted here.",
         factory=list,
     )
+    daily_upload_mb: float = _help("Most megabytes sent to the swarm a day, local time (0: no cap); at the cap "
+                                   "the node stops sharing until midnight and trains on its own rollouts.", 0.0)
+    daily_download_mb: float = _help("Most megabytes received from the swarm a day (0: no cap); at the cap the "
+                                     "node takes no more rollouts until midnight.", 0.0)
     replay_memory: int = _help(
         "External items already trained on that are remembered (by content, across restarts, in the data dir) "
         "and dropped as 'duplicate' when sent again under any sequence number (0: off).",
@@ -396,6 +400,8 @@ class SwarmConfig:
             if not isinstance(getattr(self, key), bool):
                 raise ConfigError(f"{s}.{key} must be true or false, got {getattr(self, key)!r}.")
         _number(s, "implausible_logprob", self.implausible_logprob, -100.0, 0.0)
+        _number(s, "daily_upload_mb", self.daily_upload_mb, 0.0, 1e9)
+        _number(s, "daily_download_mb", self.daily_download_mb, 0.0, 1e9)
         _positive_int(s, "plausibility_window", self.plausibility_window, 256)
         if (isinstance(self.probation_items, bool) or not isinstance(self.probation_items, int)
             or not 1 <= self.probation_items <= 10_000):

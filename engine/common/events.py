@@ -18,9 +18,10 @@ Event types and their required fields:
     round       round, metrics
     eval        round, accuracy, reward_mean, questions, by_specialty
     peers       online, received, accepted, rejected  (+ connected, not_picked, probation, rejected_by_reason,
-                by_peer, banned, this_round); counts are items (a question with its completions), totals for
-                this run; by_peer[id]["banned"] and banned[id] are {reason, since, until, source} or
-                absent/null (until null: until lifted; source "strikes" or "config")
+                by_peer, banned, this_round, data_today); counts are items (a question with its completions),
+                totals for this run; by_peer[id]["banned"] and banned[id] are {reason, since, until, source} or
+                absent/null (until null: until lifted; source "strikes" or "config"); data_today: today's swarm
+                traffic and daily caps in bytes (engine/swarm/datacap.py)
     swarm       peer_id, name, relay, connected, message
     log         level, logger, message
     error       kind, message, fatal

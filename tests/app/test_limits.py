@@ -11,6 +11,8 @@ import pytest
 
 from app.dialogs import FirstRunDialog
 from app.limits import ResourcesBox
+from app.panels import PeersPanel, data_note
+from app.session import Session
 from app.settings import AppSettings, EngineSettings, SettingsStore
 from engine.common.config import build_config
 from engine.common.paths import Paths
@@ -28,11 +30,13 @@ def test_power_is_stored_alone_and_a_row_changed_by_hand_wins(paths: Paths) -> N
     store.save_engine(EngineSettings(power="low", threads=2, priority="background", duty_cycle=0.5))
     assert tomllib.loads(paths.config_file.read_text())["run"]["threads"] == 2  # the user's own value is kept
     assert build_config("default", paths.config_file).run.threads == 2
-    store.save_engine(EngineSettings(power="maximum", threads=2, priority="normal", schedule="weekdays 22:00-07:00"))
+    store.save_engine(EngineSettings(power="maximum", threads=2, priority="normal", schedule="weekdays 22:00-07:00",
+                                     daily_download_mb=500))
     loaded = store.load_engine()
-    assert (loaded.power, loaded.threads, loaded.priority, loaded.schedule) == \
-        ("maximum", 2, "normal", "weekdays 22:00-07:00")
-    assert build_config("default", paths.config_file).run.schedule == "weekdays 22:00-07:00"
+    assert (loaded.power, loaded.threads, loaded.priority, loaded.schedule, loaded.daily_download_mb) == \
+        ("maximum", 2, "normal", "weekdays 22:00-07:00", 500.0)
+    engine_side = build_config("default", paths.config_file)
+    assert (engine_side.run.schedule, engine_side.swarm.daily_download_mb) == ("weekdays 22:00-07:00", 500)
 
 
 def test_picking_a_power_sets_the_rows_and_the_schedule_row_writes_run_schedule(qtbot) -> None:  # type: ignore[no-untyped-def]
@@ -46,9 +50,11 @@ def test_picking_a_power_sets_the_rows_and_the_schedule_row_writes_run_schedule(
     box.threads.setValue(2)  # the user's own choice after the preset
     box.scheduled.setChecked(True)
     box.days.setCurrentIndex(box.days.findData("weekdays"))
+    box.download_mb.setValue(200)
     engine, app = box.engine_values(EngineSettings()), box.app_values(AppSettings())
     assert (engine.power, engine.threads, engine.duty_cycle, engine.schedule) == \
         ("low", 2, 0.5, "weekdays 22:00-07:00")
+    assert (engine.daily_upload_mb, engine.daily_download_mb) == (0.0, 200.0)
     assert app.only_when_idle and app.only_on_ac_power
     again = ResourcesBox(idle_supported=True, ac_supported=True)
     qtbot.addWidget(again)
@@ -56,6 +62,8 @@ def test_picking_a_power_sets_the_rows_and_the_schedule_row_writes_run_schedule(
     assert again.engine_values(EngineSettings()) == engine
     again.scheduled.setChecked(False)
     assert again.engine_values(EngineSettings()).schedule == ""
+    again.set_values(EngineSettings(daily_upload_mb=0.25), app)  # a fraction from config.toml is kept
+    assert again.engine_values(EngineSettings()).daily_upload_mb == 0.25
 
 
 def test_the_first_run_dialog_offers_the_power_choice_and_refuses_an_empty_window(qtbot) -> None:  # type: ignore[no-untyped-def]
@@ -91,3 +99,18 @@ def test_outside_its_hours_the_window_and_the_tray_say_when_training_starts(  # 
     assert f"next training {start:%H:%M}" in tray.tooltip()
     assert tray.next_action.isVisible() and tray.next_action.text() == f"Next training at {start:%H:%M} (schedule)"
     assert tray.pause_action.text() == "Pause training"
+
+
+def test_the_swarm_panel_shows_todays_data_and_a_reached_cap(qtbot) -> None:  # type: ignore[no-untyped-def]
+    session = Session()
+    panel = PeersPanel(session)
+    qtbot.addWidget(panel)
+    assert panel.data.isHidden()  # an engine that sends no data_today: no line
+    today = {"day": "2026-12-03", "sent_bytes": 1_250_000, "received_bytes": 40_000_000, "upload_cap_bytes": 0,
+             "download_cap_bytes": 50_000_000}
+    peers = {"type": "peers", "v": 1, "ts": 0.0, "online": 2, "received": 5, "accepted": 4, "rejected": 1}
+    session.handle({**peers, "data_today": today})
+    assert panel.data.text() == "Data today: 1.2 MB sent · 40.0 MB received of 50.0 MB" and not panel.data.isHidden()
+    session.handle({**peers, "data_today": {**today, "received_bytes": 50_000_000}})
+    assert panel.data.text().endswith("daily cap reached: training on this computer's own rollouts until midnight")
+    assert data_note("not a dict") == ("", False)
