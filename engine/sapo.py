@@ -230,7 +230,7 @@ class Node:
                 message="Settings saved; the model, device, run name or KL setting change on the next start.",
             ))
             return
-        link = ("mode", "relay_url", "join_token", "embedded_host", "embedded_port")
+        link = ("mode", "relay_url", "join_token", "embedded_host", "embedded_port", "embedded_lan")
         if any(getattr(new.swarm, k) != getattr(self.config.swarm, k) for k in link):
             self.emit(make_event(
                 "error", kind="ConfigError", fatal=False,

@@ -107,7 +107,7 @@ def open_swarm(config: NodeConfig, identity_file: Any, emit: Callable[[Event], N
     else:
         # Host this computer's relay, or join the node that does; take it over if that node stops.
         local = LocalSwarm(sw.embedded_host, sw.embedded_port, identity, token=token, on_change=on_change,
-                           on_message=on_message)
+                           on_message=on_message, lan=sw.embedded_lan)
         client = local.start()
         label = local.label
     bans, replay = defence_state(sw, state_dir, config.run.run_name)

@@ -308,6 +308,9 @@ class SwarmConfig:
     join_token: str = _help("Join token of a private swarm, when relay_url does not carry one (an invite does).", "")
     embedded_host: str = _help("Address the embedded relay listens on ('127.0.0.1': this computer only).", "127.0.0.1")
     embedded_port: int = _help("Port of the embedded relay (0: pick a free one).", 8765)
+    embedded_lan: bool = _help("Let other computers on this network join the embedded relay: it listens on every "
+                               "interface and announces itself (mDNS, `sapling-node discover`). Off: nothing is "
+                               "announced.", False)
     local_groups: int = _help(
         "I: own rollouts (a question with its G completions) in each round's training batch; 0 means all of them.",
         0,
@@ -396,7 +399,7 @@ class SwarmConfig:
 
     def __post_init__(self) -> None:
         s = "swarm"
-        for key in ("plausibility_check", "persist_bans", "local_informative_first"):
+        for key in ("plausibility_check", "persist_bans", "local_informative_first", "embedded_lan"):
             if not isinstance(getattr(self, key), bool):
                 raise ConfigError(f"{s}.{key} must be true or false, got {getattr(self, key)!r}.")
         _number(s, "implausible_logprob", self.implausible_logprob, -100.0, 0.0)
