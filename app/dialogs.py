@@ -39,6 +39,7 @@ from PySide6.QtWidgets import (
 from app import theme
 from app.controller import Problem
 from app.join import InviteField
+from app.lan import NearbySwarms
 from app.limits import ResourcesBox
 from app.settings import AppSettings, EngineSettings, SettingsError, parse_invite, validate
 
@@ -136,11 +137,18 @@ class SettingsForm(QWidget):
         self.swarm_group = QButtonGroup(self)
         for button in (self.swarm_embedded, self.swarm_relay, self.swarm_solo):
             self.swarm_group.addButton(button)
+        self.lan = QCheckBox("Let other computers on this network join (announces this swarm here)")
+        self.lan.setStyleSheet("margin-left: 24px;")
+        self.nearby = NearbySwarms()  # app/lan.py: the swarms announced on this network
+        self.nearby.setContentsMargins(24, 0, 0, 4)
+        self.nearby.chosen.connect(self._pick_nearby)
         swarm.addWidget(self.swarm_embedded)
         swarm.addWidget(_hint("Sapling runs a small relay here that other Sapling windows on this computer can join. "
-                              "Nothing leaves this computer."))
+                              "Nothing leaves this computer unless you let this network's computers join."))
+        swarm.addWidget(self.lan)
         swarm.addWidget(self.swarm_relay)
         swarm.addWidget(self.invite)
+        swarm.addWidget(self.nearby)
         swarm.addWidget(self.swarm_solo)
         return box
 
@@ -159,6 +167,7 @@ class SettingsForm(QWidget):
             engine.swarm_mode, self.swarm_embedded).setChecked(True)
         self.saved_relay, self.saved_token = engine.relay_url, engine.join_token
         self.invite.set_text(engine.relay_url)
+        self.lan.setChecked(engine.embedded_lan)
         self.resources.set_values(engine, app)
         self._sync()
 
@@ -177,7 +186,7 @@ class SettingsForm(QWidget):
         mode = "relay" if self.swarm_relay.isChecked() else "solo" if self.swarm_solo.isChecked() else "embedded"
         relay_url, token = self._swarm() if mode == "relay" else (self.saved_relay, self.saved_token)
         new_engine = replace(self.resources.engine_values(engine), model_source=source, swarm_mode=mode,
-                             relay_url=relay_url, join_token=token)
+                             relay_url=relay_url, join_token=token, embedded_lan=self.lan.isChecked())
         try:
             validate(new_engine)
         except SettingsError as exc:
@@ -221,7 +230,14 @@ class SettingsForm(QWidget):
         assert preview is not None
         return preview.link(), ""
 
+    def _pick_nearby(self, url: str) -> None:
+        """A swarm found on this network: its address in the invite field, and its preview asked for."""
+        self.swarm_relay.setChecked(True)
+        self.invite.set_text(url)
+        self.invite.check()
+
     def _sync(self) -> None:
+        self.lan.setEnabled(self.swarm_embedded.isChecked())
         self.folder_edit.setEnabled(self.model_folder.isChecked())
         self.hub_edit.setEnabled(self.model_hub.isChecked())
         relay = self.swarm_relay.isChecked()

@@ -61,6 +61,7 @@ class EngineSettings:
     swarm_mode: str = "embedded"  # [swarm] mode
     relay_url: str = ""  # [swarm] relay_url: the invite link (sapling://join?...) or a bare relay address
     join_token: str = ""  # [swarm] join_token (older settings; an invite carries its own token)
+    embedded_lan: bool = False  # [swarm] embedded_lan: this network's computers may join the local swarm
     power: str = "standard"  # [run] power: "low", "standard" or "maximum" (a bundle of the three below)
     threads: int = 0  # [run] threads (0: automatic); left out of the file while it is what power gives
     priority: str = "background"  # [run] priority: "background" or "normal"; likewise
@@ -81,6 +82,7 @@ class EngineSettings:
         ("swarm", "mode", "swarm_mode"),
         ("swarm", "relay_url", "relay_url"),
         ("swarm", "join_token", "join_token"),
+        ("swarm", "embedded_lan", "embedded_lan"),
         ("run", "power", "power"),
         ("run", "threads", "threads"),
         ("run", "priority", "priority"),

@@ -107,3 +107,21 @@ def test_nothing_is_announced_unless_asked() -> None:
         assert relay.port and not [s for s in discover(1.5) if s.name == "Not announced"]
     finally:
         relay.stop()
+
+
+def test_the_local_swarm_with_its_switch_on_is_found_on_this_network(tmp_path: Path) -> None:
+    from engine.common.lan import lan_addresses
+    from engine.swarm.identity import Identity
+    from engine.swarm.local import LOCAL_RELAY_PREFIX, LocalSwarm
+
+    if not lan_addresses():
+        pytest.skip("this computer has no network address besides loopback to announce on")
+    identity = Identity.load_or_create(tmp_path / "identity.json")
+    local = LocalSwarm("127.0.0.1", 0, identity, lan=True)
+    client = local.start()
+    try:
+        assert local.hosting and client.wait_connected(10)  # this computer's node still dials loopback
+        found = [s for s in discover(2.0) if s.name == LOCAL_RELAY_PREFIX + identity.name]
+        assert [s.url for s in found] == [f"ws://{lan_addresses()[0]}:{local._relay.port}/ws"]  # type: ignore[union-attr]
+    finally:
+        local.stop()
