@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from datetime import datetime, timedelta
@@ -169,7 +170,9 @@ def _cpu_seconds() -> float:
     return times.user + times.system
 
 
-def test_a_node_outside_its_hours_sleeps_without_cpu_and_starts_by_itself(tiny_model_dir: Path, home: Path) -> None:
+def test_a_node_outside_its_hours_sleeps_without_cpu_and_starts_by_itself(tiny_model_dir: Path, home: Path,
+                                                                           caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="engine.sapo")
     fake = FakeClock(THURSDAY.replace(hour=8))
     events: list[Event] = []
     control = Control()
@@ -186,6 +189,7 @@ def test_a_node_outside_its_hours_sleeps_without_cpu_and_starts_by_itself(tiny_m
     waiting = [e for e in events if e.get("state") == "waiting"]
     assert waiting and waiting[0]["message"] == "Waiting for 22:00 (schedule)."
     assert waiting[0]["next_start"] == "2026-12-03T22:00"
+    assert "Waiting for 22:00 (schedule). The checkpoint of round 0 holds the run." in caplog.text
     time.sleep(0.3)
     before, t0 = _cpu_seconds(), time.monotonic()
     time.sleep(3.0)
