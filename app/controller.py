@@ -19,6 +19,7 @@ import shutil
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from pathlib import Path
 
 from PySide6.QtCore import QObject, QTimer, Signal
@@ -123,6 +124,8 @@ class Controller(QObject):
         state = self.session.state
         if state == "paused" or self.user_paused or self.policy_paused:
             return "paused" if self.user_paused or not self.policy_paused else "waiting"
+        if state == "waiting":  # outside run.schedule's hours: the engine sleeps until they begin
+            return "scheduled"
         if state == "training":
             return "training"
         return "starting"
@@ -136,9 +139,12 @@ class Controller(QObject):
     def summary(self, swarm: str = "") -> str:
         """One line for the tray tooltip: state, round, reward and the swarm's name."""
         words = {"idle": "Not training", "starting": "Starting", "training": "Training", "paused": "Paused",
-                 "waiting": "Waiting", "stopping": "Stopping", "finished": "Finished", "restarting": "Restarting",
+                 "waiting": "Waiting", "scheduled": "Scheduled",
+                 "stopping": "Stopping", "finished": "Finished", "restarting": "Restarting",
                  "failed": "Needs your attention"}
         parts = [f"Sapling · {words.get(self._phase, self._phase)}"]
+        if self._phase == "scheduled" and self.next_training():
+            parts.append(f"next training {self.next_training()}")
         history = self.session.history
         if history.rounds:
             parts.append(f"round {history.rounds[-1]}")
@@ -148,6 +154,17 @@ class Controller(QObject):
         if swarm:
             parts.append(swarm)
         return " · ".join(parts)
+
+    def next_training(self) -> str:
+        """When training starts again by the schedule, in words ('22:00', 'Monday 22:00'); '' if not waiting."""
+        if self._phase != "scheduled" or not self.session.next_start:
+            return ""
+        try:
+            start = datetime.fromisoformat(self.session.next_start)
+        except ValueError:
+            return ""
+        soon = start.date() == datetime.now().date() or start - datetime.now() < timedelta(hours=12)
+        return start.strftime("%H:%M") if soon else start.strftime("%A %H:%M")
 
     # -- user actions -------------------------------------------------------------------
     def start(self) -> None:

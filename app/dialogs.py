@@ -2,8 +2,8 @@
 
 `SettingsForm` holds the choices: the model, the swarm (the local embedded
 relay by default, a community's swarm from a pasted invite, or alone) and
-resource limits (CPU threads, priority, idle only, AC power only, start at
-login). A value that cannot be used is shown in red under the form with what
+resource limits (power, CPU threads, priority, hours, idle only, AC power
+only, start at login: app/limits.py). A value that cannot be used is shown in red under the form with what
 to type instead, and the dialog stays open. A new invite is saved only after
 its relay has answered and its preview shows under the field (app/join.py).
 """
@@ -19,7 +19,6 @@ from PySide6.QtGui import QShowEvent
 from PySide6.QtWidgets import (
     QButtonGroup,
     QCheckBox,
-    QComboBox,
     QDialog,
     QDoubleSpinBox,
     QFileDialog,
@@ -40,6 +39,8 @@ from PySide6.QtWidgets import (
 from app import theme
 from app.controller import Problem
 from app.join import InviteField
+from app.lan import NearbySwarms
+from app.limits import ResourcesBox
 from app.settings import AppSettings, EngineSettings, SettingsError, parse_invite, validate
 
 WHAT_IT_DOES = (
@@ -50,7 +51,7 @@ WHAT_IT_DOES = (
     "signed with a random key made for this app. Other computers learn from your answers, and you from theirs; "
     "per hour, your own model learns about as much as it would alone, so sharing is mostly a gift to the others.</p>"
     "<p><b>What it never shares:</b> your files, your model's weights, or anything about you. "
-    "With the local swarm, nothing leaves this computer at all.</p>"
+    "With the local swarm, nothing leaves this computer at all, unless you let this network's computers join.</p>"
     "<p>You can pause or stop at any time; training continues where it left off.</p>"
 )
 
@@ -86,7 +87,11 @@ class SettingsForm(QWidget):
         layout.setSpacing(8)
         layout.addWidget(self._model_box())
         layout.addWidget(self._swarm_box())
-        layout.addWidget(self._limits_box(idle_supported, ac_supported))
+        self.resources = ResourcesBox(idle_supported, ac_supported)  # app/limits.py
+        layout.addWidget(self.resources)
+        r = self.resources
+        self.threads, self.priority, self.only_idle, self.only_ac, self.autostart = \
+            r.threads, r.priority, r.only_idle, r.only_ac, r.autostart
         self.error = _error_label()
         layout.addWidget(self.error)
         for choice in (*self.model_group.buttons(), *self.swarm_group.buttons()):
@@ -132,53 +137,19 @@ class SettingsForm(QWidget):
         self.swarm_group = QButtonGroup(self)
         for button in (self.swarm_embedded, self.swarm_relay, self.swarm_solo):
             self.swarm_group.addButton(button)
+        self.lan = QCheckBox("Let other computers on this network join (announces this swarm here)")
+        self.lan.setStyleSheet("margin-left: 24px;")
+        self.nearby = NearbySwarms()  # app/lan.py: the swarms announced on this network
+        self.nearby.setContentsMargins(24, 0, 0, 4)
+        self.nearby.chosen.connect(self._pick_nearby)
         swarm.addWidget(self.swarm_embedded)
         swarm.addWidget(_hint("Sapling runs a small relay here that other Sapling windows on this computer can join. "
-                              "Nothing leaves this computer."))
+                              "Nothing leaves this computer unless you let this network's computers join."))
+        swarm.addWidget(self.lan)
         swarm.addWidget(self.swarm_relay)
         swarm.addWidget(self.invite)
+        swarm.addWidget(self.nearby)
         swarm.addWidget(self.swarm_solo)
-        return box
-
-    def _limits_box(self, idle_supported: bool, ac_supported: bool) -> QGroupBox:
-        box = QGroupBox("Resources")
-        limits = QVBoxLayout(box)
-        threads_label, priority_label = QLabel("CPU threads for training:"), QLabel("Priority:")
-        priority_label.setMinimumWidth(threads_label.sizeHint().width())
-        threads_row = QHBoxLayout()
-        threads_row.addWidget(threads_label)
-        self.threads = QSpinBox()
-        cores = os.cpu_count() or 1
-        self.threads.setRange(0, max(cores, 1))
-        self.threads.setSpecialValueText(f"Automatic (up to {cores})")
-        self.threads.setToolTip("Automatic uses the cores your other programs leave free, measured every few seconds. "
-                                "A fixed number of threads leaves more of the computer to you, but training is slower.")
-        threads_row.addWidget(self.threads)
-        threads_row.addStretch(1)
-        limits.addLayout(threads_row)
-        priority_row = QHBoxLayout()
-        priority_row.addWidget(priority_label)
-        self.priority = QComboBox()
-        self.priority.addItem("Background: your programs always come first (recommended)", "background")
-        self.priority.addItem("Normal: share the computer equally with your programs", "normal")
-        self.priority.setToolTip("Background runs training at the lowest priority your system has, as BOINC and "
-                                 "Folding@home do. Normal trains faster while you use the computer, and slows your "
-                                 "programs down.")
-        priority_row.addWidget(self.priority)
-        priority_row.addStretch(1)
-        limits.addLayout(priority_row)
-        self.only_idle = QCheckBox("Train only when the computer is idle (no keyboard or mouse for 5 minutes)")
-        self.only_ac = QCheckBox("Train only when plugged in (on AC power)")
-        self.autostart = QCheckBox("Start Sapling when I log in, training in the background")
-        for check, supported, why in ((self.only_idle, idle_supported,
-                                       "Not available: this system does not report idle time."),
-                                      (self.only_ac, ac_supported, "Not available: this computer reports no battery.")):
-            limits.addWidget(check)
-            if not supported:
-                check.setEnabled(False)
-                check.setToolTip(why)
-                limits.addWidget(_hint(why))
-        limits.addWidget(self.autostart)
         return box
 
     # -- values -------------------------------------------------------------------------
@@ -196,11 +167,8 @@ class SettingsForm(QWidget):
             engine.swarm_mode, self.swarm_embedded).setChecked(True)
         self.saved_relay, self.saved_token = engine.relay_url, engine.join_token
         self.invite.set_text(engine.relay_url)
-        self.threads.setValue(min(engine.threads, self.threads.maximum()))
-        self.priority.setCurrentIndex(max(0, self.priority.findData(engine.priority)))
-        self.only_idle.setChecked(app.only_when_idle and self.only_idle.isEnabled())
-        self.only_ac.setChecked(app.only_on_ac_power and self.only_ac.isEnabled())
-        self.autostart.setChecked(app.start_at_login)
+        self.lan.setChecked(engine.embedded_lan)
+        self.resources.set_values(engine, app)
         self._sync()
 
     def values(self, engine: EngineSettings, app: AppSettings) -> tuple[EngineSettings, AppSettings]:
@@ -217,16 +185,15 @@ class SettingsForm(QWidget):
             source = "bundled"
         mode = "relay" if self.swarm_relay.isChecked() else "solo" if self.swarm_solo.isChecked() else "embedded"
         relay_url, token = self._swarm() if mode == "relay" else (self.saved_relay, self.saved_token)
-        new_engine = replace(engine, model_source=source, swarm_mode=mode, relay_url=relay_url, join_token=token,
-                             threads=self.threads.value(), priority=str(self.priority.currentData()))
+        new_engine = replace(self.resources.engine_values(engine), model_source=source, swarm_mode=mode,
+                             relay_url=relay_url, join_token=token, embedded_lan=self.lan.isChecked())
         try:
             validate(new_engine)
         except SettingsError as exc:
             field = self.hub_edit if self.model_hub.isChecked() else self.folder_edit if self.model_folder.isChecked() \
                 else None
             self._fail(str(exc), self.invite.edit if mode == "relay" and "model" not in str(exc).lower() else field)
-        new_app = replace(app, only_when_idle=self.only_idle.isChecked(), only_on_ac_power=self.only_ac.isChecked(),
-                          start_at_login=self.autostart.isChecked())
+        new_app = self.resources.app_values(app)
         self._clear_error()
         return new_engine, new_app
 
@@ -263,7 +230,14 @@ class SettingsForm(QWidget):
         assert preview is not None
         return preview.link(), ""
 
+    def _pick_nearby(self, url: str) -> None:
+        """A swarm found on this network: its address in the invite field, and its preview asked for."""
+        self.swarm_relay.setChecked(True)
+        self.invite.set_text(url)
+        self.invite.check()
+
     def _sync(self) -> None:
+        self.lan.setEnabled(self.swarm_embedded.isChecked())
         self.folder_edit.setEnabled(self.model_folder.isChecked())
         self.hub_edit.setEnabled(self.model_hub.isChecked())
         relay = self.swarm_relay.isChecked()

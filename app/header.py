@@ -37,7 +37,8 @@ from engine.common.device import cpu_name
 
 PHASE_WORDS = {
     "idle": "Not training", "starting": "Starting…", "training": "Training", "paused": "Paused",
-    "waiting": "Waiting", "stopping": "Stopping…", "finished": "Finished", "restarting": "Crashed, restarting",
+    "waiting": "Waiting", "scheduled": "Scheduled",
+    "stopping": "Stopping…", "finished": "Finished", "restarting": "Crashed, restarting",
     "failed": "Needs your attention",
 }
 STEP_WORDS = {
@@ -163,7 +164,7 @@ class HeaderCard(QFrame):
             words = "Waiting"
         self.pill.setText(words)
         self.pill.setStyleSheet(f"background: {colour};")
-        message = self.session.message if phase in ("starting", "training", "paused", "stopping") else ""
+        message = self.session.message if phase in ("starting", "training", "paused", "stopping", "scheduled") else ""
         if phase == "waiting":
             message = self.controller.policy.reason
         elif phase == "idle" and not self.session.history.rounds:
@@ -179,10 +180,10 @@ class HeaderCard(QFrame):
         idle = phase in ("idle", "finished", "failed", "restarting")
         self.start_button.setEnabled(idle)
         self.start_button.setText("Restart now" if phase == "restarting" else "Start training")
-        self.pause_button.setEnabled(phase in ("starting", "training", "paused", "waiting"))
+        self.pause_button.setEnabled(phase in ("starting", "training", "paused", "waiting", "scheduled"))
         self.pause_button.setText("Resume" if phase in ("paused", "waiting") else "Pause")
-        self.stop_button.setEnabled(phase in ("starting", "training", "paused", "waiting", "restarting"))
-        if phase not in ("starting", "training", "paused", "waiting"):
+        self.stop_button.setEnabled(phase in ("starting", "training", "paused", "waiting", "scheduled", "restarting"))
+        if phase not in ("starting", "training", "paused", "waiting", "scheduled"):
             self.progress_bar.setValue(0)
             self.progress_text.setText("")
 

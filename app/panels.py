@@ -153,6 +153,26 @@ def swarm_place(swarm: dict[str, Any], mode: str, invite_name: str, first_relay:
     return name or str(swarm.get("relay_name") or "") or "A community swarm", str(relay)
 
 
+def data_note(today: Any) -> tuple[str, bool]:
+    """The swarm panel's line on today's traffic (the `peers` event's data_today), and whether a cap is reached."""
+    if not isinstance(today, dict):
+        return "", False
+
+    def size(key: str) -> float:
+        return number(today.get(key)) or 0.0
+
+    def mb(n: float) -> str:
+        return f"{n / 1e6:.1f} MB" if n < 1e8 else f"{n / 1e6:,.0f} MB"
+
+    sent, received, up_cap, down_cap = (size(k) for k in ("sent_bytes", "received_bytes", "upload_cap_bytes",
+                                                             "download_cap_bytes"))
+    up = f"{mb(sent)} sent" + (f" of {mb(up_cap)}" if up_cap else "")
+    down = f"{mb(received)} received" + (f" of {mb(down_cap)}" if down_cap else "")
+    capped = bool(up_cap and sent >= up_cap) or bool(down_cap and received >= down_cap)
+    tail = " · daily cap reached: training on this computer's own rollouts until midnight" if capped else ""
+    return f"Data today: {up} · {down}{tail}", capped
+
+
 class PeersPanel(QFrame):
     unbanRequested = Signal(str)  # a peer id whose earned ban the user chose to lift
     switchRequested = Signal()  # "Switch swarm…"
@@ -189,6 +209,11 @@ class PeersPanel(QFrame):
             counts.addWidget(label, 0, column)
             counts.addWidget(caption, 1, column)
         layout.addLayout(counts)
+        self.data = QLabel()  # today's traffic and the daily caps: `data_note`
+        self.data.setObjectName("muted")
+        self.data.setWordWrap(True)
+        self.data.hide()
+        layout.addWidget(self.data)
 
         self.reasons = self._table(["Why rejected", "Count"])
         self.peer_table = self._table(["Peer", "Accepted", "Rejected", "Status"])
@@ -290,6 +315,10 @@ class PeersPanel(QFrame):
         self.received.setText(_count(peers.get("received")))
         self.accepted.setText(_count(peers.get("accepted")))
         self.rejected.setText(_count(peers.get("rejected")))
+        data, capped = data_note(peers.get("data_today"))
+        self.data.setText(data)
+        self.data.setStyleSheet(f"color: {theme.WARNING};" if capped else "")
+        self.data.setVisible(bool(data))
         reasons = peers.get("rejected_by_reason") or {}
         ranked = sorted(reasons.items(), key=lambda kv: (-(number(kv[1]) or 0), str(kv[0])))
         self._fill(self.reasons, [[reason_text(str(k)), _count(v)] for k, v in ranked], "None rejected")

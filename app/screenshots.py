@@ -325,7 +325,8 @@ def main(argv: list[str]) -> int:
         shot(idle.window.dialog, out, "first-run.png")
         idle.window.dialog.reject()
         idle.window.open_settings()
-        assert idle.window.dialog is not None
+        assert isinstance(idle.window.dialog, SettingsDialog)
+        idle.window.dialog.form.resources.scheduled.setChecked(True)  # "Train only between 22:00 and 07:00"
         shot(idle.window.dialog, out, "settings.png")
         dialog = idle.window.dialog
         if isinstance(dialog, SettingsDialog):

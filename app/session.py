@@ -154,6 +154,7 @@ class Session(QObject):
         self.history = History()
         self.state = "idle"  # the engine's last status.state; "idle" before any
         self.message = ""
+        self.next_start = ""  # with state "waiting": when run.schedule's hours begin (local ISO time)
         self.device: dict[str, Any] | None = None
         self.model: str | None = None
         self.round = 0
@@ -189,6 +190,7 @@ class Session(QObject):
     def _on_status(self, event: Mapping[str, Any]) -> None:
         self.state = str(event["state"])
         self.message = str(event["message"] or "")
+        self.next_start = str(event.get("next_start") or "") if self.state == "waiting" else ""
         device = event.get("device")
         if isinstance(device, dict):
             self.device = device

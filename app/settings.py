@@ -29,10 +29,12 @@ from pathlib import Path
 from typing import Any
 
 from engine.common.atomicio import atomic_write_json, atomic_write_text
-from engine.common.config import PRIORITIES, SwarmConfig, build_config, edit_config_text
+from engine.common.config import POWER_ENGINE_KEYS, POWER_PRESETS, PRIORITIES, SwarmConfig, build_config
+from engine.common.config_text import edit_config_text
 from engine.common.errors import ConfigError
 from engine.common.paths import Paths
 from engine.common.rules import Invite, check_model_source, check_relay_url, parse_invite, split_invite
+from engine.common.schedule import Schedule
 
 __all__ = ["AppSettings", "EngineSettings", "SettingsError", "SettingsStore", "check_model_source",
            "check_relay_url", "parse_invite", "settings_place", "split_invite", "swarm_invite", "validate"]
@@ -59,8 +61,14 @@ class EngineSettings:
     swarm_mode: str = "embedded"  # [swarm] mode
     relay_url: str = ""  # [swarm] relay_url: the invite link (sapling://join?...) or a bare relay address
     join_token: str = ""  # [swarm] join_token (older settings; an invite carries its own token)
-    threads: int = 0  # [run] threads (0: automatic)
-    priority: str = "background"  # [run] priority: "background" or "normal"
+    embedded_lan: bool = False  # [swarm] embedded_lan: this network's computers may join the local swarm
+    power: str = "standard"  # [run] power: "low", "standard" or "maximum" (a bundle of the three below)
+    threads: int = 0  # [run] threads (0: automatic); left out of the file while it is what power gives
+    priority: str = "background"  # [run] priority: "background" or "normal"; likewise
+    duty_cycle: float = 1.0  # [run] duty_cycle; likewise
+    schedule: str = ""  # [run] schedule: "22:00-07:00", "weekdays 22:00-07:00"; empty: at any hour
+    daily_upload_mb: float = 0.0  # [swarm] daily_upload_mb (0: no cap)
+    daily_download_mb: float = 0.0  # [swarm] daily_download_mb (0: no cap)
     # Protection from bad peers (Settings ▸ Protection; docs/swarm.md "Poisoning")
     plausibility_check: bool = _SWARM.plausibility_check  # [swarm] plausibility_check
     ban_strikes: int = _SWARM.ban_strikes  # [swarm] ban_strikes (0: never ban automatically)
@@ -74,8 +82,14 @@ class EngineSettings:
         ("swarm", "mode", "swarm_mode"),
         ("swarm", "relay_url", "relay_url"),
         ("swarm", "join_token", "join_token"),
+        ("swarm", "embedded_lan", "embedded_lan"),
+        ("run", "power", "power"),
         ("run", "threads", "threads"),
         ("run", "priority", "priority"),
+        ("run", "duty_cycle", "duty_cycle"),
+        ("run", "schedule", "schedule"),
+        ("swarm", "daily_upload_mb", "daily_upload_mb"),
+        ("swarm", "daily_download_mb", "daily_download_mb"),
         ("swarm", "plausibility_check", "plausibility_check"),
         ("swarm", "ban_strikes", "ban_strikes"),
         ("swarm", "ban_window", "ban_window"),
@@ -85,8 +99,11 @@ class EngineSettings:
     )
 
     def needs_restart(self, other: EngineSettings) -> bool:
-        """Whether going from `other` to self needs the engine restarted (model, swarm, threads, priority)."""
-        return asdict(self) != asdict(other)
+        """Whether going from `other` to self needs the engine restarted (model, swarm, threads, priority);
+        the power choice itself, the schedule, the duty cycle and the data caps apply with a reload."""
+        live = ("power", "schedule", "duty_cycle", "daily_upload_mb", "daily_download_mb")
+        return {k: v for k, v in asdict(self).items() if k not in live} != \
+            {k: v for k, v in asdict(other).items() if k not in live}
 
 
 @dataclass
@@ -121,10 +138,16 @@ def validate(settings: EngineSettings) -> None:
         raise SettingsError("CPU threads must be 0 (automatic) or a number of threads.")
     if settings.priority not in PRIORITIES:
         raise SettingsError(f"Priority must be one of {', '.join(PRIORITIES)}.")
+    if settings.power not in POWER_PRESETS:
+        raise SettingsError(f"Power must be one of {', '.join(POWER_PRESETS)}.")
+    if not 0.0 < settings.duty_cycle <= 1.0:
+        raise SettingsError("The share of each minute for training must be above 0 and at most 1.")
+    Schedule.parse(settings.schedule)  # one sentence on what to write
     # The protection settings: the engine's own rules (engine/common/config.py, SwarmConfig), one copy.
     replace(_SWARM, plausibility_check=settings.plausibility_check, ban_strikes=settings.ban_strikes,
             ban_window=settings.ban_window, ban_hours=settings.ban_hours, persist_bans=settings.persist_bans,
-            banned_peers=list(settings.banned_peers))
+            banned_peers=list(settings.banned_peers), daily_upload_mb=settings.daily_upload_mb,
+            daily_download_mb=settings.daily_download_mb)
 
 
 def swarm_invite(settings: EngineSettings) -> Invite | None:
@@ -212,6 +235,9 @@ class SettingsStore:
     def load_engine(self) -> EngineSettings:
         data = self._read_toml()
         settings = EngineSettings()
+        power = data.get("run", {}).get("power", "standard")
+        for key in POWER_ENGINE_KEYS if power in POWER_PRESETS else ():  # what the file leaves to run.power
+            setattr(settings, key, POWER_PRESETS[power][key])
         for section, key, attr in EngineSettings.KEYS:
             value = data.get(section, {}).get(key)
             default = getattr(settings, attr)
@@ -230,8 +256,12 @@ class SettingsStore:
         except (OSError, UnicodeDecodeError):
             old = ""
         changes: dict[str, dict[str, Any]] = {}
+        bundle = POWER_PRESETS[settings.power]
         for section, key, attr in EngineSettings.KEYS:
-            changes.setdefault(section, {})[key] = getattr(settings, attr)
+            value = getattr(settings, attr)
+            if section == "run" and key in POWER_ENGINE_KEYS and value == bundle[key]:
+                value = None  # what run.power gives: left to it, so a later change of power moves it too
+            changes.setdefault(section, {})[key] = value
         text = edit_config_text(old, changes, header=CONFIG_HEADER)
         _check_engine_file(text)
         atomic_write_text(self.config_file, text)

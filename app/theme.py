@@ -36,6 +36,7 @@ PHASE_COLOURS = {
     "starting": EVAL,
     "paused": WARNING,
     "waiting": WARNING,
+    "scheduled": MUTED,
     "stopping": MUTED,
     "restarting": ERROR,
     "failed": ERROR,

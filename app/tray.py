@@ -1,5 +1,8 @@
 """The tray icon: Show, Pause/Resume and Quit; the round, reward and swarm in its tooltip.
 
+Outside run.schedule's hours the tooltip and a greyed menu line say when
+training next starts ("Next training at 22:00 (schedule)").
+
 The menu and its actions exist whether or not the desktop has a tray, so
 they can be used (and tested) directly; the QSystemTrayIcon itself is only
 made where `QSystemTrayIcon.isSystemTrayAvailable()` says there is a tray.
@@ -32,11 +35,14 @@ class Tray(QObject):
         self.show_action = QAction("Show Sapling", self.menu)
         self.pause_action = QAction("Pause training", self.menu)
         self.quit_action = QAction("Quit Sapling", self.menu)
+        self.next_action = QAction("", self.menu)  # "Next training at 22:00 (schedule)", shown while waiting for it
+        self.next_action.setEnabled(False)
         self.show_action.triggered.connect(self.showRequested)
         self.pause_action.triggered.connect(self._pause_or_resume)
         self.quit_action.triggered.connect(self.quitRequested)
         self.menu.addAction(self.show_action)
         self.menu.addAction(self.pause_action)
+        self.menu.addAction(self.next_action)
         self.menu.addSeparator()
         self.menu.addAction(self.quit_action)
         self.icon: QSystemTrayIcon | None = None
@@ -49,6 +55,7 @@ class Tray(QObject):
         controller.problem.connect(self._on_problem)
         controller.session.roundAdded.connect(lambda _m: self.refresh())
         controller.session.swarmChanged.connect(self.refresh)
+        controller.session.statusChanged.connect(self.refresh)
         self.swarm_name: Callable[[], str] = lambda: ""  # the swarm in words (the window's swarm panel sets it)
         self.refresh()
 
@@ -77,6 +84,9 @@ class Tray(QObject):
         else:
             self.pause_action.setText("Pause training")
         self.pause_action.setEnabled(phase not in ("stopping", "restarting"))
+        upcoming = self.controller.next_training()
+        self.next_action.setText(f"Next training at {upcoming} (schedule)" if upcoming else "")
+        self.next_action.setVisible(bool(upcoming))
         if self.icon is not None:
             self.icon.setToolTip(self.tooltip())
             self.icon.setIcon(theme.tray_icon(phase))

@@ -198,8 +198,8 @@ class OtherPolicyPeer:
 def open_node(cfg: NodeConfig, home: Path, with_swarm: bool) -> tuple[Any, Any]:
     """A real Node under `home` (the converted bundled model shared from the user's cache), set up; and its swarm."""
     from engine.common.paths import Paths
-    from engine.exchange import open_swarm
     from engine.sapo import Node
+    from engine.swarm_open import open_swarm
 
     base = Paths.under(home)
     paths = Paths(base.config_dir, base.data_dir, Paths.default().cache_dir, base.log_dir)
@@ -217,7 +217,7 @@ def node_settings(relay_url: str, seed: int, extra: Sequence[str], *more: str) -
 
 def drift_standin(folder: Path, relay_url: str, drift_rounds: int, extra: Sequence[str]) -> tuple[Any, Any]:
     """The drifted stand-in: a node of the bundled model trained `drift_rounds` rounds alone, then in the swarm."""
-    from engine.exchange import open_swarm
+    from engine.swarm_open import open_swarm
 
     cfg = node_settings(relay_url, DRIFT_SEED, extra)
     node, _ = open_node(cfg, folder / "standin-drift", with_swarm=False)

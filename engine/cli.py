@@ -8,6 +8,7 @@
     sapling-node doctor [--relay INVITE]  # check each step of joining the swarm, with its time (docs/swarm.md)
     sapling-node stats [--json]           # what this node's rollouts did for other peers (engine/swarm/node_stats.py)
     sapling-node identity export FILE     # back up this node's key; `identity import FILE` restores it
+    sapling-node discover [--json]        # the swarms announced on this network (engine/common/lan.py)
 
 A user's mistake gets one sentence on stderr and a non-zero exit code
 (2 for bad settings). Ctrl-C or SIGTERM stops at the next safe point (within
@@ -95,9 +96,35 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument("--json", action="store_true", help="one JSON object per step, then one with the verdict")
     doctor.add_argument("--timeout", type=float, default=5.0, metavar="S",
                         help="seconds each step may take (default 5)")
+    discover = sub.add_parser("discover", help="list the swarms that announce themselves on this network (mDNS)")
+    discover.add_argument("--seconds", type=float, default=3.0, metavar="S", help="how long to listen (default 3)")
+    discover.add_argument("--json", action="store_true", help="one JSON object per swarm found")
     node_stats.add_parser(sub)
     identity_backup.add_parser(sub)
     return parser
+
+
+def cmd_discover(args: argparse.Namespace) -> int:
+    """Print each swarm found on this network: its name and the address to join (an invite may be just that)."""
+    import json
+
+    from engine.common.lan import discover
+
+    if not 0 < args.seconds <= 60:
+        print("sapling-node: error: --seconds must be a number of seconds from 0 to 60.", file=sys.stderr)
+        return 2
+    try:
+        found = discover(args.seconds)
+    except OSError as exc:
+        print(f"sapling-node: error: cannot listen on this network ({exc.strerror or exc}).", file=sys.stderr)
+        return 1
+    for swarm in found:
+        print(json.dumps(swarm.to_json()) if args.json else f"{swarm.name}\t{swarm.url}")
+    if not found and not args.json:
+        print(f"No swarm announced itself on this network within {args.seconds:g} s.", file=sys.stderr)
+    if found and not args.json:
+        print("Join one with: sapling-node run --set swarm.mode=relay --set swarm.relay_url=ADDRESS", file=sys.stderr)
+    return 0
 
 
 def cmd_run(args: argparse.Namespace, paths: Paths, config: NodeConfig) -> int:
@@ -168,6 +195,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return chat_main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command == "discover":
+        return cmd_discover(args)
     paths = Paths.under(args.home) if args.home else Paths.default()
     if args.command == "serve":
         from engine.serve import serve
@@ -190,7 +219,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_experiment(args, paths)
         config = config_from_args(args, paths)
         if args.command == "config":
-            print(config.to_toml())
+            from engine.common.config_text import config_toml
+
+            print(config_toml(config))
             return 0
         if args.command == "export":
             return cmd_export(args, paths, config)

@@ -29,6 +29,11 @@ is a `duplicate` whatever its sequence number (`ReplayMemory`, kept in the
 data dir), and a peer whose judged items are too often `forged_reward` or
 `implausible` is banned here (`BanBook`); `unban(peer)` lifts an earned ban.
 
+Past a daily data cap (engine/swarm/datacap.py) the exchange publishes (upload)
+or samples (download) nothing until midnight, says so once in the log and the
+swarm line, and the loop trains on its own groups; each `peers` event carries
+today's traffic as `data_today`. engine/swarm_open.py opens all of this.
+
 The test follows the model policy the relay declares in its welcome
 (engine/common/model_policy.py). Under `mixed`, an item labelled with another
 model is put in `offer.baselines` with its sender's past (`SenderBaselines`,
@@ -49,11 +54,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from engine.common.config import NodeConfig, SwarmConfig
 from engine.common.errors import TaskError
 from engine.common.events import Event, make_event
 from engine.common.model_policy import ModelPolicy, policy_from_document, same_model
-from engine.common.rules import parse_invite
 from engine.defence import Ban, BanBook, ReplayMemory, SenderBaselines
 from engine.rollouts import (
     R_BANNED,
@@ -74,8 +77,9 @@ from engine.rollouts import (
     rewards_differ,
 )
 from engine.swarm import protocol
-from engine.swarm.client import LinkState, RelayMemory, SwarmClient, duration_text
-from engine.swarm.contribution import CREDIT_FILE, Contribution, receipt_verdicts, swarm_key
+from engine.swarm.client import LinkState, SwarmClient, duration_text
+from engine.swarm.contribution import Contribution, receipt_verdicts
+from engine.swarm.datacap import DataMeter
 from engine.swarm.identity import Identity, readable_name, verify_signed
 from engine.swarm.receipts import NOT_PICKED, receipts_payload
 from engine.tasks import TaskRef, TaskSet
@@ -228,6 +232,8 @@ class SwarmExchange:
         self._seen: OrderedDict[tuple[str, int], None] = OrderedDict()
         self.contribution: Contribution | None = None  # this node's credit, from the relay (open_swarm sets it)
         self._announced: bool | None = None
+        self.meter: DataMeter | None = None  # today's traffic and the daily caps (open_swarm sets it)
+        self._capped = ""  # the sentence said when a daily cap was reached ("" while under the caps)
 
     # -- link state -------------------------------------------------------------------
     def announce(self, state: LinkState | None = None, message: str | None = None) -> None:
@@ -265,6 +271,14 @@ class SwarmExchange:
     def _check_link(self) -> None:
         if self._announced != self.client.state.connected:
             self.announce()
+        reason = self.meter.blocked_reason() if self.meter is not None else ""
+        if reason != self._capped:  # a daily cap reached, or a new day: say so once, in the log and the swarm line
+            self._capped = reason
+            if reason:
+                log.warning("%s", reason)
+            else:
+                log.info("Under today's data caps again: sharing resumes.")
+            self.announce(message=reason or None)
 
     # -- the swarm's model policy -----------------------------------------------------
     def set_model_label(self, label: str) -> None:
@@ -310,7 +324,9 @@ class SwarmExchange:
                 items.pop()  # too big for one frame: share fewer groups
         else:
             return
-        if not self.client.publish(payload):
+        if self.meter is not None and self.meter.upload_blocked():
+            log.info("Round %d not shared: today's upload cap is reached.", round_index)
+        elif not self.client.publish(payload):
             log.info("Round %d not shared: the relay is not connected.", round_index)
 
     # -- sample -----------------------------------------------------------------------
@@ -329,7 +345,7 @@ class SwarmExchange:
         """Up to n verified external items, drawn uniformly (by `seed`) from what the relay sent."""
         self._check_link()
         offer = Offer(connected=self.client.state.connected)
-        if n <= 0:
+        if n <= 0 or (self.meter is not None and self.meter.download_blocked()):
             return offer
         signed_batches = self.client.sample(min(protocol.MAX_SAMPLE_BATCHES, n))
         self._check_link()
@@ -451,6 +467,8 @@ class SwarmExchange:
         if self.contribution is not None:  # the numbers the relay sent since the last round
             self.contribution.update(self.client.state.credit, self.client.state.credit_at)
         receipts = receipt_verdicts(offer, verdicts)
+        if self.meter is not None and self.meter.upload_blocked():
+            return  # past today's upload cap: nothing more goes out
         if (receipts
             and not self.client.send_receipts(receipts_payload(self.identity.public_key, time.time(), receipts))):
             log.info("Receipts for %d items not sent: the relay is not connected.", len(receipts))
@@ -503,98 +521,10 @@ class SwarmExchange:
             banned={pid: {**ban.to_json(), "name": self.peers[pid].name if pid in self.peers else pid[:8]}
                     for pid, ban in self.bans.banned().items()},
             this_round=this_round,
+            **({"data_today": self.meter.to_json()} if self.meter is not None else {}),
         ))
 
     def close(self) -> None:
         self.client.close()
-
-
-# -- opening the swarm link ---------------------------------------------------------------------
-class SwarmSession:
-    """The exchange of one node run, and this computer's relay link when the mode is embedded."""
-
-    def __init__(self, exchange: SwarmExchange | None, relay: Any = None) -> None:
-        self.exchange = exchange
-        self.relay = relay  # a LocalSwarm (hosting or joined), or None
-
-    def close(self) -> None:
-        if self.exchange is not None:
-            self.exchange.close()
-        if self.relay is not None:
-            self.relay.stop()
-
-
-def defence_state(sw: SwarmConfig, state_dir: Path | None, run_name: str) -> tuple[BanBook, ReplayMemory | None]:
-    """The node's ban book and replay memory from its settings; their files live in `state_dir`
-    (None: nothing is kept across restarts)."""
-    persist = state_dir is not None and sw.persist_bans
-    bans = BanBook(strikes=sw.ban_strikes, window=sw.ban_window, hours=sw.ban_hours, strike_reasons=STRIKE_REASONS,
-                   configured=[peer_of(p) for p in sw.banned_peers],
-                   path=state_dir / BANS_FILE if persist and state_dir is not None else None)
-    replay = None
-    if sw.replay_memory > 0:
-        replay = ReplayMemory(replay_file(state_dir, run_name) if state_dir is not None else None, sw.replay_memory)
-    return bans, replay
-
-
-def open_swarm(config: NodeConfig, identity_file: Any, emit: Callable[[Event], None],
-               state_dir: Path | None = None) -> SwarmSession:
-    """Start what `swarm.mode` asks for. Solo (or J = 0) gives a session without exchange.
-
-    Bans, the replay memory and which relay last let this node in (`relays.json`)
-    are kept in `state_dir`, by default the `swarm` folder beside the identity
-    file (the data dir). In relay mode `swarm.relay_url` is an invite or a bare
-    relay address (`engine.common.rules.parse_invite`); its token comes before
-    `swarm.join_token`.
-    """
-    from engine.swarm.local import LocalSwarm
-
-    sw = config.swarm
-    identity = Identity.load_or_create(identity_file)
-    if sw.mode == "solo" or sw.external_groups == 0:
-        emit(make_event("swarm", peer_id=identity.peer_id, name=identity.name, relay=None, connected=False,
-                        message="Solo: not sharing rollouts (swarm.mode = solo or external_groups = 0)."))
-        return SwarmSession(None)
-    token = sw.join_token
-    swarm_name = ""
-    exchange_ref: list[SwarmExchange] = []
-
-    def on_change(state: LinkState) -> None:
-        if exchange_ref:
-            exchange_ref[0].announce(state)
-
-    def on_message(text: str) -> None:  # the local relay changed hands: say so, in the swarm line
-        if exchange_ref and local is not None:
-            exchange_ref[0].relay_label = local.label
-            exchange_ref[0].announce(message=text)
-
-    if state_dir is None:
-        state_dir = Path(identity_file).parent / "swarm"
-    local: LocalSwarm | None = None
-    if sw.mode == "relay":
-        # An invite (sapling://join?relay=...&relay=...) or a bare relay address: the relays are tried in
-        # order of last success, and the node moves to the next one when its relay fails.
-        invite = parse_invite(sw.relay_url)
-        token = invite.token or token
-        swarm_name = invite.name
-        memory = RelayMemory(state_dir / RELAYS_FILE)
-        client = SwarmClient(invite.relays, identity, token=token, on_change=on_change, memory=memory)
-        label = client.url
-    else:
-        # Host this computer's relay, or join the node that does; take it over if that node stops.
-        local = LocalSwarm(sw.embedded_host, sw.embedded_port, identity, token=token, on_change=on_change,
-                           on_message=on_message)
-        client = local.start()
-        label = local.label
-    bans, replay = defence_state(sw, state_dir, config.run.run_name)
-    exchange = SwarmExchange(client, identity, config.model.source, emit, label, bans=bans, replay=replay,
-                             swarm_name=swarm_name,
-                             senders=SenderBaselines(senders_file(state_dir, config.run.run_name)))
-    exchange.contribution = Contribution(state_dir / CREDIT_FILE, identity.peer_id,
-                                         swarm_key(client.urls if sw.mode == "relay" else ()), emit)
-    exchange_ref.append(exchange)
-    exchange.announce()
-    if local is None:
-        client.start()
-    client.wait_connected(3.0)
-    return SwarmSession(exchange, local)
+        if self.meter is not None:
+            self.meter.flush()

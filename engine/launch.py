@@ -153,9 +153,9 @@ def run_node(
     `before_run` is called once the swarm is open, just before training starts
     (serve starts reading commands there).
     """
-    from engine.exchange import open_swarm
     from engine.priority import apply_priority
     from engine.sapo import Node
+    from engine.swarm_open import open_swarm
 
     node = Node(config, paths, emit, control, reload_config=reload_config)
     node.status("starting", "Engine started.")

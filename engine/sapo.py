@@ -20,16 +20,17 @@ from __future__ import annotations
 
 import logging
 import random
-import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from engine.backends import PolicyBackend, load_backend
 from engine.checkpoint import latest_good, save_checkpoint
+from engine.clock import Clock, Pacing
 from engine.common.config import NodeConfig
 from engine.common.device import DeviceInfo, pick_device
 from engine.common.errors import ConfigError
@@ -37,6 +38,7 @@ from engine.common.events import Event, make_event
 from engine.common.model_policy import model_label
 from engine.common.paths import Paths
 from engine.common.rules import stable_seed
+from engine.control import Control, RoundAborted
 from engine.curriculum import curriculum_for, harder_configs
 from engine.defence import (
     IMPLAUSIBLE,
@@ -77,67 +79,6 @@ EXTERNAL_LENGTH_SLACK = 2
 Emit = Callable[[Event], None]
 
 
-class RoundAborted(Exception):
-    """A stop request arrived before the round's checkpoint: the round is abandoned.
-
-    The newest checkpoint holds the run; weights changed in memory by a step
-    that was cut short are never saved, and a resumed run redoes the round
-    from the checkpoint with the same questions and sampling seeds.
-    """
-
-
-class Control:
-    """Pause/resume/stop/reload requests from another thread (serve mode, Ctrl-C)."""
-
-    def __init__(self) -> None:
-        self._running = threading.Event()
-        self._running.set()
-        self._stop = threading.Event()
-        self._reload = threading.Event()
-        self._unbans: list[str] = []
-        self._unbans_lock = threading.Lock()
-
-    def pause(self) -> None:
-        self._running.clear()
-
-    def resume(self) -> None:
-        self._running.set()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._running.set()
-
-    def request_reload(self) -> None:
-        self._reload.set()
-
-    def request_unban(self, peer: str) -> None:
-        """Lift a local ban on `peer` before the next swarm sample (serve's `unban` command)."""
-        with self._unbans_lock:
-            self._unbans.append(peer)
-
-    def take_unbans(self) -> list[str]:
-        with self._unbans_lock:
-            taken, self._unbans = self._unbans, []
-        return taken
-
-    @property
-    def paused(self) -> bool:
-        return not self._running.is_set()
-
-    @property
-    def stopping(self) -> bool:
-        return self._stop.is_set()
-
-    def take_reload(self) -> bool:
-        if self._reload.is_set():
-            self._reload.clear()
-            return True
-        return False
-
-    def wait_while_paused(self) -> None:
-        self._running.wait()
-
-
 def _rss_bytes() -> int:
     """This process's resident memory, reported every round so creeping growth is visible."""
     import psutil
@@ -164,6 +105,7 @@ class Node:
         control: Control | None = None,
         exchange: RolloutExchange | None = None,
         reload_config: Callable[[], NodeConfig] | None = None,
+        clock: Clock | None = None,
     ) -> None:
         # The install's own seed unless one is set (engine/seeds.py); resume() may put back the run's.
         self.config = _with_seed(config, node_seed(config.run.seed, paths.data_dir))
@@ -172,6 +114,7 @@ class Node:
         self.control = control or Control()
         self.exchange = exchange
         self.reload_config = reload_config
+        self.pacing = Pacing(self.config.run.schedule, self.config.run.duty_cycle, clock)  # engine/clock.py
         self.metrics = MetricsLog(paths.metrics_file, self.config.run.metrics_max_kb * 1024)
         self.taskset = self._taskset(self.config)
         self.curriculum = curriculum_for(self.config.tasks, self.taskset.specialties)  # None: fixed difficulty
@@ -192,12 +135,12 @@ class Node:
     def checkpoint_root(self) -> Path:
         return self.paths.checkpoints(self.config.run.run_name)
 
-    def status(self, state: str, message: str) -> None:
+    def status(self, state: str, message: str, **extra: Any) -> None:
         self._state = state
         device = self.device.to_json() if self.device else None
         self.emit(make_event(
             "status", state=state, message=message, device=device,
-            model=self.config.model.source, run=self.config.run.run_name, round=self.round,
+            model=self.config.model.source, run=self.config.run.run_name, round=self.round, **extra,
         ))
 
     def progress(self, phase: str, done: int, total: int) -> None:
@@ -257,9 +200,11 @@ class Node:
         def on_step(done: int, total: int) -> None:
             if self.threads is not None:
                 self.threads.update()  # cheap: measures the load at most every 2 s
+            self.pacing.between_steps(self.control.stop_event)  # run.duty_cycle: rest between steps
             if self.control.paused:
                 self.status("paused", "Paused.")
                 self.control.wait_while_paused()
+                self.pacing.duty.begin()  # a pause is not training time
                 self.status("training", "Resumed.")
             if self.control.stopping:
                 raise RoundAborted(phase)
@@ -285,7 +230,7 @@ class Node:
                 message="Settings saved; the model, device, run name or KL setting change on the next start.",
             ))
             return
-        link = ("mode", "relay_url", "join_token", "embedded_host", "embedded_port")
+        link = ("mode", "relay_url", "join_token", "embedded_host", "embedded_port", "embedded_lan")
         if any(getattr(new.swarm, k) != getattr(self.config.swarm, k) for k in link):
             self.emit(make_event(
                 "error", kind="ConfigError", fatal=False,
@@ -293,6 +238,7 @@ class Node:
             ))
         if self.threads is not None:
             self.threads.reconfigure(new.run.threads)
+        self.pacing.reconfigure(new.run.schedule, new.run.duty_cycle)
         self.config = new
         self.taskset = self._taskset(new)
         self.curriculum = curriculum_for(new.tasks, self.taskset.specialties,
@@ -301,15 +247,19 @@ class Node:
             self.backend.apply_settings(new.grpo, new.tasks.temperature)
         self.status(self._state, "Settings reloaded.")
 
+    def _wait_for_schedule(self, start: datetime, message: str) -> None:
+        """Outside run.schedule's hours, after a finished round: say so (the log, the app); the node sleeps."""
+        log.info("%s The checkpoint of round %d holds the run.", message, self.round)
+        self.status("waiting", message, next_start=start.isoformat(timespec="minutes"))
+
     # -- the loop ----------------------------------------------------------------------
     def run(self) -> int:
         """Train until max_rounds or a stop request; returns the last completed round."""
         if self.backend is None:
             self.setup()
         max_rounds = self.config.run.max_rounds
+        first_eval = self.round == 0 and self.config.tasks.eval_every > 0
         try:
-            if self.round == 0 and self.config.tasks.eval_every > 0:
-                self.evaluate()
             self.status("training", f"Training from round {self.round + 1}.")
             while not self.control.stopping and (max_rounds == 0 or self.round < max_rounds):
                 if self.control.take_reload():
@@ -319,7 +269,15 @@ class Node:
                     self.control.wait_while_paused()
                     if self.control.stopping:
                         break
+                    self.pacing.duty.begin()
                     self.status("training", "Resumed.")
+                if not self.pacing.wait_for_hours(self.control.wake, self._wait_for_schedule):
+                    continue  # a stop or a reload ended the wait: the loop looks again
+                if self._state == "waiting":
+                    self.status("training", f"The schedule's hours began: training from round {self.round + 1}.")
+                if first_eval:
+                    first_eval = False
+                    self.evaluate()
                 self.run_round()
                 every = self.config.tasks.eval_every
                 if every and self.round % every == 0:

@@ -8,11 +8,12 @@ A `NodeConfig` has four sections, the same as the TOML file
     [grpo]   learning_rate = 3e-4      eps_low = 0.2   eps_high = 0.28   kl_beta = 0.0
     [run]    device = "auto"           seed = -1       run_name = "default"
 
-Precedence: defaults < preset < TOML file < ``--set section.key=value`` flags.
+Precedence: defaults < preset < TOML file < ``--set section.key=value`` flags;
+``run.power`` (`POWER_PRESETS`) gives threads, priority and duty_cycle where none of those set them.
 Every value is checked in ``__post_init__``; a bad one raises `ConfigError`
 with one sentence naming the key and what is allowed (the CLI exits 2).
 
-    python -m engine.common.config          # print the effective default config as TOML
+    python -m engine.common.config_text     # print the default config as TOML, with the help texts
 """
 
 from __future__ import annotations
@@ -25,10 +26,9 @@ from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-import tomlkit
-
 from engine.common.errors import ConfigError
 from engine.common.rules import INVITE_MAX_CHARS, parse_invite
+from engine.common.schedule import Schedule
 
 SAPO_SPECIALTIES = (
     "base_conversion",
@@ -222,6 +222,15 @@ class GRPOConfig:
 
 
 PRIORITIES = ("background", "normal")  # run.priority; engine/priority.py applies it
+# run.power: one choice for people who will not read twenty settings. Each bundle gives the keys it names
+# unless the user set them (config.toml or --set); idle_only and ac_only are the desktop app's pause rules
+# (app/power.py), which it takes from the same table. "standard" is what a node did before power existed.
+POWER_PRESETS: dict[str, dict[str, Any]] = {
+    "low": {"threads": 1, "priority": "background", "duty_cycle": 0.5, "idle_only": True, "ac_only": True},
+    "standard": {"threads": 0, "priority": "background", "duty_cycle": 1.0, "idle_only": False, "ac_only": False},
+    "maximum": {"threads": 0, "priority": "normal", "duty_cycle": 1.0, "idle_only": False, "ac_only": False},
+}
+POWER_ENGINE_KEYS = ("threads", "priority", "duty_cycle")  # the bundle's keys that are [run] keys
 
 
 @dataclass
@@ -243,6 +252,19 @@ class RunConfig:
         "(training is faster while the computer is busy, and your programs slower).",
         "background",
     )
+    power: str = _help(
+        "'low', 'standard' or 'maximum': a bundle of threads, priority and duty_cycle (and in the app, the idle and "
+        "AC-power pauses). low: 1 thread, background priority, training at most half of each minute, only when "
+        "idle and plugged in; standard: automatic threads at background priority; maximum: automatic threads at "
+        "normal priority. A key you set yourself wins over the bundle.", "standard",
+    )
+    duty_cycle: float = _help(
+        "Share of the time training may use (0.5: at most half of each minute, resting between steps); 1: all.", 1.0,
+    )
+    schedule: str = _help(
+        "Hours when training runs, local time: '22:00-07:00', 'weekdays 22:00-07:00' or 'weekends 09:00-18:00'; "
+        "empty: at any hour. Outside them the node finishes its round, keeps its checkpoint and sleeps.", "",
+    )
     max_rounds: int = _help("Stop after this round number (0: train until stopped).", 0)
     keep_checkpoints: int = _help("How many recent good checkpoints to keep.", 3)
     metrics_max_kb: int = _help(
@@ -262,6 +284,9 @@ class RunConfig:
         if isinstance(self.threads, bool) or not isinstance(self.threads, int) or not 0 <= self.threads <= 1024:
             raise ConfigError(f"{s}.threads must be 0 (automatic) or a number of threads, got {self.threads!r}.")
         _choice(s, "priority", self.priority, PRIORITIES)
+        _choice(s, "power", self.power, tuple(POWER_PRESETS))
+        _number(s, "duty_cycle", self.duty_cycle, 0.0, 1.0, open_low=True)
+        Schedule.parse(self.schedule)  # ConfigError naming run.schedule and what to write
         if isinstance(self.max_rounds, bool) or not isinstance(self.max_rounds, int) or self.max_rounds < 0:
             raise ConfigError(f"{s}.max_rounds must be 0 (no limit) or a positive round number.")
         _positive_int(s, "keep_checkpoints", self.keep_checkpoints, 1000)
@@ -283,6 +308,9 @@ class SwarmConfig:
     join_token: str = _help("Join token of a private swarm, when relay_url does not carry one (an invite does).", "")
     embedded_host: str = _help("Address the embedded relay listens on ('127.0.0.1': this computer only).", "127.0.0.1")
     embedded_port: int = _help("Port of the embedded relay (0: pick a free one).", 8765)
+    embedded_lan: bool = _help("Let other computers on this network join the embedded relay: it listens on every "
+                               "interface and announces itself (mDNS, `sapling-node discover`). Off: nothing is "
+                               "announced.", False)
     local_groups: int = _help(
         "I: own rollouts (a question with its G completions) in each round's training batch; 0 means all of them.",
         0,
@@ -359,6 +387,10 @@ class SwarmConfig:
         "keys (base64). Bans listed here can only be lifted here.",
         factory=list,
     )
+    daily_upload_mb: float = _help("Most megabytes sent to the swarm a day, local time (0: no cap); at the cap "
+                                   "the node stops sharing until midnight and trains on its own rollouts.", 0.0)
+    daily_download_mb: float = _help("Most megabytes received from the swarm a day (0: no cap); at the cap the "
+                                     "node takes no more rollouts until midnight.", 0.0)
     replay_memory: int = _help(
         "External items already trained on that are remembered (by content, across restarts, in the data dir) "
         "and dropped as 'duplicate' when sent again under any sequence number (0: off).",
@@ -367,10 +399,12 @@ class SwarmConfig:
 
     def __post_init__(self) -> None:
         s = "swarm"
-        for key in ("plausibility_check", "persist_bans", "local_informative_first"):
+        for key in ("plausibility_check", "persist_bans", "local_informative_first", "embedded_lan"):
             if not isinstance(getattr(self, key), bool):
                 raise ConfigError(f"{s}.{key} must be true or false, got {getattr(self, key)!r}.")
         _number(s, "implausible_logprob", self.implausible_logprob, -100.0, 0.0)
+        _number(s, "daily_upload_mb", self.daily_upload_mb, 0.0, 1e9)
+        _number(s, "daily_download_mb", self.daily_download_mb, 0.0, 1e9)
         _positive_int(s, "plausibility_window", self.plausibility_window, 256)
         if (isinstance(self.probation_items, bool) or not isinstance(self.probation_items, int)
             or not 1 <= self.probation_items <= 10_000):
@@ -481,54 +515,9 @@ class NodeConfig:
     def config_hash(self) -> str:
         return _digest(self.to_dict())
 
-    def to_toml(self) -> str:
-        """The whole configuration as TOML, each key under its help text (`sapling-node config`)."""
-        doc = tomlkit.document()
-        for section in SECTIONS:
-            table = tomlkit.table()
-            for f in fields(getattr(self, section)):
-                table.add(tomlkit.comment(str(f.metadata.get("help", ""))))
-                table.add(f.name, _toml_item(getattr(getattr(self, section), f.name)))
-            doc.add(section, table)
-        return tomlkit.dumps(doc)
-
 
 def _digest(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def _toml_item(value: Any) -> Any:
-    """A value for tomlkit: dicts become inline tables, so a section reads as one line per key."""
-    if isinstance(value, dict):
-        inline = tomlkit.inline_table()
-        inline.update({k: _toml_item(v) for k, v in value.items()})
-        return inline
-    if isinstance(value, (list, tuple)):
-        return [_toml_item(v) for v in value]
-    return value
-
-
-def edit_config_text(text: str, changes: dict[str, dict[str, Any]], header: tuple[str, ...] = ()) -> str:
-    """`text` (a config.toml, possibly empty) with `changes` set, section by section.
-
-    The one TOML writer the app and the engine share: every other key, and the
-    user's own comments and layout, are kept as they were (tomlkit). A new file
-    starts with the `header` comment lines.
-    """
-    doc = tomlkit.parse(text) if text.strip() else tomlkit.document()
-    if not text.strip():
-        for line in header:
-            doc.add(tomlkit.comment(line))
-        if header:
-            doc.add(tomlkit.nl())
-    for section, values in changes.items():
-        table = doc.get(section)
-        if table is None:
-            table = tomlkit.table()
-            doc.add(section, table)
-        for key, value in values.items():
-            table[key] = _toml_item(value)
-    return tomlkit.dumps(doc)
 
 
 def _merge(base: dict[str, dict[str, Any]], extra: dict[str, Any], origin: str) -> None:
@@ -562,7 +551,7 @@ def build_config(
     toml_path: Path | None = None,
     overrides: list[str] | None = None,
 ) -> NodeConfig:
-    """Defaults < preset < TOML file < overrides, validated."""
+    """Defaults < preset < TOML file < overrides, validated; run.power fills the keys none of them set."""
     if preset not in PRESETS:
         raise ConfigError(f"--preset must be one of {', '.join(PRESETS)}, got {preset!r}.")
     merged: dict[str, dict[str, Any]] = {}
@@ -576,6 +565,10 @@ def build_config(
     for text in overrides or []:
         section, key, value = parse_override(text)
         _merge(merged, {section: {key: value}}, f"--set {text}")
+    run = merged.setdefault("run", {})
+    bundle = POWER_PRESETS.get(run.get("power", "standard"), {})  # an unknown power fails in RunConfig
+    for key in POWER_ENGINE_KEYS if bundle else ():  # the keys the user did not set come from run.power
+        run.setdefault(key, bundle[key])
     try:
         return NodeConfig(**{name: cls(**merged.get(name, {})) for name, cls in SECTIONS.items()})
     except TypeError as exc:  # a value of the wrong shape for a dataclass field
@@ -587,6 +580,3 @@ def with_changes(config: NodeConfig, **sections: dict[str, Any]) -> NodeConfig:
     updated = {name: replace(getattr(config, name), **sections.get(name, {})) for name in SECTIONS}
     return NodeConfig(**updated)
 
-
-if __name__ == "__main__":
-    print(NodeConfig().to_toml())

@@ -11,15 +11,17 @@ log line) and extra fields; a malformed line is reported, never fatal.
 Event types and their required fields:
 
     status      state, message, device, model, run, round
-                (state: starting, loading, training, paused, stopped)
+                (state: starting, loading, training, paused, waiting, stopped; waiting: outside
+                run.schedule's hours, with next_start, local ISO time such as "2026-12-03T22:00")
     progress    phase, done, total, round
                 (phase: generating, scoring, training, evaluating, checkpointing)
     round       round, metrics
     eval        round, accuracy, reward_mean, questions, by_specialty
     peers       online, received, accepted, rejected  (+ connected, not_picked, probation, rejected_by_reason,
-                by_peer, banned, this_round); counts are items (a question with its completions), totals for
-                this run; by_peer[id]["banned"] and banned[id] are {reason, since, until, source} or
-                absent/null (until null: until lifted; source "strikes" or "config")
+                by_peer, banned, this_round, data_today); counts are items (a question with its completions),
+                totals for this run; by_peer[id]["banned"] and banned[id] are {reason, since, until, source} or
+                absent/null (until null: until lifted; source "strikes" or "config"); data_today: today's swarm
+                traffic and daily caps in bytes (engine/swarm/datacap.py)
     swarm       peer_id, name, relay, connected, message
     log         level, logger, message
     error       kind, message, fatal

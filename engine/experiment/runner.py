@@ -386,7 +386,7 @@ class Experiment:
 
     def _nodes(self, mix: Mix, folder: Path, url: str, sessions: list[Any], count: int) -> tuple[list[Node],
                                                                                                  list[NodeBackend]]:
-        from engine.exchange import open_swarm
+        from engine.swarm_open import open_swarm
 
         nodes: list[Node] = []
         views: list[NodeBackend] = []

@@ -2,6 +2,7 @@
 
     sapling-relay --port 8765                        # one process, in-memory window
     sapling-relay --redis redis://host:6379/0        # several processes, one swarm
+    sapling-relay --advertise --name "Maths club"    # found by the computers on this network (engine/common/lan.py)
     sapling-relay invite --url wss://HOST/ws         # invite links and a QR code (invite.py)
     python -m engine.relay --help                    # every setting (engine/relay/settings.py)
 
@@ -53,6 +54,18 @@ async def serve(relay: Relay) -> int:
     relay.bound = True
     log.info("listening", extra={"host": settings.host, "port": settings.port, "redis": bool(settings.redis)})
     loop = asyncio.get_running_loop()
+    announcement = None
+    if settings.advertise:  # zeroconf's registration blocks while it probes the name: off the loop
+        from engine.common.lan import Announcement
+
+        wildcard = settings.host in ("0.0.0.0", "")
+        port = settings.port or int(runner.addresses[0][1])  # port 0: the one the system picked
+        announcement = Announcement(settings.name, port, None if wildcard else [settings.host])
+        try:
+            await loop.run_in_executor(None, announcement.start)
+        except OSError as exc:
+            log.error("cannot announce the relay on this network: %s", exc)
+            announcement = None
     stop = asyncio.Event()
 
     def on_signal(signum: int) -> None:
@@ -70,6 +83,8 @@ async def serve(relay: Relay) -> int:
             handled.append(sig)
     try:
         await stop.wait()
+        if announcement is not None:
+            await loop.run_in_executor(None, announcement.stop)
         await runner.cleanup()
     finally:
         for sig in handled:
@@ -100,6 +115,8 @@ def main(argv: list[str] | None = None) -> int:
         return start_failed(str(exc))
     if not settings.data_dir:
         settings.data_dir = str(settings.key_path().parent)
+    if settings.advertise and settings.host == "127.0.0.1" and "--host" not in args:
+        settings.host = "0.0.0.0"  # announced on the network: reachable from it
     logging.getLogger().setLevel(settings.log_level.upper())
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
     logging.getLogger("aiohttp.server").addFilter(QuietBadRequests())

@@ -108,6 +108,10 @@ class RelaySettings:
                           metadata={"help": f"folder for the relay's Ed25519 key ({KEY_FILE_NAME}); processes of one "
                                             f"swarm should share it (empty: the user's data folder, {RELAY_DIR_NAME})"})
     log_level: str = field(default="info", metadata={"help": "debug, info, warning or error"})
+    advertise: bool = field(default=False,
+                            metadata={"help": "announce this relay on the local network (mDNS/DNS-SD, _sapling._tcp) "
+                                              "so that nodes there find it (`sapling-node discover`); listens on "
+                                              "every interface unless --host names one"})
 
     def check(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -213,6 +217,8 @@ def add_setting_flags(parser: argparse.ArgumentParser) -> None:
         elif f.name in URL_LISTS or f.name in ADDRESS_LISTS:
             parser.add_argument(flag, dest=f.name, metavar="URL" if f.name in URL_LISTS else "ADDR", action="append",
                                 default=None, help=help_text)
+        elif isinstance(getattr(defaults, f.name), bool):
+            parser.add_argument(flag, action="store_true", default=None, help=help_text)
         else:
             parser.add_argument(flag, type=type(getattr(defaults, f.name)), default=None,
                                 help=f"{help_text} (default: {getattr(defaults, f.name)!r})")
@@ -275,6 +281,9 @@ def settings_from_namespace(args: argparse.Namespace) -> RelaySettings:
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise ValueError(f"{flag} must be a number, got {value!r}")
             values[name] = float(value)
+        elif want is bool:
+            if not isinstance(value, bool):
+                raise ValueError(f"{flag} must be true or false, got {value!r}")
         elif isinstance(value, bool) or not isinstance(value, want):
             raise ValueError(f"{flag} must be a {want.__name__}, got {value!r}")
     settings = RelaySettings(**values)

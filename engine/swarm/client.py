@@ -49,7 +49,10 @@ cursor across the move, since relays on one Redis read each other's cursors.
                          memory=RelayMemory(data_dir / "swarm" / "relays.json"))
     client.start(); client.wait_connected(3.0); client.state.url   # the relay in use
 
-At some 720 lines this module is over the 600-line mark on purpose: the link,
+Every text frame sent and received is counted by `meter` when one is set
+(engine/swarm/datacap.py: the daily data caps).
+
+At some 740 lines this module is over the 600-line mark on purpose: the link,
 its watch and its delivery (acknowledgements, resends, retries) are one state
 machine on one socket and one event loop, and split apart they would hand
 that state back and forth.
@@ -78,6 +81,7 @@ import aiohttp
 from engine import __version__
 from engine.common.atomicio import atomic_write_json
 from engine.swarm import protocol
+from engine.swarm.datacap import DataMeter
 from engine.swarm.identity import Identity
 from engine.swarm.rate import TokenBucket
 
@@ -239,6 +243,7 @@ class SwarmClient:
         self._retries: set[asyncio.Task[None]] = set()  # publishes again after `internal`, held until done
         self._publish_lock: asyncio.Lock | None = None  # publishes (and the resends before them) go out in order
         self._stall: tuple[float, float] = (float("-inf"), 0.0)  # the last long stall: (monotonic end, seconds)
+        self.meter: DataMeter | None = None  # counts the bytes of every text frame, for the daily caps
 
     @property
     def url(self) -> str:
@@ -408,7 +413,7 @@ class SwarmClient:
                     raise protocol.ProtocolError(protocol.E_AUTH, f"expected a challenge, got {challenge['type']}")
                 payload = protocol.hello_payload(self.identity.public_key, challenge["nonce"], time.time(), self.token,
                                                  SOFTWARE)
-                await ws.send_str(protocol.encode(protocol.msg_hello(self.identity.signed(payload))))
+                await self._send_text(ws, protocol.encode(protocol.msg_hello(self.identity.signed(payload))))
                 welcome = protocol.decode_relay(await self._text(ws, "relay closed before its welcome"))
                 if welcome["type"] == "error":
                     self._fatal_code = welcome["code"]
@@ -423,8 +428,7 @@ class SwarmClient:
                 raise ConnectionError(f"no answer from the relay within {CONNECT_TIMEOUT_S:g} s of connecting") from exc
             raise
 
-    @staticmethod
-    async def _text(ws: aiohttp.ClientWebSocketResponse, closed: str) -> str:
+    async def _text(self, ws: aiohttp.ClientWebSocketResponse, closed: str) -> str:
         """The next text frame of the handshake, answering pings on the way; ConnectionError(`closed`) when none
         comes."""
         while True:
@@ -432,6 +436,7 @@ class SwarmClient:
             if msg.type == aiohttp.WSMsgType.PING:
                 await ws.pong(msg.data)
             elif msg.type == aiohttp.WSMsgType.TEXT:
+                self._count(received=msg.data)
                 return str(msg.data)
             elif msg.type != aiohttp.WSMsgType.PONG:
                 raise ConnectionError(closed)
@@ -472,6 +477,7 @@ class SwarmClient:
                 if msg.type == aiohttp.WSMsgType.PING:
                     await self._control(ws.pong(msg.data), loop.time() + self.heartbeat)
                 elif msg.type == aiohttp.WSMsgType.TEXT:
+                    self._count(received=msg.data)
                     try:
                         self._dispatch(protocol.decode_relay(msg.data))
                     except protocol.ProtocolError as exc:
@@ -582,7 +588,7 @@ class SwarmClient:
                 return  # the next link sends it first thing
             await self._paced()
             with contextlib.suppress(ConnectionError, RuntimeError, aiohttp.ClientError):
-                await ws.send_str(text)
+                await self._send_text(ws, text)
         self.state.resent += 1
 
     def _keep(self, seq: int, unacked: Unacked) -> None:
@@ -604,7 +610,7 @@ class SwarmClient:
             async with self._ordered():
                 self._keep(seq, Unacked(payload, text, ts))
                 await self._paced()
-                await ws.send_str(text)
+                await self._send_text(ws, text)
 
         return self._send_now(send(), "publish")
 
@@ -626,7 +632,7 @@ class SwarmClient:
                     continue
                 unacked.resent = True
                 await self._paced()
-                await ws.send_str(unacked.text)
+                await self._send_text(ws, unacked.text)
                 sent += 1
                 self.state.resent += 1
         self.state.resend_expired += expired
@@ -648,9 +654,21 @@ class SwarmClient:
 
         async def send() -> None:
             await self._paced()
-            await ws.send_str(protocol.encode(message))
+            await self._send_text(ws, protocol.encode(message))
 
         return self._send_now(send(), what)
+
+    async def _send_text(self, ws: aiohttp.ClientWebSocketResponse, text: str) -> None:
+        """Send one text frame, counted (as sent) by the daily data meter."""
+        await ws.send_str(text)
+        self._count(sent=text)
+
+    def _count(self, sent: str = "", received: str = "") -> None:
+        if self.meter is not None:
+            if sent:
+                self.meter.sent(len(sent.encode("utf-8")))
+            if received:
+                self.meter.received(len(received.encode("utf-8")))
 
     def _send_now(self, send: Coroutine[Any, Any, None], what: str) -> bool:
         """Run a send in the link's loop and wait for it (CONNECT_TIMEOUT_S at most); False when it failed."""
@@ -690,7 +708,7 @@ class SwarmClient:
             try:
                 async with asyncio.timeout(timeout):  # the pace and the send too: a dead link's send never ends
                     await self._paced()
-                    await ws.send_str(protocol.encode(protocol.msg_sample(request_id, n, self._cursor)))
+                    await self._send_text(ws, protocol.encode(protocol.msg_sample(request_id, n, self._cursor)))
                     answer = await future
             finally:
                 self._pending.pop(request_id, None)

@@ -36,6 +36,7 @@ import random
 import threading
 from collections.abc import Callable
 
+from engine.common.lan import Announcement
 from engine.relay.server import EmbeddedRelay, RelaySettings
 from engine.swarm.client import LinkState, SwarmClient
 from engine.swarm.identity import Identity
@@ -65,8 +66,12 @@ class LocalSwarm:
         on_change: Callable[[LinkState], None] | None = None,
         on_message: Callable[[str], None] | None = None,
         rng: random.Random | None = None,  # draws the takeover jitter
+        lan: bool = False,  # listen on every interface and announce the relay on this network (engine/common/lan.py)
     ) -> None:
-        self.host = host
+        self.lan = lan
+        self.bind_host = "0.0.0.0" if lan else host
+        self.host = "127.0.0.1" if lan and host in ("0.0.0.0", "") else host  # what this computer's nodes dial
+        self._announcement: Announcement | None = None
         self.port = port
         self.identity = identity
         self.token = token
@@ -124,6 +129,8 @@ class LocalSwarm:
         if self._watcher.is_alive():
             self._watcher.join(timeout=30)
         with self._lock:
+            if self._announcement is not None:
+                self._announcement.stop()
             if self._relay is not None:
                 self._relay.stop()
 
@@ -143,7 +150,7 @@ class LocalSwarm:
                 return True
             if self._stopping.is_set():
                 return False
-            settings = RelaySettings(host=self.host, port=self.port, name=LOCAL_RELAY_PREFIX + self.identity.name)
+            settings = RelaySettings(host=self.bind_host, port=self.port, name=LOCAL_RELAY_PREFIX + self.identity.name)
             relay = EmbeddedRelay(settings, shutdown_message=LOCAL_RELAY_CLOSING)
             try:
                 relay.start()
@@ -151,7 +158,20 @@ class LocalSwarm:
                 log.debug("port %d is taken (%s)", self.port, exc)
                 return False
             self._relay = relay
+            if self.lan:
+                self._announce(settings.name, relay.port)
             return True
+
+    def _announce(self, name: str, port: int) -> None:
+        """Tell this network the relay is here; a failure is logged and the swarm stays this computer's."""
+        announcement = Announcement(name, port)
+        try:
+            announcement.start()
+        except OSError as exc:  # never fatal to training
+            log.warning("Could not announce the local relay on this network (%s); only this computer can join.",
+                        exc)
+            return
+        self._announcement = announcement
 
     def _link_changed(self, state: LinkState) -> None:
         """The client's on_change (its event-loop thread): note a drop for the watcher, then pass it on."""

@@ -5,6 +5,7 @@ from pathlib import Path
 import pytest
 
 from engine.common.config import NodeConfig, build_config, parse_override, with_changes
+from engine.common.config_text import config_toml
 from engine.common.errors import ConfigError
 
 
@@ -86,7 +87,7 @@ def test_override_values_are_toml() -> None:
 def test_toml_round_trip(tmp_path: Path) -> None:
     cfg = build_config("paper", overrides=["grpo.learning_rate=5e-5", "tasks.specialties={bf=1.0, arc_1d=0.5}"])
     path = tmp_path / "config.toml"
-    path.write_text(cfg.to_toml())
+    path.write_text(config_toml(cfg))
     assert build_config(toml_path=path) == cfg
 
 

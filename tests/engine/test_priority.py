@@ -13,6 +13,7 @@ import psutil
 import pytest
 
 from engine.common.config import build_config
+from engine.common.config_text import config_toml
 from engine.common.errors import ConfigError
 from engine.priority import LoadSampler, ThreadPolicy, niceness
 
@@ -74,7 +75,7 @@ def test_normal_priority_leaves_the_process_as_it_was() -> None:
 def test_run_priority_is_a_config_key_with_help_and_a_clear_error() -> None:
     assert build_config().run.priority == "background"
     assert build_config(overrides=["run.priority=normal"]).run.priority == "normal"
-    assert "# 'background': the lowest OS priority" in build_config().to_toml()
+    assert "# 'background': the lowest OS priority" in config_toml(build_config())
     with pytest.raises(ConfigError, match=r"run\.priority must be one of background, normal"):
         build_config(overrides=["run.priority=idle"])
 

@@ -37,11 +37,12 @@ from engine.defence import (
     trace_weights,
     window_floor,
 )
-from engine.exchange import STRIKE_REASONS, defence_state, peer_of
+from engine.exchange import STRIKE_REASONS, peer_of
 from engine.grpo import clipped_pg_loss
 from engine.rollouts import R_FORGED_REWARD, R_IMPLAUSIBLE, R_QUESTION, TrainItem, train_items
 from engine.swarm import protocol
 from engine.swarm.identity import Identity
+from engine.swarm_open import defence_state
 
 
 # -- the statistic --------------------------------------------------------------------------------

@@ -24,10 +24,11 @@ from engine.defence import (
     token_weights,
     trace_weights,
 )
-from engine.exchange import defence_state, senders_file
+from engine.exchange import senders_file
 from engine.rollouts import R_FORGED_REWARD, R_IMPLAUSIBLE
 from engine.swarm import protocol
 from engine.swarm.identity import Identity
+from engine.swarm_open import defence_state
 
 
 # -- a receiver that knows the answer format --------------------------------------------------------
@@ -271,9 +272,9 @@ def test_through_a_real_relay_poison_is_rejected_and_its_sender_banned(
     taught: tuple[Path, Path], tmp_path: Path, start_relay: Any
 ) -> None:
     from engine.common.paths import Paths
-    from engine.exchange import open_swarm
     from engine.sapo import Node
     from engine.swarm.client import SwarmClient
+    from engine.swarm_open import open_swarm
     from tests.swarm.test_mix import config, parity_reward
 
     relay = start_relay()

@@ -15,8 +15,9 @@ import pytest
 
 from engine.common.events import Event
 from engine.common.paths import Paths
-from engine.exchange import R_DUPLICATE, open_swarm
+from engine.exchange import R_DUPLICATE
 from engine.sapo import Node
+from engine.swarm_open import open_swarm
 from tests.swarm.conftest import StartRelay
 from tests.swarm.test_mix import config, parity_reward
 

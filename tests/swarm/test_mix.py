@@ -22,13 +22,13 @@ from engine.exchange import (
     R_TOO_LONG,
     R_UNKNOWN_TASK,
     SwarmExchange,
-    open_swarm,
 )
 from engine.relay.server import EmbeddedRelay, RelaySettings
 from engine.sapo import Node
 from engine.swarm import protocol as p
 from engine.swarm.client import LinkState
 from engine.swarm.identity import Identity
+from engine.swarm_open import open_swarm
 from tests.swarm.conftest import StartRelay
 
 FAST = [

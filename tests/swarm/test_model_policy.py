@@ -207,8 +207,8 @@ def test_a_node_learns_the_policy_from_the_welcome_and_labels_its_batches(
     tiny_model_dir: Path, tmp_path: Path, start_relay: StartRelay, setting: str
 ) -> None:
     from engine.common.paths import Paths
-    from engine.exchange import open_swarm
     from engine.sapo import Node
+    from engine.swarm_open import open_swarm
     from tests.swarm.test_mix import config, parity_reward
 
     relay = start_relay(models="mixed" if setting == "mixed" else f"someone-elses@{H2}")
