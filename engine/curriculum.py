@@ -5,8 +5,8 @@ GRPO learns only from a group whose answers score differently. With
 `tasks.difficulty = "adaptive"` a node keeps, per specialty, a level on a
 ladder of configs (`LADDERS`) and moves it on the last `WINDOW_GROUPS` of its
 own groups at that level: down a level when more than half of them all
-failed, up when more than half all passed, and only when the newest two
-agree. A small model solves a question with every answer or with none, so
+failed, up when more than half all passed, and only when that kind
+outnumbers the other by two. A small model solves a question with every answer or with none, so
 the pass rate said little: 50% was half the groups all-pass and half
 all-fail, not informative groups. Going back up to a level that was left
 downward needs a longer window (`RETURN_GROUPS`), so levels do not flap.
@@ -80,7 +80,8 @@ FLOOR = 0.25
 """Every live specialty keeps at least this fraction of a uniform share of the draw: 2.8%
 of nine, a little above the 2.2% that the hand-tuned DEFAULT_WEIGHTS give their smallest."""
 EXCLUDE_AFTER = 8
-"""A specialty whose last 8 own groups at its lowest level all failed is excluded: it cannot go easier."""
+"""A specialty whose last 8 own groups at its lowest level all failed (in rounds where every group of it all
+failed) is excluded: it cannot go easier."""
 EXCLUDED_SHARE = 0.1
 """An excluded specialty keeps this fraction of a uniform share (1.1% of nine): with 8 questions a round it is
 retried about once in 11 rounds, and any group of it that does not all fail brings it back."""
@@ -375,27 +376,27 @@ class Curriculum:
             self.streaks[kind] = self.streaks.get(kind, 0) + 1
 
     def _count_failing(self, specialty: str, stats: Sequence[GroupStats]) -> None:
+        """Count a round's groups when all of them all failed at the lowest level; any other round resets."""
         lowest = specialty in self.pinned or self.levels[specialty] == LADDERS[specialty].lowest
-        for g in stats:
-            if lowest and g.all_fail:
-                self.failing[specialty] = self.failing.get(specialty, 0) + 1
-            else:
-                self.failing.pop(specialty, None)
+        if lowest and all(g.all_fail for g in stats):
+            self.failing[specialty] = self.failing.get(specialty, 0) + len(stats)
+        else:
+            self.failing.pop(specialty, None)
 
     def _move(self, specialty: str) -> LevelChange | None:
-        """Down when more than MOVE_SHARE of the window all failed, up when more than MOVE_SHARE all passed
-        (and the window is long enough, `up_needs`); either way the newest MIN_GROUPS groups must agree, so a
-        signal that alternates between all-pass and all-fail holds the level."""
+        """Down when more than MOVE_SHARE of the window all failed, up when more than MOVE_SHARE all passed (and
+        the window is long enough, `up_needs`); either way that kind must outnumber the other by MIN_GROUPS, so a
+        signal that alternates between all-pass and all-fail holds the level. Counts only: the order of a
+        round's groups, which is the draw's, plays no part."""
         window = list(self.windows[specialty])
         if specialty in self.pinned or len(window) < MIN_GROUPS:
             return None
         ladder, old = LADDERS[specialty], self.levels[specialty]
         fails, passes = sum(g.all_fail for g in window), sum(g.all_pass for g in window)
-        newest = window[-MIN_GROUPS:]
-        if fails > MOVE_SHARE * len(window) and all(g.all_fail for g in newest) and old > ladder.lowest:
+        if fails > MOVE_SHARE * len(window) and fails - passes >= MIN_GROUPS and old > ladder.lowest:
             new = old - 1
             self.left_down[(specialty, old)] = self.left_down.get((specialty, old), 0) + 1
-        elif (passes > MOVE_SHARE * len(window) and all(g.all_pass for g in newest) and old < ladder.highest
+        elif (passes > MOVE_SHARE * len(window) and passes - fails >= MIN_GROUPS and old < ladder.highest
               and len(window) >= self.up_needs(specialty)):
             new = old + 1
         else:

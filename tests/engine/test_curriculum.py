@@ -257,7 +257,7 @@ def test_a_version_1_state_is_read_with_no_levels_left_downward_and_nothing_excl
     assert {name: state["levels"][name] for name in VERSION_1["levels"]} == VERSION_1["levels"]
     assert state["streaks"] == VERSION_1["streaks"]
     assert state["windows"]["propositional_logic"] == VERSION_1["windows"]["propositional_logic"]
-    curriculum.observe([("propositional_logic", PASS)])  # 3 of its 4 groups all passed, the newest two agree
+    curriculum.observe([("propositional_logic", PASS)])  # 3 of its 4 groups all passed, 2 more than all failed
     assert curriculum.levels["propositional_logic"] == 3
 
 
