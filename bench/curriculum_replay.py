@@ -9,28 +9,37 @@ excluded) have moved levels sensibly on what the model actually answered?
 This answers it offline, without a model, from what the run recorded.
 
 Reconstruction. A node's metrics.jsonl has, per round, each specialty's
-level, draw share and pass rate over its window after the round, and the
-level changes. The round's questions are redrawn exactly (`TaskSet.draw`
-with the node's seed, the previous round's shares and levels; a draw that
-does not give the recorded specialties stops the replay with an error). The
-window's pass rate before and after then gives each specialty's answers that
-passed in the round; its split among the round's groups is not recorded
-when a specialty had two or more, and is taken as the checkpoints show it:
-a question is solved by every answer or by none (passes 8, 8, ..., the rest,
-0, 0, ...). A group with no pass is taken as all-fail: a partial credit that
-varied within it is not recorded, so the informative share here is a lower
-bound.
+level, draw share and pass rate over its window after the round (the last 4
+groups at its level in a first-pass run, 8 in a second-pass one: read from
+the checkpoints' state version), and the level changes. The round's
+questions are redrawn exactly (`TaskSet.draw` with the node's seed, the
+previous round's shares and levels; a draw that does not give the recorded
+specialties stops the replay with an error). The window's sums before and
+after then give each specialty's passing answers in the round; where the
+groups that left a full window are not known (a round's groups were not
+recorded one by one), the total closest to the round's mean reward is
+taken, and with more groups than the window, the mean reward gives the
+rest. The split among a round's groups is taken as the checkpoints show it:
+a question is solved by every answer or by none (passes 8, 8, ..., the
+rest, 0, 0, ...). A group with no pass counts as all-fail: a partial credit
+that varied within it is not recorded, so the mixed share here is a lower
+bound on the informative share (0.22 against the 0.37 recorded on
+diff-s0-adaptive).
 
 Replays. The first-pass rule (pass rate over the last 4 groups outside
-20-80%) must reproduce the recorded level changes exactly: that checks the
+20-80%) must reproduce the recorded level changes: that checks the
 reconstruction. The second-pass rules (engine/curriculum.Curriculum itself)
 see the same questions in the same order; while they hold a specialty at
 the level it was recorded at, they see the recorded outcomes; at another
-level, the outcomes recorded at that level by any node of the run in the
-nearest round; at a level no node visited, nothing (counted as unknown,
+level, the outcomes recorded at that level by any node of the run, nearest
+in rounds first; at a level no node visited, nothing (counted as unknown,
 the level holds). What they cannot know: how the model would have answered
-at levels never visited, how the other draw shares would have changed what
-was asked, and how training on other questions would have changed the model.
+at levels never visited (or visited only in other rounds), how the other
+draw shares would have changed what was asked, and how training on other
+questions would have changed the model. `expected_mixed_share` weighs each
+round's draw shares by the mixed share recorded at each specialty's level
+within 5 rounds; `draw_share_without_record` is the share it had to leave
+out.
 
 Prints JSON: per rule, level moves, reversals (a move opposite to the
 specialty's previous one: flapping), the share of groups all-fail, all-pass
@@ -312,13 +321,14 @@ def replay(folder: Path, mix_label: str | None = None) -> dict[str, Any]:
         raise ConfigError(f"{folder} has no mix {mix_label}.")
     t = config.tasks
     priors = dict(t.specialties)
-    runs, recorded, plans = {}, set(), []
+    runs, recorded, plans, asked = {}, set(), [], 0
     exact = total = 0
     for node in range(plan.nodes):
         path = folder / mix.slug / f"node-{node}" / "metrics.jsonl"
         if not path.is_file():
             continue
         rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        asked += len(rows) * t.questions_per_round
         taskset = TaskSet(priors, t.dataset_configs, seed=config.run.seed + node * NODE_SEED_SPACING)
         runs[node], drawn_with = reconstruct(rows, taskset, priors, node, t.completions_per_question,
                                              t.questions_per_round, window_of(path.parent, rows))
@@ -329,7 +339,6 @@ def replay(folder: Path, mix_label: str | None = None) -> dict[str, Any]:
         total += sum(len(o.passes) for o in groups)
     if not runs:
         raise ConfigError(f"{folder} has no node metrics for mix {mix.label}.")
-    asked = len(runs) * plan.rounds * t.questions_per_round
     return {
         "folder": str(folder), "mix": mix.label, "nodes": len(runs),
         "groups_reconstructed": total, "groups_asked": asked, "groups_with_exact_split": exact,

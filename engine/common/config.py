@@ -136,10 +136,11 @@ class TaskConfig:
     )
     difficulty: str = _help(
         "'fixed': every specialty at its default config, drawn by the weights above. 'adaptive': each specialty "
-        "moves up or down a level of its curriculum to keep its pass rate where answers differ, the weights follow "
-        "where groups are informative (never below a floor), and kinds whose answers all scored the same lately "
-        "are drawn less but never not at all (engine/curriculum.py). A specialty with its own dataset_configs entry "
-        "keeps that config. The held-out set stays at the default level.",
+        "moves down a level of its curriculum when most of its recent groups had every answer fail, up when most "
+        "had every answer pass; the weights follow where groups are informative (never below a floor), kinds "
+        "whose answers all scored the same lately are drawn less, and a specialty that fails even at its easiest "
+        "level is drawn only now and then, never not at all (engine/curriculum.py). A specialty with its own "
+        "dataset_configs entry keeps that config. The held-out set stays at the default level.",
         "fixed",
     )
     eval_harder: bool = _help(
