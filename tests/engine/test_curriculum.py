@@ -342,8 +342,10 @@ FAST = ["tasks.questions_per_round=4", "tasks.completions_per_question=3", "task
 
 
 def reward(question: Any, completion: str) -> float:
-    """base_conversion always fails (its level must go down); the other scores the completion's parity."""
-    return 0.0 if question.ref.dataset == "base_conversion" else float(len(completion) % 2)
+    """base_conversion always fails (its level must go down), bf always passes (up); the other scores the
+    completion's parity."""
+    name = question.ref.dataset
+    return 0.0 if name == "base_conversion" else 1.0 if name == "bf" else float(len(completion) % 2)
 
 
 def make_node(model_dir: Path, home: Path, *extra: str, events: list[Event] | None = None) -> Node:
@@ -374,17 +376,21 @@ def test_adaptive_levels_move_are_logged_and_survive_a_resume(
 ) -> None:
     caplog.set_level(logging.INFO, logger="engine.curriculum")
     events: list[Event] = []
-    straight = make_node(tiny_model_dir, home, "tasks.difficulty='adaptive'", events=events)
-    straight.run_round()
-    metrics = straight.run_round()
-    assert straight.curriculum is not None and straight.curriculum.levels["base_conversion"] < 0
+    three = ["tasks.difficulty='adaptive'", "tasks.specialties={base_conversion=1.0, basic_arithmetic=1.0, bf=1.0}"]
+    straight = make_node(tiny_model_dir, home, *three, events=events)
+    for _ in range(3):
+        metrics = straight.run_round()
+    assert straight.curriculum is not None
+    assert straight.curriculum.levels["base_conversion"] < 0 and straight.curriculum.levels["bf"] == 1
     assert "Curriculum: base_conversion level +0 -> -1 (2 of its last 2 groups all failed; pass rate 0%)" in caplog.text
-    assert set(metrics["curriculum"]) == {"base_conversion", "basic_arithmetic"}
+    assert "Curriculum: bf level +0 -> +1 (" in caplog.text
+    assert set(metrics["curriculum"]) == {"base_conversion", "basic_arithmetic", "bf"}
     assert {"level", "pass_rate", "weight", "excluded"} == set(metrics["curriculum"]["base_conversion"])
     rounds_seen = [e["metrics"] for e in events if e["type"] == "round"]
     assert any(m["level_changes"] for m in rounds_seen)
 
-    resumed = make_node(tiny_model_dir, home, "tasks.difficulty='adaptive'")
-    assert resumed.round == 2 and resumed.curriculum is not None
+    resumed = make_node(tiny_model_dir, home, *three)
+    assert resumed.round == 3 and resumed.curriculum is not None
     assert resumed.curriculum.to_state() == straight.curriculum.to_state()
+    assert resumed.curriculum.left_down == straight.curriculum.left_down != {}
     assert [q.ref for q in resumed.start_round()[1]] == [q.ref for q in straight.start_round()[1]]
