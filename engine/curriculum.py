@@ -67,12 +67,13 @@ STATE_VERSION = 2
 
 MOVE_SHARE = 0.5
 """A level goes down when more than half its window's groups all failed, up when more than half all passed.
-The bundled model's groups are mostly all-same (131 of 140 in the first pass's final windows): a question is
+The bundled model's groups are mostly all-same (130 of 140 in the first pass's final windows): a question is
 solved by every answer or by none, so a pass rate inside 20-80% still meant all-same groups."""
 WINDOW_GROUPS = 8
 """The window: the specialty's last 8 own groups at its level; a level change empties it."""
 MIN_GROUPS = 2
-"""A level moves only on a window of at least 2 groups."""
+"""A level moves only on a window of at least 2 groups, and only when the all-fail (all-pass) groups outnumber the
+all-pass (all-fail) ones by 2: an alternating signal holds the level."""
 RETURN_GROUPS = (4, 8)
 """Going back up to a level that was left downward once needs a window of 4 groups, twice or more 8 (the
 whole window): a level is not retried on two lucky groups, so levels stop flapping."""
