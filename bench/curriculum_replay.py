@@ -31,8 +31,8 @@ Replays. The first-pass rule (pass rate over the last 4 groups outside
 reconstruction. The second-pass rules (engine/curriculum.Curriculum itself)
 see the same questions in the same order; while they hold a specialty at
 the level it was recorded at, they see the recorded outcomes; at another
-level, the outcomes recorded at that level by any node of the run, nearest
-in rounds first; at a level no node visited, nothing (counted as unknown,
+level, the outcomes recorded at that level by any node of the run within 5
+rounds (the least used first), else the nearest; at a level no node visited, nothing (counted as unknown,
 the level holds). What they cannot know: how the model would have answered
 at levels never visited (or visited only in other rounds), how the other
 draw shares would have changed what was asked, and how training on other
@@ -269,10 +269,16 @@ def old_rule(runs: dict[int, list[list[Outcome]]], recorded: set[tuple[int, int,
 
 
 def nearest(pool: list[Outcome], round_index: int, used: Counter[int]) -> Outcome | None:
-    """The outcome recorded nearest `round_index` (earlier first on a tie), least used first."""
+    """An outcome recorded within NEAR rounds of `round_index`, the least used first; failing that, the
+    nearest one (earlier first on a tie)."""
     if not pool:
         return None
-    return min(pool, key=lambda o: (used[id(o)], abs(o.round - round_index), o.round))
+
+    def key(o: Outcome) -> tuple[bool, int, int, int]:
+        distance = abs(o.round - round_index)
+        return distance > NEAR, used[id(o)] if distance <= NEAR else 0, distance, o.round
+
+    return min(pool, key=key)
 
 
 def new_rule(runs: dict[int, list[list[Outcome]]], priors: dict[str, float]) -> RuleResult:

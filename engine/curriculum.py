@@ -388,7 +388,7 @@ class Curriculum:
         """Down when more than MOVE_SHARE of the window all failed, up when more than MOVE_SHARE all passed (and
         the window is long enough, `up_needs`); either way that kind must outnumber the other by MIN_GROUPS, so a
         signal that alternates between all-pass and all-fail holds the level. Counts only: the order of a
-        round's groups, which is the draw's, plays no part."""
+        round's groups (the draw's) matters only for which of them leave a full window first."""
         window = list(self.windows[specialty])
         if specialty in self.pinned or len(window) < MIN_GROUPS:
             return None
