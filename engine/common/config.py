@@ -147,6 +147,11 @@ class TaskConfig:
         "Also measure a second fixed held-out set one level harder than the default (as many questions, about as "
         "much time again), so progress beyond the default level shows.", False,
     )
+    reask_share: float = _help(
+        "Share (0 to 1) of each round's questions that ask again the node's own recent questions whose answers "
+        "scored differently, each up to reask_max times; the rest are drawn fresh. 0: off (engine/frontier.py).", 0.0,
+    )
+    reask_max: int = _help("Most times one question is asked again (see reask_share).", 3)
 
     def __post_init__(self) -> None:
         s = "tasks"
@@ -180,6 +185,8 @@ class TaskConfig:
         _choice(s, "difficulty", self.difficulty, ("fixed", "adaptive"))
         if not isinstance(self.eval_harder, bool):
             raise ConfigError(f"{s}.eval_harder must be true or false, got {self.eval_harder!r}.")
+        _number(s, "reask_share", self.reask_share, 0.0, 1.0)
+        _positive_int(s, "reask_max", self.reask_max, 1000)
 
 
 @dataclass
