@@ -16,6 +16,7 @@ import pytest
 
 from engine.common.config import NodeConfig, build_config
 from engine.common.errors import CheckpointError, ConfigError
+from engine.common.events import Event
 from engine.common.paths import Paths
 from engine.frontier import FRONTIER_SIZE, Frontier, frontier_for
 from engine.rollouts import Group, group_advantages
@@ -125,11 +126,17 @@ def alternating() -> Callable[[Any, str], float]:
 
 
 def make_node(model_dir: Path, home: Path, seen: list[list[Group]]) -> Node:
-    node = Node(build_config("default", None, [*FAST, f"model.source='{model_dir}'"]), Paths.under(home), [].append)
+    events: list[Event] = []
+    node = Node(build_config("default", None, [*FAST, f"model.source='{model_dir}'"]), Paths.under(home), events.append)
     node.setup()
-    node.taskset.reward = alternating()  # type: ignore[method-assign]
+    node.taskset.reward = alternating()  # type: ignore[assignment]
     score = node.score
-    node.score = lambda *a: seen.append(score(*a)) or seen[-1]  # type: ignore[method-assign]
+
+    def scored(*args: Any) -> list[Group]:  # each round's own groups, as scored
+        seen.append(score(*args))
+        return seen[-1]
+
+    node.score = scored  # type: ignore[method-assign, assignment]
     return node
 
 

@@ -229,9 +229,10 @@ def test_re_asked_questions_are_shared_and_taken_again_but_not_the_same_text(tin
     """tasks.reask_share: a node publishes its re-asks like any group (its own never pass its peer checks), and a
     peer that trained on the first ask takes the re-ask (new completions); the first ask's text again is refused."""
     relay = RelayDouble()
-    exchange = SwarmExchange(relay, Identity.generate(), "tiny", [].append, "test",  # type: ignore[arg-type]
+    events: list[Event] = []
+    exchange = SwarmExchange(relay, Identity.generate(), "tiny", events.append, "test",  # type: ignore[arg-type]
                              replay=ReplayMemory(None, 100))
-    node = Node(config(tiny_model_dir, "tasks.reask_share=0.5"), Paths.under(tmp_path / "r"), [].append,
+    node = Node(config(tiny_model_dir, "tasks.reask_share=0.5"), Paths.under(tmp_path / "r"), events.append,
                 exchange=exchange)
     node.taskset.reward = parity_reward  # type: ignore[method-assign]
     node.setup()
