@@ -114,6 +114,9 @@ def test_a_resumed_experiment_ends_with_the_same_numbers_and_weights(tiny_model_
     for key in ("loss", "reasked", "reasked_informative"):
         assert [r[key] for r in straight_rounds] == [r[key] for r in resumed_rounds], key
     assert (sum(sum(r["reasked"]) for r in straight_rounds) > 0) == bool(reask)
+    assert a["reasked_per_node_round"] == b["reasked_per_node_round"]
+    assert (a["reasked_per_node_round"] > 0) == bool(reask)
+    assert (a["reasked_informative_share"] is None) != bool(reask)
     if difficulty == "adaptive":  # each round's levels, pass rates and draw shares, as an uninterrupted run had them
         def reports(out: Path, k: int) -> list[Any]:
             lines = (out / "mix-1-2" / f"node-{k}" / "metrics.jsonl").read_text().splitlines()
