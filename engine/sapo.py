@@ -176,7 +176,7 @@ class Node:
         self.metrics = MetricsLog(paths.metrics_file, self.config.run.metrics_max_kb * 1024)
         self.taskset = self._taskset(self.config)
         self.curriculum = curriculum_for(self.config.tasks, self.taskset.specialties)  # None: fixed difficulty
-        self.frontier = frontier_for(self.config.tasks, self.config.run.seed)  # None: no re-asks
+        self.frontier = frontier_for(self.config.tasks, self.taskset.seed)  # None: no re-asks
         self.device: DeviceInfo | None = None
         self.backend: PolicyBackend | None = None
         self.threads: ThreadPolicy | None = None  # CPU threads for torch (cpu and cuda devices)
@@ -243,7 +243,7 @@ class Node:
             self.config = _with_seed(self.config, seed)
             self.taskset = self._taskset(self.config)
         self.curriculum = curriculum_for(self.config.tasks, self.taskset.specialties, found.state.get("curriculum"))
-        self.frontier = frontier_for(self.config.tasks, self.config.run.seed, found.state.get("frontier"))
+        self.frontier = frontier_for(self.config.tasks, self.taskset.seed, found.state.get("frontier"))
         if found.state.get("config_hash") != self.config.config_hash():
             log.warning("Settings changed since round %d; continuing with the new ones.", found.round)
         metrics = found.state.get("metrics")
@@ -300,7 +300,7 @@ class Node:
         self.taskset = self._taskset(new)
         self.curriculum = curriculum_for(new.tasks, self.taskset.specialties,
                                          self.curriculum and self.curriculum.to_state())
-        self.frontier = frontier_for(new.tasks, new.run.seed, self.frontier and self.frontier.to_state())
+        self.frontier = frontier_for(new.tasks, self.taskset.seed, self.frontier and self.frontier.to_state())
         if self.backend is not None:
             self.backend.apply_settings(new.grpo, new.tasks.temperature)
         self.status(self._state, "Settings reloaded.")
@@ -366,7 +366,7 @@ class Node:
         backend.reseed(derive_seed(cfg.run.seed, round_index))
         plan = self.curriculum.plan(cfg.tasks.specialties) if self.curriculum else {}  # its levels and weights
         B = cfg.tasks.questions_per_round  # up to reask_share of them asked again (engine/frontier.py), oldest first
-        refs = self.frontier.pick(int(cfg.tasks.reask_share * B)) if self.frontier else []
+        refs = self.frontier.pick(int(round(cfg.tasks.reask_share * B, 6))) if self.frontier else []
         questions = [self.taskset.rebuild(r) for r in refs] + self.taskset.draw(round_index, B - len(refs), **plan)
         prompt_ids = [backend.encode_prompt(self.taskset.messages(q)) for q in questions]
         return round_index, questions, prompt_ids

@@ -438,7 +438,7 @@ class Experiment:
         node.backend.load(path)
         # adaptive difficulty: the levels and streaks this checkpoint ended with (None: fixed difficulty)
         node.curriculum = curriculum_for(node.config.tasks, node.taskset.specialties, state.get("curriculum"))
-        node.frontier = frontier_for(node.config.tasks, node.config.run.seed, state.get("frontier"))  # re-asks
+        node.frontier = frontier_for(node.config.tasks, node.taskset.seed, state.get("frontier"))  # re-asks
 
     def _round(self, mix: Mix, round_index: int, nodes: list[Node], views: list[NodeBackend], relay: Any) -> dict[str,
                                                                                                                   Any]:
