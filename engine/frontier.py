@@ -36,7 +36,7 @@ Tests: .venv/bin/python -m pytest tests/engine/test_frontier.py -q
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -73,9 +73,10 @@ class Frontier:
     def keys(self) -> set[str]:
         return {e.ref.key() for e in self.entries}
 
-    def pick(self, n: int) -> list[TaskRef]:
-        """The refs to re-ask this round: up to n, oldest first."""
-        return [e.ref for e in self.entries if e.asks < self.reask_max][: max(0, n)]
+    def pick(self, n: int, enabled: Collection[str] | None = None) -> list[TaskRef]:
+        """The refs to re-ask this round: up to n, oldest first, of the `enabled` specialties (None: any)."""
+        return [e.ref for e in self.entries
+                if e.asks < self.reask_max and (enabled is None or e.ref.dataset in enabled)][: max(0, n)]
 
     def follow(self, round_index: int, groups: Sequence[Group]) -> dict[str, int]:
         """Take a round's own groups: re-asks (refs in the frontier) stay while they teach and have asks left,

@@ -366,7 +366,8 @@ class Node:
         backend.reseed(derive_seed(cfg.run.seed, round_index))
         plan = self.curriculum.plan(cfg.tasks.specialties) if self.curriculum else {}  # its levels and weights
         B = cfg.tasks.questions_per_round  # up to reask_share of them asked again (engine/frontier.py), oldest first
-        refs = self.frontier.pick(int(round(cfg.tasks.reask_share * B, 6))) if self.frontier else []
+        asked_again = int(round(cfg.tasks.reask_share * B, 6))
+        refs = self.frontier.pick(asked_again, self.taskset.specialties) if self.frontier else []
         questions = [self.taskset.rebuild(r) for r in refs] + self.taskset.draw(round_index, B - len(refs), **plan)
         prompt_ids = [backend.encode_prompt(self.taskset.messages(q)) for q in questions]
         return round_index, questions, prompt_ids

@@ -42,7 +42,7 @@ def test_only_informative_own_groups_join_oldest_first() -> None:
     assert report == {"reasked": 0, "reasked_informative": 0, "frontier": 2}
     frontier.follow(2, [group(ref(1025), MIXED)])
     assert frontier.pick(2) == [ref(1), ref(4)] and frontier.pick(8) == [ref(1), ref(4), ref(1025)]
-    assert frontier.pick(0) == []
+    assert frontier.pick(0) == [] and frontier.pick(8, ["bf"]) == []  # a specialty turned off is not re-asked
 
 
 def test_a_question_is_re_asked_at_most_reask_max_times_and_leaves_when_it_comes_back_all_same() -> None:
