@@ -56,7 +56,8 @@ CONTRIBUTION_TAB = "Your contribution"
 
 def specialty_tooltip(metrics: dict[str, object]) -> str:
     """The "Your reward" tile's tooltip: the last round's reward per specialty and, with adaptive difficulty
-    (tasks.difficulty), each specialty's level (0: the default) and its pass rate over its last answers."""
+    (tasks.difficulty), each specialty's level (0: the default; "resting" when it fails even at its easiest and
+    is only retried now and then) and its pass rate over its last answers."""
     rewards = metrics.get("reward_by_specialty")
     levels = metrics.get("curriculum")
     rewards = rewards if isinstance(rewards, dict) else {}
@@ -71,7 +72,8 @@ def specialty_tooltip(metrics: dict[str, object]) -> str:
         if levels:
             state = state if isinstance(state, dict) else {}
             level, rate = state.get("level"), state.get("pass_rate")
-            cells += [f"{level:+d}" if isinstance(level, int) and level else "0",
+            rests = " (resting)" if state.get("excluded") is True else ""  # fails at its easiest: retried now and then
+            cells += [(f"{level:+d}" if isinstance(level, int) and level else "0") + rests,
                       f"{100 * rate:.0f}%" if isinstance(rate, float | int) else "–"]
         rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
     return f"<b>Round {metrics.get('round', '?')}, by specialty</b><table>{head}</tr>{''.join(rows)}</table>"

@@ -3,20 +3,28 @@ teach skipped.
 
 GRPO learns only from a group whose answers score differently. With
 `tasks.difficulty = "adaptive"` a node keeps, per specialty, a level on a
-ladder of configs (`LADDERS`) and moves it to hold the specialty's pass rate
-(answers that score 1.0) inside `PASS_BAND`, measured over the last
-`WINDOW_GROUPS` of its own groups at that level: below the band it goes down
-a level, above it up. The draw's weights follow where the signal is: the
-configured weight times the share of the window's groups that were
-informative (a Beta(1, 1) posterior mean, so an untried level starts at
-one half), times a skip factor, with a floor that keeps every specialty in
-the mix. The skip factor is GRESO's idea (arXiv 2506.02177: predict
-zero-advantage prompts from their reward history and skip them before
-generation) applied to kinds, a specialty at a level, because a node draws
-fresh questions every round and has no history per question: a kind whose
-groups were all-same for `streak` consecutive rounds keeps
-`keep_probability(streak)` of its weight, which halves with each such round
-and never reaches zero, and one informative group resets it.
+ladder of configs (`LADDERS`) and moves it on the last `WINDOW_GROUPS` of its
+own groups at that level: down a level when more than half of them all
+failed, up when more than half all passed, and only when that kind
+outnumbers the other by two. A small model solves a question with every answer or with none, so
+the pass rate said little: 50% was half the groups all-pass and half
+all-fail, not informative groups. Going back up to a level that was left
+downward needs a longer window (`RETURN_GROUPS`), so levels do not flap.
+The draw's weights follow where the signal is: the configured weight times
+the share of the window's groups that were informative (a Beta(1, 1)
+posterior mean, so an untried level starts at one half), times a skip
+factor, with a floor that keeps every live specialty in the mix. A
+specialty that all failed `EXCLUDE_AFTER` groups in a row at its lowest
+level (there is nothing easier to give it) is excluded: it keeps only
+`EXCLUDED_SHARE` of a uniform share, enough to be retried now and then, and
+any group of it that does not all fail brings it back. The skip factor is
+GRESO's idea (arXiv 2506.02177: predict zero-advantage prompts from their
+reward history and skip them before generation) applied to kinds, a
+specialty at a level, because a node draws fresh questions every round and
+has no history per question: a kind whose groups were all-same for `streak`
+consecutive rounds keeps `keep_probability(streak)` of its weight, which
+halves with each such round and never reaches zero, and one informative
+group resets it.
 
 Level 0 of every ladder is today's default config (`DEFAULT_DATASET_CONFIGS`),
 so the held-out set (`TaskSet.eval_set`) stays at level 0 and `harder_configs`
@@ -29,9 +37,10 @@ there), so the levels below 0 are this module's own, smaller steps of the
 same attributes, where a step below the default exists.
 
 A level changes the config a `TaskRef` carries, so a peer rebuilds exactly
-the question, whatever its own level. The state (levels, windows, streaks)
-is plain JSON, saved in each checkpoint and restored on resume: a resumed
-node draws what a node that never stopped draws. Imports no torch and no
+the question, whatever its own level. The state (levels, windows, streaks,
+levels left downward, all-fail runs) is plain JSON, saved in each checkpoint
+and restored on resume: a resumed node draws what a node that never stopped
+draws. Imports no torch and no
 reasoning-gym.
 
 Tests: .venv/bin/python -m pytest tests/engine/test_curriculum.py -q
@@ -53,19 +62,30 @@ from engine.task_configs import DEFAULT_DATASET_CONFIGS
 
 log = logging.getLogger(__name__)
 
-STATE_VERSION = 1
+STATE_VERSION = 2
+"""Version 2 moves levels on the window's all-pass and all-fail groups; version 1 (pass rate) is still read."""
 
-PASS_BAND = (0.2, 0.8)
-"""A level moves when the window's pass rate leaves this band (strictly). With G = 8 answers
-a question all of whose answers pass with probability p gives an all-same group with
-probability p^8 + (1-p)^8: 17% at p = 0.2 or 0.8, 43% at 0.1, 66% at 0.05."""
-WINDOW_GROUPS = 4
-"""The window: the specialty's last 4 own groups at its level (32 answers at G = 8)."""
+MOVE_SHARE = 0.5
+"""A level goes down when more than half its window's groups all failed, up when more than half all passed.
+The bundled model's groups are mostly all-same (130 of 140 in the first pass's final windows): a question is
+solved by every answer or by none, so a pass rate inside 20-80% still meant all-same groups."""
+WINDOW_GROUPS = 8
+"""The window: the specialty's last 8 own groups at its level; a level change empties it."""
 MIN_GROUPS = 2
-"""A level moves only on a window of at least 2 groups; a level change empties the window."""
+"""A level moves only on a window of at least 2 groups, and only when the all-fail (all-pass) groups outnumber the
+all-pass (all-fail) ones by 2: an alternating signal holds the level."""
+RETURN_GROUPS = (4, 8)
+"""Going back up to a level that was left downward once needs a window of 4 groups, twice or more 8 (the
+whole window): a level is not retried on two lucky groups, so levels stop flapping."""
 FLOOR = 0.25
-"""Every enabled specialty keeps at least this fraction of a uniform share of the draw: 2.8%
+"""Every live specialty keeps at least this fraction of a uniform share of the draw: 2.8%
 of nine, a little above the 2.2% that the hand-tuned DEFAULT_WEIGHTS give their smallest."""
+EXCLUDE_AFTER = 8
+"""A specialty whose last 8 own groups at its lowest level all failed (in rounds where every group of it all
+failed) is excluded: it cannot go easier."""
+EXCLUDED_SHARE = 0.1
+"""An excluded specialty keeps this fraction of a uniform share (1.1% of nine): with 8 questions a round it is
+retried about once in 11 rounds, and any group of it that does not all fail brings it back."""
 KEEP_DECAY = 0.5
 KEEP_MIN = 0.125
 """A kind all-same for `streak` rounds keeps max(KEEP_MIN, KEEP_DECAY ** streak) of its weight."""
@@ -206,15 +226,14 @@ def keep_probability(streak: int) -> float:
     return max(KEEP_MIN, KEEP_DECAY ** streak)
 
 
-def floored_shares(raw: Mapping[str, float], floor: float) -> dict[str, float]:
-    """Positive `raw` weights as shares summing to 1, none below `floor` / len(raw) (taken pro rata from the rest)."""
-    least = floor / len(raw)
+def floored_shares(raw: Mapping[str, float], least: float, mass: float = 1.0) -> dict[str, float]:
+    """Positive `raw` weights as shares summing to `mass`, none below `least` (taken pro rata from the rest)."""
     fixed: set[str] = set()
     while True:
         free = {name: w for name, w in raw.items() if name not in fixed}
-        mass = 1.0 - least * len(fixed)
+        rest = mass - least * len(fixed)
         total = sum(free.values())
-        shares = {name: mass * w / total for name, w in free.items()}
+        shares = {name: rest * w / total for name, w in free.items()}
         low = {name for name, share in shares.items() if share < least}
         if not low:
             return {name: shares.get(name, least) for name in raw}
@@ -233,6 +252,15 @@ class GroupStats:
     def of(cls, rewards: Sequence[float]) -> GroupStats:
         return cls(sum(1 for r in rewards if r >= PASS_REWARD), len(rewards), rewards_differ(rewards))
 
+    @property
+    def all_pass(self) -> bool:
+        return self.passes == self.answers
+
+    @property
+    def all_fail(self) -> bool:
+        """No answer passed and none scored differently (a partial credit that varies still teaches)."""
+        return self.passes == 0 and not self.informative
+
     def to_json(self) -> list[int]:
         return [self.passes, self.answers, int(self.informative)]
 
@@ -244,10 +272,19 @@ class LevelChange:
     new: int
     pass_rate: float
     answers: int
+    groups: int
+    all_fail: int
+    all_pass: int
+
+    def describe(self) -> str:
+        same, what = (self.all_fail, "all failed") if self.new < self.old else (self.all_pass, "all passed")
+        return (f"{self.specialty} level {self.old:+d} -> {self.new:+d} ({same} of its last {self.groups} groups "
+                f"{what}; pass rate {100 * self.pass_rate:.0f}%)")
 
 
 class Curriculum:
-    """A node's levels, windows and skip streaks; `plan` gives the next draw, `observe` takes a round's groups.
+    """A node's levels, windows, skip streaks and exclusions; `plan` gives the next draw, `observe` takes a
+    round's groups.
 
     `pinned` specialties (a config of the user's own in tasks.dataset_configs)
     keep level 0, which is that config; their weight still follows the signal.
@@ -259,6 +296,8 @@ class Curriculum:
         self.levels = dict.fromkeys(self.specialties, 0)
         self.windows: dict[str, deque[GroupStats]] = {name: deque(maxlen=WINDOW_GROUPS) for name in self.specialties}
         self.streaks: dict[tuple[str, int], int] = {}
+        self.left_down: dict[tuple[str, int], int] = {}  # (specialty, level): times that level was left downward
+        self.failing: dict[str, int] = {}  # all-fail groups in a row at the specialty's lowest level
 
     # -- the next draw ------------------------------------------------------------------
     def plan(self, priors: Mapping[str, float]) -> dict[str, Any]:
@@ -274,34 +313,48 @@ class Curriculum:
         window = self.windows[specialty]
         return (sum(1 for g in window if g.informative) + 1) / (len(window) + 2)
 
+    def excluded(self, specialty: str) -> bool:
+        """All-fail for EXCLUDE_AFTER groups in a row at its lowest level: drawn only to retry it."""
+        return self.failing.get(specialty, 0) >= EXCLUDE_AFTER
+
     def weights(self, priors: Mapping[str, float]) -> dict[str, float]:
-        """Draw shares: prior x signal x keep probability, floored at FLOOR of a uniform share."""
+        """Draw shares: an excluded specialty EXCLUDED_SHARE of a uniform share; the others prior x signal x
+        keep probability, floored at FLOOR of a uniform share."""
+        uniform = 1.0 / len(self.specialties)
+        live = [name for name in self.specialties if not self.excluded(name)] or list(self.specialties)
         raw = {
             name: priors[name] * self.signal(name) * keep_probability(self.streaks.get((name, self.levels[name]), 0))
-            for name in self.specialties
+            for name in live
         }
-        return floored_shares(raw, FLOOR)
+        mass = 1.0 - EXCLUDED_SHARE * uniform * (len(self.specialties) - len(live))
+        shares = floored_shares(raw, FLOOR * uniform, mass)
+        return {name: shares.get(name, EXCLUDED_SHARE * uniform) for name in self.specialties}
 
     def pass_rate(self, specialty: str) -> float | None:
         answers = sum(g.answers for g in self.windows[specialty])
         return sum(g.passes for g in self.windows[specialty]) / answers if answers else None
 
+    def up_needs(self, specialty: str) -> int:
+        """Groups in the window before the next level up: more when that level was left downward before."""
+        times = self.left_down.get((specialty, self.levels[specialty] + 1), 0)
+        return RETURN_GROUPS[min(times, len(RETURN_GROUPS)) - 1] if times else MIN_GROUPS
+
     # -- learning from a round ----------------------------------------------------------
     def follow(self, results: Iterable[tuple[str, Sequence[float]]], priors: Mapping[str, float]) -> dict[str, Any]:
         """`observe`, log each level change (one line), and return the round's metrics of it:
-        `curriculum` (per specialty: level, pass rate, draw share) and `level_changes`."""
+        `curriculum` (per specialty: level, pass rate, draw share, excluded) and `level_changes`."""
         changes = self.observe(results)
         for c in changes:
-            log.info("Curriculum: %s level %+d -> %+d (pass rate %.0f%% over its last %d answers).",
-                     c.specialty, c.old, c.new, 100 * c.pass_rate, c.answers)
+            log.info("Curriculum: %s.", c.describe())
         return {
             "curriculum": self.report(priors),
-            "level_changes": [{"specialty": c.specialty, "old": c.old, "new": c.new, "pass_rate": c.pass_rate}
+            "level_changes": [{"specialty": c.specialty, "old": c.old, "new": c.new, "pass_rate": c.pass_rate,
+                               "groups": c.groups, "all_fail": c.all_fail, "all_pass": c.all_pass}
                               for c in changes],
         }
 
     def observe(self, results: Iterable[tuple[str, Sequence[float]]]) -> list[LevelChange]:
-        """Take a round's own groups as (specialty, rewards); move levels that left the band."""
+        """Take a round's own groups as (specialty, rewards); move the levels whose window calls for it."""
         seen: dict[str, list[GroupStats]] = {}
         for specialty, rewards in results:
             if specialty in self.windows and rewards:
@@ -309,6 +362,7 @@ class Curriculum:
         changes = []
         for specialty, stats in seen.items():
             self._count_streak(specialty, stats)
+            self._count_failing(specialty, stats)
             self.windows[specialty].extend(stats)
             change = self._move(specialty)
             if change is not None:
@@ -322,26 +376,45 @@ class Curriculum:
         else:
             self.streaks[kind] = self.streaks.get(kind, 0) + 1
 
+    def _count_failing(self, specialty: str, stats: Sequence[GroupStats]) -> None:
+        """Count a round's groups when all of them all failed at the lowest level; any other round resets."""
+        lowest = specialty in self.pinned or self.levels[specialty] == LADDERS[specialty].lowest
+        if lowest and all(g.all_fail for g in stats):
+            self.failing[specialty] = self.failing.get(specialty, 0) + len(stats)
+        else:
+            self.failing.pop(specialty, None)
+
     def _move(self, specialty: str) -> LevelChange | None:
-        window = self.windows[specialty]
-        rate = self.pass_rate(specialty)
-        if specialty in self.pinned or len(window) < MIN_GROUPS or rate is None:
+        """Down when more than MOVE_SHARE of the window all failed, up when more than MOVE_SHARE all passed (and
+        the window is long enough, `up_needs`); either way that kind must outnumber the other by MIN_GROUPS, so a
+        signal that alternates between all-pass and all-fail holds the level. Counts only: the order of a
+        round's groups (the draw's) matters only for which of them leave a full window first."""
+        window = list(self.windows[specialty])
+        if specialty in self.pinned or len(window) < MIN_GROUPS:
             return None
         ladder, old = LADDERS[specialty], self.levels[specialty]
-        new = old - 1 if rate < PASS_BAND[0] else old + 1 if rate > PASS_BAND[1] else old
-        if new == old or not ladder.lowest <= new <= ladder.highest:
+        fails, passes = sum(g.all_fail for g in window), sum(g.all_pass for g in window)
+        if fails > MOVE_SHARE * len(window) and fails - passes >= MIN_GROUPS and old > ladder.lowest:
+            new = old - 1
+            self.left_down[(specialty, old)] = self.left_down.get((specialty, old), 0) + 1
+        elif (passes > MOVE_SHARE * len(window) and passes - fails >= MIN_GROUPS and old < ladder.highest
+              and len(window) >= self.up_needs(specialty)):
+            new = old + 1
+        else:
             return None
+        rate = self.pass_rate(specialty) or 0.0
         self.levels[specialty] = new
-        answers = sum(g.answers for g in window)
-        window.clear()
-        return LevelChange(specialty, old, new, rate, answers)
+        self.windows[specialty].clear()
+        return LevelChange(specialty, old, new, rate, sum(g.answers for g in window), len(window), fails, passes)
 
     # -- reports and state --------------------------------------------------------------
     def report(self, priors: Mapping[str, float]) -> dict[str, dict[str, Any]]:
-        """Per specialty, for the round's metrics: level, pass rate over the window (None when empty), draw share."""
+        """Per specialty, for the round's metrics: level, pass rate over the window (None when empty), draw share,
+        and whether it is excluded."""
         shares = self.weights(priors)
         return {
-            name: {"level": self.levels[name], "pass_rate": self.pass_rate(name), "weight": shares[name]}
+            name: {"level": self.levels[name], "pass_rate": self.pass_rate(name), "weight": shares[name],
+                   "excluded": self.excluded(name)}
             for name in self.specialties
         }
 
@@ -351,14 +424,17 @@ class Curriculum:
             "levels": dict(self.levels),
             "windows": {name: [g.to_json() for g in window] for name, window in self.windows.items()},
             "streaks": [[name, level, streak] for (name, level), streak in sorted(self.streaks.items())],
+            "left_down": [[name, level, times] for (name, level), times in sorted(self.left_down.items())],
+            "failing": dict(sorted(self.failing.items())),
         }
 
     @classmethod
     def from_state(cls, state: object, specialties: Sequence[str], pinned: Set[str] = frozenset()) -> Curriculum:
-        """The curriculum a checkpoint saved; specialties it does not know start fresh, ones it knows and
-        that are no longer enabled are dropped. Anything malformed raises CheckpointError."""
+        """The curriculum a checkpoint saved (version 1 or 2; version 1 has no exclusions and no levels left
+        downward); specialties it does not know start fresh, ones it knows and that are no longer enabled are
+        dropped. Anything malformed raises CheckpointError."""
         curriculum = cls(specialties, pinned)
-        if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
+        if not isinstance(state, dict) or state.get("version") not in (1, STATE_VERSION):
             raise CheckpointError("The checkpoint's curriculum state is missing or of another version.")
         try:
             curriculum._restore(state)
@@ -377,12 +453,27 @@ class Curriculum:
         for name, level, streak in state["streaks"]:
             if name in self.levels:
                 self.streaks[(str(name), _whole(level))] = _whole(streak)
+        if state["version"] == 1:
+            return
+        for name, level, times in state["left_down"]:
+            if name in self.levels:
+                LADDERS[name].overrides(_whole(level))
+                self.left_down[(str(name), level)] = _positive(times)
+        for name, count in dict(state["failing"]).items():
+            if name in self.levels:
+                self.failing[str(name)] = _positive(count)
 
 
 def _whole(value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"expected a whole number, got {value!r}")
     return value
+
+
+def _positive(value: object) -> int:
+    if _whole(value) < 1:
+        raise ValueError(f"expected a count of at least 1, got {value!r}")
+    return _whole(value)
 
 
 def _group_stats(data: object) -> GroupStats:

@@ -51,6 +51,7 @@ from engine.defence import (
     token_weights,
     trace_weights,
 )
+from engine.frontier import frontier_for
 from engine.metrics import MetricsLog, held_out_summary
 from engine.models import resolve_model_dir
 from engine.priority import ThreadPolicy
@@ -118,6 +119,7 @@ class Node:
         self.metrics = MetricsLog(paths.metrics_file, self.config.run.metrics_max_kb * 1024)
         self.taskset = self._taskset(self.config)
         self.curriculum = curriculum_for(self.config.tasks, self.taskset.specialties)  # None: fixed difficulty
+        self.frontier = frontier_for(self.config.tasks, self.taskset.seed)  # None: no re-asks
         self.device: DeviceInfo | None = None
         self.backend: PolicyBackend | None = None
         self.threads: ThreadPolicy | None = None  # CPU threads for torch (cpu and cuda devices)
@@ -184,6 +186,7 @@ class Node:
             self.config = _with_seed(self.config, seed)
             self.taskset = self._taskset(self.config)
         self.curriculum = curriculum_for(self.config.tasks, self.taskset.specialties, found.state.get("curriculum"))
+        self.frontier = frontier_for(self.config.tasks, self.taskset.seed, found.state.get("frontier"))
         if found.state.get("config_hash") != self.config.config_hash():
             log.warning("Settings changed since round %d; continuing with the new ones.", found.round)
         metrics = found.state.get("metrics")
@@ -243,6 +246,7 @@ class Node:
         self.taskset = self._taskset(new)
         self.curriculum = curriculum_for(new.tasks, self.taskset.specialties,
                                          self.curriculum and self.curriculum.to_state())
+        self.frontier = frontier_for(new.tasks, self.taskset.seed, self.frontier and self.frontier.to_state())
         if self.backend is not None:
             self.backend.apply_settings(new.grpo, new.tasks.temperature)
         self.status(self._state, "Settings reloaded.")
@@ -319,7 +323,10 @@ class Node:
         round_index = self.round + 1
         backend.reseed(derive_seed(cfg.run.seed, round_index))
         plan = self.curriculum.plan(cfg.tasks.specialties) if self.curriculum else {}  # its levels and weights
-        questions = self.taskset.draw(round_index, cfg.tasks.questions_per_round, **plan)
+        B = cfg.tasks.questions_per_round  # up to reask_share of them asked again (engine/frontier.py), oldest first
+        asked_again = int(round(cfg.tasks.reask_share * B, 6))
+        refs = self.frontier.pick(asked_again, self.taskset.specialties) if self.frontier else []
+        questions = [self.taskset.rebuild(r) for r in refs] + self.taskset.draw(round_index, B - len(refs), **plan)
         prompt_ids = [backend.encode_prompt(self.taskset.messages(q)) for q in questions]
         return round_index, questions, prompt_ids
 
@@ -365,9 +372,12 @@ class Node:
         metrics = self._round_metrics(groups, external, stats, gen_seconds, train_seconds, seconds)
         if swarm_report is not None:
             metrics["swarm"] = swarm_report
-        if self.curriculum is not None:  # levels move on this round's own groups; its report joins the metrics
-            metrics.update(self.curriculum.follow([(g.question.ref.dataset, g.rewards) for g in groups],
-                                                  cfg.tasks.specialties))
+        asked_again = self.frontier.keys() if self.frontier else set()  # chosen for teaching: no level's evidence
+        if self.curriculum is not None:  # levels move on this round's fresh own groups; its report joins the metrics
+            metrics.update(self.curriculum.follow([(g.question.ref.dataset, g.rewards) for g in groups
+                                                   if g.question.ref.key() not in asked_again], cfg.tasks.specialties))
+        if self.frontier is not None:  # re-asks that came back all-same or used up leave, fresh mixed ones join
+            metrics.update(self.frontier.follow(round_index, groups))
         state = {
             "config_hash": cfg.config_hash(),
             "structure_hash": cfg.structure_hash(),
@@ -375,6 +385,7 @@ class Node:
             "metrics": metrics,
             "device": self.device.to_json() if self.device else None,
             **({"curriculum": self.curriculum.to_state()} if self.curriculum else {}),
+            **({"frontier": self.frontier.to_state()} if self.frontier else {}),
         }
         path = save_checkpoint(self.checkpoint_root, round_index, backend.save, state, cfg.run.keep_checkpoints)
         self.metrics.append(metrics)

@@ -136,16 +136,22 @@ class TaskConfig:
     )
     difficulty: str = _help(
         "'fixed': every specialty at its default config, drawn by the weights above. 'adaptive': each specialty "
-        "moves up or down a level of its curriculum to keep its pass rate where answers differ, the weights follow "
-        "where groups are informative (never below a floor), and kinds whose answers all scored the same lately "
-        "are drawn less but never not at all (engine/curriculum.py). A specialty with its own dataset_configs entry "
-        "keeps that config. The held-out set stays at the default level.",
+        "moves down a level of its curriculum when most of its recent groups had every answer fail, up when most "
+        "had every answer pass; the weights follow where groups are informative (never below a floor), kinds "
+        "whose answers all scored the same lately are drawn less, and a specialty that fails even at its easiest "
+        "level is drawn only now and then, never not at all (engine/curriculum.py). A specialty with its own "
+        "dataset_configs entry keeps that config. The held-out set stays at the default level.",
         "fixed",
     )
     eval_harder: bool = _help(
         "Also measure a second fixed held-out set one level harder than the default (as many questions, about as "
         "much time again), so progress beyond the default level shows.", False,
     )
+    reask_share: float = _help(
+        "Share (0 to 1) of each round's questions that ask again the node's own recent questions whose answers "
+        "scored differently, each up to reask_max times; the rest are drawn fresh. 0: off (engine/frontier.py).", 0.0,
+    )
+    reask_max: int = _help("Most times one question is asked again (see reask_share).", 3)
 
     def __post_init__(self) -> None:
         s = "tasks"
@@ -179,6 +185,8 @@ class TaskConfig:
         _choice(s, "difficulty", self.difficulty, ("fixed", "adaptive"))
         if not isinstance(self.eval_harder, bool):
             raise ConfigError(f"{s}.eval_harder must be true or false, got {self.eval_harder!r}.")
+        _number(s, "reask_share", self.reask_share, 0.0, 1.0)
+        _positive_int(s, "reask_max", self.reask_max, 1000)
 
 
 @dataclass

@@ -45,6 +45,10 @@ def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
+def _share(part: int, whole: int) -> float | None:
+    return part / whole if whole else None
+
+
 def two_way_bootstrap(a: list[list[float]], b: list[list[float]], samples: int = BOOTSTRAP_SAMPLES,
                       seed: int = 0) -> dict[str, Any]:
     """Ratio sum(a)/sum(b) and difference mean(a)-mean(b) of paired [node][round] tables, with
@@ -123,6 +127,10 @@ def _mix_summary(records: list[dict[str, Any]], nodes: int) -> dict[str, Any]:
         "informative_groups_per_node_round": _mean([sum(rec["informative_groups"]) / nodes for rec in records]),
         "trained_own_informative_per_node_round": _mean([sum(rec["trained_own_informative"]) / nodes
                                                          for rec in records]),
+        # tasks.reask_share: own questions asked again per node and round, and the share of them that taught again
+        "reasked_per_node_round": _mean([sum(rec.get("reasked", [0])) / nodes for rec in records]),
+        "reasked_informative_share": _share(sum(sum(rec.get("reasked_informative", [0])) for rec in records),
+                                            sum(sum(rec.get("reasked", [0])) for rec in records)),
         "rejected_external_items": rejected,
         "seconds_per_round": _mean([rec["seconds"] for rec in records]),
         "generate_seconds_per_round": _mean([rec["generate_seconds"] for rec in records]),

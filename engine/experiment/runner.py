@@ -62,6 +62,7 @@ from engine.experiment.plan import (
     saved_plan,
     widen,
 )
+from engine.frontier import frontier_for
 from engine.rollouts import Group
 from engine.sapo import Control, Node, RoundAborted, derive_seed
 
@@ -437,6 +438,7 @@ class Experiment:
         node.backend.load(path)
         # adaptive difficulty: the levels and streaks this checkpoint ended with (None: fixed difficulty)
         node.curriculum = curriculum_for(node.config.tasks, node.taskset.specialties, state.get("curriculum"))
+        node.frontier = frontier_for(node.config.tasks, node.taskset.seed, state.get("frontier"))  # re-asks
 
     def _round(self, mix: Mix, round_index: int, nodes: list[Node], views: list[NodeBackend], relay: Any) -> dict[str,
                                                                                                                   Any]:
@@ -516,6 +518,8 @@ class Experiment:
             "informative_groups": [m["informative_groups"] for m in metrics],
             "trained_own_informative": [sum(1 for g in node.own_groups(round_index, own) if g.informative)
                                         for node, own in zip(nodes, groups, strict=True)],
+            "reasked": [m.get("reasked", 0) for m in metrics],  # own questions asked again (tasks.reask_share)
+            "reasked_informative": [m.get("reasked_informative", 0) for m in metrics],
             "swarm_reward_mean": [m["swarm_reward_mean"] for m in metrics],
             "rejected": [m.get("swarm", {}).get("rejected", {}) for m in metrics],
             "loss": [m.get("loss", 0.0) for m in metrics],

@@ -329,10 +329,12 @@ def test_the_reward_tile_tooltip_shows_each_specialtys_reward_level_and_pass_rat
     adaptive = specialty_tooltip({
         "round": 4, "reward_by_specialty": {"base_conversion": 0.0},
         "curriculum": {"base_conversion": {"level": -1, "pass_rate": 0.125, "weight": 0.1},
-                       "arc_1d": {"level": 0, "pass_rate": None, "weight": 0.03}},
+                       "arc_1d": {"level": 0, "pass_rate": None, "weight": 0.03},
+                       "bf": {"level": 0, "pass_rate": 0.0, "weight": 0.001, "excluded": True}},
     })
     assert "<td>base conversion</td><td>0.00</td><td>-1</td><td>12%</td>" in adaptive
     assert "<td>arc 1d</td><td>–</td><td>0</td><td>–</td>" in adaptive
+    assert "<td>bf</td><td>–</td><td>0 (resting)</td><td>0%</td>" in adaptive
 
 
 def test_banners_shrink_the_charts_instead_of_scrolling_them(qtbot, make_gui: MakeGui) -> None:  # type: ignore[no-untyped-def]

@@ -1,5 +1,6 @@
-"""Adaptive difficulty (engine/curriculum.py): levels follow the pass rate, weights keep a floor, skipping
-keeps exploring, the state survives a resume, and fixed mode draws exactly what it drew before.
+"""Adaptive difficulty (engine/curriculum.py): levels follow the window's all-pass and all-fail groups and do not
+flap, weights keep a floor, a specialty that cannot go easier is excluded but retried, skipping keeps exploring,
+the state survives a resume (and version 1 is still read), and fixed mode draws exactly what it drew before.
 
 Run: .venv/bin/python -m pytest tests/engine/test_curriculum.py -q
 """
@@ -19,10 +20,13 @@ from engine.common.errors import CheckpointError, ConfigError, TaskError
 from engine.common.events import Event
 from engine.common.paths import Paths
 from engine.curriculum import (
+    EXCLUDE_AFTER,
+    EXCLUDED_SHARE,
     FLOOR,
     KEEP_MIN,
     LADDERS,
     MIN_GROUPS,
+    RETURN_GROUPS,
     WINDOW_GROUPS,
     Curriculum,
     curriculum_for,
@@ -83,27 +87,61 @@ def test_a_level_goes_down_when_every_answer_fails_and_up_when_every_answer_pass
     assert curriculum.configs()["bf"] == {"difficulty": 2}
 
 
-def test_a_level_needs_a_window_and_stays_inside_the_band_and_the_ladder() -> None:
-    curriculum = Curriculum(["base_conversion", "arc_1d", "bf"])
+def test_a_level_needs_a_window_and_holds_while_groups_teach_or_split_evenly() -> None:
+    curriculum = Curriculum(["base_conversion", "binary_matrix", "arc_1d", "bf"])
     curriculum.observe([("base_conversion", FAIL)])
     assert curriculum.levels["base_conversion"] == 0  # one group is not yet a window
     rounds(curriculum, "base_conversion", MIXED, 10)
-    assert curriculum.levels["base_conversion"] == 0  # 50% is inside the band
+    assert curriculum.levels["base_conversion"] == 0  # informative groups: the level is right
+    for _ in range(10):  # half the questions solved by every answer, half by none: a pass rate of 50%
+        curriculum.observe([("binary_matrix", PASS), ("binary_matrix", FAIL)])
+    assert curriculum.levels["binary_matrix"] == 0
     rounds(curriculum, "arc_1d", FAIL, 10)
     rounds(curriculum, "bf", PASS, 10)
     assert curriculum.levels["arc_1d"] == LADDERS["arc_1d"].lowest == 0
     assert curriculum.levels["bf"] == LADDERS["bf"].highest
 
 
-def test_a_level_change_empties_the_window_and_is_reported() -> None:
-    curriculum = Curriculum(["binary_matrix"])
-    curriculum.observe([("binary_matrix", FAIL)])
-    [change] = curriculum.observe([("binary_matrix", FAIL)])
-    assert (change.specialty, change.old, change.new, change.pass_rate, change.answers) == ("binary_matrix", 0, -1, 0.0,
-                                                                                            16)
-    assert curriculum.pass_rate("binary_matrix") is None
-    report = curriculum.report({"binary_matrix": 1.0})
-    assert report == {"binary_matrix": {"level": -1, "pass_rate": None, "weight": 1.0}}
+def test_a_level_moves_on_a_majority_of_all_same_groups_not_on_the_pass_rate() -> None:
+    curriculum = Curriculum(["base_conversion", "binary_matrix"])
+    # a pass rate of 30% at the end, inside the first pass's 20-80% band, but 3 of 5 groups all failed
+    curriculum.observe([("base_conversion", [1.0] * 6 + [0.0] * 2), ("base_conversion", FAIL)])
+    curriculum.observe([("base_conversion", [1.0] * 6 + [0.0] * 2), ("base_conversion", FAIL)])
+    assert curriculum.levels["base_conversion"] == 0  # 2 of 4 all failed: not more than half
+    curriculum.observe([("base_conversion", FAIL)])
+    assert curriculum.levels["base_conversion"] == -1
+    # answers that all score 0.0 for the answer but vary in partial credit still teach: not all-fail
+    rounds(curriculum, "binary_matrix", [0.0, 0.05] * 4, 6)
+    assert curriculum.levels["binary_matrix"] == 0
+
+
+def test_a_level_does_not_flap_on_an_alternating_signal() -> None:
+    curriculum = Curriculum(["propositional_logic"])
+    for outcome in itertools.islice(itertools.cycle([PASS, FAIL]), 40):  # one group a round, all-pass then all-fail
+        curriculum.observe([("propositional_logic", outcome)])
+    assert curriculum.levels["propositional_logic"] == 0
+
+    curriculum = Curriculum(["propositional_logic"])
+    moves = []
+    for outcome in itertools.islice(itertools.cycle([PASS, PASS, FAIL, FAIL]), 80):  # two of each in a row
+        moves += curriculum.observe([("propositional_logic", outcome)])
+    ups = [m for m in moves if m.new > m.old]
+    assert len(ups) == len(RETURN_GROUPS)  # once, once more after a longer window, then never again
+    assert len(moves) == 2 * len(ups)  # each up came down again once
+    assert curriculum.up_needs("propositional_logic") == WINDOW_GROUPS == RETURN_GROUPS[-1]
+    assert [m.groups for m in ups] == [MIN_GROUPS, RETURN_GROUPS[0] + MIN_GROUPS]
+
+
+def test_going_back_up_to_a_level_left_downward_needs_a_longer_window() -> None:
+    curriculum = Curriculum(["bf"])
+    rounds(curriculum, "bf", PASS, MIN_GROUPS)
+    rounds(curriculum, "bf", FAIL, MIN_GROUPS)
+    assert curriculum.levels["bf"] == 0 and curriculum.left_down == {("bf", 1): 1}
+    assert curriculum.up_needs("bf") == RETURN_GROUPS[0]
+    rounds(curriculum, "bf", PASS, RETURN_GROUPS[0] - 1)
+    assert curriculum.levels["bf"] == 0
+    rounds(curriculum, "bf", PASS, 1)
+    assert curriculum.levels["bf"] == 1
 
 
 def test_a_pinned_specialty_keeps_its_config_and_level() -> None:
@@ -121,13 +159,40 @@ def test_a_pinned_specialty_keeps_its_config_and_level() -> None:
 def test_weights_follow_the_signal_and_keep_their_floor() -> None:
     curriculum = Curriculum(SAPO_SPECIALTIES)
     rounds(curriculum, "basic_arithmetic", MIXED, WINDOW_GROUPS)
-    rounds(curriculum, "arc_1d", FAIL, 20)  # at its lowest level: it stays, all-same
+    rounds(curriculum, "bf", PASS, 20)  # at its highest level: it stays, all-same
     shares = curriculum.weights(EVEN)
     assert sum(shares.values()) == pytest.approx(1.0)
     assert min(shares.values()) >= FLOOR / len(SAPO_SPECIALTIES) - 1e-12
-    assert shares["arc_1d"] == pytest.approx(FLOOR / len(SAPO_SPECIALTIES))
+    assert shares["bf"] == pytest.approx(FLOOR / len(SAPO_SPECIALTIES))
     assert shares["basic_arithmetic"] == max(shares.values())
-    assert shares["bf"] < shares["basic_arithmetic"]  # untried: a signal of one half
+    assert shares["arc_1d"] < shares["basic_arithmetic"]  # untried: a signal of one half
+
+
+def test_a_specialty_that_fails_at_its_lowest_level_is_excluded_and_retried() -> None:
+    curriculum = Curriculum(SAPO_SPECIALTIES)
+    rounds(curriculum, "arc_1d", FAIL, EXCLUDE_AFTER - 1)  # no level below 0
+    rounds(curriculum, "base_conversion", FAIL, EXCLUDE_AFTER)  # goes down to -2 first: 4 of its groups count
+    assert curriculum.levels["base_conversion"] == LADDERS["base_conversion"].lowest == -2
+    assert not curriculum.excluded("arc_1d") and not curriculum.excluded("base_conversion")
+    rounds(curriculum, "arc_1d", FAIL, 1)
+    assert curriculum.excluded("arc_1d")
+    shares = curriculum.weights(EVEN)
+    assert shares["arc_1d"] == pytest.approx(EXCLUDED_SHARE / len(SAPO_SPECIALTIES)) and sum(shares.values()) == 1.0
+    assert min(s for name, s in shares.items() if name != "arc_1d") >= FLOOR / len(SAPO_SPECIALTIES) - 1e-12
+    assert curriculum.report(EVEN)["arc_1d"]["excluded"] is True
+    curriculum.observe([("arc_1d", [0.0, 0.05] * 4)])  # a retry whose partial credit differs: it teaches again
+    assert not curriculum.excluded("arc_1d") and curriculum.failing == {"base_conversion": 4}
+
+
+def test_an_excluded_specialty_is_drawn_now_and_then_and_every_one_excluded_is_no_one() -> None:
+    pair = {"arc_1d": 1.0, "basic_arithmetic": 1.0}
+    curriculum = Curriculum(list(pair))
+    rounds(curriculum, "arc_1d", FAIL, EXCLUDE_AFTER)
+    taskset = TaskSet(pair, seed=2)
+    drawn = [q.ref.dataset for r in range(1, 201) for q in taskset.draw(r, 8, **curriculum.plan(pair))]
+    assert 0 < drawn.count("arc_1d") / 200 < 2 * 8 * EXCLUDED_SHARE / len(pair)  # about 0.4 a round
+    rounds(curriculum, "basic_arithmetic", FAIL, EXCLUDE_AFTER)
+    assert curriculum.weights(pair) == pytest.approx({"arc_1d": 0.5, "basic_arithmetic": 0.5})
 
 
 def test_the_configured_weights_are_the_prior() -> None:
@@ -143,17 +208,18 @@ def test_the_keep_probability_decays_with_all_same_rounds_but_never_reaches_zero
 
 
 def test_skipping_is_per_kind_reset_by_an_informative_group_and_keeps_exploring() -> None:
-    curriculum = Curriculum(["arc_1d", "basic_arithmetic"])
-    rounds(curriculum, "arc_1d", FAIL, 3)
-    assert curriculum.streaks == {("arc_1d", 0): 3}
-    curriculum.observe([("arc_1d", MIXED)])
+    curriculum = Curriculum(["bf", "basic_arithmetic"])
+    rounds(curriculum, "bf", FAIL, 3)
+    assert curriculum.streaks == {("bf", 0): 3}
+    curriculum.observe([("bf", MIXED)])
     assert curriculum.streaks == {}
-    rounds(curriculum, "arc_1d", FAIL, 30)
+    rounds(curriculum, "bf", PASS, 30)  # up once 5 of 9 groups all passed, then all-pass at its highest level
+    assert curriculum.streaks == {("bf", 0): 5, ("bf", 1): 25}
     rounds(curriculum, "basic_arithmetic", MIXED, 30)
-    taskset = TaskSet({"arc_1d": 1.0, "basic_arithmetic": 1.0}, seed=1)
-    plan = curriculum.plan({"arc_1d": 1.0, "basic_arithmetic": 1.0})
+    taskset = TaskSet({"bf": 1.0, "basic_arithmetic": 1.0}, seed=1)
+    plan = curriculum.plan({"bf": 1.0, "basic_arithmetic": 1.0})
     drawn = [q.ref.dataset for r in range(1, 17) for q in taskset.draw(r, 4, **plan)]
-    assert 0 < drawn.count("arc_1d") < drawn.count("basic_arithmetic")
+    assert 0 < drawn.count("bf") < drawn.count("basic_arithmetic")
 
 
 # -- state -------------------------------------------------------------------------------
@@ -163,18 +229,47 @@ def test_the_state_round_trips_through_json() -> None:
     curriculum = Curriculum(SAPO_SPECIALTIES)
     rounds(curriculum, "base_conversion", FAIL, 3)
     rounds(curriculum, "propositional_logic", PASS, 2)
+    rounds(curriculum, "propositional_logic", FAIL, 2)  # level 1 left downward
     rounds(curriculum, "basic_arithmetic", MIXED, 6)
+    rounds(curriculum, "arc_1d", FAIL, EXCLUDE_AFTER)  # excluded
     state = json.loads(json.dumps(curriculum.to_state()))
+    assert state["version"] == 2 and state["left_down"] == [["base_conversion", 0, 1], ["propositional_logic", 1, 1]]
+    assert state["failing"] == {"arc_1d": EXCLUDE_AFTER}
     again = Curriculum.from_state(state, SAPO_SPECIALTIES)
     assert again.to_state() == curriculum.to_state()
     assert again.plan(EVEN) == curriculum.plan(EVEN)
+    for it in (curriculum, again):  # and they go on alike
+        rounds(it, "propositional_logic", PASS, RETURN_GROUPS[0])
+        rounds(it, "arc_1d", MIXED, 1)
+    assert again.to_state() == curriculum.to_state() and again.levels["propositional_logic"] == 1
+
+
+# A first-pass checkpoint's state (diff-s0-adaptive, node 0, round 40), shortened.
+VERSION_1 = {"version": 1, "levels": {"arc_1d": 0, "base_conversion": -2, "propositional_logic": 2},
+             "streaks": [["arc_1d", 0, 11], ["base_conversion", -1, 1], ["propositional_logic", 2, 3]],
+             "windows": {"arc_1d": [[0, 8, 0]] * 4, "propositional_logic": [[1, 8, 1], [8, 8, 0], [8, 8, 0]]}}
+
+
+def test_a_version_1_state_is_read_with_no_levels_left_downward_and_nothing_excluded() -> None:
+    curriculum = Curriculum.from_state(json.loads(json.dumps(VERSION_1)), SAPO_SPECIALTIES)
+    state = curriculum.to_state()
+    assert state["version"] == 2 and state["left_down"] == [] and state["failing"] == {}
+    assert {name: state["levels"][name] for name in VERSION_1["levels"]} == VERSION_1["levels"]
+    assert state["streaks"] == VERSION_1["streaks"]
+    assert state["windows"]["propositional_logic"] == VERSION_1["windows"]["propositional_logic"]
+    curriculum.observe([("propositional_logic", PASS)])  # 3 of its 4 groups all passed, 2 more than all failed
+    assert curriculum.levels["propositional_logic"] == 3
 
 
 @pytest.mark.parametrize(
     "state",
     [None, [], {"version": 99}, {"version": 1, "levels": {"bf": 7}, "windows": {}, "streaks": []},
      {"version": 1, "levels": {}, "windows": {"bf": [[9, 8, 1]]}, "streaks": []},
-     {"version": 1, "levels": {"bf": "1"}, "windows": {}, "streaks": []}],
+     {"version": 1, "levels": {"bf": "1"}, "windows": {}, "streaks": []},
+     {"version": 2, "levels": {}, "windows": {}, "streaks": []},
+     {"version": 2, "levels": {}, "windows": {}, "streaks": [], "left_down": [["bf", 5, 1]], "failing": {}},
+     {"version": 2, "levels": {}, "windows": {}, "streaks": [], "left_down": [["bf", 1, 0]], "failing": {}},
+     {"version": 2, "levels": {}, "windows": {}, "streaks": [], "left_down": [], "failing": {"bf": -1}}],
 )
 def test_a_malformed_state_is_a_checkpoint_error(state: Any) -> None:
     with pytest.raises(CheckpointError):
@@ -247,8 +342,10 @@ FAST = ["tasks.questions_per_round=4", "tasks.completions_per_question=3", "task
 
 
 def reward(question: Any, completion: str) -> float:
-    """base_conversion always fails (its level must go down); the other scores the completion's parity."""
-    return 0.0 if question.ref.dataset == "base_conversion" else float(len(completion) % 2)
+    """base_conversion always fails (its level must go down), bf always passes (up); the other scores the
+    completion's parity."""
+    name = question.ref.dataset
+    return 0.0 if name == "base_conversion" else 1.0 if name == "bf" else float(len(completion) % 2)
 
 
 def make_node(model_dir: Path, home: Path, *extra: str, events: list[Event] | None = None) -> Node:
@@ -279,17 +376,21 @@ def test_adaptive_levels_move_are_logged_and_survive_a_resume(
 ) -> None:
     caplog.set_level(logging.INFO, logger="engine.curriculum")
     events: list[Event] = []
-    straight = make_node(tiny_model_dir, home, "tasks.difficulty='adaptive'", events=events)
-    straight.run_round()
-    metrics = straight.run_round()
-    assert straight.curriculum is not None and straight.curriculum.levels["base_conversion"] < 0
-    assert "Curriculum: base_conversion level +0 -> -1 (pass rate 0%" in caplog.text
-    assert set(metrics["curriculum"]) == {"base_conversion", "basic_arithmetic"}
-    assert {"level", "pass_rate", "weight"} == set(metrics["curriculum"]["base_conversion"])
+    three = ["tasks.difficulty='adaptive'", "tasks.specialties={base_conversion=1.0, basic_arithmetic=1.0, bf=1.0}"]
+    straight = make_node(tiny_model_dir, home, *three, events=events)
+    for _ in range(3):
+        metrics = straight.run_round()
+    assert straight.curriculum is not None
+    assert straight.curriculum.levels["base_conversion"] < 0 and straight.curriculum.levels["bf"] == 1
+    assert "Curriculum: base_conversion level +0 -> -1 (2 of its last 2 groups all failed; pass rate 0%)" in caplog.text
+    assert "Curriculum: bf level +0 -> +1 (" in caplog.text
+    assert set(metrics["curriculum"]) == {"base_conversion", "basic_arithmetic", "bf"}
+    assert {"level", "pass_rate", "weight", "excluded"} == set(metrics["curriculum"]["base_conversion"])
     rounds_seen = [e["metrics"] for e in events if e["type"] == "round"]
     assert any(m["level_changes"] for m in rounds_seen)
 
-    resumed = make_node(tiny_model_dir, home, "tasks.difficulty='adaptive'")
-    assert resumed.round == 2 and resumed.curriculum is not None
+    resumed = make_node(tiny_model_dir, home, *three)
+    assert resumed.round == 3 and resumed.curriculum is not None
     assert resumed.curriculum.to_state() == straight.curriculum.to_state()
+    assert resumed.curriculum.left_down == straight.curriculum.left_down != {}
     assert [q.ref for q in resumed.start_round()[1]] == [q.ref for q in straight.start_round()[1]]

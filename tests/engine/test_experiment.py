@@ -82,10 +82,11 @@ def test_three_nodes_share_through_a_real_relay_and_the_report_compares_the_mixe
 
 
 @pytest.mark.integration  # a real loopback relay
-@pytest.mark.parametrize("difficulty", ["fixed", "adaptive"])  # adaptive: the levels and windows resume too
+@pytest.mark.parametrize("difficulty", ["fixed", "adaptive"])  # adaptive: levels, windows and re-asks resume too
 def test_a_resumed_experiment_ends_with_the_same_numbers_and_weights(tiny_model_dir: Path, tmp_path: Path,
                                                                        difficulty: str) -> None:
-    plan = make_plan("default", 3, "1/2", 3, [*fast(tiny_model_dir), f"tasks.difficulty='{difficulty}'"])
+    reask = ["tasks.reask_share=0.5"] if difficulty == "adaptive" else []  # one of the two questions re-asked
+    plan = make_plan("default", 3, "1/2", 3, [*fast(tiny_model_dir), f"tasks.difficulty='{difficulty}'", *reask])
     _, straight = run(plan, tmp_path / "straight", tmp_path / "home")
 
     control = Control()
@@ -108,11 +109,14 @@ def test_a_resumed_experiment_ends_with_the_same_numbers_and_weights(tiny_model_
     for x, y in zip(adapters(tmp_path / "straight", Mix(1, 2), 3, 3), adapters(tmp_path / "stopped", Mix(1, 2), 3, 3),
                     strict=True):
         assert all(torch.equal(x[k], y[k]) for k in x)
-    straight_loss = [json.loads(line)["loss"]
-                     for line in (tmp_path / "straight" / "mix-1-2" / "rounds.jsonl").read_text().splitlines()]
-    resumed_loss = [json.loads(line)["loss"]
-                    for line in (tmp_path / "stopped" / "mix-1-2" / "rounds.jsonl").read_text().splitlines()]
-    assert straight_loss == resumed_loss
+    straight_rounds, resumed_rounds = ([json.loads(line) for line in (out / "mix-1-2" / "rounds.jsonl").read_text()
+                                        .splitlines()] for out in (tmp_path / "straight", tmp_path / "stopped"))
+    for key in ("loss", "reasked", "reasked_informative"):
+        assert [r[key] for r in straight_rounds] == [r[key] for r in resumed_rounds], key
+    assert (sum(sum(r["reasked"]) for r in straight_rounds) > 0) == bool(reask)
+    assert a["reasked_per_node_round"] == b["reasked_per_node_round"]
+    assert (a["reasked_per_node_round"] > 0) == bool(reask)
+    assert (a["reasked_informative_share"] is None) != bool(reask)
     if difficulty == "adaptive":  # each round's levels, pass rates and draw shares, as an uninterrupted run had them
         def reports(out: Path, k: int) -> list[Any]:
             lines = (out / "mix-1-2" / f"node-{k}" / "metrics.jsonl").read_text().splitlines()

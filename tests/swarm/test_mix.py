@@ -14,6 +14,7 @@ from bench.harness.servers import free_port
 from engine.common.config import NodeConfig, build_config
 from engine.common.events import Event
 from engine.common.paths import Paths
+from engine.defence import ReplayMemory
 from engine.exchange import (
     R_DUPLICATE,
     R_FORGED_REWARD,
@@ -221,6 +222,36 @@ def test_replayed_batches_and_repeated_questions_are_dropped(receiver: Any) -> N
     assert len(sample(node, exchange)) == 1
     total_dupes = sum(exchange.peers[peer.peer_id].reasons[R_DUPLICATE] for peer in (sender, other))
     assert total_dupes == 2
+
+
+def test_re_asked_questions_are_shared_and_taken_again_but_not_the_same_text(tiny_model_dir: Path,
+                                                                            tmp_path: Path) -> None:
+    """tasks.reask_share: a node publishes its re-asks like any group (its own never pass its peer checks), and a
+    peer that trained on the first ask takes the re-ask (new completions); the first ask's text again is refused."""
+    relay = RelayDouble()
+    events: list[Event] = []
+    exchange = SwarmExchange(relay, Identity.generate(), "tiny", events.append, "test",  # type: ignore[arg-type]
+                             replay=ReplayMemory(None, 100))
+    node = Node(config(tiny_model_dir, "tasks.reask_share=0.5"), Paths.under(tmp_path / "r"), events.append,
+                exchange=exchange)
+    node.taskset.reward = parity_reward  # type: ignore[method-assign]
+    node.setup()
+    node.run_round()
+    first = json.loads(relay.published[-1])["items"]
+    taught = [item["task"] for item in first if len(set(item["rewards"])) > 1]
+    metrics = node.run_round()
+    assert taught and metrics["reasked"] == 1 and metrics["swarm"]["rejected"] == {}
+    again = json.loads(relay.published[-1])["items"]
+    assert again[0]["task"] == taught[0] and again[0]["completions"] != first[[i["task"] for i in first].index(
+        taught[0])]["completions"]
+
+    sender = Identity.generate()
+    relay.batches = [honest_batch(node, sender, seq=1)]
+    assert len(sample(node, exchange)) == 1  # trained on: remembered
+    relay.batches = [honest_batch(node, sender, seq=2, completions=("abcd", "abc"))]  # the peer re-asked it
+    assert len(sample(node, exchange)) == 1
+    relay.batches = [honest_batch(node, sender, seq=3)]  # the first ask's text under a new sequence number
+    assert sample(node, exchange) == [] and exchange.peers[sender.peer_id].reasons[R_DUPLICATE] == 1
 
 
 def test_publish_shares_text_only_and_respects_limits(receiver: Any) -> None:
