@@ -30,8 +30,8 @@ import psutil
 
 from bench.harness.servers import free_port, stop_process, wait_listening
 from engine.swarm import protocol
-from engine.swarm.client import BACKOFF_CAP_S, BACKOFF_START_S
 from engine.swarm.identity import Identity
+from engine.swarm.link import BACKOFF_CAP_S, BACKOFF_START_S
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE_N = 4  # batches a peer asks for each round, as a node asks for J = 4

@@ -42,7 +42,7 @@ from engine.common.errors import ConfigError, RelayError, SaplingError
 from engine.common.joining import DOCTOR_STEPS, Deadline, connect, read_head, resolve, start_tls
 from engine.common.rules import Invite, parse_invite
 from engine.swarm import protocol
-from engine.swarm.client import SOFTWARE
+from engine.swarm.link import SOFTWARE
 
 STEP_TIMEOUT_S = 5.0
 WS_GUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"

@@ -3,59 +3,42 @@
 The training loop is synchronous; it calls `publish` after each round and
 `sample` before training. Both return promptly: when the relay is down,
 `publish` drops the batch and `sample` returns nothing, so the node trains
-solo and says so. The connection is kept up in the background, reconnecting
-with exponential backoff and full jitter, and resumes by itself. Sequence
-numbers are at least the current time in milliseconds, so they keep rising
-across reconnects and restarts without being stored. Each publish carries
-its sequence number as its `id`, so the relay's answer names the batch: a
-`published` acknowledges it; an `internal` error (the relay could not reach
-its store, "try again shortly") means it was not stored, and the batch is
-published again a moment later, under a new sequence number, up to
-MAX_RETRIES times; any other refusal is final. A batch still unanswered when
-the link dies is sent again, once, first thing on the next link, with its own
-sequence number: the relay stores it if it never arrived and refuses it as a
-replay if it did. So nothing sent into a dead link or refused for a missing
-store is lost, and nothing is stored twice. One older than the timestamp
-window allows (`RESEND_WITHIN_S`) is dropped instead, and counted.
+solo and says so. The link reconnects in the background with exponential
+backoff and full jitter.
 
-A link can die without a word: a Wi-Fi blink or a middlebox that forwards
-nothing keeps the TCP connection open for many minutes, and a connection
-attempt across it may be accepted and never answered. So every wait has a
-deadline. The link counts as alive while frames come from the relay (its
-stats every 5 s, its pings, the pongs to ours): after half a `heartbeat` of
-quiet the client pings, and after a whole one of silence it gives the link
-up ("no answer from the relay for 20 s"), marks itself disconnected and
-reconnects. Silence is counted only while the client's own event loop runs:
-time the process was suspended (a laptop asleep, SIGSTOP) or starved of CPU
-(a wait that overran by more than `STALL_SLACK_S`) is not the relay's
-silence, so a node that wakes up reads what the relay sent meanwhile (often
-its `heartbeat_timeout` and close, and then it reconnects) instead of
-declaring the link dead for the time it did not run. Opening a link (TCP,
-TLS, the websocket upgrade, the relay's challenge and welcome) must end
-within `CONNECT_TIMEOUT_S`, and closing one within `CLOSE_TIMEOUT_S`. The log says once when the link is lost and once
+Delivery. Sequence numbers are at least the time in milliseconds, so they
+rise across reconnects and restarts without being stored. A publish carries
+its sequence number as its `id`: `published` acknowledges it; `internal` (the
+relay could not reach its store) publishes it again a moment later under a new
+number, up to MAX_RETRIES times; any other refusal is final. A batch still
+unanswered when the link dies is sent again, once, first on the next link: the
+relay stores it if it never arrived and refuses it as a replay if it did, so
+nothing is lost or stored twice. One older than `RESEND_WITHIN_S` is dropped
+and counted.
+
+A silent link. A Wi-Fi blink or a middlebox can keep a dead TCP connection
+open for minutes, so every wait has a deadline: after half a `heartbeat` of
+quiet the client pings, after a whole one it gives the link up ("no answer
+from the relay for 20 s") and reconnects. Silence counts only while the
+client's own loop runs: time the process was suspended (a laptop asleep,
+SIGSTOP) or starved (a wait overrun by more than `STALL_SLACK_S`) is not the
+relay's. Opening a link must end within `CONNECT_TIMEOUT_S`, closing one
+within `CLOSE_TIMEOUT_S`; the log says once when the link is lost and once
 when it is back, with how long it was down.
 
-`sample` keeps the relay's sampling cursor between calls, so each call draws
-only from batches published since the previous one (docs/protocol.md,
-"Sampling cursors"): a node is not handed what it already has.
-
-A swarm may have several relays (an invite lists them; they share one Redis).
-The client tries them in order of last success (`RelayMemory`, a small JSON
-file in the data dir, written atomically), moves on to the next one when a
-connection fails or drops, with the same backoff, and keeps its sampling
-cursor across the move, since relays on one Redis read each other's cursors.
+`sample` keeps the relay's sampling cursor, so each call draws only from
+batches published since the previous one (docs/protocol.md). A swarm may
+have several relays on one Redis: the client tries them in order of last
+success (`RelayMemory`), moves to the next when a connection fails or drops,
+and keeps its cursor across the move.
 
     client = SwarmClient(["wss://a.example/ws", "wss://b.example/ws"], identity,
                          memory=RelayMemory(data_dir / "swarm" / "relays.json"))
     client.start(); client.wait_connected(3.0); client.state.url   # the relay in use
 
 Every text frame sent and received is counted by `meter` when one is set
-(engine/swarm/datacap.py: the daily data caps).
-
-At some 740 lines this module is over the 600-line mark on purpose: the link,
-its watch and its delivery (acknowledgements, resends, retries) are one state
-machine on one socket and one event loop, and split apart they would hand
-that state back and forth.
+(engine/swarm/datacap.py). What the client shows and keeps beside the link
+(`LinkState`, `RelayMemory`, unacknowledged batches, pacing) is in link.py.
 """
 
 from __future__ import annotations
@@ -68,134 +51,21 @@ import logging
 import random
 import threading
 import time
-from collections import Counter
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import aiohttp
 
-from engine import __version__
-from engine.common.atomicio import atomic_write_json
-from engine.swarm import protocol
+from engine.swarm import link, protocol
 from engine.swarm.datacap import DataMeter
 from engine.swarm.identity import Identity
+from engine.swarm.link import LinkSilent, LinkState, RelayMemory, Unacked, duration_text, pace
 from engine.swarm.rate import TokenBucket
 
 log = logging.getLogger(__name__)
 
-BACKOFF_START_S = 0.5
-BACKOFF_CAP_S = 30.0
-CONNECT_TIMEOUT_S = 10.0  # opening a link, from the TCP connect to the welcome; also one publish's send
-CLOSE_TIMEOUT_S = 2.0  # the closing handshake; on a dead link it never ends, and giving up drops the connection
-# The client paces its requests below the relay's announced rate limit, with half its burst,
-# so that a fast node (tiny rounds, a big GPU) waits a moment instead of being refused.
-PACE_SHARE = 0.9
-SOFTWARE = f"sapling/{__version__}"
-# A wait for the relay that overran by more than this was this process not running (suspended, or starved of CPU):
-# the overrun does not count as the relay's silence.
-STALL_SLACK_S = 1.0
-# Unacknowledged batches kept to send again on the next link, and how old one may be to be sent again (the relay
-# refuses a timestamp more than protocol.TIMESTAMP_WINDOW_S from its clock; a minute's margin for clock skew).
-MAX_UNACKED = 16
-RESEND_WITHIN_S = protocol.TIMESTAMP_WINDOW_S - 60.0
-MAX_RETRIES = 8  # publishes again of a batch the relay could not store (`internal`), RETRY_S apart and more
-RETRY_S = 1.0
-# How a link fails, expectedly: anything else is a bug, logged with its traceback (and the link retried all the same).
-LINK_ERRORS = (aiohttp.ClientError, OSError, TimeoutError, protocol.ProtocolError, ConnectionError)
-
-
-@dataclass
-class LinkState:
-    """What the node shows about its relay link."""
-
-    connected: bool = False
-    online: int = 0
-    window: int = 0
-    last_error: str = ""
-    relay: str = ""  # the name the relay gave in its challenge
-    url: str = ""  # the relay address in use (or being tried)
-    since: float = field(default_factory=time.time)  # when `connected` last changed
-    # when the link was last lost (None: not this run); once back, since - lost_at is the outage
-    lost_at: float | None = None
-    published: int = 0
-    publish_errors: Counter[str] = field(default_factory=Counter)
-    models: Any = None  # the welcome's `models`: the swarm's model policy (engine/common/model_policy.py reads it)
-    credit: dict[str, Any] | None = None  # this node's credit as the relay last sent it (engine/relay/credit.py)
-    credit_at: float = 0.0  # when it came
-    receipts_counted: int = 0  # receipt items the relay counted, and those it refused, by why
-    receipts_refused: Counter[str] = field(default_factory=Counter)
-    resent: int = 0  # batches sent again on a new link because the old one died before the relay acknowledged them
-    resend_expired: int = 0  # unacknowledged batches too old to send again when the link came back
-    stalled_s: float = 0.0  # seconds the link's event loop did not run (suspended or starved), not counted as silence
-
-
-class RelayMemory:
-    """When each relay of a swarm last let this node in: a JSON file in the data dir, written atomically.
-
-    `order(urls)` puts the relays that worked first, the most recent first, and
-    the others after them in the order given. A missing or unreadable file is
-    an empty memory (it is only a preference)."""
-
-    MAX_RELAYS = 64
-
-    def __init__(self, path: Path | None) -> None:
-        self.path = path
-        self.last_good: dict[str, float] = {}
-        if path is not None:
-            try:
-                data = json.loads(path.read_text(encoding="utf-8"))
-                relays = data.get("relays", {}) if isinstance(data, dict) else {}
-                self.last_good = {str(k): float(v) for k, v in relays.items()
-                                  if isinstance(v, (int, float)) and not isinstance(v, bool)}
-            except (OSError, ValueError, AttributeError):
-                self.last_good = {}
-
-    def order(self, urls: Sequence[str]) -> list[str]:
-        position = {url: i for i, url in enumerate(urls)}
-        return sorted(dict.fromkeys(urls), key=lambda u: (-self.last_good.get(u, float("-inf")), position[u]))
-
-    def remember(self, url: str) -> None:
-        self.last_good[url] = time.time()
-        newest = sorted(self.last_good.items(), key=lambda kv: -kv[1])[: self.MAX_RELAYS]
-        self.last_good = dict(newest)
-        if self.path is not None:
-            try:
-                atomic_write_json(self.path, {"v": 1, "relays": self.last_good})
-            except OSError as exc:  # a preference only: the link works without it
-                log.warning("could not remember the relay in %s: %s", self.path, exc)
-
-
-@dataclass
-class Unacked:
-    """A batch sent and not yet answered: its payload, the publish message as sent, and what was tried."""
-
-    payload: str
-    text: str
-    ts: float
-    resent: bool = False  # sent again on a new link already
-    retries: int = 0  # published again after the relay could not store it
-
-
-class LinkSilent(ConnectionError):
-    """The relay sent nothing for a whole heartbeat: the link is dead, whatever TCP says."""
-
-    def __init__(self, seconds: float) -> None:
-        super().__init__(f"no answer from the relay for {seconds:.0f} s")
-        self.seconds = seconds  # the link has been dead this long already
-
-
-def duration_text(seconds: float) -> str:
-    """A length of time in words for the log and the swarm line: '45 s', '5 min 12 s', '2 h 3 min'."""
-    whole = max(0, round(seconds))
-    if whole < 60:
-        return f"{whole} s"
-    if whole < 3600:
-        return f"{whole // 60} min {whole % 60} s"
-    return f"{whole // 3600} h {whole % 3600 // 60} min"
 
 
 class SwarmClient:
@@ -320,7 +190,7 @@ class SwarmClient:
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:  # whatever ended this attempt, the next one comes
-                    if not isinstance(exc, LINK_ERRORS):
+                    if not isinstance(exc, link.LINK_ERRORS):
                         log.exception("the relay link failed unexpectedly")
                     if self.state.connected:
                         attempt = 0  # it had been up: start the backoff again
@@ -340,9 +210,9 @@ class SwarmClient:
                         await self._close(ws)
                 if self._stop.is_set():
                     break
-                delay = self._rng.uniform(0, min(BACKOFF_CAP_S, BACKOFF_START_S * 2**attempt))
+                delay = self._rng.uniform(0, min(link.BACKOFF_CAP_S, link.BACKOFF_START_S * 2**attempt))
                 if self._fatal_code in (protocol.E_BANNED, protocol.E_FORBIDDEN):
-                    delay = max(delay, BACKOFF_CAP_S)  # refused on purpose: retry rarely
+                    delay = max(delay, link.BACKOFF_CAP_S)  # refused on purpose: retry rarely
                 attempt = min(attempt + 1, 16)
                 log.debug("relay link down (%s); retrying in %.1f s", self.state.last_error, delay)
                 with contextlib.suppress(TimeoutError):
@@ -354,7 +224,7 @@ class SwarmClient:
         failed: say why. A link that was up is lost, and the log says so once."""
         if self.state.connected:
             ended, stalled = self._stall
-            if time.monotonic() - ended < max(self.heartbeat / 2, 2 * STALL_SLACK_S):  # it went with a long stall
+            if time.monotonic() - ended < max(self.heartbeat / 2, 2 * link.STALL_SLACK_S):  # it went with a long stall
                 reason = (f"this computer did not run for {duration_text(stalled)}, asleep or stopped, and the link "
                           f"did not survive it: {reason}")
                 dead_for = max(dead_for, time.monotonic() - ended + stalled)
@@ -397,22 +267,22 @@ class SwarmClient:
 
     async def _open(self, session: aiohttp.ClientSession) -> tuple[aiohttp.ClientWebSocketResponse, dict[str, Any],
                                                                    dict[str, Any]]:
-        """Connect and pass the relay's handshake within CONNECT_TIMEOUT_S: (the websocket, challenge, welcome).
+        """Connect and pass the relay's handshake within link.CONNECT_TIMEOUT_S: (the websocket, challenge, welcome).
 
         Without this deadline an attempt across a link that accepts and forwards nothing waits out aiohttp's
         five minutes, and the node stays cut off that long after the link is back."""
         ws: aiohttp.ClientWebSocketResponse | None = None
         try:
-            async with asyncio.timeout(CONNECT_TIMEOUT_S):
+            async with asyncio.timeout(link.CONNECT_TIMEOUT_S):
                 ws = await session.ws_connect(
                     self.url, max_msg_size=protocol.MAX_RESPONSE_BYTES, autoping=False,
-                    timeout=aiohttp.ClientWSTimeout(ws_close=CLOSE_TIMEOUT_S),
+                    timeout=aiohttp.ClientWSTimeout(ws_close=link.CLOSE_TIMEOUT_S),
                 )
                 challenge = protocol.decode_relay(await self._text(ws, "relay closed before its challenge"))
                 if challenge["type"] != "challenge":
                     raise protocol.ProtocolError(protocol.E_AUTH, f"expected a challenge, got {challenge['type']}")
                 payload = protocol.hello_payload(self.identity.public_key, challenge["nonce"], time.time(), self.token,
-                                                 SOFTWARE)
+                                                 link.SOFTWARE)
                 await self._send_text(ws, protocol.encode(protocol.msg_hello(self.identity.signed(payload))))
                 welcome = protocol.decode_relay(await self._text(ws, "relay closed before its welcome"))
                 if welcome["type"] == "error":
@@ -425,7 +295,8 @@ class SwarmClient:
             if ws is not None:
                 await self._close(ws)
             if isinstance(exc, TimeoutError):
-                raise ConnectionError(f"no answer from the relay within {CONNECT_TIMEOUT_S:g} s of connecting") from exc
+                raise ConnectionError(f"no answer from the relay within {link.CONNECT_TIMEOUT_S:g} s of "
+                                      "connecting") from exc
             raise
 
     async def _text(self, ws: aiohttp.ClientWebSocketResponse, closed: str) -> str:
@@ -447,11 +318,11 @@ class SwarmClient:
         Every frame is a sign of life: the relay's stats come every few seconds, and its pings. After half a
         heartbeat of quiet the relay gets a ping; after a whole one of silence the link is dead. (aiohttp's
         own heartbeat would end the link as an anonymous close, code 1006, and no later than 1.5 heartbeats.)
-        Quiet is counted in short steps, each at most its length plus STALL_SLACK_S: a step that took longer
+        Quiet is counted in short steps, each at most its length plus link.STALL_SLACK_S: a step that took longer
         is this process not running, and a frame that waited in the socket meanwhile is read, not missed."""
         loop = asyncio.get_running_loop()
         step = max(0.05, min(1.0, self.heartbeat / 8))
-        slack = min(STALL_SLACK_S, step)  # a short heartbeat (tests) has a short slack
+        slack = min(link.STALL_SLACK_S, step)  # a short heartbeat (tests) has a short slack
         receiving: asyncio.Task[aiohttp.WSMessage] = asyncio.ensure_future(ws.receive())
         quiet, pinged = 0.0, False
         try:
@@ -510,10 +381,10 @@ class SwarmClient:
 
     @staticmethod
     async def _close(ws: aiohttp.ClientWebSocketResponse) -> None:
-        """Close the websocket within CLOSE_TIMEOUT_S: on a dead link the closing handshake never ends, and an
+        """Close the websocket within link.CLOSE_TIMEOUT_S: on a dead link the closing handshake never ends, and an
         abandoned close drops the connection."""
         with contextlib.suppress(TimeoutError, ConnectionError, aiohttp.ClientError):
-            async with asyncio.timeout(CLOSE_TIMEOUT_S):
+            async with asyncio.timeout(link.CLOSE_TIMEOUT_S):
                 await ws.close()
 
     def _dispatch(self, msg: dict[str, Any]) -> None:
@@ -558,8 +429,8 @@ class SwarmClient:
         if code == protocol.E_REPLAY and unacked.resent:
             log.info("the relay already had batch %d, sent again after the link came back", seq)
             return True
-        if code == protocol.E_INTERNAL and unacked.retries < MAX_RETRIES:
-            delay = RETRY_S * 2 ** unacked.retries
+        if code == protocol.E_INTERNAL and unacked.retries < link.MAX_RETRIES:
+            delay = link.RETRY_S * 2 ** unacked.retries
             log.info("the relay could not store batch %d (%s); publishing it again in %g s", seq, message, delay)
             self._loop.call_later(delay, self._start_retry, unacked)
             return True
@@ -574,7 +445,7 @@ class SwarmClient:
         """Publish a batch the relay could not store again, under a new sequence number (it was not stored, so
         it cannot be stored twice); on a dead link it waits for the next one's resend like any other."""
         ws = self._ws
-        if time.time() - unacked.ts > RESEND_WITHIN_S or self._stop.is_set():
+        if time.time() - unacked.ts > link.RESEND_WITHIN_S or self._stop.is_set():
             self.state.resend_expired += 1
             return
         batch = protocol.decode_batch(unacked.payload)
@@ -593,7 +464,7 @@ class SwarmClient:
 
     def _keep(self, seq: int, unacked: Unacked) -> None:
         self._unacked[seq] = unacked
-        while len(self._unacked) > MAX_UNACKED:
+        while len(self._unacked) > link.MAX_UNACKED:
             del self._unacked[min(self._unacked)]
 
     def publish(self, payload: str) -> bool:
@@ -626,7 +497,7 @@ class SwarmClient:
         async with self._ordered():
             for seq in sorted(self._unacked):
                 unacked = self._unacked[seq]
-                if unacked.resent or time.time() - unacked.ts > RESEND_WITHIN_S:
+                if unacked.resent or time.time() - unacked.ts > link.RESEND_WITHIN_S:
                     del self._unacked[seq]
                     expired += not unacked.resent
                     continue
@@ -671,10 +542,10 @@ class SwarmClient:
                 self.meter.received(len(received.encode("utf-8")))
 
     def _send_now(self, send: Coroutine[Any, Any, None], what: str) -> bool:
-        """Run a send in the link's loop and wait for it (CONNECT_TIMEOUT_S at most); False when it failed."""
+        """Run a send in the link's loop and wait for it (link.CONNECT_TIMEOUT_S at most); False when it failed."""
         future = asyncio.run_coroutine_threadsafe(send, self._loop)
         try:
-            future.result(timeout=CONNECT_TIMEOUT_S)
+            future.result(timeout=link.CONNECT_TIMEOUT_S)
         except (FutureTimeout, ConnectionError, RuntimeError, aiohttp.ClientError) as exc:
             future.cancel()
             self._set(last_error=f"{what} failed: {exc or type(exc).__name__}")
@@ -727,18 +598,3 @@ class SwarmClient:
         except (ConnectionError, RuntimeError, aiohttp.ClientError) as exc:
             self._set(last_error=f"sample failed: {exc or type(exc).__name__}")
             return []
-
-
-def pace(limits: Any) -> TokenBucket:
-    """The client's own bucket for a relay's announced limits: a little slower than `rate_per_s`,
-    half the `burst`, and empty at first (a relay keeps a peer's bucket across its reconnects)."""
-    def positive(key: str, default: float) -> float:
-        value = limits.get(key) if isinstance(limits, dict) else None
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < float("inf"):
-            return float(value)
-        return default
-
-    bucket = TokenBucket(PACE_SHARE * positive("rate_per_s", protocol.DEFAULT_RATE_PER_S),
-                                  max(1.0, positive("burst", protocol.DEFAULT_BURST) / 2))
-    bucket.tokens = 0.0
-    return bucket

@@ -40,8 +40,9 @@ from engine.exchange import SwarmExchange
 from engine.relay.brokers import MemoryBroker
 from engine.relay.server import EmbeddedRelay, RelaySettings
 from engine.swarm import protocol
-from engine.swarm.client import CONNECT_TIMEOUT_S, LinkState, SwarmClient
+from engine.swarm.client import SwarmClient
 from engine.swarm.identity import Identity
+from engine.swarm.link import CONNECT_TIMEOUT_S, LinkState
 from engine.terminal import TerminalView
 from tests.swarm.conftest import StartRelay
 from tests.swarm.link_node import batch

@@ -13,8 +13,9 @@ import time
 import pytest
 
 from engine.swarm import protocol as p
-from engine.swarm.client import PACE_SHARE, SwarmClient, pace
+from engine.swarm.client import SwarmClient
 from engine.swarm.identity import Identity
+from engine.swarm.link import PACE_SHARE, pace
 from engine.swarm.rate import TokenBucket
 from tests.swarm.conftest import StartRelay
 

@@ -29,8 +29,9 @@ from bench.harness.servers import stop_process
 from engine.relay.brokers import MemoryBroker
 from engine.relay.server import EmbeddedRelay, RelaySettings
 from engine.swarm import protocol
-from engine.swarm.client import CONNECT_TIMEOUT_S, SwarmClient
+from engine.swarm.client import SwarmClient
 from engine.swarm.identity import Identity, verify
+from engine.swarm.link import CONNECT_TIMEOUT_S
 from tests.swarm.faultproxy import CHUNK, QUEUE_CHUNKS, FaultProxy
 from tests.swarm.link_node import batch
 from tests.swarm.test_link_loss import NodeLines, peer_sees
