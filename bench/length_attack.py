@@ -141,9 +141,16 @@ def paired_ratio(pairs: Sequence[tuple[float, float]], draws: int = 2000, seed: 
 
 
 def _total(rows: list[dict[str, Any]], who: str) -> tuple[int, int, int]:
-    """Items from `who` (attacker or honest) over rows: accepted, rejected too_long, rejected in all."""
-    acc = long = rej = 0
+    """Items from `who` (attacker or honest) up to the last of `rows`: accepted, rejected too_long, rejected in all.
+
+    A round's counts are the session's totals so far, so each victim's last row holds them all (a resumed run
+    counts from its restart)."""
+    last: dict[int, dict[str, Any]] = {}
     for r in rows:
+        if r["victim"] not in last or r["round"] > last[r["victim"]]["round"]:
+            last[r["victim"]] = r
+    acc = long = rej = 0
+    for r in last.values():
         counts = [r[who]] if who == "attacker" else r[who]
         for c in counts:
             if c:
