@@ -58,6 +58,8 @@ class Key:
     ws: Any = None
     ids: int = 0
     refused: Counter[str] = field(default_factory=Counter)
+    sent_used: Counter[str] = field(default_factory=Counter)  # `used` receipts the relay counted, by sender
+    seen: set[tuple[str, int, int]] = field(default_factory=set)  # items receipted already (sent once each)
 
     async def connect(self, session: aiohttp.ClientSession, url: str) -> None:
         self.ws = await session.ws_connect(url, headers={"X-Forwarded-For": self.address},
@@ -95,12 +97,17 @@ class Key:
             payload = json.loads(batch["payload"])
             sender = protocol.peer_id(base64.b64decode(payload["key"]))
             for i in range(len(payload["items"])):
+                if (sender, payload["seq"], i) in self.seen:
+                    continue
+                self.seen.add((sender, payload["seq"], i))
                 good = sender in used and (take is None or sum(v.verdict == USED for v in verdicts) < take)
                 verdicts.append(Verdict(sender, payload["seq"], i, USED if good else NOT_PICKED, 1 if good else 0))
         if verdicts:
             signed = self.identity.signed(receipts_payload(self.identity.public_key, time.time(), verdicts))
             answer = await self.ask(protocol.msg_receipts(signed))
             self.refused.update(answer.get("refused", {}))
+            if not answer.get("refused") and answer.get("type") == "receipted":  # all of them counted
+                self.sent_used.update(v.sender for v in verdicts if v.verdict == USED)
 
 
 async def farm_loop(key: Key, ring: set[str], until: float, rate: float) -> None:
@@ -153,6 +160,8 @@ async def measure(url: str, farm: int, honest: int, seconds: float, round_s: flo
         "farm_per_key_vs_honest": round(farm_hour / honest_hour, 2) if honest_hour else None,
         "farm_refused": dict(sum((k.refused for k in farm_keys), Counter())),
         "honest_refused": dict(sum((k.refused for k in honest_keys), Counter())),
+        "honest_credit": sorted(honest_used),
+        "honest_receipts": sorted(sum((k.sent_used for k in honest_keys), Counter())[p] for p in good),
         "board": [{"name": p["name"], "used": p["all"]["used"],
                    "same_address": p["all"].get("same_address", 0)} for p in board["peers"]],
     }

@@ -76,8 +76,8 @@ def test_a_sender_sees_the_same_credit_on_either_relay_process(relay_process: Ca
         a_on_two = await joined(two, key=a.key)
         on_one, on_two = await a.credit(), await a_on_two.credit()
         assert on_one == on_two
-        assert on_one["all"] == {"shared": 2, "sampled": 2, "used": 1, "positive": 1, "not_picked": 0, "peers": 1,
-                                 "rejected": {"implausible": 1}}
+        assert on_one["all"] == {"shared": 2, "sampled": 2, "used": 1, "positive": 1, "not_picked": 0,
+                                 "same_address": 0, "peers": 1, "rejected": {"implausible": 1}}
         # the receiver moves to the other process: what it already receipted stays receipted
         b_on_one = await joined(one, key=b.key)
         again = await b_on_one.receipts({a.peer_id: [{"seq": seq, "i": 0, "verdict": "used", "positive": 1}]})

@@ -41,8 +41,8 @@ def test_counts_move_from_the_hour_to_the_day_to_all_time_as_slots_pass() -> Non
         clock.now += (144 - 7) * SLOT_S + SLOT_S  # out of the day
         credit = (await book.credits([A]))[A]
         assert used(credit) == (0, 0, 1)
-        assert credit["all"] == {"shared": 0, "sampled": 2, "used": 1, "positive": 2, "not_picked": 0, "peers": 1,
-                                 "rejected": {"too_long": 1}}
+        assert credit["all"] == {"shared": 0, "sampled": 2, "used": 1, "positive": 2, "not_picked": 0,
+                                 "same_address": 0, "peers": 1, "rejected": {"too_long": 1}}
         assert credit["day"]["peers"] == 0 and credit["day"]["rejected"] == {}
 
     asyncio.run(run())
