@@ -122,12 +122,13 @@ class LengthCheck:
     """Correct answers padded with plausible filler pass every other check; trained on, they teach length.
 
     The limit is relative to this node's own answers this round: `ratio` x
-    the `quantile` of the token lengths of its own rewarded completions (all
-    its completions when none earned a reward) for the item's specialty, or
-    for all specialties when it had no question of that one, and never less
-    than the reference + `slack` tokens. Only an external completion that
-    would be reinforced (reward above its group's mean) is held to it: a long
-    wrong answer teaches nothing long. `ratio` 0 turns the check off.
+    the `quantile` of the token lengths of its own rewarded completions of
+    the item's specialty (of every specialty when it has none of that one),
+    and never less than that reference + `slack` tokens. A round without a
+    rewarded answer of its own sets no limit: the node cannot tell padding
+    from the reasoning a right answer needed. Only an external completion
+    that would be reinforced (reward above its group's mean) is held to it:
+    a long wrong answer teaches nothing long. `ratio` 0 turns the check off.
     """
 
     ratio: float = 1.5
@@ -136,14 +137,12 @@ class LengthCheck:
 
     def limits(self, own: Iterable[tuple[str, int, float]]) -> dict[str, float]:
         """Limits by specialty (key "" for any other) from this round's own (specialty, tokens, reward)."""
-        rows = list(own)
-        if self.ratio <= 0 or not rows:
+        rewarded = [(d, n) for d, n, r in own if r > 0]
+        if self.ratio <= 0 or not rewarded:
             return {}
         out: dict[str, float] = {}
-        for dataset in {d for d, _, _ in rows} | {""}:
-            mine = [(n, r) for d, n, r in rows if dataset in ("", d)]
-            rewarded = [n for n, r in mine if r > 0] or [n for n, _ in mine]
-            ref = quantile(rewarded, self.quantile)
+        for dataset in {d for d, _ in rewarded} | {""}:
+            ref = quantile([n for d, n in rewarded if dataset in ("", d)], self.quantile)
             out[dataset] = max(self.ratio * ref, ref + self.slack)
         return out
 

@@ -19,10 +19,11 @@ def test_the_limit_is_a_ratio_of_the_own_rewarded_answers_per_specialty_and_at_l
     limits = LengthCheck(ratio=1.5).limits(OWN)
     # "a": rewarded 8 and 10, 90th percentile 9.8: 1.5 x 9.8 = 14.7 (above 9.8 + 4)
     assert limits["a"] == pytest.approx(14.7)
-    # "b": nothing rewarded, so all its answers: 12 -> max(18, 16)
-    assert limits["b"] == pytest.approx(18.0)
-    # any other specialty: every own answer, the rewarded ones: as "a"
-    assert limits[""] == pytest.approx(14.7)
+    # "b": nothing rewarded, so no limit of its own; any specialty but "a": every rewarded answer, as "a" here
+    assert "b" not in limits and limits[""] == pytest.approx(14.7)
+    assert LengthCheck(ratio=1.5).limits([*OWN, ("b", 12, 1.0)])["b"] == pytest.approx(18.0)  # max(18, 16)
+    # no rewarded answer of its own this round: no limit (padding cannot be told from needed reasoning)
+    assert LengthCheck(ratio=1.5).limits([("a", 8, 0.0), ("b", 60, 0.0)]) == {}
     # short answers: the slack of 4 tokens wins over the ratio
     assert LengthCheck(ratio=1.2).limits([("a", 6, 1.0)])["a"] == pytest.approx(10.0)
 
@@ -33,7 +34,7 @@ def test_only_a_completion_that_would_be_reinforced_is_held_to_the_limit() -> No
     assert check.judge("a", [14, 60], [1.0, 0.0], limits)  # the long one is wrong: it teaches nothing long
     assert not check.judge("a", [15, 9], [1.0, 0.0], limits)  # a correct answer of 15 > 14.7 tokens
     assert not check.judge("c", [15, 9], [1.0, 0.0], limits)  # a specialty this node had none of: the overall limit
-    assert check.judge("b", [15, 9], [1.0, 0.0], limits)  # under b's 18
+    assert check.judge("c", [14, 9], [1.0, 0.0], limits)
     assert check.judge("a", [15, 9], [1.0, 0.0], limits, scale=2.0)  # another model's tokens: twice the limit
     assert check.judge("a", [60, 60], [1.0, 1.0], limits)  # all alike: no advantage, nothing reinforced
     assert check.judge("a", [], [], limits)

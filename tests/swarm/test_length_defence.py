@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from engine.common.config import build_config
 from engine.defence import LengthCheck
 from engine.rollouts import R_TOO_LONG
 from engine.sapo import EXTERNAL_LENGTH_SLACK
@@ -21,13 +22,16 @@ from tests.swarm.test_defence_receiver import (  # noqa: F401 (taught: a module 
 )
 
 
-@pytest.mark.parametrize("ratio", [None, 0.0])
+@pytest.mark.parametrize("ratio", [1.5, 0.0])  # the default, and off (the tests' FAST settings turn it off)
 def test_a_correct_answer_padded_to_just_under_the_cap_is_refused_and_the_nodes_own_kind_is_kept(
-    taught: tuple[Path, Path], tmp_path: Path, ratio: float | None  # noqa: F811
+    taught: tuple[Path, Path], tmp_path: Path, ratio: float  # noqa: F811
 ) -> None:
-    extra = ["swarm.plausibility_check=false"] + ([] if ratio is None else [f"swarm.length_ratio={ratio}"])
-    node, exchange, relay, _events = receiver_node(taught[0], tmp_path / "r", *extra)
+    assert ratio in (0.0, build_config("default", None, []).swarm.length_ratio)
+    node, exchange, relay, _events = receiver_node(taught[0], tmp_path / "r", "swarm.plausibility_check=false",
+                                                   f"swarm.length_ratio={ratio}")
     mine = own_groups(node)
+    for g in mine:  # this round the node got its first answer to each question right (what the limit follows)
+        g.rewards[0] = 1.0
     own = [(g.question.ref.dataset, len(c.token_ids), r) for g in mine for c, r in zip(g.completions, g.rewards,
                                                                                       strict=True)]
     limit = LengthCheck().limits(own)[""]
@@ -43,7 +47,7 @@ def test_a_correct_answer_padded_to_just_under_the_cap_is_refused_and_the_nodes_
     sender, attacker = Identity.generate(), Identity.generate()
     relay.batches = [batch(sender, [honest], 1), batch(attacker, [attack], 1)]
     external, report = node.share_and_sample(1, mine)
-    if ratio is None:  # the default: on
+    if ratio:
         assert [g.source for g in external] == [sender.peer_id]
         assert report["rejected"] == {R_TOO_LONG: 1}
         assert exchange.peers[attacker.peer_id].reasons[R_TOO_LONG] == 1
