@@ -35,8 +35,6 @@ cluster.
 
 from __future__ import annotations
 
-import hashlib
-import ipaddress
 import itertools
 import logging
 import secrets
@@ -46,6 +44,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from engine.relay.brokers import redis_client
+from engine.relay.proxy import address_tag, on_loopback
 from engine.swarm import protocol
 from engine.swarm.identity import verify
 from engine.swarm.receipts import (
@@ -89,18 +88,6 @@ def _period(counts: Counter[str], peers: int) -> dict[str, Any]:
     return out
 
 
-def address_tag(ip: str) -> str:
-    """What the relay keeps of an address: a hash, enough to tell two addresses apart."""
-    return hashlib.sha256(f"sapling relay address:{ip}".encode()).hexdigest()[:16]
-
-
-def _loopback(ip: str) -> bool:
-    try:
-        return not ip or ipaddress.ip_address(ip).is_loopback
-    except ValueError:
-        return True
-
-
 def _counts_of(verdict: Verdict) -> Counter[str]:
     """What one counted receipt adds to its sender's numbers."""
     if verdict.verdict == SAME_ADDRESS_MARK:
@@ -129,9 +116,7 @@ class CreditStore(Protocol):
     async def add_shared(self, shared: dict[str, int], names: dict[str, str], now: float,
                          addresses: dict[str, str]) -> None: ...
 
-    async def addresses(self, peers: Sequence[str]) -> dict[str, str]:
-        """The address tag each sender last published from, for those the store knows."""
-        ...
+    async def addresses(self, peers: Sequence[str]) -> dict[str, str]: ...  # sender -> tag of its last address
 
     async def credit(self, peers: Sequence[str], now: float) -> dict[str, dict[str, Any]]: ...
 
@@ -527,7 +512,7 @@ class CreditBook:
     async def _same_address(self, verdicts: Sequence[Verdict], ip: str) -> tuple[Verdict, ...]:
         """`verdicts`, each `used` one whose sender last published from `ip` marked SAME_ADDRESS_MARK."""
         senders = list(dict.fromkeys(v.sender for v in verdicts if v.verdict == USED))
-        if not senders or _loopback(ip):  # on loopback (tests, experiments) the relay cannot tell computers apart
+        if not senders or on_loopback(ip):  # on loopback (tests, experiments) the relay cannot tell computers apart
             return tuple(verdicts)
         tags = {p: self._recent[p] for p in senders if p in self._recent}
         unknown = [p for p in senders if p not in tags]
