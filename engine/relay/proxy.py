@@ -14,6 +14,7 @@ client is the rightmost address that is not itself a trusted proxy
 header that cannot be read (an entry that is not an IP address) falls back
 to the connection's own address, logged once per process at info level.
 With no trusted proxies (the default) the header is never read.
+`address_tag` and `on_loopback` serve the credit's same-address rule (engine/relay/credit.py).
 """
 
 from __future__ import annotations
