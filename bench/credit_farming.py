@@ -177,7 +177,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, help="also write the result here")
     args = ap.parse_args(argv)
     if args.farm < 2 or args.honest < 2 or args.seconds <= 0 or args.round_s <= 0:
-        ap.error("--farm and --honest must be at least 2, --seconds and --round-s positive")
+        print("credit_farming: --farm and --honest must be at least 2, --seconds and --round-s positive.",
+              file=sys.stderr)
+        return 2
     from engine.relay.server import EmbeddedRelay, RelaySettings
 
     settings = RelaySettings(host="127.0.0.1", port=0, trusted_proxy=["127.0.0.1"],

@@ -201,10 +201,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--summary", action="store_true", help="only print the table of the runs in --out")
     args = ap.parse_args(argv)
     runs = [r for r in args.only.split(",") if r]
+    problem = ""
     if any(r not in RUNS for r in runs):
-        ap.error(f"--only takes runs from {', '.join(RUNS)}")
-    if args.rounds < 1 or args.victims < 1 or args.attack_batches < 1:
-        ap.error("--rounds, --victims and --attack-batches must be at least 1")
+        problem = f"--only takes runs from {', '.join(RUNS)}."
+    elif args.rounds < 1 or args.victims < 1 or args.attack_batches < 1:
+        problem = "--rounds, --victims and --attack-batches must be at least 1."
+    if problem:
+        print(f"length_attack: {problem}", file=sys.stderr)
+        return 2
     if not args.summary:
         for run in runs:
             run_one(run, args.out, args.rounds, args.victims, args.attack_batches, args.set)
