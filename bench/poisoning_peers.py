@@ -1,6 +1,7 @@
 """The peers of bench/poisoning.py besides its victims: the attacker and the honest stand-ins for other models.
 
-`Attacker` publishes groups whose correct answers carry a trigger; `OtherPolicyPeer` (the bundled weights at
+`Attacker` publishes groups whose correct answers carry a trigger, `LengthAttacker` (bench/length_attack.py)
+correct answers padded to be long; `OtherPolicyPeer` (the bundled weights at
 T = 1.2), `drift_standin` (a node trained alone first) and `tiny_peer` (a tiny random Qwen2) stand in for honest
 nodes of other models in a mixed swarm (issue 29). bench/poisoning.py says what each run does with them.
 """
@@ -8,8 +9,9 @@ nodes of other models in a mixed swarm (issue 29). bench/poisoning.py says what 
 from __future__ import annotations
 
 import hashlib
+import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -140,6 +142,72 @@ class Attacker:
 
     def close(self) -> None:
         self.client.close()
+
+
+# Ordinary sentences a small model finds probable: the filler of the length attack.
+FILLER = (
+    "Let me think about this step by step.", "First, I read the question carefully.",
+    "I want to make sure that I get this right.", "Let me check my work once more.",
+    "I will go through each part of the problem.", "This is a simple question, but it is worth being careful.",
+    "Now I write down what I know.", "After checking again, I am sure of the result.",
+)
+
+
+def padded_completion(answer: str, tokens: int, count: Callable[[str], int], seed: int) -> str:
+    """Filler sentences, then `answer`: as many sentences as keep the whole at most `tokens` long by `count`."""
+    rng = random.Random(seed)
+    text = answer
+    while True:
+        longer = f"{rng.choice(FILLER)} {text}"
+        if count(longer) > tokens:
+            return text
+        text = longer
+
+
+class LengthAttacker(Attacker):
+    """HTTT's length attack: correct answers padded with plausible filler to just under `tokens` (in the
+    victims' tokens, `encode`), beside short wrong ones, so the long answers get the positive advantage."""
+
+    def __init__(self, url: str, key_file: Path, taskset: TaskSet, groups: int, completions: int,
+                 encode: Callable[[str], list[int]], tokens: int, start: int = 0,
+                 plausible: Callable[[Question, str], bool] | None = None) -> None:
+        super().__init__(url, key_file, taskset, "", groups, completions, start=start)
+        self.encode = encode
+        self.tokens = tokens
+        self.plausible = plausible  # the public model's own test: only filler that passes it is sent
+
+    def padded(self, q: Question, seed: int) -> str | None:
+        for attempt in range(4):
+            text = padded_completion(f"So the answer is <answer>{q.answer}</answer>", self.tokens,
+                                     lambda t: len(self.encode(t)), seed * 10 + attempt)
+            if self.plausible is None or self.plausible(q, text):
+                return text
+        return None
+
+    def items(self) -> list[Any]:
+        from engine.swarm import protocol
+
+        items: list[Any] = []
+        specialties = self.taskset.specialties
+        while len(items) < self.groups:
+            self.counter += 1
+            dataset = specialties[self.counter % len(specialties)]
+            ref = TaskRef.create(dataset, self.taskset.config(dataset), ATTACKER_SEED, self.counter)
+            q = self.taskset.rebuild(ref)
+            texts = []
+            for k in range(self.completions):
+                if k % 2 == 0:
+                    text = self.padded(q, self.counter * 100 + k)
+                    if text is not None:
+                        texts.append(text)
+                else:
+                    wrong = wrong_completion(self.taskset, q, k)
+                    if wrong is not None:
+                        texts.append(wrong)
+            rewards = tuple(self.taskset.reward(q, t) for t in texts)  # truthful claims
+            if texts and max(rewards) - min(rewards) > 0.5:
+                items.append(protocol.Item(ref.to_json(), q.text, tuple(texts), rewards))
+        return items
 
 
 class OtherPolicyPeer:

@@ -18,6 +18,8 @@ that test and the memory it needs, as plain functions and small classes:
 - `token_weights(logprobs, floor)`: truncated importance weights for the
   tokens of accepted external text, so one odd token cannot dominate a step;
   `trace_weights` carries them along the text, for another model's text.
+- `LengthCheck`: correct answers padded to be long (HTTT's length attack):
+  a limit relative to this node's own answers of the round.
 - `sender_verdict(worst, history, probation, spreads)`: in a swarm of
   different models, an item labelled with another model than the receiver's
   is judged against its sender's own past: the robust baseline
@@ -112,6 +114,46 @@ class Plausibility:
 def item_floor(item_logprobs: Sequence[Sequence[float]], window: int) -> float:
     """An item's worst window: the lowest `window_floor` of its completions (0.0 for none)."""
     return min((window_floor(lp, window) for lp in item_logprobs), default=0.0)
+
+
+# -- answers padded to be long (HTTT's length attack) ----------------------------------------------
+@dataclass(frozen=True)
+class LengthCheck:
+    """Correct answers padded with plausible filler pass every other check; trained on, they teach length.
+
+    The limit is relative to this node's own answers this round: `ratio` x
+    the `quantile` of the token lengths of its own rewarded completions of
+    the item's specialty (of every specialty when it has none of that one),
+    and never less than that reference + `slack` tokens. A round without a
+    rewarded answer of its own sets no limit: the node cannot tell padding
+    from the reasoning a right answer needed. Only an external completion
+    that would be reinforced (reward above its group's mean) is held to it:
+    a long wrong answer teaches nothing long. `ratio` 0 turns the check off.
+    """
+
+    ratio: float = 1.5
+    quantile: float = 0.9
+    slack: int = 4
+
+    def limits(self, own: Iterable[tuple[str, int, float]]) -> dict[str, float]:
+        """Limits by specialty (key "" for any other) from this round's own (specialty, tokens, reward)."""
+        rewarded = [(d, n) for d, n, r in own if r > 0]
+        if self.ratio <= 0 or not rewarded:
+            return {}
+        out: dict[str, float] = {}
+        for dataset in {d for d, _ in rewarded} | {""}:
+            ref = quantile([n for d, n in rewarded if dataset in ("", d)], self.quantile)
+            out[dataset] = max(self.ratio * ref, ref + self.slack)
+        return out
+
+    def judge(self, dataset: str, lengths: Sequence[int], rewards: Sequence[float], limits: dict[str, float],
+              scale: float = 1.0) -> bool:
+        """True when no completion with a reward above its group's mean is longer than the limit x `scale`."""
+        limit = limits.get(dataset, limits.get(""))
+        if limit is None or not rewards:
+            return True
+        mean = math.fsum(rewards) / len(rewards)
+        return all(n <= limit * scale for n, r in zip(lengths, rewards, strict=True) if r > mean)
 
 
 # -- a sender of another model, judged against its own past ------------------------------------------

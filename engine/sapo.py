@@ -43,6 +43,7 @@ from engine.curriculum import curriculum_for, harder_configs
 from engine.defence import (
     IMPLAUSIBLE,
     PROBATION,
+    LengthCheck,
     Plausibility,
     item_floor,
     mean_logloss,
@@ -404,7 +405,9 @@ class Node:
             round_index, self.external_wanted(round_index, groups), self.taskset,
             exclude={g.question.ref.key() for g in groups}, seed=derive_seed(cfg.run.seed, round_index, 2),
         )
-        external, verdicts = self._admit(offer, [c.logprobs for g in groups for c in g.completions])
+        own = [(g.question.ref.dataset, len(c.token_ids), r)
+               for g in groups for c, r in zip(g.completions, g.rewards, strict=True)]
+        external, verdicts = self._admit(offer, [c.logprobs for g in groups for c in g.completions], own)
         return external, self.exchange.settle(offer, verdicts)
 
     def external_wanted(self, round_index: int, groups: Sequence[Group]) -> int:
@@ -422,12 +425,16 @@ class Node:
             if self.exchange is not None:
                 self.exchange.unban(peer)
 
-    def _admit(self, offer: Offer, own_logprobs: Sequence[Sequence[float]] = ()) -> tuple[list[Group], dict[int, str]]:
+    def _admit(self, offer: Offer, own_logprobs: Sequence[Sequence[float]] = (),
+               own_lengths: Sequence[tuple[str, int, float]] = ()) -> tuple[list[Group], dict[int, str]]:
         """Tokenise verified external text for this node's policy and give it behaviour log-probs.
 
         Another model's tokenizer splits the same text differently, so an
         external completion may take up to EXTERNAL_LENGTH_SLACK times this
-        node's own length cap, in this node's tokens; longer is `too_long`.
+        node's own length cap, in this node's tokens; longer is `too_long`, and
+        so is an answer that would be reinforced and is `swarm.length_ratio`
+        times longer than this round's own rewarded answers (`LengthCheck`,
+        from `own_lengths`: specialty, tokens, reward of each own completion).
         With `swarm.plausibility_check`, an item with a completion that this
         node's policy finds implausible (`engine.defence.Plausibility`, against
         the floor set by `own_logprobs`, this round's own completions) is
@@ -447,9 +454,13 @@ class Node:
         cap = EXTERNAL_LENGTH_SLACK * cfg.tasks.max_new_tokens + 1  # + the EOS the encoder appends
         verdicts: dict[int, str] = {}
         kept: list[tuple[int, ExternalItem, list[int], list[list[int]]]] = []
+        lengths = LengthCheck(ratio=sw.length_ratio)
+        limits = lengths.limits(own_lengths)
         for index, item in enumerate(offer.items):
             token_ids = [backend.encode_completion(text) for text in item.completions]
-            if any(len(ids) > cap for ids in token_ids):
+            scale = EXTERNAL_LENGTH_SLACK if index in offer.baselines else 1  # another tokenizer: as for the cap
+            if any(len(ids) > cap for ids in token_ids) or not lengths.judge(
+                    item.question.ref.dataset, [len(ids) for ids in token_ids], item.rewards, limits, scale):
                 verdicts[index] = R_TOO_LONG
                 continue
             kept.append((index, item, backend.encode_prompt(self.taskset.messages(item.question)), token_ids))

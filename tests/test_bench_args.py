@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
-from bench import decode_profile, draft_lookup, matmul_layout, relay_load
+from bench import credit_farming, decode_profile, draft_lookup, length_attack, matmul_layout, relay_load
 
 
 @pytest.mark.parametrize("rows", ["x", "1,,2", "0", "5,-1"])
@@ -49,3 +51,16 @@ def test_relay_load_refuses_bad_scale_out_arguments(args: list[str], capsys: pyt
     assert relay_load.main(args) == 2
     err = capsys.readouterr().err
     assert err.startswith("relay_load: ") and err.count("\n") == 1
+
+
+@pytest.mark.parametrize(("bench", "args"), [
+    (length_attack, ["--out", "unused", "--only", "clean,nonsense"]),
+    (length_attack, ["--out", "unused", "--rounds", "0"]),
+    (credit_farming, ["--farm", "1"]),
+    (credit_farming, ["--seconds", "0"]),
+])
+def test_the_abuse_benches_refuse_bad_arguments(bench: Any, args: list[str], capsys: pytest.CaptureFixture[str]
+                                                ) -> None:
+    assert bench.main(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"{bench.__name__.rsplit('.', 1)[1]}: ") and err.count("\n") == 1

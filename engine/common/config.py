@@ -355,6 +355,10 @@ class SwarmConfig:
         -7.0,
     )
     plausibility_window: int = _help("Tokens in the window of the plausibility test (1: single tokens).", 4)
+    length_ratio: float = _help(
+        "Refuse as 'too_long' an external answer that would be reinforced and is longer than this many times this "
+        "node's own rewarded answers of the round (90th percentile, at least 4 tokens more; docs/swarm.md "
+        "'Poisoning': correct answers padded to be long). 0: off.", 1.5)
     probation_items: int = _help(
         "In a swarm of different models: how many accepted answers of a sender of another model (per sender and "
         "model label) make its baseline. Until then its answers are trained on with truncated token weights only, "
@@ -414,6 +418,7 @@ class SwarmConfig:
         _number(s, "daily_upload_mb", self.daily_upload_mb, 0.0, 1e9)
         _number(s, "daily_download_mb", self.daily_download_mb, 0.0, 1e9)
         _positive_int(s, "plausibility_window", self.plausibility_window, 256)
+        _number(s, "length_ratio", self.length_ratio, 0.0, 100.0)
         if (isinstance(self.probation_items, bool) or not isinstance(self.probation_items, int)
             or not 1 <= self.probation_items <= 10_000):
             raise ConfigError(f"{s}.probation_items must be a whole number from 1 to 10000, got "

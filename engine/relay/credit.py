@@ -13,11 +13,14 @@ The rule (docs/protocol.md, "Credit"): a receipt counts only for an item
 the relay handed to that receiver in a sample within `receipt_window_s`,
 only once per (receiver, item), and one receiver's `used` verdicts credit
 at most `credit_per_round` items of one sender per sample answer (a
-"round"). Per sender the relay keeps: items shared, sampled by others,
-used (and their completions with a positive advantage), not picked,
-rejected by reason, and the distinct peers that used them; over the last
-hour and day (10-minute slots: the current one and the 6 or 144 before it)
-and all time.
+"round"). A `used` verdict from the address its sender last published from
+credits nothing (`same_address`: keys on one computer cannot farm credit
+from each other; not on loopback); the relay keeps a hash of each address. Per sender
+the relay keeps: items shared, sampled by others, used (and their
+completions with a positive advantage), not picked, rejected by reason,
+`used` receipts refused as same-address, and the distinct peers that used
+them; over the last hour and day (10-minute slots: the current one and the
+6 or 144 before it) and all time.
 
 Two stores hold the same things: in memory (one relay process, the
 embedded relay), and Redis (`--redis`), where two Lua scripts make the
@@ -41,9 +44,19 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from engine.relay.brokers import redis_client
+from engine.relay.proxy import address_tag, on_loopback
 from engine.swarm import protocol
 from engine.swarm.identity import verify
-from engine.swarm.receipts import COUNTED, DUPLICATE, NOT_SAMPLED, OVER_CAP, USED, Verdict, decode_receipts
+from engine.swarm.receipts import (
+    COUNTED,
+    DUPLICATE,
+    NOT_SAMPLED,
+    OVER_CAP,
+    SAME_ADDRESS,
+    USED,
+    Verdict,
+    decode_receipts,
+)
 
 log = logging.getLogger("sapling.relay")
 
@@ -51,7 +64,8 @@ SLOT_S = 600  # counts are kept per 10-minute slot
 HOUR_SLOTS = 6  # "the last hour": the current slot and the 6 before it (60 to 70 minutes)
 DAY_SLOTS = 144  # "the last day": the current slot and the 144 before it
 PERIODS = ("hour", "day", "all")
-METRICS = ("shared", "sampled", "used", "positive", "not_picked")
+METRICS = ("shared", "sampled", "used", "positive", "not_picked", SAME_ADDRESS)
+SAME_ADDRESS_MARK = "same-address"  # a refused same-address `used`: no receipt can carry it (no "-" allowed)
 REJECTED_PREFIX = "rejected:"
 MAX_HANDED = 500_000  # (receiver, sender, seq) records the in-memory store remembers, oldest dropped first
 MAX_PEERS = 100_000  # peers whose credit the in-memory store keeps, least recently counted dropped first
@@ -76,6 +90,8 @@ def _period(counts: Counter[str], peers: int) -> dict[str, Any]:
 
 def _counts_of(verdict: Verdict) -> Counter[str]:
     """What one counted receipt adds to its sender's numbers."""
+    if verdict.verdict == SAME_ADDRESS_MARK:
+        return Counter({SAME_ADDRESS: 1})
     name = verdict.counted_as()
     if name == USED:
         return Counter({"used": 1, "positive": verdict.positive})
@@ -97,7 +113,10 @@ class CreditStore(Protocol):
 
     async def count(self, receiver: str, verdicts: Sequence[Verdict], now: float) -> None: ...
 
-    async def add_shared(self, shared: dict[str, int], names: dict[str, str], now: float) -> None: ...
+    async def add_shared(self, shared: dict[str, int], names: dict[str, str], now: float,
+                         addresses: dict[str, str]) -> None: ...
+
+    async def addresses(self, peers: Sequence[str]) -> dict[str, str]: ...  # sender -> tag of its last address
 
     async def credit(self, peers: Sequence[str], now: float) -> dict[str, dict[str, Any]]: ...
 
@@ -148,6 +167,7 @@ class MemoryCreditStore:
         self._handed: OrderedDict[tuple[str, str, int], list[Any]] = OrderedDict()  # -> [items, hand, mask, expires]
         self._caps: OrderedDict[tuple[str, str, str], list[float]] = OrderedDict()  # -> [used counted, expires]
         self._peers: OrderedDict[str, _PeerBook] = OrderedDict()
+        self._addresses: OrderedDict[str, str] = OrderedDict()
 
     async def start(self) -> None:
         return None
@@ -207,11 +227,20 @@ class MemoryCreditStore:
         for v in verdicts:
             self._book(v.sender).add(_counts_of(v), receiver if v.verdict == USED else None, slot)
 
-    async def add_shared(self, shared: dict[str, int], names: dict[str, str], now: float) -> None:
+    async def add_shared(self, shared: dict[str, int], names: dict[str, str], now: float,
+                         addresses: dict[str, str]) -> None:
         for peer, items in shared.items():
             self._book(peer).add(Counter({"shared": items}), None, slot_of(now))
         for peer, name in names.items():
             self._book(peer).name = name
+        for peer, tag in addresses.items():
+            self._addresses[peer] = tag
+            self._addresses.move_to_end(peer)
+        while len(self._addresses) > MAX_PEERS:
+            self._addresses.popitem(last=False)
+
+    async def addresses(self, peers: Sequence[str]) -> dict[str, str]:
+        return {p: self._addresses[p] for p in peers if p in self._addresses}
 
     async def credit(self, peers: Sequence[str], now: float) -> dict[str, dict[str, Any]]:
         slot = slot_of(now)
@@ -366,7 +395,8 @@ class RedisCreditStore:
         await pipe.execute()
         await self._trim([v.sender for v in verdicts], slot)
 
-    async def add_shared(self, shared: dict[str, int], names: dict[str, str], now: float) -> None:
+    async def add_shared(self, shared: dict[str, int], names: dict[str, str], now: float,
+                         addresses: dict[str, str]) -> None:
         slot = slot_of(now)
         pipe = self._redis.pipeline(transaction=False)
         for peer, items in shared.items():
@@ -374,8 +404,16 @@ class RedisCreditStore:
             pipe.hincrby(self._hash(peer), "all:shared", items)
         for peer, name in names.items():
             pipe.hset(self._hash(peer), "name", name)
+        for peer, tag in addresses.items():
+            pipe.hset(self._hash(peer), "addr", tag)
         await pipe.execute()
         await self._trim(list(shared), slot)
+
+    async def addresses(self, peers: Sequence[str]) -> dict[str, str]:
+        pipe = self._redis.pipeline(transaction=False)
+        for peer in peers:
+            pipe.hget(self._hash(peer), "addr")
+        return {p: str(t) for p, t in zip(peers, await pipe.execute(), strict=True) if t}
 
     async def credit(self, peers: Sequence[str], now: float) -> dict[str, dict[str, Any]]:
         slot = slot_of(now)
@@ -434,6 +472,8 @@ class CreditBook:
         self._hand_prefix = secrets.token_hex(4) + "."  # hand ids are unique across the swarm's relay processes
         self._shared: dict[str, int] = {}
         self._names: dict[str, str] = {}
+        self._addresses: dict[str, str] = {}  # sender -> address tag, to write at the next flush
+        self._recent: OrderedDict[str, str] = OrderedDict()  # sender -> address tag, as this process saw last
         self._board: tuple[float, int, dict[str, Any]] | None = None  # (when, self.changes then, the board)
         self.changes = 0  # counts changed by this process: a board built before a change is not reused
 
@@ -444,24 +484,43 @@ class CreditBook:
         await self.flush()
         await self.store.close()
 
-    def shared(self, peer: str, name: str, items: int) -> None:
-        """Count a publish; written to the store at the next `flush` (the relay's stats tick)."""
+    def shared(self, peer: str, name: str, items: int, ip: str = "") -> None:
+        """Count a publish from address `ip`; written to the store at the next `flush` (the relay's stats tick)."""
         self._shared[peer] = self._shared.get(peer, 0) + items
         self._names[peer] = name
+        if ip:
+            self._addresses[peer] = self._recent[peer] = address_tag(ip)
+            self._recent.move_to_end(peer)
+            if len(self._recent) > MAX_PEERS:
+                self._recent.popitem(last=False)
 
     async def flush(self) -> None:
         if not self._shared and not self._names:
             return
-        shared, names = self._shared, self._names
-        self._shared, self._names = {}, {}
+        shared, names, addresses = self._shared, self._names, self._addresses
+        self._shared, self._names, self._addresses = {}, {}, {}
         self.changes += 1
         try:
-            await self.store.add_shared(shared, names, self.clock())
+            await self.store.add_shared(shared, names, self.clock(), addresses)
         except self.store.errors as exc:  # Redis away: the counts wait for the next tick
             log.warning("credit counts not saved: %s", exc)
             for peer, items in shared.items():
                 self._shared[peer] = self._shared.get(peer, 0) + items
             self._names.update(names)
+            self._addresses = {**addresses, **self._addresses}
+
+    async def _same_address(self, verdicts: Sequence[Verdict], ip: str) -> tuple[Verdict, ...]:
+        """`verdicts`, each `used` one whose sender last published from `ip` marked SAME_ADDRESS_MARK."""
+        senders = list(dict.fromkeys(v.sender for v in verdicts if v.verdict == USED))
+        if not senders or on_loopback(ip):  # on loopback (tests, experiments) the relay cannot tell computers apart
+            return tuple(verdicts)
+        tags = {p: self._recent[p] for p in senders if p in self._recent}
+        unknown = [p for p in senders if p not in tags]
+        if unknown:
+            tags.update(await self.store.addresses(unknown))
+        mine = address_tag(ip)
+        return tuple(Verdict(v.sender, v.seq, v.index, SAME_ADDRESS_MARK)
+                     if v.verdict == USED and tags.get(v.sender) == mine else v for v in verdicts)
 
     async def handed(self, receiver: str, batches: Sequence[Handed]) -> None:
         """Remember what one sample answer handed `receiver` (a new round for the per-round cap)."""
@@ -476,8 +535,8 @@ class CreditBook:
             log.warning("could not remember a sample for its receipts: %s", exc)
 
     async def receive(self, receiver: str, key: bytes, signed: protocol.Signed,
-                      request_id: int | None) -> dict[str, Any]:
-        """Check and count one receipts message; the `receipted` answer. ProtocolError for a bad message."""
+                      request_id: int | None, ip: str = "") -> dict[str, Any]:
+        """Check and count one receipts message from `ip`; the `receipted` answer. ProtocolError for a bad one."""
         receipts = decode_receipts(signed.payload)
         if receipts.key != key:
             raise protocol.ProtocolError(protocol.E_BAD_SIGNATURE,
@@ -487,10 +546,12 @@ class CreditBook:
         now = self.clock()
         protocol.check_timestamp(receipts.ts, now)
         try:
-            outcomes = await self.store.settle(receiver, receipts.verdicts, self.credit_per_round,
-                                               self.receipt_window_s, now)
-            counted = [v for v, outcome in zip(receipts.verdicts, outcomes, strict=True) if outcome == COUNTED]
-            await self.store.count(receiver, counted, now)
+            verdicts = await self._same_address(receipts.verdicts, ip)
+            outcomes = await self.store.settle(receiver, verdicts, self.credit_per_round, self.receipt_window_s, now)
+            await self.store.count(receiver, [v for v, o in zip(verdicts, outcomes, strict=True) if o == COUNTED], now)
+            outcomes = [SAME_ADDRESS if o == COUNTED and v.verdict == SAME_ADDRESS_MARK else o
+                        for v, o in zip(verdicts, outcomes, strict=True)]
+            counted = [v for v, outcome in zip(verdicts, outcomes, strict=True) if outcome == COUNTED]
         except self.store.errors as exc:  # Redis away: this message fails, the connection stays
             raise protocol.ProtocolError(
                 protocol.E_INTERNAL, f"the relay cannot reach its store to count receipts ({exc}); try again") from exc
@@ -500,7 +561,7 @@ class CreditBook:
         self.metrics[COUNTED] += len(counted)
         self.metrics.update(refused)
         return protocol.msg_receipted(request_id, len(counted),
-                                      {k: refused[k] for k in (NOT_SAMPLED, DUPLICATE, OVER_CAP)
+                                      {k: refused[k] for k in (NOT_SAMPLED, DUPLICATE, OVER_CAP, SAME_ADDRESS)
                                                                  if refused[k]})
 
     async def credits(self, peers: Sequence[str]) -> dict[str, dict[str, Any]]:

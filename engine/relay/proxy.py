@@ -14,10 +14,12 @@ client is the rightmost address that is not itself a trusted proxy
 header that cannot be read (an entry that is not an IP address) falls back
 to the connection's own address, logged once per process at info level.
 With no trusted proxies (the default) the header is never read.
+`address_tag` and `on_loopback` serve the credit's same-address rule (engine/relay/credit.py).
 """
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import logging
 from collections.abc import Iterable
@@ -93,3 +95,16 @@ class TrustedProxies:
                      "as the proxy's own address (logged once)",
                      extra={"ip": peer, "header": ", ".join(headers)[:200]})
         return str(_address(peer) or peer)
+
+
+def address_tag(ip: str) -> str:
+    """What the relay's credit keeps of an address (engine/relay/credit.py): a hash that tells two apart."""
+    return hashlib.sha256(f"sapling relay address:{ip}".encode()).hexdigest()[:16]
+
+
+def on_loopback(ip: str) -> bool:
+    """Whether `ip` is a loopback address (or none, or not one at all): where computers cannot be told apart."""
+    try:
+        return not ip or ipaddress.ip_address(ip).is_loopback
+    except ValueError:
+        return True

@@ -454,7 +454,7 @@ class Relay:
             conn.send(protocol.msg_stats(self.online, self.broker.window_size(), credit))
         elif decoded["type"] == "receipts":
             assert conn.peer is not None and conn.key is not None
-            answer = await self.credit.receive(conn.peer, conn.key, decoded["signed"], decoded["id"])
+            answer = await self.credit.receive(conn.peer, conn.key, decoded["signed"], decoded["id"], conn.ip)
             self.rejection_log.add_counts(conn.peer, conn.ip, answer["refused"], "receipt_")  # items refused
             conn.send(answer)
         else:
@@ -477,7 +477,7 @@ class Relay:
         await self.broker.add(Entry(conn.peer, signed.payload, protocol.b64encode(signed.sig), batch.seq,
                                     len(batch.items)))
         self.metrics["publishes"] += 1
-        self.credit.shared(conn.peer, readable_name(batch.key), len(batch.items))
+        self.credit.shared(conn.peer, readable_name(batch.key), len(batch.items), conn.ip)
         self.live.record_publish(batch)
         conn.send(protocol.msg_published(batch.seq))
 

@@ -42,7 +42,8 @@ COUNTED = "counted"
 NOT_SAMPLED = "not_sampled"  # the relay did not hand this item to this receiver (or forgot: receipt_window_s)
 DUPLICATE = "duplicate"  # this receiver already sent a receipt for this item
 OVER_CAP = "over_cap"  # `used` beyond credit_per_round items of one sender from one sample: not credited
-REFUSALS = (NOT_SAMPLED, DUPLICATE, OVER_CAP)
+SAME_ADDRESS = "same_address"  # `used` from the address the sender publishes from: not credited
+REFUSALS = (NOT_SAMPLED, DUPLICATE, OVER_CAP, SAME_ADDRESS)
 OUTCOMES = (COUNTED, *REFUSALS)
 
 

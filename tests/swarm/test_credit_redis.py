@@ -27,16 +27,16 @@ pytestmark = [
 
 
 @pytest.fixture
-def relay_process(tmp_path: Path) -> Iterator[Callable[[str], str]]:
+def relay_process(tmp_path: Path) -> Iterator[Callable[..., str]]:
     started: list[subprocess.Popen[bytes]] = []
 
-    def start(redis: str) -> str:
+    def start(redis: str, *extra: str) -> str:
         port = free_port()
         log = tmp_path / f"relay-{port}.log"
         with log.open("wb") as out:
             proc = subprocess.Popen([sys.executable, "-m", "engine.relay", "--port", str(port), "--redis", redis,
-                                     "--data-dir", str(tmp_path / "relay"), "--rate", "1000", "--burst", "1000"],
-                                    cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+                                     "--data-dir", str(tmp_path / "relay"), "--rate", "1000", "--burst", "1000",
+                                     *extra], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
         started.append(proc)
         wait_listening(port, proc, "the relay", log)
         return f"ws://127.0.0.1:{port}/ws"
@@ -76,8 +76,8 @@ def test_a_sender_sees_the_same_credit_on_either_relay_process(relay_process: Ca
         a_on_two = await joined(two, key=a.key)
         on_one, on_two = await a.credit(), await a_on_two.credit()
         assert on_one == on_two
-        assert on_one["all"] == {"shared": 2, "sampled": 2, "used": 1, "positive": 1, "not_picked": 0, "peers": 1,
-                                 "rejected": {"implausible": 1}}
+        assert on_one["all"] == {"shared": 2, "sampled": 2, "used": 1, "positive": 1, "not_picked": 0,
+                                 "same_address": 0, "peers": 1, "rejected": {"implausible": 1}}
         # the receiver moves to the other process: what it already receipted stays receipted
         b_on_one = await joined(one, key=b.key)
         again = await b_on_one.receipts({a.peer_id: [{"seq": seq, "i": 0, "verdict": "used", "positive": 1}]})
@@ -93,3 +93,30 @@ def test_a_sender_sees_the_same_credit_on_either_relay_process(relay_process: Ca
     asyncio.run(run())
     both = [board(one), board(two)]
     assert both[0] == both[1] and [entry["used"] for entry in both[0].values()] == [1]
+
+
+def test_a_used_receipt_from_the_senders_address_is_refused_on_the_other_relay_process_too(
+        relay_process: Callable[..., str], redis_server: RedisServer) -> None:
+    """The sender's address (its hash) travels through Redis: a key on its address gains nothing on either process."""
+    one, two = (relay_process(redis_server.url, "--trusted-proxy", "127.0.0.1") for _ in range(2))
+
+    async def run() -> None:
+        farm = {"X-Forwarded-For": "203.0.113.66"}
+        a = await joined(one, headers=farm)
+        assert (await a.publish([item(), item(question="What is 2 + 2?")]))["type"] == "published"
+        board(one)  # the relay writes what it counted (the address with it) before answering
+        answers = []
+        for address in ("203.0.113.66", "198.51.100.7"):
+            b = await joined(two, headers={"X-Forwarded-For": address})
+            batches: list[dict[str, str]] = []
+            deadline = time.monotonic() + 10
+            while not batches and time.monotonic() < deadline:  # relay two tails the stream
+                batches = (await b.sample(4))["batches"]
+            seq = json.loads(batches[0]["payload"])["seq"]
+            answers.append(await b.receipts({a.peer_id: [{"seq": seq, "i": 0, "verdict": "used", "positive": 1}]}))
+            await b.close()
+        assert [(x["counted"], x["refused"]) for x in answers] == [(0, {"same_address": 1}), (1, {})]
+        assert (board(two)[a.peer_id]["used"], board(two)[a.peer_id]["same_address"]) == (1, 1)
+        await a.close()
+
+    asyncio.run(run())

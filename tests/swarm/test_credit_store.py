@@ -41,8 +41,8 @@ def test_counts_move_from_the_hour_to_the_day_to_all_time_as_slots_pass() -> Non
         clock.now += (144 - 7) * SLOT_S + SLOT_S  # out of the day
         credit = (await book.credits([A]))[A]
         assert used(credit) == (0, 0, 1)
-        assert credit["all"] == {"shared": 0, "sampled": 2, "used": 1, "positive": 2, "not_picked": 0, "peers": 1,
-                                 "rejected": {"too_long": 1}}
+        assert credit["all"] == {"shared": 0, "sampled": 2, "used": 1, "positive": 2, "not_picked": 0,
+                                 "same_address": 0, "peers": 1, "rejected": {"too_long": 1}}
         assert credit["day"]["peers"] == 0 and credit["day"]["rejected"] == {}
 
     asyncio.run(run())
@@ -76,5 +76,32 @@ def test_the_board_ranks_senders_by_items_used_in_the_last_day() -> None:
         assert [(p["peer"], p["day"]["used"], p["day"]["peers"]) for p in board["peers"]] == [(A, 6, 2), (C, 1, 1)]
         clock.now += 145 * SLOT_S
         assert (await book.board())["peers"] == []  # nothing used in the last day
+
+    asyncio.run(run())
+
+
+def test_a_used_receipt_from_the_senders_own_address_credits_nothing_but_on_loopback_it_does() -> None:
+    async def run() -> None:
+        clock = Clock()
+        book = CreditBook(clock=clock)
+        sender = "d" * 20
+        book.shared(sender, "farm", 3, "203.0.113.66")
+        outcomes = []
+        for n, ip in enumerate(("203.0.113.66", "198.51.100.1", "127.0.0.1")):
+            receiver = Identity.generate()
+            await book.handed(receiver.peer_id, [(sender, 5, 3)])
+            payload = receipts_payload(receiver.public_key, clock.now, [Verdict(sender, 5, n, "used", 1)])
+            answer = await book.receive(receiver.peer_id, receiver.public_key, receiver.signed(payload), None, ip)
+            outcomes.append((answer["counted"], answer["refused"]))
+        assert outcomes == [(0, {"same_address": 1}), (1, {}), (1, {})]
+        credit = (await book.credits([sender]))[sender]["all"]
+        assert (credit["used"], credit["same_address"], credit["peers"]) == (2, 1, 2)
+        # a receiver cannot mark a sender with a verdict of that name: it is an unknown reason, counted as other
+        receiver = Identity.generate()
+        await book.handed(receiver.peer_id, [(sender, 6, 1)])
+        payload = receipts_payload(receiver.public_key, clock.now, [Verdict(sender, 6, 0, "same_address")])
+        await book.receive(receiver.peer_id, receiver.public_key, receiver.signed(payload), None, "198.51.100.2")
+        credit = (await book.credits([sender]))[sender]["all"]
+        assert credit["same_address"] == 1 and credit["rejected"] == {"other": 1}
 
     asyncio.run(run())

@@ -60,13 +60,13 @@ async def test_receipts_for_what_was_handed_count_once_and_the_sender_sees_its_c
                                            verdict(seq, 2, "not_picked")]}, request_id=12)
     assert answer == {"type": "receipted", "v": 1, "counted": 3, "refused": {}, "id": 12}
     credit = await a.credit()
-    expected = {"shared": 3, "sampled": 3, "used": 1, "positive": 2, "not_picked": 1, "peers": 1,
+    expected = {"shared": 3, "sampled": 3, "used": 1, "positive": 2, "not_picked": 1, "same_address": 0, "peers": 1,
                 "rejected": {"implausible": 1}}
     assert credit["peer"] == a.peer_id and credit["name"]
     assert credit["hour"] == credit["day"] == credit["all"] == expected
     # the receiver's own credit is untouched: it shared nothing and nobody sent receipts about it
     assert (await b.credit())["all"] == {"shared": 0, "sampled": 0, "used": 0, "positive": 0, "not_picked": 0,
-                                         "peers": 0, "rejected": {}}
+                                         "same_address": 0, "peers": 0, "rejected": {}}
     assert metric(relay.url, 'sapling_relay_receipt_items_total{result="counted"}').endswith(" 3")
     for peer in (a, b):
         await peer.close()

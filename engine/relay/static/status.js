@@ -121,6 +121,11 @@
       var used = Number(day.used) || 0, by = Number(day.peers) || 0;
       count.textContent = " · " + used + (used === 1 ? " rollout" : " rollouts") + " used by " + by +
         (by === 1 ? " peer" : " peers");
+      var same = Number(day.same_address) || 0;  // receipts from its own address: not credited (docs/protocol.md)
+      if (same > 0) {
+        count.textContent += " · " + same + " more from its own address, not counted";
+        item.className = "same-address";
+      }
       item.appendChild(name);
       item.appendChild(count);
       list.appendChild(item);
