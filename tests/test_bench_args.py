@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench import decode_profile, draft_lookup, matmul_layout, relay_load
+from bench import decode_profile, draft_lookup, matmul_layout, relay_load, train_speed
 
 
 @pytest.mark.parametrize("rows", ["x", "1,,2", "0", "5,-1"])
@@ -48,3 +48,22 @@ def test_relay_load_refuses_bad_scale_out_arguments(args: list[str], capsys: pyt
     assert relay_load.main(args) == 2
     err = capsys.readouterr().err
     assert err.startswith("relay_load: ") and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("args", [["--repeats", "0"], ["--round", "0"], ["--threads", "-1"], ["--items", "/"]])
+def test_train_speed_refuses_bad_counts(args: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert train_speed.main(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("train_speed: ") and err.count("\n") == 1
+
+
+def test_train_speed_counts_each_prompt_once_and_no_padding() -> None:
+    from engine.rollouts import TrainItem
+
+    # One prompt of 4 tokens with completions of 1 and 3 tokens: 4 + 0 + 2 tokens through the layers,
+    # 4 LM-head rows; attention pairs 10 (the prompt, causal) + 0 + (4 + 1) + (4 + 2).
+    items = [TrainItem([1, 2, 3, 4], [5], [], 1.0), TrainItem([1, 2, 3, 4], [6, 7, 8], [], -1.0)]
+    need = train_speed.layout([items], [items])
+    assert (need["tokens"], need["head_rows"], need["pairs"]) == (6, 4, 21)
+    assert (need["old_tokens"], need["old_head_rows"]) == (4 + 2 * 2, 1 + 2 * 2)  # padded to the longer completion
+    assert train_speed.first_questions([*items, TrainItem([9], [5], [], 1.0)], 1) == items

@@ -7,11 +7,14 @@
   at no extra forward pass). Architectures it does not cover fall back to
   HF `generate` (`generate_hf`, `greedy_hf`, engine/backends/hf_generate.py),
   with a log line.
-- Training recomputes log-probs per micro-batch: each distinct prompt once
-  (left-padded, the same position ids as generation), then every completion
-  on a copy of its prompt's KV cache, so the G completions of a question do
-  not recompute their shared prompt G times. Then the loss in `engine.grpo`.
-  bf16 autocast where the device has native bf16.
+- Training recomputes log-probs per micro-batch with
+  `engine.backends.train_forward`: each distinct prompt once and its
+  completions after it, packed into one sequence with no padding, attending
+  to one copy of the prompt, the LM head in chunks. Then the loss in
+  `engine.grpo`. bf16 autocast where the device has native bf16. Models
+  that forward does not cover train through HF's forward
+  (`batch_logprobs_hf`: prompts left-padded, completions on copies of their
+  prompt's KV cache), which `packed_training = False` also selects.
 - LoRA (default) trains adapters on all linear layers; `full` trains every
   weight. With kl_beta > 0 the reference is the base model: the adapters
   switched off for LoRA, a frozen copy for full fine-tuning.
@@ -30,7 +33,7 @@ import copy
 import logging
 import random
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,9 +46,10 @@ from engine.atomicio import atomic_dir
 from engine.backends.base import StepCallback
 from engine.backends.batching import HFTokenizerText, MicroBatchBudget, micro_batches
 from engine.backends.decode import DecodedRow, DecodeModel, LoraAdapter, decode_batch, unsupported_reason
-from engine.backends.hf_generate import hf_greedy, hf_sample, left_pad, split_rows
+from engine.backends.hf_generate import hf_greedy, hf_logprobs, hf_sample, left_pad, split_rows
 from engine.backends.memory import freeze_long_lived, release_memory
 from engine.backends.steps import train_steps
+from engine.backends.train_forward import packed_logprobs, train_unsupported_reason
 from engine.config import GRPOConfig
 from engine.device import DeviceInfo
 from engine.errors import CheckpointError, ModelError
@@ -91,6 +95,10 @@ class TorchBackend(HFTokenizerText):
         # The decoder's matmul weights reordered for oneDNN: None lets it decide (yes on the CPU in fp32,
         # engine.backends.decode.can_pack); bench/rollout_speed.py sets False to measure the plain path.
         self.pack_weights: bool | None = None
+        # Training through `engine.backends.train_forward` where it covers the model; False: through HF's forward
+        # (`batch_logprobs_hf`), the path before issue 36, which bench/train_speed.py measures as the peer.
+        self.packed_training = True
+        self._before_layer: Callable[[], None] | None = None  # the stop and pause check, while `train` runs
         if self._dev.type == "cuda":
             torch.set_float32_matmul_precision("high")  # TF32 where the GPU has it; fp32 elsewhere
         torch.manual_seed(seed)
@@ -275,53 +283,31 @@ class TorchBackend(HFTokenizerText):
         return [answers[i] for i in range(len(prompts))]
 
     # -- log-probs and training --------------------------------------------------------
+    def packs_training(self) -> bool:
+        """Whether `batch_logprobs` runs the packed forward (`engine.backends.train_forward`); logged once when it cannot."""
+        if not self.packed_training:
+            return False
+        reason = train_unsupported_reason(self.model)
+        if reason is not None and not getattr(self, "_hf_training_logged", False):
+            self._hf_training_logged = True
+            log.info("Training through HF's forward: the packed forward does not support %s.", reason)
+        return reason is None
+
     def batch_logprobs(self, pairs: Sequence[tuple[list[int], list[int]]], temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
         """Log-probs [n, T] of each completion token, and the completion mask.
 
-        The G completions of a question share its prompt, so each distinct
-        prompt runs through the model once (left-padded, with its KV cache
-        kept) and every completion then runs on a copy of its prompt's cache.
-        Attention is causal, so this is the same computation, and the same
-        gradient, as running each prompt + completion on its own; it only
-        skips recomputing the prompt G times, which was most of a round's
-        training time with few-shot prompts (docs/results.md).
+        Each distinct prompt runs once, its completions packed after it in
+        one sequence with no padding (`engine.backends.train_forward`); the
+        same result and gradients as one forward per sequence, within float
+        rounding (tested). Models it does not cover go through `batch_logprobs_hf`.
         """
-        prompts: list[list[int]] = []
-        where: dict[tuple[int, ...], int] = {}
-        rows = []
-        for prompt, _ in pairs:
-            key = tuple(prompt)
-            if key not in where:
-                where[key] = len(prompts)
-                prompts.append(list(prompt))
-            rows.append(where[key])
-        n, comp_w = len(pairs), max(len(c) for _, c in pairs)
-        p_ids, p_mask = left_pad(prompts, self.pad_token_id, self._dev)
-        prompt_w = p_ids.shape[1]
-        c_ids = torch.full((n, comp_w), self.pad_token_id, dtype=torch.long)
-        comp_mask = torch.zeros((n, comp_w), dtype=torch.float32)
-        for row, (_, comp) in enumerate(pairs):
-            c_ids[row, : len(comp)] = torch.tensor(comp)
-            comp_mask[row, : len(comp)] = 1.0
-        index = torch.tensor(rows, dtype=torch.long)
-        p_ids, p_mask, c_ids, comp_mask, index = (
-            t.to(self._dev) for t in (p_ids, p_mask, c_ids, comp_mask, index)
-        )
-        p_pos = (p_mask.cumsum(-1) - 1).clamp(min=0)
-        head = self.model(input_ids=p_ids, attention_mask=p_mask, position_ids=p_pos, use_cache=True, logits_to_keep=1)
-        cache = head.cache
-        cache.reorder_cache(index)  # one copy of its prompt's cache per completion (autograd-safe index_select)
-        attn = torch.cat([p_mask.index_select(0, index), torch.ones_like(c_ids)], dim=1)
-        c_pos = p_mask.sum(-1, keepdim=True).index_select(0, index) + torch.arange(comp_w, device=self._dev)
-        logits = head.logits.index_select(0, index)  # predicts each completion's first token
-        if comp_w > 1:
-            tail = self.model(
-                input_ids=c_ids[:, :-1], attention_mask=attn[:, : prompt_w + comp_w - 1],
-                position_ids=c_pos[:, :-1], cache=cache, use_cache=True,
-            )
-            logits = torch.cat([logits, tail.logits], dim=1)
-        logp = torch.log_softmax(logits.float() / temperature, dim=-1).gather(2, c_ids.unsqueeze(2)).squeeze(2)
-        return logp, comp_mask
+        if not self.packs_training():
+            return self.batch_logprobs_hf(pairs, temperature)
+        return packed_logprobs(self.model, pairs, temperature, self._before_layer)
+
+    def batch_logprobs_hf(self, pairs: Sequence[tuple[list[int], list[int]]], temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """`batch_logprobs` through HF's forward (`hf_logprobs`): the fallback, and the peer bench/train_speed.py measures."""
+        return hf_logprobs(self.model, pairs, temperature, self.pad_token_id, self._dev)
 
     def behaviour_logprobs(self, items: Sequence[tuple[list[int], list[int]]], temperature: float) -> list[list[float]]:
         """Log-probs under the current policy for text that this node did not sample (swarm items)."""
@@ -367,13 +353,23 @@ class TorchBackend(HFTokenizerText):
         try:
             with self._layer_checks(on_step) as tracked:
                 return train_steps(
-                    items, self.grpo, self.budget, shared_prompts=True, accumulate=self._accumulate_step,
+                    items, self.grpo, self.budget, shared_prompts=True, packed=self.packs_training(), accumulate=self._accumulate_step,
                     apply=self._apply_step, is_oom=lambda exc: isinstance(exc, torch.OutOfMemoryError),
                     after_oom=self._after_oom, on_step=tracked,
                 )
         finally:
             self.optimizer.zero_grad(set_to_none=True)
             release_memory()
+
+    def accumulate_gradients(self, items: Sequence[TrainItem]) -> dict[str, float]:
+        """One step's forward and backward over `items`, micro-batched as `train` cuts them, without the
+        optimizer step: the gradients are left in `params`, the step's stats returned.
+
+        What the tests and bench/train_speed.py compare between the packed forward and HF's.
+        """
+        self.model.train()
+        chunks = micro_batches(items, *self.budget.limits(self.grpo), shared_prompts=True, packed=self.packs_training())
+        return self._accumulate_step(chunks, float(sum(len(it.completion_ids) for it in items)), 0, None)[1]
 
     @contextlib.contextmanager
     def _layer_checks(self, on_step: StepCallback | None) -> Iterator[StepCallback | None]:
@@ -389,11 +385,17 @@ class TorchBackend(HFTokenizerText):
             progress[:] = [done, total]
             callback(done, total)
 
-        hooks = [module.register_forward_pre_hook(lambda _module, _args: callback(progress[0], progress[1]))
+        def check() -> None:
+            callback(progress[0], progress[1])
+
+        # The HF forward calls its decoder layers' hooks, the packed forward `_before_layer`.
+        hooks = [module.register_forward_pre_hook(lambda _module, _args: check())
                  for module in self.model.modules() if type(module).__name__.endswith("DecoderLayer")]
+        self._before_layer = check
         try:
             yield tracked
         finally:
+            self._before_layer = None
             for hook in hooks:
                 hook.remove()
 
