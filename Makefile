@@ -10,7 +10,10 @@ APT_PACKAGES := gcc g++ python3-dev
 # Only for the tests: redis-server for the shared-broker tests, caddy for the relay kit's HTTPS
 # test, chromium for the relay pages' browser tests (all started by the tests on loopback, never
 # as a service; a test whose program is missing skips and names it).
-TEST_APT_PACKAGES := redis-server caddy chromium
+# xvfb and openbox: the dialogs checked in a real X server with a window manager (tests/app/test_clipping.py),
+# with the xcb libraries Qt's X11 platform needs.
+TEST_APT_PACKAGES := redis-server caddy chromium xvfb xauth openbox libxcb-cursor0 libxcb-icccm4 libxcb-image0 \
+	libxcb-keysyms1 libxcb-render-util0 libxcb-shape0 libxcb-xkb1 libxkbcommon-x11-0
 
 .PHONY: run test lint typecheck pytest system-deps test-deps clean help
 
@@ -25,7 +28,7 @@ help:
 system-deps:
 	@missing=""; for p in $(APT_PACKAGES); do \
 		case $$p in chromium) progs="chromium chromium-browser google-chrome google-chrome-stable";; \
-			python3-dev) progs="";; *) progs=$$p;; esac; \
+			xvfb) progs=Xvfb;; python3-dev|xauth|lib*) progs="";; *) progs=$$p;; esac; \
 		found=""; for prog in $$progs; do command -v $$prog >/dev/null 2>&1 && found=$$prog && break; done; \
 		[ -n "$$found" ] || dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; \
 	done; \

@@ -28,6 +28,7 @@ import platform
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -118,22 +119,33 @@ def hour_tables(a: tuple[list[list[float]], list[list[float]]], b: tuple[list[li
     return ta, tb, horizons
 
 
-def mix_time_table(folder: Path, nodes: int) -> tuple[list[list[float]], list[list[float]]]:
-    """(rewards, seconds) [node][round] of the mix whose records are in `folder`, over its finished rounds."""
-    records = read_rounds(Path(folder) / ROUNDS_FILE, rounds_done(Path(folder)))
-    return [[float(rec["rewards"][k]) for rec in records] for k in range(nodes)], node_seconds(records, nodes)
+@dataclass(frozen=True)
+class MixTimes:
+    """A mix's finished rounds, read once: [node][round] rewards and seconds, and the machines they ran on."""
+
+    folder: Path
+    rewards: list[list[float]]
+    seconds: list[list[float]]
+    machines: frozenset[str]
+
+    @property
+    def nodes(self) -> int:
+        return len(self.rewards)
 
 
-def machines(folder: Path) -> set[str]:
-    """The machines a mix's rounds were timed on (empty for records made before they were named)."""
+def read_mix(folder: Path) -> MixTimes | None:
+    """The mix whose records are in `folder`; None when it has no finished round or one is not timed."""
     records = read_rounds(Path(folder) / ROUNDS_FILE, rounds_done(Path(folder)))
-    return {str(rec["machine"]) for rec in records if rec.get("machine")}
+    if not records or not all("node_seconds" in rec or "seconds" in rec for rec in records):
+        return None
+    nodes = len(records[0]["rewards"])
+    return MixTimes(Path(folder), [[float(rec["rewards"][k]) for rec in records] for k in range(nodes)],
+                    node_seconds(records, nodes), frozenset(str(rec["machine"]) for rec in records if rec.get("machine")))
 
 
 def timed(folder: Path) -> bool:
-    """Whether every finished round of the mix in `folder` says how long it took."""
-    records = read_rounds(Path(folder) / ROUNDS_FILE, rounds_done(Path(folder)))
-    return bool(records) and all("node_seconds" in rec or "seconds" in rec for rec in records)
+    """Whether the mix in `folder` has finished rounds and every one says how long it took."""
+    return read_mix(folder) is not None
 
 
 def per_hour(strata: Sequence[tuple[Path, Path]], nodes: Sequence[int] | None, bootstrap: Any) -> dict[str, Any] | None:
@@ -143,23 +155,22 @@ def per_hour(strata: Sequence[tuple[Path, Path]], nodes: Sequence[int] | None, b
     `bootstrap` is `stratified_bootstrap` (engine/experiment/report.py), passed in so the two modules
     share one bootstrap without importing each other.
     """
-    if not all(timed(a) and timed(b) for a, b in strata):
-        return None
+    pairs = [(read_mix(a), read_mix(b)) for a, b in strata]
     tables, ends, each = [], [], []
-    for a_dir, b_dir in strata:
-        count = _nodes_of(a_dir)
-        if count != _nodes_of(b_dir):
-            raise ValueError(f"{a_dir} and {b_dir} have different node counts; they do not pair.")
-        rows = list(range(count)) if nodes is None else list(nodes)
-        ta, tb, horizons = hour_tables(mix_time_table(a_dir, count), mix_time_table(b_dir, count))
+    for a, b in pairs:
+        if a is None or b is None:
+            return None
+        if a.nodes != b.nodes:
+            raise ValueError(f"{a.folder} and {b.folder} have different node counts; they do not pair.")
+        rows = list(range(a.nodes)) if nodes is None else list(nodes)
+        ta, tb, horizons = hour_tables((a.rewards, a.seconds), (b.rewards, b.seconds))
         ta, tb, horizons = [ta[k] for k in rows], [tb[k] for k in rows], [horizons[k] for k in rows]
         tables.append((ta, tb))
         ends.append(([row[-END_SLICES:] for row in ta], [row[-END_SLICES:] for row in tb]))
         one = bootstrap([(ta, tb)])
-        each.append({"a": str(a_dir), "b": str(b_dir), "hours": [h / 3600 for h in horizons],
+        each.append({"a": str(a.folder), "b": str(b.folder), "hours": [h / 3600 for h in horizons],
                      "ratio": one["ratio"], "ratio_ci95": one["ratio_ci95"],
-                     "machines": sorted(machines(a_dir) | machines(b_dir)),
-                     "held_out": _held_out(a_dir, b_dir, rows)})
+                     "machines": sorted(a.machines | b.machines), "held_out": _held_out(a, b, rows)})
     overall = bootstrap(tables)
     at_end = bootstrap(ends)
     return {"slices": SLICES, "pairs": each, **overall,
@@ -167,32 +178,24 @@ def per_hour(strata: Sequence[tuple[Path, Path]], nodes: Sequence[int] | None, b
                        "difference": at_end["difference"], "difference_ci95": at_end["difference_ci95"]}}
 
 
-def _nodes_of(folder: Path) -> int:
-    records = read_rounds(Path(folder) / ROUNDS_FILE, rounds_done(Path(folder)))
-    if not records:
-        raise ValueError(f"{folder} has no finished round.")
-    return len(records[0]["rewards"])
-
-
-def _held_out(a_dir: Path, b_dir: Path, rows: Sequence[int]) -> dict[str, Any] | None:
+def _held_out(a: MixTimes, b: MixTimes, rows: Sequence[int]) -> dict[str, Any] | None:
     """Each side's held-out accuracy when its mix ended (mean of `rows`), with the hours that took."""
     out: dict[str, Any] = {}
-    for side, folder in (("a", a_dir), ("b", b_dir)):
-        evaluation = read_json(Path(folder) / EVAL_FILE)
+    for side, mix in (("a", a), ("b", b)):
+        evaluation = read_json(mix.folder / EVAL_FILE)
         if not evaluation or "nodes" not in evaluation:
             return None
-        count = _nodes_of(folder)
-        seconds = mix_time_table(folder, count)[1]
         out[side] = {"accuracy": sum(evaluation["nodes"][k]["accuracy"] for k in rows) / len(rows),
-                     "hours": sum(sum(seconds[k]) for k in rows) / len(rows) / 3600}
+                     "hours": sum(sum(mix.seconds[k]) for k in rows) / len(rows) / 3600}
     return out
 
 
 def reward_by_hour(folder: Path, points: int = 60) -> tuple[list[float], list[float]]:
     """(hours, mean reward over nodes) at `points` times up to the shortest node's total: for a plot."""
-    count = _nodes_of(folder)
-    rewards, seconds = mix_time_table(folder, count)
-    horizon = min(sum(row) for row in seconds)
-    table = [time_slices(r, s, horizon, points) for r, s in zip(rewards, seconds, strict=True)]
+    mix = read_mix(folder)
+    if mix is None:
+        raise ValueError(f"{folder} has no finished, timed round to plot.")
+    horizon = min(sum(row) for row in mix.seconds)
+    table = [time_slices(r, s, horizon, points) for r, s in zip(mix.rewards, mix.seconds, strict=True)]
     hours = [horizon * (i + 0.5) / points / 3600 for i in range(points)]
-    return hours, [sum(table[k][i] for k in range(count)) / count for i in range(points)]
+    return hours, [sum(table[k][i] for k in range(mix.nodes)) / mix.nodes for i in range(points)]

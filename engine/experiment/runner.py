@@ -37,6 +37,7 @@ from typing import Any
 from engine.atomicio import append_line, atomic_write_json
 from engine.checkpoint import checkpoint_name, verify
 from engine.config import NodeConfig
+from engine.curriculum import curriculum_for
 from engine.errors import CheckpointError, ConfigError, DeviceError
 from engine.events import Event
 from engine.experiment.hours import NodeClock, machine_tag
@@ -406,9 +407,11 @@ class Experiment:
             what = "the veterans' training finished" if start is not None else f"round {round_index} finished"
             raise CheckpointError(f"{path} is missing, but {PROGRESS_FILE} says {what}; "
                                   "the experiment cannot resume from this folder.")
-        verify(path)
+        state = verify(path)
         assert node.backend is not None
         node.backend.load(path)
+        # adaptive difficulty: the levels and streaks this checkpoint ended with (None: fixed difficulty)
+        node.curriculum = curriculum_for(node.config.tasks, node.taskset.specialties, state.get("curriculum"))
 
     def _round(self, mix: Mix, round_index: int, nodes: list[Node], views: list[NodeBackend], relay: Any) -> dict[str, Any]:
         """Round r of every node of the mix: one batched generation, then each node's own steps in turn.

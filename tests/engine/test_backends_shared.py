@@ -43,7 +43,8 @@ def parity_reward(question: Any, completion: str) -> float:
 
 
 def fast_config(model_dir: Path, device: str, *extra: str) -> NodeConfig:
-    return build_config("default", None, [*FAST, f"run.device='{device}'", f"model.source='{model_dir}'", *extra])
+    # run.seed=0: a run in one home must repeat in another (the default seed is each install's own)
+    return build_config("default", None, [*FAST, "run.seed=0", f"run.device='{device}'", f"model.source='{model_dir}'", *extra])
 
 
 def make_node(model_dir: Path, home: Path, device: str, *extra: str, events: list[Event] | None = None,

@@ -79,8 +79,10 @@ def test_three_nodes_share_through_a_real_relay_and_the_report_compares_the_mixe
 
 
 @pytest.mark.integration  # a real loopback relay
-def test_a_resumed_experiment_ends_with_the_same_numbers_and_weights(tiny_model_dir: Path, tmp_path: Path) -> None:
-    plan = make_plan("default", 3, "1/2", 3, fast(tiny_model_dir))
+@pytest.mark.parametrize("difficulty", ["fixed", "adaptive"])  # adaptive: the levels and windows resume too
+def test_a_resumed_experiment_ends_with_the_same_numbers_and_weights(tiny_model_dir: Path, tmp_path: Path,
+                                                                       difficulty: str) -> None:
+    plan = make_plan("default", 3, "1/2", 3, [*fast(tiny_model_dir), f"tasks.difficulty='{difficulty}'"])
     _, straight = run(plan, tmp_path / "straight", tmp_path / "home")
 
     control = Control()
@@ -105,6 +107,13 @@ def test_a_resumed_experiment_ends_with_the_same_numbers_and_weights(tiny_model_
     straight_loss = [json.loads(line)["loss"] for line in (tmp_path / "straight" / "mix-1-2" / "rounds.jsonl").read_text().splitlines()]
     resumed_loss = [json.loads(line)["loss"] for line in (tmp_path / "stopped" / "mix-1-2" / "rounds.jsonl").read_text().splitlines()]
     assert straight_loss == resumed_loss
+    if difficulty == "adaptive":  # each round's levels, pass rates and draw shares, as an uninterrupted run had them
+        def reports(out: Path, k: int) -> list[Any]:
+            lines = (out / "mix-1-2" / f"node-{k}" / "metrics.jsonl").read_text().splitlines()
+            return [json.loads(line)["curriculum"] for line in lines]
+        for k in range(3):
+            assert reports(tmp_path / "straight", k) == reports(tmp_path / "stopped", k)
+        assert any(r["pass_rate"] is not None for r in reports(tmp_path / "straight", 0)[-1].values())
 
 
 def test_each_node_trains_only_its_own_adapter_over_the_one_base(tiny_model_dir: Path, tmp_path: Path) -> None:

@@ -77,6 +77,10 @@ def test_untimed_rounds_give_no_per_hour_comparison(tmp_path: Path) -> None:
     _fake_experiment(tmp_path / "a", [[0.1, 0.2]])
     _fake_experiment(tmp_path / "b", [[0.1, 0.3]], mix="8/0")
     assert pooled_compare([(tmp_path / "a", tmp_path / "b")], "4/4", "8/0")["per_hour"] is None
+    from bench.experiment_report import main
+
+    assert main(["--plot-hours", str(tmp_path / "h.png"), f"a={tmp_path / 'a'}:4/4"]) == 2  # nothing timed to plot
+    assert not (tmp_path / "h.png").exists()
 
 
 @pytest.mark.integration  # a real loopback relay

@@ -281,10 +281,18 @@ class HoldingForwarder:
         far_reader, far_writer = await asyncio.open_connection("127.0.0.1", self.target)
         await asyncio.gather(self._pipe(reader, far_writer), self._pipe(far_reader, writer))
 
+    async def _stop(self) -> None:
+        self._server.close()
+        pipes = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for task in pipes:
+            task.cancel()
+        await asyncio.gather(*pipes, return_exceptions=True)  # their writers close inside the loop
+
     def close(self) -> None:
-        self._loop.call_soon_threadsafe(self._server.close)
+        asyncio.run_coroutine_threadsafe(self._stop(), self._loop).result(timeout=10)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=10)
+        self._loop.close()
 
 
 @pytest.mark.integration
