@@ -106,6 +106,91 @@ class Projection:
             y = y + F.linear(F.linear(z, lora.a), lora.b) * lora.scaling
         return y
 
+    @property
+    def fusable(self) -> bool:
+        """A frozen weight (and bias) with one adapter and no dropout: what `_LoraGroup` computes."""
+        frozen = not self.weight.requires_grad and (self.bias is None or not self.bias.requires_grad)
+        return frozen and len(self.loras) == 1 and self.loras[0].dropout == 0.0
+
+
+FUSE_LORA = True  # False: every projection through `Projection.__call__` (autograd op by op), for comparisons
+
+
+def project(group: Sequence[Projection], x: torch.Tensor) -> list[torch.Tensor]:
+    """Each projection of `group` applied to the same input x [N, in].
+
+    With a frozen weight and one adapter each (LoRA training), one
+    `_LoraGroup` call: the adapters' A products fused into one matmul, B's
+    added into the frozen product in place (addmm), and a backward written
+    out (no [N, out] temporaries for the scaling and the sum). Anything else
+    (full fine-tuning, dropout, several adapters, the KL reference with the
+    adapters off) runs op by op.
+    """
+    if not (FUSE_LORA and all(p.fusable for p in group)):
+        return [p(x) for p in group]
+    tensors: list[torch.Tensor | None] = []
+    for p in group:
+        tensors.extend((p.weight, p.bias, p.loras[0].a, p.loras[0].b))
+    scalings = tuple(p.loras[0].scaling for p in group)
+    device = x.device.type
+    if torch.is_autocast_enabled(device):
+        # As autocast runs F.linear: every operand in its dtype (the casts recorded, so gradients reach fp32 adapters).
+        dtype = torch.get_autocast_dtype(device)
+        x = x.to(dtype)
+        tensors = [t.to(dtype) if t is not None else None for t in tensors]
+        with torch.autocast(device, enabled=False):
+            return list(_LoraGroup.apply(scalings, x, *tensors))
+    return list(_LoraGroup.apply(scalings, x, *tensors))
+
+
+class _LoraGroup(torch.autograd.Function):
+    """y_i = x W_i^T + b_i + s_i (x A_i^T) B_i^T for projections sharing x, their A products in one matmul.
+
+    Inputs after the scalings: x, then (W, bias or None, A, B) per projection.
+    The backward: dz_i = g_i B_i s_i, dx = sum_i g_i W_i + [dz_i] [A_i],
+    dA = [dz_i]^T x, dB_i = s_i g_i^T z_i; W and the bias get none (frozen).
+    """
+
+    @staticmethod
+    def forward(ctx: Any, scalings: tuple[float, ...], x: torch.Tensor, *tensors: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
+        weights, biases = tensors[0::4], tensors[1::4]
+        lora_a = [t for t in tensors[2::4] if t is not None]
+        lora_b = [t for t in tensors[3::4] if t is not None]
+        a_all = lora_a[0] if len(lora_a) == 1 else torch.cat(lora_a)
+        z = x @ a_all.t()  # [N, sum of ranks]
+        ranks = [a.shape[0] for a in lora_a]
+        zs = z.split(ranks, dim=1)
+        outputs = []
+        for weight, bias, b, part, scaling in zip(weights, biases, lora_b, zs, scalings, strict=True):
+            assert weight is not None
+            y = torch.addmm(bias, x, weight.t()) if bias is not None else x @ weight.t()
+            outputs.append(y.addmm_(part, b.t(), alpha=scaling))
+        ctx.save_for_backward(x, z, a_all, *weights, *lora_b)
+        ctx.scalings, ctx.ranks = scalings, ranks
+        return tuple(outputs)
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        x, z, a_all, *rest = ctx.saved_tensors
+        count = len(ctx.scalings)
+        weights, lora_b = rest[:count], rest[count:]
+        needs = ctx.needs_input_grad
+        # dz_i = s_i g_i B_i, side by side as [N, sum of ranks]
+        dz = torch.cat([(g @ b).mul_(s) for g, b, s in zip(grads, lora_b, ctx.scalings, strict=True)], dim=1) \
+            if count > 1 else (grads[0] @ lora_b[0]).mul_(ctx.scalings[0])
+        dx = None
+        if needs[1]:
+            dx = dz @ a_all
+            for g, weight in zip(grads, weights, strict=True):
+                dx.addmm_(g, weight)
+        da = dz.t() @ x
+        out: list[torch.Tensor | None] = [None, dx]
+        for i, (g, part) in enumerate(zip(grads, z.split(ctx.ranks, dim=1), strict=True)):
+            da_i = da.narrow(0, sum(ctx.ranks[:i]), ctx.ranks[i]) if needs[4 + 4 * i] else None
+            db_i = (g.t() @ part).mul_(ctx.scalings[i]) if needs[5 + 4 * i] else None
+            out.extend((None, None, da_i, db_i))
+        return tuple(out)
+
 
 @dataclass(frozen=True)
 class Layer:
@@ -120,16 +205,17 @@ class Packing:
 
     Each distinct prompt is a segment: its tokens, then every completion's
     tokens but the last (the last predicts nothing). Token j of completion
-    i is predicted by the hidden state at `rows[k]` (the prompt's last
-    token for j = 0), and its log-prob lands at `slots[k]` of the flattened
-    [completions, longest completion] result.
+    i is predicted by the hidden state at position `kept[picks[k]]` (the
+    prompt's last token for j = 0), and its log-prob lands at `slots[k]` of
+    the flattened [completions, longest completion] result.
     """
 
     ids: torch.Tensor  # [N] the packed input tokens
     positions: torch.Tensor  # [N] each token's position in its own prompt + completion
     segments: list[tuple[int, int]]  # (start, length) per prompt segment
     allowed: list[torch.Tensor]  # [length, length] bool: which columns each token of a segment attends to
-    rows: torch.Tensor  # [M] the hidden state that predicts each completion token
+    kept: torch.Tensor  # [K] the positions whose hidden state predicts a completion token, ascending
+    picks: torch.Tensor  # [M] for each completion token, the index into kept of the state that predicts it
     targets: torch.Tensor  # [M] the completion tokens
     slots: torch.Tensor  # [M] index into the flattened [n, width] result
     shape: tuple[int, int]  # (n completions, longest completion)
@@ -147,35 +233,37 @@ class Packing:
         rows: list[int] = []
         targets: list[int] = []
         slots: list[int] = []
-        for prompt, members in groups.items():
+        for key, members in groups.items():
             start = len(ids)
-            ids.extend(prompt)
-            positions.extend(range(len(prompt)))
-            owner = [-1] * len(prompt)
+            ids.extend(key)
+            positions.extend(range(len(key)))
+            segment_owners = [-1] * len(key)
             last = len(ids) - 1
             for member in members:
                 completion = pairs[member][1]
                 first = len(ids)
                 ids.extend(completion[:-1])
-                positions.extend(range(len(prompt), len(prompt) + len(completion) - 1))
-                owner.extend([member] * (len(completion) - 1))
+                positions.extend(range(len(key), len(key) + len(completion) - 1))
+                segment_owners.extend([member] * (len(completion) - 1))
                 rows.extend([last, *range(first, first + len(completion) - 1)])
                 targets.extend(completion)
                 slots.extend(range(member * width, member * width + len(completion)))
             segments.append((start, len(ids) - start))
-            owners.append(owner)
+            owners.append(segment_owners)
         allowed = []
         for owner_list in owners:
             owner = torch.tensor(owner_list, device=device)
-            index = torch.arange(len(owner_list), device=device)
+            column = torch.arange(len(owner_list), device=device)
             # Causal, and a completion's columns only to itself: the prompt's (owner -1) to everyone after them.
-            allowed.append((index[None, :] <= index[:, None]) & ((owner[None, :] == -1) | (owner[None, :] == owner[:, None])))
+            allowed.append((column[None, :] <= column[:, None]) & ((owner[None, :] == -1) | (owner[None, :] == owner[:, None])))
 
         def tensor(values: list[int]) -> torch.Tensor:
             return torch.tensor(values, dtype=torch.long, device=device)
 
-        return cls(tensor(ids), tensor(positions), segments, allowed, tensor(rows), tensor(targets), tensor(slots),
-                   (len(pairs), width))
+        kept = sorted(set(rows))
+        where = {row: index for index, row in enumerate(kept)}
+        return cls(tensor(ids), tensor(positions), segments, allowed, tensor(kept),
+                   tensor([where[row] for row in rows]), tensor(targets), tensor(slots), (len(pairs), width))
 
 
 class TrainModel:
@@ -209,30 +297,37 @@ class TrainModel:
         ]
 
     def hidden(self, packing: Packing, before_layer: Callable[[], None] | None = None) -> torch.Tensor:
-        """The final-norm hidden states [N, hidden] of the packed sequence."""
+        """The final-norm hidden states [K, hidden] of the packed sequence's positions `packing.kept`."""
         x = F.embedding(packing.ids, self.embed, self.padding_idx)
         cos, sin = self.rotary(x, packing.positions[None])
-        cos, sin = cos[0][:, None], sin[0][:, None]  # [N, 1, head_dim], in x's dtype as HF has them
+        cos, sin = cos[0][:, None], signed_sin(sin[0][:, None])  # [N, 1, head_dim], in x's dtype as HF has them
         masks: dict[torch.dtype, list[torch.Tensor]] = {}
         tokens = x.shape[0]
         for layer in self.layers:
             if before_layer is not None:
                 before_layer()
             h = rms_norm(x, layer.norm1, self.eps)
-            q = rope(layer.proj["q_proj"](h).view(tokens, self.heads, self.head_dim), cos, sin)
-            k = rope(layer.proj["k_proj"](h).view(tokens, self.kv_heads, self.head_dim), cos, sin)
-            v = layer.proj["v_proj"](h).view(tokens, self.kv_heads, self.head_dim)
+            q, k, v = project([layer.proj["q_proj"], layer.proj["k_proj"], layer.proj["v_proj"]], h)
+            q = rope(q.view(tokens, self.heads, self.head_dim), cos, sin)
+            k = rope(k.view(tokens, self.kv_heads, self.head_dim), cos, sin)
+            v = v.view(tokens, self.kv_heads, self.head_dim)
             if q.dtype not in masks:  # additive (0 or -inf), made once per dtype for all layers
                 masks[q.dtype] = [torch.zeros(a.shape, dtype=q.dtype, device=a.device).masked_fill_(~a, float("-inf"))
                                   for a in packing.allowed]
+            # Per prompt segment (split, not sliced: a slice's backward writes into zeros the size of the whole).
+            lengths = [length for _, length in packing.segments]
             out = []
-            for (start, length), mask in zip(packing.segments, masks[q.dtype], strict=True):
-                qs, ks, vs = (t[start : start + length].transpose(0, 1)[None] for t in (q, k, v))
+            for qs, ks, vs, mask in zip(q.split(lengths), k.split(lengths), v.split(lengths), masks[q.dtype], strict=True):
+                qs, ks, vs = (t.transpose(0, 1)[None] for t in (qs, ks, vs))
                 out.append(F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, enable_gqa=True)[0].transpose(0, 1))
             attn = (out[0] if len(out) == 1 else torch.cat(out)).reshape(tokens, self.heads * self.head_dim)
-            x = x + layer.proj["o_proj"](attn)
+            if layer is self.layers[-1]:
+                # Past the last layer's keys and values only the states that predict a completion token matter.
+                attn, x = attn.index_select(0, packing.kept), x.index_select(0, packing.kept)
+            x = x + project([layer.proj["o_proj"]], attn)[0]
             h = rms_norm(x, layer.norm2, self.eps)
-            x = x + layer.proj["down_proj"](F.silu(layer.proj["gate_proj"](h)) * layer.proj["up_proj"](h))
+            gate, up = project([layer.proj["gate_proj"], layer.proj["up_proj"]], h)
+            x = x + project([layer.proj["down_proj"]], F.silu(gate) * up)[0]
         return rms_norm(x, self.norm, self.eps)
 
 
@@ -248,7 +343,7 @@ def packed_logprobs(
     train = TrainModel(model)
     device = train.embed.device
     packing = Packing.of(pairs, device)
-    hidden = train.hidden(packing, before_layer).index_select(0, packing.rows)
+    hidden = train.hidden(packing, before_layer).index_select(0, packing.picks)
     logp = token_logprobs(hidden, train.head, packing.targets, temperature)
     n, width = packing.shape
     flat = logp.new_zeros(n * width).index_copy(0, packing.slots, logp)
@@ -312,7 +407,34 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * h.to(x.dtype)
 
 
+def signed_sin(sin: torch.Tensor) -> torch.Tensor:
+    """sin with its first half negated: HF's rotate_half(x) * sin is then x.roll(half) * signed_sin(sin)."""
+    half = sin.shape[-1] // 2
+    return torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
+
+
 def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """HF's apply_rotary_pos_emb for one of q or k: x * cos + rotate_half(x) * sin."""
-    half = x.shape[-1] // 2
-    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+    """HF's apply_rotary_pos_emb for one of q or k, x * cos + rotate_half(x) * sin, with `sin` from `signed_sin`."""
+    result: torch.Tensor = _Rope.apply(x, cos, sin)
+    return result
+
+
+class _Rope(torch.autograd.Function):
+    """x * cos + x.roll(half) * sin: rotate_half without slices, a backward that keeps no activations.
+
+    Rolling by half the head dimension swaps its halves (it is its own inverse), so the backward
+    is g * cos + (g * sin).roll(half). The dtypes promote as HF's ops do (bf16 q with fp32 cos is fp32).
+    """
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(cos, sin)
+        ctx.dtype = x.dtype
+        return x * cos + x.roll(x.shape[-1] // 2, -1) * sin
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, None, None]:
+        if not ctx.needs_input_grad[0]:
+            return None, None, None
+        cos, sin = ctx.saved_tensors
+        return (grad * cos + (grad * sin).roll(grad.shape[-1] // 2, -1)).to(ctx.dtype), None, None

@@ -4,7 +4,8 @@ Same items, same backend, the two forwards switched with `packed_training`:
 the loss, the statistics and every LoRA gradient must agree. Tolerance: in
 fp32 the two sum in different orders (no padding, no cache copies, the LM
 head by chunks); measured within 2e-6 of each gradient's norm on these
-tiny models, allowed 1e-5. bf16 autocast rounds every matmul, allowed 2e-2.
+tiny models, allowed 1e-5. bf16 autocast rounds every matmul: there the
+packed step must be no further from the fp32 gradients than the HF step.
 """
 
 from __future__ import annotations
@@ -87,10 +88,26 @@ def test_the_kl_reference_switches_the_adapters_off_in_the_packed_step_too(tiny_
     assert_same_step(backend, items, tolerance=1e-5)
 
 
-def test_the_packed_step_agrees_under_bf16_autocast(tiny_model_dir: Path) -> None:
+def test_the_packed_step_is_as_close_to_fp32_as_the_hf_step_under_bf16_autocast(tiny_model_dir: Path) -> None:
+    """bf16 rounds every matmul's operands to 8 bits of mantissa: on this model each path's LoRA gradients are
+    2-4% off the fp32 ones (measured), in different directions, so the two bf16 paths differ by up to about 2%
+    from each other. What must hold: the packed step is no further from fp32 than the HF step (25% slack),
+    and within 5e-2 of it, matrix by matrix."""
+    items = items_for(backend_with_live_adapters(tiny_model_dir))
+    truth = step(backend_with_live_adapters(tiny_model_dir), items, packed=False)[1]
     backend = backend_with_live_adapters(tiny_model_dir, precision="bf16")
     assert backend.autocast
-    assert_same_step(backend, items_for(backend), tolerance=2e-2)
+    new_stats, new = step(backend, items, packed=True)
+    old_stats, old = step(backend, items, packed=False)
+    assert new_stats["loss"] == pytest.approx(old_stats["loss"], rel=1e-2)
+
+    def off(grads: dict[str, torch.Tensor]) -> float:
+        return float(torch.cat([(grads[n] - truth[n]).flatten() for n in truth]).norm()
+                     / torch.cat([t.flatten() for t in truth.values()]).norm())
+
+    assert off(new) <= 1.25 * off(old)
+    for name, grad in old.items():
+        assert float((new[name] - grad).norm()) <= 5e-2 * float(grad.norm()), name
 
 
 def test_a_whole_training_step_reaches_the_same_weights_on_both_paths(tiny_model_dir: Path) -> None:
@@ -113,3 +130,30 @@ def test_models_the_packed_forward_does_not_cover_train_through_hf(tiny_model_di
     assert not backend.packs_training()
     stats = backend.train(items_for(backend))
     assert stats["train_tokens"] == 3 * sum(LENGTHS)
+
+
+def test_the_fused_lora_projections_have_the_gradients_autograd_finds() -> None:
+    """`_LoraGroup`'s written-out backward against numerical gradients (float64), a bias on one projection."""
+    gen = torch.Generator().manual_seed(0)
+
+    def rand(*shape: int, grad: bool = True) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen, dtype=torch.float64).requires_grad_(grad)
+
+    x = rand(5, 6)
+    tensors = (rand(4, 6, grad=False), rand(4, grad=False), rand(2, 6), rand(4, 2),
+               rand(3, 6, grad=False), None, rand(3, 6), rand(3, 3))
+    assert torch.autograd.gradcheck(lambda x, *t: train_forward._LoraGroup.apply((2.0, 0.5), x, *t), (x, *tensors))
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_the_fused_lora_projections_give_the_op_by_op_gradients(
+    tiny_model_dir: Path, tiny_qwen_dir: Path, arch: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    backend = backend_with_live_adapters(tiny_model_dir if arch == "llama" else tiny_qwen_dir)
+    items = items_for(backend)
+    fused_stats, fused = step(backend, items, packed=True)
+    monkeypatch.setattr(train_forward, "FUSE_LORA", False)
+    plain_stats, plain = step(backend, items, packed=True)
+    assert fused_stats["loss"] == pytest.approx(plain_stats["loss"], rel=1e-6)
+    for name, grad in plain.items():
+        assert float((fused[name] - grad).norm()) <= 1e-5 * float(grad.norm()), name
