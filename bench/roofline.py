@@ -1,4 +1,4 @@
-"""What the speed benches share: timers, peak RSS, and the roofline, the model's own matmuls timed as plain GEMMs.
+"""What the speed benches share: timers, peak RSS, other processes' load, and the roofline, the model's own matmuls timed as plain GEMMs.
 
 bench/rollout_speed.py (decoding) and bench/train_speed.py (the training
 step) both measure this machine's GEMM speed on the model's weight shapes
@@ -41,6 +41,25 @@ def measured(fn: Callable[[], Any]) -> tuple[float, float, Any]:
     return time.perf_counter() - wall, time.process_time() - cpu, out
 
 
+class ForeignLoad:
+    """How many cores other processes kept busy from its creation to `cores()`: the machine's busy CPU time
+    minus this process's, over the wall time. On a shared machine it says how far the seconds are inflated."""
+
+    def __init__(self) -> None:
+        self.start, self.busy, self.own = time.perf_counter(), self._busy(), time.process_time()
+
+    @staticmethod
+    def _busy() -> float:
+        import psutil
+
+        t = psutil.cpu_times()
+        return float(sum(t)) - float(t.idle) - float(getattr(t, "iowait", 0.0))
+
+    def cores(self) -> float:
+        wall = time.perf_counter() - self.start
+        return max(0.0, (self._busy() - self.busy) - (time.process_time() - self.own)) / max(wall, 1e-9)
+
+
 def weight_shapes(config: Any) -> list[tuple[int, int]]:
     """(fan_in, out) of one layer's matmuls as the decoder fuses them: q/k/v, o, gate/up, down."""
     hidden, inter = config.hidden_size, config.intermediate_size
@@ -55,8 +74,8 @@ def gemm_flops(config: Any, rows: int) -> float:
     return 2.0 * rows * (per_row + config.hidden_size * config.vocab_size)
 
 
-def gemm_seconds(config: Any, rows: int, dtype: Any, repeats: int = 3, packed: bool = False) -> float:
-    """Median time of the model's matmuls for `rows` rows (one decode step, or one packed micro-batch), as plain GEMMs.
+def gemm_step(config: Any, rows: int, dtype: Any, packed: bool = False) -> Callable[[], None]:
+    """The model's matmuls for `rows` rows (one decode step, or one packed micro-batch) as plain GEMMs, ready to time.
 
     packed: with the weights reordered for oneDNN, as the decoder runs them on the CPU in fp32.
     """
@@ -78,4 +97,10 @@ def gemm_seconds(config: Any, rows: int, dtype: Any, repeats: int = 3, packed: b
         matmul(head_in, head, None)
 
     step()
+    return step
+
+
+def gemm_seconds(config: Any, rows: int, dtype: Any, repeats: int = 3, packed: bool = False) -> float:
+    """Median time of `gemm_step`'s matmuls over `repeats` calls."""
+    step = gemm_step(config, rows, dtype, packed)
     return statistics.median(timed(step)[0] for _ in range(repeats))

@@ -60,7 +60,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.roofline import gemm_flops, gemm_seconds, measured, peak_rss_bytes, timed
+from bench.roofline import ForeignLoad, gemm_flops, gemm_step, measured, peak_rss_bytes, timed
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SIDES = ("old", "new")
@@ -70,16 +70,18 @@ SIDES = ("old", "new")
 TOLERANCE = {"float32": (1e-4, 1e-3), "bfloat16": (3e-2, 1e-1)}
 QUICK_QUESTIONS = 2
 
-# Profiler op names -> the phase they belong to (self time); the rest is autograd, Python and the profiler.
+# Profiler op names -> what they are (self time). Matmuls are told apart by their shapes (`matmul_kind`).
+MATMULS = ("aten::mm", "aten::addmm", "aten::addmm_", "aten::bmm", "aten::linear", "aten::matmul")
 CATEGORIES: list[tuple[str, tuple[str, ...]]] = [
-    ("matmuls", ("aten::mm", "aten::addmm", "aten::bmm", "aten::linear", "aten::matmul", "mkldnn")),
     ("attention", ("scaled_dot_product", "flash_attention")),
-    ("LM head softmax", ("softmax", "aten::div", "aten::exp", "aten::amax", "aten::gather", "aten::log")),
+    ("LM head softmax", ("softmax", "aten::exp", "aten::amax", "aten::gather", "aten::log")),
     ("copies", ("aten::cat", "aten::copy_", "aten::index", "aten::fill_", "aten::zero_", "aten::scatter",
-                "aten::clone", "aten::_to_copy", "aten::masked_fill", "aten::contiguous", "aten::new_zeros")),
+                "aten::clone", "aten::_to_copy", "aten::masked_fill", "aten::contiguous", "aten::new_zeros", "aten::split")),
     ("optimizer", ("_foreach", "adam", "linalg_vector_norm", "Optimizer")),
     ("other element-wise", ("aten::",)),
 ]
+SPLIT = ("matmuls: frozen weights", "matmuls: LoRA", "matmuls: LM head", *(name for name, _ in CATEGORIES),
+         "autograd, Python, profiler")
 
 
 def items_path(args: argparse.Namespace) -> Path:
@@ -132,16 +134,24 @@ def first_questions(items: Sequence[Any], count: int) -> list[Any]:
 
 
 def layout(new_chunks: Sequence[Sequence[Any]], old_chunks: Sequence[Sequence[Any]]) -> dict[str, float]:
-    """Token counts of the packed layout (what the step needs) and of the old path's padded one, per its micro-batches."""
-    need = {"tokens": 0.0, "pairs": 0.0, "head_rows": 0.0, "old_tokens": 0.0, "old_head_rows": 0.0}
+    """Token counts of the packed layout (what the step needs) and of the old path's padded one, per its micro-batches.
+
+    tokens: through every layer (each prompt once, each completion but its last token); kept: the positions
+    whose state predicts a completion token, all the last layer needs past its keys and values; pairs and
+    kept_pairs: the (query, key) pairs attention needs, in every layer and for the kept queries.
+    """
+    need = dict.fromkeys(("tokens", "kept", "pairs", "kept_pairs", "head_rows", "old_tokens", "old_head_rows"), 0.0)
     for chunk in new_chunks:
         groups: dict[tuple[int, ...], list[int]] = {}
         for it in chunk:
             groups.setdefault(tuple(it.prompt_ids), []).append(len(it.completion_ids))
         for prompt, lengths in groups.items():
             p = len(prompt)
+            completions = sum((n - 1) * p + (n - 1) * n / 2 for n in lengths)
             need["tokens"] += p + sum(n - 1 for n in lengths)
-            need["pairs"] += p * (p + 1) / 2 + sum((n - 1) * p + (n - 1) * n / 2 for n in lengths)
+            need["kept"] += 1 + sum(n - 1 for n in lengths)
+            need["pairs"] += p * (p + 1) / 2 + completions
+            need["kept_pairs"] += p + completions
             need["head_rows"] += sum(lengths)
     for chunk in old_chunks:
         distinct = {tuple(it.prompt_ids) for it in chunk}
@@ -156,11 +166,13 @@ def step_flops(config: Any, rank: int, need: dict[str, float]) -> dict[str, floa
     h, inter, layers = config.hidden_size, config.intermediate_size, config.num_hidden_layers
     head_dim = getattr(config, "head_dim", None) or h // config.num_attention_heads
     q, kv = config.num_attention_heads * head_dim, config.num_key_value_heads * head_dim
-    shapes = [(h, q), (h, kv), (h, kv), (q, h), (h, inter), (h, inter), (inter, h)]
-    tokens = need["tokens"]
-    frozen = 2 * tokens * layers * sum(i * o for i, o in shapes)
-    lora = 2 * tokens * layers * rank * sum(i + o for i, o in shapes)
-    attention = 2 * 2 * need["pairs"] * q * layers
+    qkv, rest = [(h, q), (h, kv), (h, kv)], [(q, h), (h, inter), (h, inter), (inter, h)]
+    tokens, kept = need["tokens"], need["kept"]
+    # q, k and v for every token in every layer; the rest (o, gate, up, down) for the kept ones in the last layer.
+    rows = {"qkv": tokens * layers, "rest": tokens * (layers - 1) + kept}
+    frozen = 2 * (rows["qkv"] * sum(i * o for i, o in qkv) + rows["rest"] * sum(i * o for i, o in rest))
+    lora = 2 * rank * (rows["qkv"] * sum(i + o for i, o in qkv) + rows["rest"] * sum(i + o for i, o in rest))
+    attention = 2 * 2 * q * (need["pairs"] * (layers - 1) + need["kept_pairs"])
     head = 2 * need["head_rows"] * h * config.vocab_size
     forward = frozen + lora + attention + head
     first_qkv = 2 * tokens * h * (q + 2 * kv)
@@ -183,30 +195,34 @@ def on_side(backend: Any, side: str, fn: Callable[[], Any]) -> Callable[[], Any]
     return run
 
 
-def forward_only(backend: Any, items: Sequence[Any]) -> None:
-    """The step's forwards alone, micro-batched as `train` cuts them (with autograd recording, no backward)."""
-    from engine.backends.batching import micro_batches
+def matmul_kind(shapes: Sequence[Sequence[int]], vocab: int, rank: int) -> str:
+    """Which matmuls a profiled mm/addmm is, from its operands' shapes: the LM head's (a vocabulary-wide
+    dimension), LoRA's (a dimension of at most 3 x the rank: A, B and the fused A products), or the frozen weights'."""
+    dims = {d for shape in shapes for d in shape[-2:]}
+    if vocab in dims:
+        return "matmuls: LM head"
+    if min(dims, default=vocab) <= 3 * rank:
+        return "matmuls: LoRA"
+    return "matmuls: frozen weights"
 
-    backend.model.train()
-    chunks = micro_batches(items, *backend.budget.limits(backend.grpo), shared_prompts=True, packed=backend.packs_training())
-    with backend.autocast_context():
-        for chunk in chunks:
-            backend.batch_logprobs([(it.prompt_ids, it.completion_ids) for it in chunk], backend.temperature)
 
-
-def profile_split(fn: Callable[[], Any]) -> dict[str, float]:
-    """Seconds of one call of fn per category of `CATEGORIES` (profiler self time), the rest apart."""
+def profile_split(fn: Callable[[], Any], vocab: int, rank: int) -> dict[str, float]:
+    """Seconds of one call of fn per entry of `SPLIT` (profiler self time; the rest is autograd's engine,
+    Python and the profiler's own bookkeeping), and its wall time."""
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
         wall, _ = timed(fn)
-    split = dict.fromkeys([name for name, _ in CATEGORIES], 0.0)
-    for event in prof.key_averages():
+    split = dict.fromkeys(SPLIT, 0.0)
+    for event in prof.key_averages(group_by_input_shape=True):
         if event.key.startswith("autograd::") or not event.key.startswith(("aten::", "mkldnn", "Optimizer")):
             continue
+        seconds = event.self_cpu_time_total / 1e6
+        if event.key in MATMULS:
+            split[matmul_kind([s for s in event.input_shapes if s], vocab, rank)] += seconds
+            continue
         name = next(name for name, keys in CATEGORIES if any(k.lower() in event.key.lower() for k in keys))
-        split[name] += event.self_cpu_time_total / 1e6
-    # The rest: autograd's engine, Python, and the profiler's own bookkeeping (shares are of the profiled wall time).
+        split[name] += seconds
     split["autograd, Python, profiler"] = max(0.0, wall - sum(split.values()))
     split["wall"] = wall
     return split
@@ -233,49 +249,85 @@ def compare_steps(backend: Any, items: Sequence[Any]) -> tuple[float, float, flo
     return abs(new_loss - old_loss) / max(abs(old_loss), 1e-12), whole, worst
 
 
-def time_sides(backend: Any, items: Sequence[Any], repeats: int) -> dict[str, dict[str, Any]]:
-    """Per side, alternating repeat by repeat: the whole step (wall and CPU s), the forward alone and the
-    forward + backward; medians in "step", "forward", "accumulate". Then one profiled step per side."""
-    def accumulate() -> None:
-        backend.accumulate_gradients(items)
-        backend.optimizer.zero_grad(set_to_none=True)
+def phased_step(backend: Any, items: Sequence[Any]) -> dict[str, float]:
+    """One whole `train` call, with where its wall time went: the forwards (`batch_logprobs`, which in the new
+    path includes the LM head's input gradient), clipping and AdamW (`_apply_step`), and the rest (the loss,
+    the backward, micro-batching), all from the same call."""
+    spent = {"forward": 0.0, "optimizer": 0.0}
 
-    phases = {"wall": lambda: backend.train(items), "forward": lambda: forward_only(backend, items), "accumulate": accumulate}
-    calls = {side: {name: on_side(backend, side, fresh_step(backend, fn)) for name, fn in phases.items()} for side in SIDES}
-    for side in SIDES:
-        calls[side]["wall"]()  # warm-up: the first step of a process allocates, not timed
-    out: dict[str, dict[str, Any]] = {side: {"cpu": [], **{name: [] for name in phases}} for side in SIDES}
+    def timing(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def run(*args: Any) -> Any:
+            seconds, out = timed(lambda: fn(*args))
+            spent[name] += seconds
+            return out
+        return run
+
+    backend.batch_logprobs = timing("forward", type(backend).batch_logprobs.__get__(backend))
+    backend._apply_step = timing("optimizer", type(backend)._apply_step.__get__(backend))
+    try:
+        wall, cpu, _ = measured(lambda: backend.train(items))
+    finally:
+        del backend.batch_logprobs, backend._apply_step
+    return {"step": wall, "cpu": cpu, **spent, "backward and the rest": wall - spent["forward"] - spent["optimizer"]}
+
+
+def time_sides(backend: Any, items: Sequence[Any], repeats: int, roofline: Roofline) -> dict[str, dict[str, Any]]:
+    """Per side, alternating repeat by repeat: whole steps, each from a fresh adapter slot, their phases
+    (`phased_step`), the roofline's GEMMs sampled after each pair; then one profiled step per side.
+    Medians under "step", "forward", ...; raw steps in "wall"; other processes' load under "foreign"."""
+    # No warm-up here: `compare_steps` ran both sides' forward and backward first.
+    calls = {side: on_side(backend, side, fresh_step(backend, lambda: phased_step(backend, items))) for side in SIDES}
+    runs: dict[str, list[dict[str, float]]] = {side: [] for side in SIDES}
+    load = ForeignLoad()
     for rep in range(repeats):
         for side in SIDES if rep % 2 == 0 else tuple(reversed(SIDES)):
-            for name, call in calls[side].items():
-                wall, cpu, _ = measured(call)
-                out[side][name].append(wall)
-                if name == "wall":
-                    out[side]["cpu"].append(cpu)
+            runs[side].append(calls[side]())
+        roofline.sample()
+    foreign = load.cores()
+    config, rank = backend.model.config, backend.grpo.lora_rank
+    out: dict[str, dict[str, Any]] = {}
     for side in SIDES:
-        out[side]["profile"] = profile_split(calls[side]["wall"])
-        out[side]["step"] = statistics.median(out[side]["wall"])
-        for name in ("forward", "accumulate"):
-            out[side][name] = statistics.median(out[side][name])
+        out[side] = {name: statistics.median(run[name] for run in runs[side]) for name in runs[side][0]}
+        out[side]["wall"] = [run["step"] for run in runs[side]]
+        out[side]["cpus"] = [run["cpu"] for run in runs[side]]
+        out[side]["profile"] = profile_split(on_side(backend, side, fresh_step(backend, lambda: backend.train(items))),
+                                             config.vocab_size, rank)
+    out["foreign"] = {"cores": foreign}
     return out
 
 
-def roofline(config: Any, rows: int, dtype: Any) -> tuple[float, str]:
-    """This machine's GEMM GFLOP/s on the model's shapes at `rows` rows: plain or reordered for oneDNN, the faster."""
-    import torch
+class Roofline:
+    """This machine's GEMM GFLOP/s on the model's shapes at `rows` rows (`bench.roofline.gemm_step`), plain and,
+    where the decoder would use it, reordered for oneDNN; sampled between the timed steps, so that it sees
+    the same machine they do. The peak is the faster variant's median."""
 
-    from engine.backends.decode import can_pack
+    def __init__(self, config: Any, rows: int, dtype: Any) -> None:
+        import torch
 
-    seconds = {"plain": gemm_seconds(config, rows, dtype)}
-    if can_pack(torch.device("cpu"), dtype):
-        seconds["oneDNN-reordered"] = gemm_seconds(config, rows, dtype, packed=True)
-    best = min(seconds, key=lambda k: seconds[k])
-    detail = ", ".join(f"{k} {gemm_flops(config, rows) / s / 1e9:.1f}" for k, s in seconds.items())
-    return gemm_flops(config, rows) / seconds[best] / 1e9, detail
+        from engine.backends.decode import can_pack
+
+        self.flops, self.rows = gemm_flops(config, rows), rows
+        self.steps = {"plain": gemm_step(config, rows, dtype)}
+        if can_pack(torch.device("cpu"), dtype):
+            self.steps["oneDNN-reordered"] = gemm_step(config, rows, dtype, packed=True)
+        self.seconds: dict[str, list[float]] = {name: [] for name in self.steps}
+
+    def sample(self) -> None:
+        for name, step in self.steps.items():
+            self.seconds[name].append(timed(step)[0])
+
+    def rates(self) -> dict[str, float]:
+        return {name: self.flops / statistics.median(s) / 1e9 for name, s in self.seconds.items()}
+
+    def peak(self) -> float:
+        return max(self.rates().values())
+
+    def detail(self) -> str:
+        return ", ".join(f"{name} {rate:.1f}" for name, rate in self.rates().items())
 
 
 def rss_child(side: str, args: argparse.Namespace) -> dict[str, float]:
-    """Child: the backend, then the items trained twice on one side; RSS after loading, and its peak while
+    """Child: the backend, then one step on the items on one side; RSS after loading, and its peak while
     training (sampled every 10 ms: the process's own peak is often the model's loading)."""
     import threading
 
@@ -302,8 +354,7 @@ def rss_child(side: str, args: argparse.Namespace) -> dict[str, float]:
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
     backend.packed_training = side == "new"
-    for _ in range(2):
-        backend.train(items)
+    backend.train(items)
     done.set()
     sampler.join()
     return {"loaded": loaded, "peak": peak, "process_peak": peak_rss_bytes()}
@@ -333,26 +384,25 @@ def bad_arguments(args: argparse.Namespace) -> str | None:
 
 
 def report_split(timing: dict[str, dict[str, Any]]) -> None:
-    """Where each side's step went: phases timed apart, then the profiled step's op time by category."""
-    print("where the time goes (s; forward alone, forward + backward, whole step; the new forward includes the LM head's "
-          "input gradient, which it makes in the forward):")
+    """Where each side's step went: its phases timed in the same steps, then one profiled step's op time."""
+    print("where the time goes (s, medians; forward = batch_logprobs, which in the new path also makes the LM head's "
+          "input gradient; backward and the rest = the step minus both):")
     for side in SIDES:
         t = timing[side]
-        print(f"  {side}: forward {t['forward']:.2f}, backward {t['accumulate'] - t['forward']:.2f}, "
-              f"clipping + AdamW {t['step'] - t['accumulate']:.2f}, step {t['step']:.2f}")
+        print(f"  {side}: forward {t['forward']:.2f}, backward and the rest {t['backward and the rest']:.2f}, "
+              f"clipping + AdamW {t['optimizer']:.2f}, step {t['step']:.2f}")
     print("  one step under the profiler, op self time (s):")
-    names = [name for name, _ in CATEGORIES] + ["autograd, Python, profiler", "wall"]
-    print(f"    {'':24s}" + "".join(f"{side:>16s}" for side in SIDES))
-    for name in names:
+    print(f"    {'':28s}" + "".join(f"{side:>16s}" for side in SIDES))
+    for name in (*SPLIT, "wall"):
         cells = []
         for side in SIDES:
             split = timing[side]["profile"]
             cells.append(f"{split[name]:8.2f} ({split[name] / split['wall']:4.0%})")
-        print(f"    {name:24s}" + "".join(f"{c:>16s}" for c in cells))
+        print(f"    {name:28s}" + "".join(f"{c:>16s}" for c in cells))
 
 
-def report(args: argparse.Namespace, backend: Any, items: Sequence[Any], timing: dict[str, dict[str, Any]],
-           flops: dict[str, float], need: dict[str, float], peak: tuple[float, str], rows: int) -> float:
+def report(items: Sequence[Any], timing: dict[str, dict[str, Any]], flops: dict[str, float], need: dict[str, float],
+           roofline: Roofline) -> float:
     """Prints the sides' numbers; returns the new path's share of the roofline."""
     completion_tokens = sum(len(it.completion_ids) for it in items)
     print(f"work: {need['tokens']:.0f} tokens through the layers (each prompt once, no padding; old path "
@@ -360,16 +410,19 @@ def report(args: argparse.Namespace, backend: Any, items: Sequence[Any], timing:
           f"{completion_tokens} completion tokens trained")
     print(f"FLOPs the step needs: forward {flops['forward'] / 1e9:.1f} G, backward {flops['backward'] / 1e9:.1f} G "
           f"(frozen weights: input gradients only; LoRA: input and weight), total {flops['total'] / 1e9:.1f} G")
-    gflops, detail = peak
-    print(f"roofline: the model's matmuls as GEMMs at {rows} rows (the largest micro-batch): {detail} GFLOP/s; "
-          f"peak {gflops:.1f} GFLOP/s")
+    gflops = roofline.peak()
+    print(f"roofline: the model's matmuls as GEMMs at {roofline.rows} rows (the largest micro-batch), between the "
+          f"timed steps: {roofline.detail()} GFLOP/s; peak {gflops:.1f} GFLOP/s")
     for side in SIDES:
         t = timing[side]
         rate = flops["total"] / t["step"] / 1e9
         print(f"  {side}: step {t['step']:.2f} s {[round(s, 2) for s in t['wall']]}, CPU "
-              f"{statistics.median(t['cpu']):.2f} s; {rate:.1f} GFLOP/s = {rate / gflops:.1%} of the roofline; "
+              f"{t['cpu']:.2f} s; {rate:.1f} GFLOP/s = {rate / gflops:.1%} of the roofline; "
               f"{completion_tokens / t['step']:.0f} completion tok/s, {need['tokens'] / t['step']:.0f} tok/s through the layers")
     report_split(timing)
+    foreign = timing["foreign"]["cores"]
+    print(f"other processes kept {foreign:.2f} cores busy on average while the steps were timed"
+          + (" (more than a quarter of a core: the seconds are inflated; compare the ratios)" if foreign > 0.25 else ""))
     return flops["total"] / timing["new"]["step"] / 1e9 / gflops
 
 
@@ -424,10 +477,11 @@ def run(args: argparse.Namespace) -> int:
     flops = step_flops(backend.model.config, g.lora_rank, need)
     rows = max(sum(map(len, {tuple(it.prompt_ids) for it in c})) + sum(len(it.completion_ids) - 1 for it in c) for c in new_chunks)
     loss_diff, grad_diff, worst = compare_steps(backend, items)
-    timing = time_sides(backend, items, repeats)
-    share = report(args, backend, items, timing, flops, need, roofline(backend.model.config, rows, dtype), rows)
+    peak = Roofline(backend.model.config, rows, dtype)
+    timing = time_sides(backend, items, repeats, peak)
+    share = report(items, timing, flops, need, peak)
     rss = rss_sides(args)
-    print("RSS, one child per side training the items twice: " + "; ".join(
+    print("RSS, one child per side, one step: " + "; ".join(
         f"{side} peak while training {rss[side]['peak'] / 2**30:.2f} GB ({(rss[side]['peak'] - rss[side]['loaded']) / 2**20:+.0f} MB "
         f"over the loaded model), the child's peak {rss[side]['process_peak'] / 2**30:.2f} GB" for side in SIDES))
     whole_tol, matrix_tol = TOLERANCE[str(dtype).replace("torch.", "")]

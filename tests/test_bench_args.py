@@ -65,5 +65,7 @@ def test_train_speed_counts_each_prompt_once_and_no_padding() -> None:
     items = [TrainItem([1, 2, 3, 4], [5], [], 1.0), TrainItem([1, 2, 3, 4], [6, 7, 8], [], -1.0)]
     need = train_speed.layout([items], [items])
     assert (need["tokens"], need["head_rows"], need["pairs"]) == (6, 4, 21)
+    # The last layer past its keys and values: the prompt's last token and the 2 completion inputs, (4 + 5 + 6) pairs.
+    assert (need["kept"], need["kept_pairs"]) == (3, 15)
     assert (need["old_tokens"], need["old_head_rows"]) == (4 + 2 * 2, 1 + 2 * 2)  # padded to the longer completion
     assert train_speed.first_questions([*items, TrainItem([9], [5], [], 1.0)], 1) == items
