@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from engine.atomicio import atomic_write_bytes, atomic_write_text
+from engine.common.atomicio import atomic_write_bytes, atomic_write_text
 
 LABEL = "org.sapling.Sapling"
 RUN_KEY = r"Software\Microsoft\Windows\CurrentVersion\Run"

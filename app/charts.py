@@ -29,6 +29,7 @@ REFRESH_MS = 250
 STEP_MS = 50  # between redrawing one part and the next, so each paints in its own frame
 STEPS = 4  # your reward, the swarm's, accuracy, throughput
 MAX_POINTS = 2000
+COMPACT_HEIGHT = 170  # a chart shorter than this (in pixels) shows no legend and no axis titles
 
 
 def rolling_mean(values: Sequence[float | None], window: int = TREND_WINDOW) -> list[float | None]:
@@ -136,7 +137,7 @@ class MetricChart(QChartView):
         self.setRenderHint(QPainter.RenderHint.Antialiasing)
         self.setBackgroundBrush(QColor(theme.CARD))
         self.setFrameShape(QChartView.Shape.NoFrame)
-        self.setMinimumHeight(170)
+        self.setMinimumHeight(120)
         self.fixed_y = y_range
         chart.setAnimationOptions(QChart.AnimationOption.NoAnimation)
         chart.setBackgroundVisible(False)
@@ -151,6 +152,8 @@ class MetricChart(QChartView):
         legend.setAlignment(Qt.AlignmentFlag.AlignTop)
         legend.setLabelColor(QColor(theme.MUTED))
         legend.setVisible(show_legend)
+        self.show_legend = show_legend
+        self.compact = False
 
         self.x_axis = self._axis("Round", "%d")
         self.y_axis = self._axis(y_title, y_format)
@@ -186,7 +189,8 @@ class MetricChart(QChartView):
             markers = legend.markers(series)
             if markers and not line.in_legend:
                 markers[0].setVisible(False)
-            series.hovered.connect(lambda point, state, name=line.name, fmt=y_format: self._hover(point, state, name, fmt))
+            series.hovered.connect(lambda point, state, name=line.name,
+                                   fmt=y_format: self._hover(point, state, name, fmt))
             self.series.append(series)
         self.empty = QGraphicsSimpleTextItem(empty_text)
         self.empty.setBrush(QColor(theme.MUTED))
@@ -258,8 +262,20 @@ class MetricChart(QChartView):
 
     def resizeEvent(self, event: QResizeEvent) -> None:
         super().resizeEvent(event)
+        self._fit_chrome()
         self.set_ranges(*self.ranges)  # the margins are in pixels: the plot's size changed
         self._place_empty()
+
+    def _fit_chrome(self) -> None:
+        """Under COMPACT_HEIGHT (banners took the room) the legend and axis titles go, so the plot keeps its
+        labels; the lines' names stay in their hover tooltips."""
+        compact = self.height() < COMPACT_HEIGHT
+        if compact == self.compact:
+            return
+        self.compact = compact
+        self.chart().legend().setVisible(self.show_legend and not compact)
+        for axis in (self.x_axis, self.y_axis):
+            axis.setTitleVisible(not compact)
 
 
 class ChartsPanel(QWidget):
@@ -293,9 +309,11 @@ class ChartsPanel(QWidget):
         layout.addWidget(self.speed, 1, 1)
         layout.setRowStretch(0, 3)
         layout.setRowStretch(1, 2)
-        self.reward.setMinimumHeight(250)
-        self.accuracy.setMinimumHeight(210)
-        self.speed.setMinimumHeight(210)
+        # Small enough minimums that the charts shrink, not scroll, when banners take their room: the window's
+        # default size on a 1280x800 screen holds the three charts under two banners (tests/app/test_window.py).
+        self.reward.setMinimumHeight(160)
+        self.accuracy.setMinimumHeight(125)
+        self.speed.setMinimumHeight(125)
         self.timer = QTimer(self)
         self.timer.setSingleShot(True)
         self.timer.setInterval(REFRESH_MS)

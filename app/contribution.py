@@ -9,7 +9,7 @@ them as `contribution` events (docs/engine-events.md) with the sentence to
 show ("Your rollouts were used by 7 peers today (312 rollouts).") and, when
 peers reject more than a quarter of what they judged, a warning naming the
 main reason and what to do. Both sentences are the engine's
-(engine/contribution.py): the app only shows them. The chart is the
+(engine/swarm/contribution.py): the app only shows them. The chart is the
 event's history: rollouts used by others, all time, over the last two days.
 """
 
@@ -62,9 +62,11 @@ class Sparkline(QWidget):
     def paintEvent(self, event: QPaintEvent) -> None:
         painter = QPainter(self)
         painter.setRenderHint(QPainter.RenderHint.Antialiasing)
-        area = QRectF(self.rect()).adjusted(4, 32, -8, -18) if self.height() >= 120 else QRectF(self.rect()).adjusted(4, 16, -8, -6)
+        area = (QRectF(self.rect()).adjusted(4, 32, -8, -18) if self.height() >= 120
+                else QRectF(self.rect()).adjusted(4, 16, -8, -6))
         painter.setPen(QColor(theme.MUTED))
-        painter.drawText(QRectF(self.rect()).adjusted(4, 0, 0, 0), Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignTop,
+        painter.drawText(QRectF(self.rect()).adjusted(4, 0, 0, 0),
+                         Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignTop,
                          "Used by others, last 2 days")
         painter.setPen(QPen(QColor(theme.GRID), 1))
         painter.drawLine(area.bottomLeft(), area.bottomRight())

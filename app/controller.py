@@ -26,13 +26,13 @@ from PySide6.QtCore import QObject, QTimer, Signal
 from app.engine_process import EngineProcess
 from app.power import PowerPolicy
 from app.session import Session
-from engine.errors import user_error_kinds, user_exit_codes
-from engine.paths import Paths
+from engine.common.errors import user_error_kinds, user_exit_codes
+from engine.common.paths import Paths
 
 log = logging.getLogger(__name__)
 
 RESTART_DELAYS = (2.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0)
-USER_ERRORS = user_error_kinds()  # from engine/errors.py: the one list of what a person must fix
+USER_ERRORS = user_error_kinds()  # from engine/common/errors.py: the one list of what a person must fix
 USER_EXIT_CODES = user_exit_codes()
 RELAY_ALERT_SECONDS = 300.0
 DISK_LOW_BYTES = 1 << 30
@@ -97,7 +97,9 @@ class Controller(QObject):
         engine_process.started.connect(self._refresh)
         engine_process.exited.connect(self._on_exit)
         engine_process.stderrLine.connect(self._on_stderr)
-        engine_process.badLine.connect(lambda what: session.logMessage.emit("warning", "app", f"Ignored a malformed line from the engine: {what}"))
+        engine_process.badLine.connect(lambda what: session.logMessage.emit("warning", "app",
+                                                                            "Ignored a malformed line from the "
+                                                                            f"engine: {what}"))
         session.statusChanged.connect(self._refresh)
         session.roundAdded.connect(self._on_round)
         session.engineError.connect(self._on_engine_error)

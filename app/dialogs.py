@@ -170,7 +170,8 @@ class SettingsForm(QWidget):
         self.only_idle = QCheckBox("Train only when the computer is idle (no keyboard or mouse for 5 minutes)")
         self.only_ac = QCheckBox("Train only when plugged in (on AC power)")
         self.autostart = QCheckBox("Start Sapling when I log in, training in the background")
-        for check, supported, why in ((self.only_idle, idle_supported, "Not available: this system does not report idle time."),
+        for check, supported, why in ((self.only_idle, idle_supported,
+                                       "Not available: this system does not report idle time."),
                                       (self.only_ac, ac_supported, "Not available: this computer reports no battery.")):
             limits.addWidget(check)
             if not supported:
@@ -314,7 +315,8 @@ class ProtectionForm(QWidget):
         self.ban_strikes.setSpecialValueText("Never")
         self.ban_window = QSpinBox()
         self.ban_window.setRange(1, 10_000)
-        for widget in (QLabel("Ban a peer after"), self.ban_strikes, QLabel("forged or implausible answers among its last"),
+        for widget in (QLabel("Ban a peer after"), self.ban_strikes,
+                       QLabel("forged or implausible answers among its last"),
                        self.ban_window):
             rule.addWidget(widget)
         rule.addStretch(1)
@@ -537,7 +539,8 @@ class ProblemDialog(QDialog):
         self.title.setText(problem.title)
         text = problem.text
         if problem.restart_in is not None:
-            text += f"\n\nSapling restarts it in {problem.restart_in:.0f} seconds; your progress up to the last round is kept."
+            text += (f"\n\nSapling restarts it in {problem.restart_in:.0f} seconds; your progress up to the last "
+                     "round is kept.")
         self.text.setText(text)
         self.details.setPlainText(problem.details or "(no output)")
         self.details.verticalScrollBar().setValue(self.details.verticalScrollBar().maximum())

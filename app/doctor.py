@@ -34,11 +34,11 @@ from PySide6.QtWidgets import (
 
 from app import theme
 from app.engine_process import engine_environment
-from engine.joining import DOCTOR_STEPS
+from engine.common.joining import DOCTOR_STEPS
 
 log = logging.getLogger(__name__)
 
-STEPS = DOCTOR_STEPS  # engine/joining.py: the one list the doctor runs and this dialog shows
+STEPS = DOCTOR_STEPS  # engine/common/joining.py: the one list the doctor runs and this dialog shows
 STEP_TIMEOUT_S = 5.0
 MARKS = {"ok": "✓", "failed": "✗", "skipped": "–", "pending": "·", "running": "…"}
 
@@ -178,7 +178,8 @@ class DoctorDialog(QDialog):
             return
         if "checking" in msg:
             self._reset_rows()
-            self.relay.setText(f"Relay: {msg['checking']}" + (" (from your settings)" if msg.get("source") == "config.toml" else ""))
+            self.relay.setText(f"Relay: {msg['checking']}"
+                               + (" (from your settings)" if msg.get("source") == "config.toml" else ""))
         elif msg.get("step") in self.rows:
             ms = msg.get("ms")
             when = f"{ms:.0f} ms" if isinstance(ms, (int, float)) and not isinstance(ms, bool) else ""
@@ -227,7 +228,7 @@ class DoctorDialog(QDialog):
 def main(argv: list[str]) -> int:
     from PySide6.QtWidgets import QApplication
 
-    from engine.events import node_command
+    from engine.common.events import node_command
 
     app = QApplication.instance() or QApplication(sys.argv[:1])
     if not isinstance(app, QApplication):

@@ -1,14 +1,14 @@
 """The engine as a child process: `sapling-node serve` under QProcess, JSON lines both ways.
 
 `EngineProcess` starts the engine, splits its stdout into lines, parses each
-with `engine.events.parse_event` and emits the events; a malformed line is
+with `engine.common.events.parse_event` and emits the events; a malformed line is
 reported on `badLine` and skipped, never fatal. stderr goes out line by line
 on `stderrLine` (the log view shows it). Commands go in on stdin.
 
-The command line comes from `engine.events.node_command`: ``python -m
-engine.cli serve`` in a dev checkout; in a frozen build the same executable
-with the ``node`` subcommand (``sapling node serve``), which `app.main` hands
-to `engine.cli.main`.
+The command line comes from `EngineFlags.command("serve")` (app/engine_flags.py,
+through `engine.common.events.node_command`): ``python -m engine.cli serve`` in a
+dev checkout; in a frozen build the same executable with the ``node``
+subcommand (``sapling node serve``), which `app.main` hands to `engine.cli.main`.
 """
 
 from __future__ import annotations
@@ -18,24 +18,19 @@ import os
 import sys
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from PySide6.QtCore import QObject, QProcess, QProcessEnvironment, QTimer, Signal
 
 import engine
-from engine.errors import EventError
-from engine.events import MAX_LINE_CHARS, encode, make_command, node_command, parse_event
+from engine.common.errors import EventError
+from engine.common.events import MAX_LINE_CHARS, encode, make_command, parse_event
 
 log = logging.getLogger(__name__)
 
 TAIL_LINES = 60
-
-
-def engine_command(flags: Sequence[str] = ()) -> list[str]:
-    """The command line that starts `sapling-node serve` with `flags` (`engine.events.node_command`)."""
-    return node_command("serve", flags)
 
 
 def engine_environment() -> QProcessEnvironment:

@@ -123,7 +123,8 @@ def setup_app_logging(log_dir: Path) -> Path | None:
     root.setLevel(logging.INFO)
     try:
         log_dir.mkdir(parents=True, exist_ok=True)
-        handler = logging.handlers.RotatingFileHandler(log_dir / APP_LOG, maxBytes=2 << 20, backupCount=2, encoding="utf-8")
+        handler = logging.handlers.RotatingFileHandler(log_dir / APP_LOG, maxBytes=2 << 20, backupCount=2,
+                                                       encoding="utf-8")
     except OSError as exc:
         print(f"sapling: warning: cannot write logs in {log_dir}: {exc}", file=sys.stderr)
         return None
@@ -167,7 +168,8 @@ def install_excepthook(show: ShowError, log_file: Path | None) -> Callable[..., 
         busy[0] = True
         try:
             where = f"\n\nThe details are in {log_file}." if log_file else ""
-            show(f"Sapling hit a bug: {kind.__name__}: {value}{where}\n\nTraining in the engine is not affected.", details)
+            show(f"Sapling hit a bug: {kind.__name__}: {value}{where}\n\nTraining in the engine is not affected.",
+                 details)
         finally:
             busy[0] = False
 

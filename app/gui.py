@@ -1,6 +1,6 @@
 """Wiring: settings, session, engine process, controller, window and tray, built in one place.
 
-`build_gui(paths, engine_flags)` returns a `Gui` holding every piece, so
+`build_gui(flags)` returns a `Gui` holding every piece, so
 `app.main`, the self-test, the screenshots script, the benchmark and the
 tests all assemble the app the same way.
 """
@@ -16,14 +16,15 @@ from PySide6.QtWidgets import QApplication, QProgressDialog
 
 from app.autostart import Autostart, launch_command
 from app.controller import Controller
-from app.engine_process import EngineProcess, engine_command
+from app.engine_flags import EngineFlags
+from app.engine_process import EngineProcess
 from app.panels import swarm_place
 from app.power import PowerPolicy
 from app.session import Session
 from app.settings import SettingsStore, settings_place
 from app.tray import Tray
 from app.window import MainWindow
-from engine.paths import Paths
+from engine.common.paths import Paths
 
 log = logging.getLogger(__name__)
 
@@ -102,27 +103,28 @@ class Gui:
 
 
 def build_gui(
-    paths: Paths,
-    engine_flags: Sequence[str] = (),
+    flags: EngineFlags | None = None,
     tray_available: bool | None = None,
     command: Callable[[], list[str]] | None = None,
     policy: PowerPolicy | None = None,
     autostart: Autostart | None = None,
     restart_delays: Sequence[float] | None = None,
 ) -> Gui:
+    """The app around the engine `flags` start (its home and settings flags; none: the user's own folders).
+    `command` replaces the engine's command line (a stand-in engine in the tests and screenshots)."""
+    flags = flags or EngineFlags()
+    paths = flags.paths()
     store = SettingsStore(paths)
     engine_settings = store.load_engine()
     app_settings = store.load_app()
     session = Session(run=store.run_name())
-    flags = list(engine_flags)
-    engine = EngineProcess(command or (lambda: engine_command(flags)))
+    engine = EngineProcess(command or (lambda: flags.command("serve")))
     extra = {"restart_delays": restart_delays} if restart_delays is not None else {}
     controller = Controller(paths, session, engine, policy=policy, **extra)  # type: ignore[arg-type]
     controller.policy.set_rules(app_settings.only_when_idle, app_settings.only_on_ac_power)
     tray = Tray(controller, available=tray_available)
-    home_flags = flags[flags.index("--home"): flags.index("--home") + 2] if "--home" in flags else []
-    window = MainWindow(controller, store, app_settings, engine_settings, tray_available=tray.available,
-                        autostart=autostart, autostart_argv=launch_command(home_flags))
+    window = MainWindow(controller, store, app_settings, engine_settings, flags, tray_available=tray.available,
+                        autostart=autostart, autostart_argv=launch_command(flags.home_flags()))
     gui = Gui(paths, store, session, engine, controller, window, tray, warnings=store.take_warnings())
 
     tray.swarm_name = lambda: swarm_place(session.swarm, *settings_place(window.engine_settings))[0]

@@ -33,7 +33,7 @@ from app import theme
 from app.controller import Controller
 from app.session import describe_device, describe_model, number
 from app.settings import AppSettings, EngineSettings, settings_place
-from engine.device import cpu_name
+from engine.common.device import cpu_name
 
 PHASE_WORDS = {
     "idle": "Not training", "starting": "Starting…", "training": "Training", "paused": "Paused",
@@ -132,7 +132,8 @@ class HeaderCard(QFrame):
         grid.setVerticalSpacing(2)
         self.device_label, self.model_label, self.identity_label, self.relay_label = (QLabel() for _ in range(4))
         for column, (name, label) in enumerate((("Device", self.device_label), ("Model", self.model_label),
-                                                 ("You in the swarm", self.identity_label), ("Relay", self.relay_label))):
+                                                 ("You in the swarm", self.identity_label),
+                                                ("Relay", self.relay_label))):
             caption = QLabel(name)
             caption.setObjectName("fieldName")
             label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
@@ -225,7 +226,8 @@ class HeaderCard(QFrame):
             if not relay:
                 return f"{grey} Solo: sharing nothing"
             name = str(swarm.get("swarm_name") or "")
-            where = "local swarm on this computer" if relay == "embedded" else f"{name} · {relay}" if name else str(relay)
+            where = ("local swarm on this computer" if relay == "embedded" else f"{name} · {relay}" if name
+                     else str(relay))
             where = escape(where[0].upper() + where[1:]) if not self.controller.engine.is_running() else escape(where)
             if not self.controller.engine.is_running():
                 return f"{grey} {where} (connects when training runs)"

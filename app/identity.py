@@ -9,7 +9,7 @@ identity show|export|import --json` as a child process (the app never
 reads keys itself: that needs the engine's crypto library), shows the
 sentence the command prints when it refuses a file, and emits `restored`
 after a restore so the window can restart the engine with the new key. The
-commands, and what a backup file holds, are engine/identity_backup.py.
+commands, and what a backup file holds, are engine/swarm/identity_backup.py.
 """
 
 from __future__ import annotations
@@ -145,7 +145,8 @@ class IdentityPanel(QWidget):
     # -- the buttons ------------------------------------------------------------------------
     def choose_backup(self) -> None:
         suggested = str(Path.home() / f"sapling-identity-{self.name or 'node'}.txt")
-        path, _ = QFileDialog.getSaveFileName(self, "Back up identity", suggested, "Sapling identity (*.txt *.pem *.key)")
+        path, _ = QFileDialog.getSaveFileName(self, "Back up identity", suggested,
+                                              "Sapling identity (*.txt *.pem *.key)")
         if path:
             self.back_up_to(Path(path))
 

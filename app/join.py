@@ -1,11 +1,11 @@
 """Joining a swarm from an invite: the "Join this swarm?" dialog and the "Paste an invite" field.
 
 An invite (`sapling://join?relay=...`, the relay's `https://HOST/join?...`
-page, or a bare `ws(s)://` address; `engine.rules.parse_invite`) arrives on
+page, or a bare `ws(s)://` address; `engine.common.rules.parse_invite`) arrives on
 the command line, from a running Sapling's single-instance channel, from the
 macOS open-URL event, or pasted into Settings ▸ Swarm or the first-run dialog.
 Before anything is saved, the relay's information document is fetched
-(`engine.joining.preview_invite`, on a worker thread: the window never waits)
+(`engine.common.joining.preview_invite`, on a worker thread: the window never waits)
 and shown: the swarm's name, who runs it, open or private, peers online, the
 relay's software and protocol version, and what joining shares. A relay that
 cannot be reached, speaks another protocol version or sends a malformed
@@ -35,9 +35,9 @@ from PySide6.QtWidgets import (
 )
 
 from app import theme
-from engine.errors import SaplingError
-from engine.joining import NEVER_SHARED, SHARED, Preview, preview_invite
-from engine.model_policy import describe_model_policy
+from engine.common.errors import SaplingError
+from engine.common.joining import NEVER_SHARED, SHARED, Preview, preview_invite
+from engine.common.model_policy import describe_model_policy
 
 log = logging.getLogger(__name__)
 
@@ -173,7 +173,8 @@ class SwarmPreview(QFrame):
             "online": f"{info.live.peers_online:,}" + (f" · {info.live.batches_last_hour:,} batches shared in the last "
                                                         "hour" if info.live.batches_last_hour else ""),
             "software": f"{info.software} {info.version}, swarm protocol {info.protocol}",
-            "relays": "\n".join(relays) if len(relays) <= 3 else "\n".join(relays[:3]) + f"\n… and {len(relays) - 3} more",
+            "relays": "\n".join(relays) if len(relays) <= 3 else "\n".join(relays[:3])
+            + f"\n… and {len(relays) - 3} more",
         }
         for key, text in values.items():
             self.values[key].setText(text)

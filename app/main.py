@@ -35,7 +35,8 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--home", type=Path, help="keep config, data, cache and logs under this one folder")
     parser.add_argument("--background", action="store_true", help="start training at once, in the tray")
     parser.add_argument("--self-test", action="store_true",
-                        help="offscreen: run one real round on the bundled model in a temporary folder, exit 0 if it worked")
+                        help="offscreen: run one real round on the bundled model in a temporary folder, exit 0 if it "
+                             "worked")
     parser.add_argument("--self-test-timeout", type=float, default=900.0, help=argparse.SUPPRESS)
     parser.add_argument("--version", action="store_true", help="print the version and exit")
     return parser.parse_args(argv), engine_flags
@@ -46,6 +47,7 @@ def run_gui(args: argparse.Namespace) -> int:
     from PySide6.QtWidgets import QApplication
 
     from app import theme
+    from app.engine_flags import EngineFlags
     from app.guards import (
         InviteEvents,
         SingleInstance,
@@ -56,9 +58,9 @@ def run_gui(args: argparse.Namespace) -> int:
         setup_app_logging,
     )
     from app.gui import build_gui
-    from engine.paths import Paths
 
-    paths = Paths.under(args.home) if args.home else Paths.default()
+    flags = EngineFlags(home=args.home)
+    paths = flags.paths()
     app = QApplication.instance() or QApplication(sys.argv[:1])
     if not isinstance(app, QApplication):
         raise RuntimeError("a QCoreApplication already exists")
@@ -81,8 +83,7 @@ def run_gui(args: argparse.Namespace) -> int:
     install_excepthook(error_dialog, log_file)
     route_qt_messages()
 
-    flags = ["--home", str(args.home)] if args.home else []
-    gui = build_gui(paths, flags)
+    gui = build_gui(flags)
     guard.raiseRequested.connect(gui.window.bring_to_front)
     guard.inviteReceived.connect(gui.window.open_invite)
     invites.inviteOpened.connect(gui.window.open_invite)

@@ -306,7 +306,8 @@ class PeersPanel(QFrame):
                 status = f"ok · another model, {int(probation):,} taken on probation"
             if isinstance(ban, dict):
                 earned = ban.get("source") != "config"
-                status = f"banned: {reason_text(str(ban.get('reason', '')))}" + (" (double-click to lift)" if earned else " (in Settings)")
+                status = f"banned: {reason_text(str(ban.get('reason', '')))}" + (" (double-click to lift)" if earned
+                                                                                 else " (in Settings)")
                 if earned:
                     self._earned_bans.add(str(peer_id))
             peer_rows.append((number(info.get("accepted")) or 0, str(peer_id), [f"{name} · {str(peer_id)[:8]}",

@@ -43,7 +43,8 @@ def _windows_idle() -> float | None:
 
 def _macos_idle() -> float | None:
     try:
-        out = subprocess.run(["ioreg", "-c", "IOHIDSystem", "-d", "4"], capture_output=True, text=True, timeout=2).stdout
+        out = subprocess.run(["ioreg", "-c", "IOHIDSystem", "-d", "4"], capture_output=True, text=True,
+                             timeout=2).stdout
     except (OSError, subprocess.SubprocessError):
         return None
     match = re.search(r'"HIDIdleTime"\s*=\s*(\d+)', out)
@@ -92,8 +93,10 @@ def _dbus_idle() -> float | None:
     if not bus.isConnected():
         return None
     for service, path, interface, method, scale in (
-        ("org.gnome.Mutter.IdleMonitor", "/org/gnome/Mutter/IdleMonitor/Core", "org.gnome.Mutter.IdleMonitor", "GetIdletime", 1e-3),
-        ("org.freedesktop.ScreenSaver", "/org/freedesktop/ScreenSaver", "org.freedesktop.ScreenSaver", "GetSessionIdleTime", 1.0),
+        ("org.gnome.Mutter.IdleMonitor", "/org/gnome/Mutter/IdleMonitor/Core", "org.gnome.Mutter.IdleMonitor",
+         "GetIdletime", 1e-3),
+        ("org.freedesktop.ScreenSaver", "/org/freedesktop/ScreenSaver", "org.freedesktop.ScreenSaver",
+         "GetSessionIdleTime", 1.0),
     ):
         iface = QDBusInterface(service, path, interface, bus)
         if not iface.isValid():

@@ -1,8 +1,14 @@
-"""`make screenshots`: PNGs of the app for docs/screenshots/, taken offscreen with QWidget.grab().
+"""`make screenshots`: PNGs of the app for docs/screenshots/, taken with QWidget.grab() in a real window.
 
-    QT_QPA_PLATFORM=offscreen .venv/bin/python -m app.screenshots docs/screenshots
+    .venv/bin/python -m app.screenshots docs/screenshots
+    .venv/bin/python -m app.screenshots docs/screenshots join-dialog.png doctor.png
+    QT_QPA_PLATFORM=offscreen .venv/bin/python -m app.screenshots docs/screenshots    # offscreen, as before
 
-    QT_QPA_PLATFORM=offscreen .venv/bin/python -m app.screenshots docs/screenshots join-dialog.png doctor.png
+Where Xvfb and openbox are installed (`make test-deps` installs them), the
+pictures are taken in a real X server of 1600x1000 with a window manager, which
+sizes and decorates windows as a desktop does (tests/app/test_clipping.py
+found labels clipped there that looked whole offscreen); elsewhere, or with
+QT_QPA_PLATFORM set, on that platform (offscreen when unset).
 
 Writes main-idle.png (first start, nothing trained yet), main-training.png (a
 run in progress), first-run.png, settings.png, settings-protection.png,
@@ -20,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -30,22 +37,22 @@ from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
-os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
-
 from PySide6.QtCore import QCoreApplication, QEventLoop, QTimer
 from PySide6.QtWidgets import QApplication, QDialog, QWidget
 
 from app import theme
 from app.dialogs import SettingsDialog
+from app.engine_flags import EngineFlags
 from app.guards import route_qt_messages
 from app.gui import Gui, build_gui
 from app.power import PowerPolicy
-from engine.paths import Paths
-from engine.rules import Invite
+from engine.common.paths import Paths
+from engine.common.rules import Invite
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "app" / "fixtures"
 SIZE = (1280, 820)
+X_SCREEN = "1600x1000"  # the virtual screen: the main window at SIZE and the dialogs fit on it
 DEVICE = {"kind": "cpu", "name": "Intel(R) Xeon(R) Processor (2 threads)", "memory_bytes": 25 << 30, "bf16": True,
           "reason": "no CUDA device: CPU"}
 
@@ -111,7 +118,8 @@ def training_stream(path: Path) -> list[str]:
               by_peer={"a41c9e0b7d2f4e6a8b1c": {"name": "brave-otter-a41c", "accepted": 97, "rejected": 31},
                        "5be07d19c3a84f2e9d6b": {"name": "mossy-oak-5be0", "accepted": 81, "rejected": 29},
                        "c9d2e8f1a0b34c5d6e7f": {"name": "tidy-heron-c9d2", "accepted": 51, "rejected": 23}}),
-        event("log", level="info", logger="engine.exchange", message="round 40: 4 external groups from 3 peers, 9 rejected"),
+        event("log", level="info", logger="engine.exchange",
+              message="round 40: 4 external groups from 3 peers, 9 rejected"),
         event("log", level="info", logger="engine.sapo", message="Training from round 41."),
         event("progress", phase="generating", done=58, total=96, round=41),
         contribution_event(),
@@ -142,7 +150,7 @@ def contribution_event() -> str:
 
 def make(home: Path, command: list[str] | None = None) -> Gui:
     policy = PowerPolicy(idle_probe=lambda: None, ac_probe=lambda: True)
-    gui = build_gui(Paths.under(home), tray_available=False, command=(lambda: list(command)) if command else None,
+    gui = build_gui(EngineFlags(home), tray_available=False, command=(lambda: list(command)) if command else None,
                     policy=policy)
     gui.window.app_settings.first_run_done = True
     gui.window.resize(*SIZE)
@@ -173,10 +181,11 @@ def live_relay(peers: int = 3) -> Iterator[str]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    # a swarm of the bundled model, as an organiser would declare it: sapling-relay --models "$(python -m engine.model_policy)"
-    label = subprocess.run([sys.executable, "-m", "engine.model_policy"], capture_output=True, text=True, cwd=ROOT,
-                           check=True).stdout.strip()
-    relay = subprocess.Popen([sys.executable, "-m", "engine.swarm.relay", "--host", "127.0.0.1", "--port", str(port),
+    # a swarm of the bundled model, as an organiser would declare it:
+    #   sapling-relay --models "$(python -m engine.common.model_policy)"
+    label = subprocess.run([sys.executable, "-m", "engine.common.model_policy"], capture_output=True, text=True,
+                           cwd=ROOT, check=True).stdout.strip()
+    relay = subprocess.Popen([sys.executable, "-m", "engine.relay", "--host", "127.0.0.1", "--port", str(port),
                               "--name", RELAY_NAME, "--contact", "lab-swarm@maplestreet.example", "--models", label,
                               "--description", "Evening arithmetic and calendar puzzles for the Maple Street "
                               "maths club. Be kind to the relay: one node per computer.",
@@ -232,6 +241,51 @@ def close(gui: Gui) -> None:
     gui.window.close()
 
 
+@contextmanager
+def virtual_display(size: str = X_SCREEN) -> Iterator[str | None]:
+    """A real X server (Xvfb) of `size` with a window manager (openbox) running in it: its DISPLAY, or None where
+    Xvfb or openbox is not installed or the server did not come up. Both are stopped afterwards."""
+    if not (shutil.which("Xvfb") and shutil.which("openbox")):
+        yield None
+        return
+    number = next(n for n in range(90, 190) if not Path(f"/tmp/.X11-unix/X{n}").exists()
+                  and not Path(f"/tmp/.X{n}-lock").exists())
+    display = f":{number}"
+    server = subprocess.Popen(["Xvfb", display, "-screen", "0", f"{size}x24", "-nolisten", "tcp"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    manager = None
+    try:
+        deadline = time.monotonic() + 20
+        while not Path(f"/tmp/.X11-unix/X{number}").exists():
+            if server.poll() is not None or time.monotonic() > deadline:
+                yield None
+                return
+            time.sleep(0.1)
+        manager = subprocess.Popen(["openbox"], env={**os.environ, "DISPLAY": display},
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        yield display
+    finally:
+        for process in (manager, server):
+            if process is not None:
+                process.terminate()
+                process.wait(10)
+
+
+def in_a_real_window(argv: list[str]) -> int | None:
+    """Run these screenshots again in a child under Xvfb and openbox, when the platform is not set and both are
+    installed: the child's exit code; None to take them in this process."""
+    if os.environ.get("QT_QPA_PLATFORM"):
+        return None
+    with virtual_display() as display:
+        if display is not None:
+            print(f"screenshots: in a real X server ({X_SCREEN}, openbox) on {display}")
+            env = {**os.environ, "DISPLAY": display, "QT_QPA_PLATFORM": "xcb"}
+            return subprocess.run([sys.executable, "-m", "app.screenshots", *argv], cwd=ROOT, env=env).returncode
+    print("screenshots: offscreen (install Xvfb and openbox for a real window)")
+    os.environ["QT_QPA_PLATFORM"] = "offscreen"
+    return None
+
+
 ALL = ("main-idle.png", "first-run.png", "settings.png", "settings-protection.png", "main-training.png",
        "main-crashed.png", "join-dialog.png", "doctor.png", "contribution.png")
 
@@ -243,6 +297,9 @@ def main(argv: list[str]) -> int:
     if names - set(ALL):
         print(f"screenshots: unknown names {sorted(names - set(ALL))}; known: {', '.join(ALL)}", file=sys.stderr)
         return 2
+    code = in_a_real_window(argv)
+    if code is not None:
+        return code
     app = QApplication.instance() or QApplication(sys.argv[:1])
     if not isinstance(app, QApplication):
         return 1

@@ -47,9 +47,9 @@ def run_self_test(engine_flags: Sequence[str] = (), timeout_s: float = 900.0) ->
         from PySide6.QtWidgets import QApplication
 
         from app import theme
+        from app.engine_flags import EngineFlags
         from app.guards import route_qt_messages
         from app.gui import build_gui
-        from engine.paths import Paths
     except ImportError as exc:
         print(f"sapling self-test: FAILED: the app cannot load Qt ({exc}).", file=sys.stderr)
         return 1
@@ -61,12 +61,11 @@ def run_self_test(engine_flags: Sequence[str] = (), timeout_s: float = 900.0) ->
     theme.apply(app)
     route_qt_messages()
     with tempfile.TemporaryDirectory(prefix="sapling-self-test-") as tmp:
-        paths = Paths.under(Path(tmp))
         # The embedded relay on a free port: the self-test exercises it without joining
         # (and publishing test rollouts into) a Sapling already running on this computer.
-        flags = ["--home", tmp, "--rounds", "1", "--set", "tasks.eval_every=0", "--set", "swarm.embedded_port=0",
-                 *engine_flags]
-        gui = build_gui(paths, flags, tray_available=False, restart_delays=[3600.0])
+        flags = EngineFlags(Path(tmp), ("--rounds", "1", "--set", "tasks.eval_every=0", "--set",
+                                        "swarm.embedded_port=0", *engine_flags))
+        gui = build_gui(flags, tray_available=False, restart_delays=[3600.0])
         gui.window.app_settings.first_run_done = True
         seen: dict[str, Any] = {"round": None, "problem": None, "exit": None}
 

@@ -1,6 +1,6 @@
 """What the window knows about training, built from engine events: one signal hub.
 
-`Session.handle(event)` takes an event already parsed by `engine.events` and
+`Session.handle(event)` takes an event already parsed by `engine.common.events` and
 updates plain Python state (status, device, swarm identity, peers, progress,
 history); widgets listen to its signals and read that state. A well-formed
 event whose fields have the wrong shape is logged and skipped, never fatal.
@@ -54,7 +54,8 @@ class History:
         while keep and self.rounds[keep - 1] >= round_index:
             keep -= 1
         self.version += 1
-        for series in (self.rounds, self.reward, self.swarm_reward, self.accuracy, self.tokens_per_second, self.seconds):
+        for series in (self.rounds, self.reward, self.swarm_reward, self.accuracy, self.tokens_per_second,
+                       self.seconds):
             del series[keep:]
 
     def add_round(self, metrics: Mapping[str, Any]) -> bool:

@@ -1,6 +1,6 @@
 """What the user chose, on disk: the engine's config.toml and the app's own settings file.
 
-Two files live in the platformdirs config dir (`engine.paths.Paths.config_dir`):
+Two files live in the platformdirs config dir (`engine.common.paths.Paths.config_dir`):
 
 - ``config.toml`` is the engine's. The app reads and writes only the keys a
   person picks in the first-run and Settings dialogs (`EngineSettings`) and
@@ -10,7 +10,7 @@ Two files live in the platformdirs config dir (`engine.paths.Paths.config_dir`):
   running (so a relaunch carries on), window geometry, and the device and
   swarm identity the engine last reported.
 
-Both are written atomically (`engine.atomicio`). A file that cannot be read
+Both are written atomically (`engine.common.atomicio`). A file that cannot be read
 is moved aside to ``<name>.invalid-<time>`` and the defaults are used; the
 loader returns a warning sentence that the window shows.
 
@@ -28,11 +28,11 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from engine.atomicio import atomic_write_json, atomic_write_text
-from engine.config import PRIORITIES, SwarmConfig, build_config, edit_config_text
-from engine.errors import ConfigError
-from engine.paths import Paths
-from engine.rules import Invite, check_model_source, check_relay_url, parse_invite, split_invite
+from engine.common.atomicio import atomic_write_json, atomic_write_text
+from engine.common.config import PRIORITIES, SwarmConfig, build_config, edit_config_text
+from engine.common.errors import ConfigError
+from engine.common.paths import Paths
+from engine.common.rules import Invite, check_model_source, check_relay_url, parse_invite, split_invite
 
 __all__ = ["AppSettings", "EngineSettings", "SettingsError", "SettingsStore", "check_model_source",
            "check_relay_url", "parse_invite", "settings_place", "split_invite", "swarm_invite", "validate"]
@@ -47,7 +47,7 @@ _SWARM = SwarmConfig()  # the engine's defaults for the protection settings belo
 
 
 # A value the user typed cannot be used; the message says what to type instead. It is the
-# engine's ConfigError: the rules live in engine/rules.py and engine/config.py, one copy each.
+# engine's ConfigError: the rules live in engine/common/rules.py and engine/common/config.py, one copy each.
 SettingsError = ConfigError
 
 
@@ -121,7 +121,7 @@ def validate(settings: EngineSettings) -> None:
         raise SettingsError("CPU threads must be 0 (automatic) or a number of threads.")
     if settings.priority not in PRIORITIES:
         raise SettingsError(f"Priority must be one of {', '.join(PRIORITIES)}.")
-    # The protection settings: the engine's own rules (engine/config.py, SwarmConfig), one copy.
+    # The protection settings: the engine's own rules (engine/common/config.py, SwarmConfig), one copy.
     replace(_SWARM, plausibility_check=settings.plausibility_check, ban_strikes=settings.ban_strikes,
             ban_window=settings.ban_window, ban_hours=settings.ban_hours, persist_bans=settings.persist_bans,
             banned_peers=list(settings.banned_peers))

@@ -138,8 +138,10 @@ def _drawn_icon(size: int) -> QPixmap:
     p.setBrush(QBrush(QColor("white")))
     for sign in (-1, 1):
         leaf = QPainterPath(QPointF(32 * s, 34 * s))
-        leaf.cubicTo(QPointF((32 + sign * 4) * s, 18 * s), QPointF((32 + sign * 20) * s, 14 * s), QPointF((32 + sign * 22) * s, 16 * s))
-        leaf.cubicTo(QPointF((32 + sign * 22) * s, 30 * s), QPointF((32 + sign * 12) * s, 36 * s), QPointF(32 * s, 34 * s))
+        leaf.cubicTo(QPointF((32 + sign * 4) * s, 18 * s), QPointF((32 + sign * 20) * s, 14 * s),
+                     QPointF((32 + sign * 22) * s, 16 * s))
+        leaf.cubicTo(QPointF((32 + sign * 22) * s, 30 * s), QPointF((32 + sign * 12) * s, 36 * s),
+                     QPointF(32 * s, 34 * s))
         p.drawPath(leaf)
     p.drawRoundedRect(QRectF(30 * s, 30 * s, 4 * s, 22 * s), 2 * s, 2 * s)
     p.end()

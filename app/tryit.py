@@ -11,9 +11,10 @@ runs the child gets a budget of 1 thread (`TRAINING_THREADS`), else every core.
 `ExportDialog` runs `sapling-node export` as a child process with the chosen
 format and shows its progress lines, then where the file went.
 
-The messages `engine/gguf/chat.py` sends, and the command line that starts it,
-come from `engine.events` (`CHAT_MESSAGE_FIELDS`, `node_command`), the one
-engine module both sides of the process boundary import.
+The messages `engine/gguf/chat.py` sends come from `engine.common.events`
+(`CHAT_MESSAGE_FIELDS`), the one engine module both sides of the process
+boundary import; the command lines that start `chat` and `export` come from the
+window's `EngineFlags` (app/engine_flags.py).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -46,9 +47,8 @@ from PySide6.QtWidgets import (
 )
 
 from app.engine_process import engine_environment
-from engine.config import SAPO_SPECIALTIES
-from engine.events import CHAT_MESSAGE_FIELDS, encode
-from engine.events import node_command as node_command  # the window starts `chat` and `export` with it
+from engine.common.config import SAPO_SPECIALTIES
+from engine.common.events import CHAT_MESSAGE_FIELDS, encode
 
 log = logging.getLogger(__name__)
 
@@ -61,12 +61,6 @@ EXPORT_CHOICES = (
     ("GGUF LoRA adapter (llama.cpp --lora)", "gguf-lora", "f16", ".gguf"),
     ("Hugging Face folder (safetensors)", "hf", "f16", ""),
 )
-
-
-def settings_flags(engine_argv: Sequence[str]) -> list[str]:
-    """The settings flags the app gives its engine (everything after `serve`), for other subcommands."""
-    argv = list(engine_argv)
-    return argv[argv.index("serve") + 1 :] if "serve" in argv else []
 
 
 def parse_chat_line(line: bytes) -> dict[str, Any] | None:
@@ -113,7 +107,9 @@ class ChatProcess(QProcess):
         self.stopping = False
         self.setProcessEnvironment(engine_environment())
         self.readyReadStandardOutput.connect(self._read)
-        self.readyReadStandardError.connect(lambda: log.info("Try it: %s", bytes(self.readAllStandardError().data()).decode("utf-8", "replace").rstrip()))
+        self.readyReadStandardError.connect(lambda: log.info("Try it: %s",
+                                                             bytes(self.readAllStandardError().data()).decode("utf-8",
+                                                                                                              "replace").rstrip()))
         self.finished.connect(self._finished)
 
     def ensure_started(self) -> None:
@@ -354,11 +350,14 @@ class TryItPanel(QWidget):
         column.flush()
         if message["side"] == "trained":
             rounds = int(message["round"] or 0)
-            column.title.setText(f"Trained model (round {rounds})" if rounds else "Trained model (no checkpoint yet: the base)")
+            column.title.setText(f"Trained model (round {rounds})" if rounds
+                                 else "Trained model (no checkpoint yet: the base)")
         score = message["score"]
-        words = "not scored (your own question)" if score is None else f"score {float(score):.2f}" + (" ✓" if float(score) >= 1.0 else "")
+        words = ("not scored (your own question)" if score is None else f"score {float(score):.2f}"
+                 + (" ✓" if float(score) >= 1.0 else ""))
         first = message["first_token_s"]
-        timing = f" · {message['tokens']} tokens" + (f", first token {float(first):.1f} s after asking" if first is not None else "")
+        timing = f" · {message['tokens']} tokens" + (f", first token {float(first):.1f} s after asking"
+                                                     if first is not None else "")
         column.score.setText(words.capitalize() + timing)
         if message["side"] == "base":
             self.status.setText(" ")
@@ -380,7 +379,8 @@ class ExportDialog(QDialog):
 
     exported = Signal(str)
 
-    def __init__(self, command: Callable[[list[str]], list[str]], training: bool, parent: QWidget | None = None) -> None:
+    def __init__(self, command: Callable[[list[str]], list[str]], training: bool,
+                 parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.setWindowTitle("Export model")
         self.setMinimumWidth(560)
@@ -475,7 +475,8 @@ class ExportDialog(QDialog):
     def _stdout(self) -> None:
         if self.proc is None:
             return
-        lines = [line.strip() for line in bytes(self.proc.readAllStandardOutput().data()).decode("utf-8", "replace").splitlines()]
+        lines = [line.strip()
+                 for line in bytes(self.proc.readAllStandardOutput().data()).decode("utf-8", "replace").splitlines()]
         lines = [line for line in lines if line]
         if lines:
             self.step.setText(lines[-1])

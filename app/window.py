@@ -43,14 +43,14 @@ from app.contribution import ContributionCard
 from app.controller import Controller, Problem
 from app.dialogs import FirstRunDialog, ProblemDialog, SettingsDialog
 from app.doctor import DoctorDialog
+from app.engine_flags import EngineFlags
 from app.header import HeaderCard
 from app.identity import IdentityPanel
 from app.join import JoinDialog
 from app.panels import Banner, LogView, PeersPanel, Tile
 from app.settings import AppSettings, EngineSettings, SettingsError, SettingsStore, settings_place, swarm_invite
-from app.tryit import TRAINING_PHASES, ExportDialog, TryItPanel, node_command, settings_flags
-from engine.joining import Preview
-from engine.paths import Paths
+from app.tryit import TRAINING_PHASES, ExportDialog, TryItPanel
+from engine.common.joining import Preview
 
 CONTRIBUTION_TAB = "Your contribution"
 
@@ -87,9 +87,11 @@ class MainWindow(QMainWindow):
     quitRequested = Signal()
 
     def __init__(self, controller: Controller, store: SettingsStore, app_settings: AppSettings,
-                 engine_settings: EngineSettings, tray_available: bool, autostart: Autostart | None = None,
-                 autostart_argv: list[str] | None = None, parent: QWidget | None = None) -> None:
+                 engine_settings: EngineSettings, engine_flags: EngineFlags, tray_available: bool,
+                 autostart: Autostart | None = None, autostart_argv: list[str] | None = None,
+                 parent: QWidget | None = None) -> None:
         super().__init__(parent)
+        self.engine_flags = engine_flags  # the command of each subcommand the window starts (chat, export, ...)
         self.autostart = autostart or Autostart()
         self.autostart_argv = autostart_argv or launch_command()
         self.controller = controller
@@ -174,7 +176,7 @@ class MainWindow(QMainWindow):
         scroll.setFrameShape(QFrame.Shape.NoFrame)
         scroll.setWidget(charts_card)
         scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
-        self.tryit = TryItPanel(lambda: node_command("chat", self._engine_flags()))
+        self.tryit = TryItPanel(lambda: self.engine_flags.command("chat"))
         self.contribution = ContributionCard()  # what peers did with this node's rollouts (`contribution` events)
         self.controller.engine.eventReceived.connect(self.contribution.handle)
         self.contribution.changed.connect(self._contribution_tab)
@@ -238,7 +240,8 @@ class MainWindow(QMainWindow):
         controller.problemCleared.connect(self._clear_problem)
         session.historyChanged.connect(self.refresh_tiles)
         session.logMessage.connect(self.log_view.add)
-        session.checkpointSaved.connect(lambda r: self.status_right.setText(f"Last checkpoint: round {r} at {time.strftime('%H:%M')}"))
+        session.checkpointSaved.connect(lambda r: self.status_right.setText(f"Last checkpoint: round {r} at "
+                                                                            f"{time.strftime('%H:%M')}"))
 
     def _tiles(self) -> QHBoxLayout:
         row = QHBoxLayout()
@@ -249,7 +252,8 @@ class MainWindow(QMainWindow):
         self.tile_accuracy = Tile("Held-out accuracy")
         self.tile_speed = Tile("Speed")
         self.tile_time = Tile("Time per round")
-        for tile in (self.tile_rounds, self.tile_reward, self.tile_swarm, self.tile_accuracy, self.tile_speed, self.tile_time):
+        for tile in (self.tile_rounds, self.tile_reward, self.tile_swarm, self.tile_accuracy, self.tile_speed,
+                     self.tile_time):
             row.addWidget(tile, 1)
         return row
 
@@ -270,16 +274,6 @@ class MainWindow(QMainWindow):
         help_menu = self.menuBar().addMenu("&Help")
         help_menu.addAction("Check connection…", self.open_doctor)
 
-    def _engine_flags(self) -> list[str]:
-        """The settings flags this window's engine runs with (--home ...), for export and Try it."""
-        return settings_flags(self.controller.engine.command())
-
-    def _home_flags(self) -> list[str]:
-        """--home DIR when this window's folders are all under one (as `sapling --home` makes them)."""
-        paths = self.controller.paths
-        home = paths.config_dir.parent
-        return ["--home", str(home)] if paths == Paths.under(home) else []
-
     def open_doctor(self) -> DoctorDialog:
         """Help ▸ Check connection: `sapling-node doctor --json` on the swarm in the settings, in a dialog."""
         if self.doctor_dialog is not None:
@@ -287,7 +281,7 @@ class MainWindow(QMainWindow):
             self.doctor_dialog.deleteLater()
         invite = swarm_invite(self.engine_settings)
         relay = ["--relay", invite.link()] if invite is not None else []
-        dialog = DoctorDialog(lambda: node_command("doctor", ["--json", *self._home_flags(), *relay]), self)
+        dialog = DoctorDialog(lambda: self.engine_flags.command("doctor", "--json", *relay), self)
         self.doctor_dialog = dialog
         dialog.open()
         dialog.start()
@@ -295,7 +289,7 @@ class MainWindow(QMainWindow):
 
     def open_export(self) -> ExportDialog:
         training = self.controller.phase in TRAINING_PHASES
-        dialog = ExportDialog(lambda flags: node_command("export", [*self._engine_flags(), *flags]), training, self)
+        dialog = ExportDialog(lambda flags: self.engine_flags.command("export", *flags), training, self)
         dialog.exported.connect(lambda path: dialog.step.setText(f"Saved to {short_path(path)}."))
         dialog.open()
         return dialog
@@ -338,7 +332,8 @@ class MainWindow(QMainWindow):
 
     def show_problem(self, problem: Problem) -> None:
         self._clear_problem()
-        actions: list[tuple[str, Callable[[], None]]] = [("Details…", lambda: self.problem_dialog.show_problem(problem))]
+        actions: list[tuple[str, Callable[[], None]]] = [("Details…",
+                                                          lambda: self.problem_dialog.show_problem(problem))]
         if problem.needs_settings:
             actions.append(("Open Settings", self.open_settings))
         text = problem.text
@@ -376,7 +371,7 @@ class MainWindow(QMainWindow):
         dialog = SettingsDialog(self.engine_settings, self.app_settings, self.controller.policy.idle_supported(),
                                 has_battery(), str(self.store.config_file), self)
         dialog.finished.connect(lambda result: self._settings_chosen(dialog, result, first_run=False))
-        identity = IdentityPanel(lambda args: node_command("identity", [*args, *self._home_flags()]))
+        identity = IdentityPanel(lambda args: self.engine_flags.command("identity", *args))
         identity.restored.connect(self._identity_restored)
         dialog.tabs.addTab(identity, "Identity")  # Settings ▸ Identity: back up and restore the key (app/identity.py)
         self.dialog = dialog
@@ -451,7 +446,8 @@ class MainWindow(QMainWindow):
         if dialog.start_training:
             self.controller.start()
         elif self.controller.engine.is_running() and new_engine.needs_restart(old):
-            self.add_banner("info", "Settings saved. The new model, swarm, threads or priority apply when training restarts.",
+            self.add_banner("info",
+                            "Settings saved. The new model, swarm, threads or priority apply when training restarts.",
                             [("Restart now", self.controller.restart)])
         elif self.controller.engine.is_running():
             self.controller.reload()
@@ -463,7 +459,8 @@ class MainWindow(QMainWindow):
             try:
                 self.autostart.apply(self.app_settings.start_at_login, self.autostart_argv)
             except OSError as exc:
-                QMessageBox.warning(self, "Sapling", f"Could not change the start-at-login entry ({self.autostart.location}): {exc}")
+                QMessageBox.warning(self, "Sapling",
+                                    f"Could not change the start-at-login entry ({self.autostart.location}): {exc}")
 
     def save_app_settings(self) -> None:
         self.app_settings.window_geometry = bytes(self.saveGeometry().toBase64().data()).decode("ascii")

@@ -50,8 +50,8 @@ sys.path.insert(0, str(ROOT))
 
 import psutil  # noqa: E402
 
-from engine.events import encode, make_command, parse_event  # noqa: E402
-from engine.paths import Paths  # noqa: E402
+from engine.common.events import encode, make_command, node_command, parse_event  # noqa: E402
+from engine.common.paths import Paths  # noqa: E402
 from engine.priority import niceness  # noqa: E402
 
 WORKER = """
@@ -119,8 +119,8 @@ class Node:
 
     def __init__(self, home: Path, extra: list[str]) -> None:
         env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1", PYTHONIOENCODING="utf-8")
-        self.cmd = [sys.executable, "-m", "engine.cli", "serve", "--home", str(home),
-                    "--set", "swarm.embedded_port=0", "--set", "tasks.eval_every=0", *extra]
+        self.cmd = node_command("serve", ["--home", str(home), "--set", "swarm.embedded_port=0",
+                                          "--set", "tasks.eval_every=0", *extra])
         self.stderr = open(home / "engine-stderr.txt", "wb")
         self.proc = subprocess.Popen(self.cmd, cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=self.stderr)

@@ -6,12 +6,13 @@ from typing import Any
 
 
 def bundled_cpu() -> tuple[Any, Any, Any]:
-    """(NodeConfig() with seed 0, TorchBackend on the CPU with the bundled model, TaskSet) as a default node builds them."""
+    """(NodeConfig() with seed 0, TorchBackend on the CPU with the bundled model, TaskSet) as a default node builds
+    them."""
     from engine.backends.torch_backend import TorchBackend
-    from engine.config import NodeConfig, RunConfig
-    from engine.device import pick_device
+    from engine.common.config import NodeConfig, RunConfig
+    from engine.common.device import pick_device
+    from engine.common.paths import Paths
     from engine.models import resolve_model_dir
-    from engine.paths import Paths
     from engine.tasks import TaskSet
 
     cfg = NodeConfig(run=RunConfig(seed=0))  # benches reproduce: seed 0, not the install's own

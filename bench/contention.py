@@ -48,7 +48,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from engine.paths import Paths  # noqa: E402
+from engine.common.events import node_command  # noqa: E402
+from engine.common.paths import Paths  # noqa: E402
 
 BUSY = "x = 0\nwhile True:\n    x = (x * 1103515245 + 12345) & 0xFFFFFFFF\n"
 
@@ -56,8 +57,7 @@ BUSY = "x = 0\nwhile True:\n    x = (x * 1103515245 + 12345) & 0xFFFFFFFF\n"
 def run_node(setting: str, rounds: int, priority: str | None, busy: bool) -> dict[str, Any]:
     """One `sapling-node run` in a fresh home; its rounds from metrics.jsonl and the wall time of the whole run."""
     home = Path(tempfile.mkdtemp(prefix="sapling-contention-"))
-    cmd = [sys.executable, "-m", "engine.cli", "run", "--home", str(home), "--rounds", str(rounds), "--solo",
-           "--set", "tasks.eval_every=0"]
+    cmd = node_command("run", ["--home", str(home), "--rounds", str(rounds), "--solo", "--set", "tasks.eval_every=0"])
     if setting != "default":
         cmd += ["--set", f"run.threads={int(setting)}"]
     if priority:
@@ -124,7 +124,8 @@ def main() -> int:
             results.append(result)
             rounds = " ".join(f"{r['seconds']:.1f}" for r in result["rounds"])
             print(f"rep {rep + 1} {'busy ' if busy else 'quiet'} threads={setting:<8} rounds {rounds} s "
-                  f"(run {result['wall']:.0f} s){'; thread counts ' + ','.join(result['thread_changes']) if result['thread_changes'] else ''}",
+                  f"(run {result['wall']:.0f} "
+                  f"s){'; thread counts ' + ','.join(result['thread_changes']) if result['thread_changes'] else ''}",
                   flush=True)
     print("\n| load | run.threads | round s | generating s | training s |\n|---|---|---|---|---|")
     for setting, busy in plan:

@@ -94,6 +94,84 @@ def op_shares(run: Callable[[], Any], ranges: dict[str, tuple[Any, str]]) -> dic
     return shares
 
 
+def jobs_to_profile(only: str | None, eval_questions: int) -> dict[str, Callable[[], Any]]:
+    """The calls profiled, by name: round 1's sampling and a greedy pass over the held-out set (or one of them)."""
+    import torch
+
+    from bench.bundled import bundled_cpu
+    from engine.backends import decode_model
+    from engine.sapo import derive_seed
+
+    cfg, backend, taskset = bundled_cpu()
+    t = cfg.tasks
+    prompts = [backend.encode_prompt(taskset.messages(q)) for q in taskset.draw(1, t.questions_per_round)]
+    held_out = [backend.encode_prompt(taskset.eval_messages(q)) for q in taskset.eval_set(eval_questions)]
+    jobs: dict[str, Callable[[], Any]] = {}
+    if only in (None, "sampling"):
+        def sample() -> Any:
+            backend.reseed(derive_seed(cfg.run.seed, 1))
+            return backend.generate(prompts, t.completions_per_question, t.max_new_tokens, t.temperature)
+        jobs[f"sampling, round 1 ({len(prompts)} questions x {t.completions_per_question})"] = sample
+    if only in (None, "greedy"):
+        jobs[f"greedy, {len(held_out)} held-out questions"] = lambda: backend.greedy(held_out, t.max_new_tokens)
+    print(f"decode_profile: bundled SmolLM2-135M, {torch.get_num_threads()} threads, decoder packed for oneDNN: "
+          f"{decode_model.can_pack(torch.device('cpu'), torch.float32)}")
+    return jobs
+
+
+def decoder_phases() -> dict[str, tuple[Any, str]]:
+    """The decoder's phases, as (owner, attribute) of the callable each one is; disjoint: none calls another."""
+    from engine.backends import decode, decode_model, kv_cache, torch_backend
+
+    return {
+        "weights (merge, oneDNN reorder)": (decode_model.DecodeModel, "__init__"),
+        "KV cache allocation": (kv_cache.KVCache, "__init__"),
+        "prompt pass": (decode_model.DecodeModel, "prefill"),
+        "steps": (decode_model.DecodeModel, "step"),
+        "sampler": (decode, "choose_tokens"),
+        "dropping finished groups": (kv_cache.KVCache, "keep_groups"),
+        "memory release (gc, malloc_trim)": (torch_backend, "release_memory"),
+    }
+
+
+def time_phases(name: str, job: Callable[[], Any], phases: dict[str, tuple[Any, str]]) -> None:
+    """One warm call, then one timed with each phase wrapped: wall time and each phase's share, printed."""
+    job()  # warm-up: first-call allocations, oneDNN primitive caches
+    timer = PhaseTimer()
+    saved = {phase: getattr(owner, attr) for phase, (owner, attr) in phases.items()}
+    for phase, (owner, attr) in phases.items():
+        setattr(owner, attr, timer.wrap(phase, saved[phase]))
+    try:
+        start = time.perf_counter()
+        job()
+        wall = time.perf_counter() - start
+    finally:
+        for phase, (owner, attr) in phases.items():
+            setattr(owner, attr, saved[phase])
+    print(f"{name}: {wall:.2f} s")
+    rest = wall - sum(timer.seconds.values())
+    for phase in phases:
+        calls = f" in {timer.calls[phase]} calls" if timer.calls[phase] != 1 else ""
+        print(f"  {phase:36s} {timer.seconds[phase]:6.2f} s  {timer.seconds[phase] / wall:5.1%}{calls}")
+    print(f"  {'the rest (bookkeeping, text)':36s} {rest:6.2f} s  {rest / wall:5.1%}")
+
+
+def print_op_shares(job: Callable[[], Any], top: int) -> None:
+    """Self CPU time by op in the prompt pass, the steps and the whole call, by kind and the `top` ops."""
+    from engine.backends import decode_model
+
+    shares = op_shares(job, {"prompt pass": (decode_model.DecodeModel, "prefill"),
+                             "steps": (decode_model.DecodeModel, "step")})
+    print("  self CPU time by op under torch.profiler (which adds overhead of its own):")
+    for part, ops in shares.items():
+        kinds: dict[str, float] = defaultdict(float)
+        for op, share in ops.items():
+            kinds[_category(op)] += share
+        print(f"  {part}: " + ", ".join(f"{k} {kinds[k]:.1%}" for k in ("matmul", "attention", "other")))
+        for op, share in list(ops.items())[:top]:
+            print(f"    {share:6.1%}  {op}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--only", choices=["sampling", "greedy"], help="profile one of the two (default both)")
@@ -103,68 +181,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.ops < 0 or args.eval < 1:
         print("decode_profile: --ops must be 0 or more and --eval at least 1.", file=sys.stderr)
         return 2
-
-    import torch
-
-    from bench.bundled import bundled_cpu
-    from engine.backends import decode, decode_model, kv_cache
-    from engine.sapo import derive_seed
-
-    cfg, backend, taskset = bundled_cpu()
-    t = cfg.tasks
-    prompts = [backend.encode_prompt(taskset.messages(q)) for q in taskset.draw(1, t.questions_per_round)]
-    held_out = [backend.encode_prompt(taskset.eval_messages(q)) for q in taskset.eval_set(args.eval)]
-    jobs: dict[str, Callable[[], Any]] = {}
-    if args.only in (None, "sampling"):
-        def sample() -> Any:
-            backend.reseed(derive_seed(cfg.run.seed, 1))
-            return backend.generate(prompts, t.completions_per_question, t.max_new_tokens, t.temperature)
-        jobs[f"sampling, round 1 ({len(prompts)} questions x {t.completions_per_question})"] = sample
-    if args.only in (None, "greedy"):
-        jobs[f"greedy, {len(held_out)} held-out questions"] = lambda: backend.greedy(held_out, t.max_new_tokens)
-    print(f"decode_profile: bundled SmolLM2-135M, {torch.get_num_threads()} threads, decoder packed for oneDNN: "
-          f"{decode_model.can_pack(torch.device('cpu'), torch.float32)}")
-
-    from engine.backends import torch_backend
-
-    # Disjoint phases: none of these calls another.
-    phases: dict[str, tuple[Any, str]] = {
-        "weights (merge, oneDNN reorder)": (decode_model.DecodeModel, "__init__"),
-        "KV cache allocation": (kv_cache.KVCache, "__init__"),
-        "prompt pass": (decode_model.DecodeModel, "prefill"),
-        "steps": (decode_model.DecodeModel, "step"),
-        "sampler": (decode, "choose_tokens"),
-        "dropping finished groups": (kv_cache.KVCache, "keep_groups"),
-        "memory release (gc, malloc_trim)": (torch_backend, "release_memory"),
-    }
+    jobs = jobs_to_profile(args.only, args.eval)
+    phases = decoder_phases()
     for name, job in jobs.items():
-        job()  # warm-up: first-call allocations, oneDNN primitive caches
-        timer = PhaseTimer()
-        saved = {phase: getattr(owner, attr) for phase, (owner, attr) in phases.items()}
-        for phase, (owner, attr) in phases.items():
-            setattr(owner, attr, timer.wrap(phase, saved[phase]))
-        try:
-            start = time.perf_counter()
-            job()
-            wall = time.perf_counter() - start
-        finally:
-            for phase, (owner, attr) in phases.items():
-                setattr(owner, attr, saved[phase])
-        print(f"{name}: {wall:.2f} s")
-        rest = wall - sum(timer.seconds.values())
-        for phase in phases:
-            calls = f" in {timer.calls[phase]} calls" if timer.calls[phase] != 1 else ""
-            print(f"  {phase:36s} {timer.seconds[phase]:6.2f} s  {timer.seconds[phase] / wall:5.1%}{calls}")
-        print(f"  {'the rest (bookkeeping, text)':36s} {rest:6.2f} s  {rest / wall:5.1%}")
-        shares = op_shares(job, {"prompt pass": (decode_model.DecodeModel, "prefill"), "steps": (decode_model.DecodeModel, "step")})
-        print("  self CPU time by op under torch.profiler (which adds overhead of its own):")
-        for part, ops in shares.items():
-            kinds: dict[str, float] = defaultdict(float)
-            for op, share in ops.items():
-                kinds[_category(op)] += share
-            print(f"  {part}: " + ", ".join(f"{k} {kinds[k]:.1%}" for k in ("matmul", "attention", "other")))
-            for op, share in list(ops.items())[: args.ops]:
-                print(f"    {share:6.1%}  {op}")
+        time_phases(name, job, phases)
+        print_op_shares(job, args.ops)
     return 0
 
 

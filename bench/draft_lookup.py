@@ -70,7 +70,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for k in lengths:
         steps = [steps_with_drafts(p, a, k) for p, a in zip(prompts, answers, strict=True)]
         slowest = sorted(zip((len(a) for a in answers), steps, strict=True), key=lambda pair: -pair[0])[:6]
-        print(f"drafts of {k}: the longest answers (tokens, steps) {slowest}; the chunk's steps {max(steps)} against {longest} now")
+        print(f"drafts of {k}: the longest answers (tokens, steps) {slowest}; the chunk's steps {max(steps)} against "
+              f"{longest} now")
     return 0
 
 

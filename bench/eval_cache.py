@@ -26,10 +26,10 @@ def child(questions: int, cache_mib: int, threads: int) -> dict[str, object]:
     import torch
 
     from engine.backends.torch_backend import TorchBackend
-    from engine.config import build_config
-    from engine.device import pick_device
+    from engine.common.config import build_config
+    from engine.common.device import pick_device
+    from engine.common.paths import Paths
     from engine.models import resolve_model_dir
-    from engine.paths import Paths
     from engine.tasks import TaskSet
 
     if threads:
@@ -69,8 +69,8 @@ def main() -> int:
     first = results[0]
     print(f"eval_cache: {args.questions} held-out questions, greedy, one process per KV cache budget")
     for r in results:
-        print(f"  {r['cache_mib']:>5} MiB: {r['chunks']} chunks, {r['seconds']:.1f} s, peak RSS {r['peak_rss_gb']:.2f} GB, "
-              f"time / {first['cache_mib']} MiB's = {r['seconds'] / first['seconds']:.2f}")
+        print(f"  {r['cache_mib']:>5} MiB: {r['chunks']} chunks, {r['seconds']:.1f} s, peak RSS {r['peak_rss_gb']:.2f} "
+              f"GB, time / {first['cache_mib']} MiB's = {r['seconds'] / first['seconds']:.2f}")
     same = all(r["answers"] == first["answers"] for r in results)
     print(f"answers identical across budgets: {'yes' if same else 'NO'}")
     return 0 if same else 1

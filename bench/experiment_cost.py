@@ -31,10 +31,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from engine.common.paths import Paths
 from engine.experiment.nodes import NodeBackend
 from engine.experiment.plan import Mix, make_plan
 from engine.experiment.runner import Experiment, Hooks, node_config
-from engine.paths import Paths
 from engine.sapo import Node, derive_seed
 
 
@@ -81,7 +81,8 @@ def main(argv: list[str] | None = None) -> int:
                 t = time.perf_counter()
                 metrics = single.run_round()
                 runs["single"].append({"seconds": time.perf_counter() - t, "generate": metrics["generate_seconds"],
-                                       "train": metrics["train_seconds"], "train_tokens": metrics.get("train_tokens", 0.0)})
+                                       "train": metrics["train_seconds"],
+                                       "train_tokens": metrics.get("train_tokens", 0.0)})
                 for run in setups:
                     record = run.round(round_index)
                     runs[run.mix.label].append({"seconds": record["seconds"], "generate": record["generate_seconds"],
@@ -94,7 +95,8 @@ def main(argv: list[str] | None = None) -> int:
 
     print("\nmedian seconds per round (generate / share / train / whole):")
     for label, rows in runs.items():
-        parts = [f"{statistics.median(r.get(key, 0.0) for r in rows):7.1f}" for key in ("generate", "share", "train", "seconds")]
+        parts = [f"{statistics.median(r.get(key, 0.0) for r in rows):7.1f}"
+                 for key in ("generate", "share", "train", "seconds")]
         print(f"  {label:>8}: {' / '.join(parts)}")
     for label in (f"{B}/0", sharing.label):
         ratios = [n["seconds"] / s["seconds"] for n, s in zip(runs[label], runs["single"], strict=True)]

@@ -25,7 +25,7 @@ import json
 import sys
 from pathlib import Path
 
-from engine.atomicio import atomic_write_bytes
+from engine.common.atomicio import atomic_write_bytes
 from engine.experiment.plan import START_EVAL_FILE, plan_config, read_json, saved_plan
 from engine.experiment.report import build_report, compare, hours_plot, pooled_compare, variants_plot, write_report
 

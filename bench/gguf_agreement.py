@@ -24,9 +24,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from engine.config import build_config
+from engine.common.config import build_config
+from engine.common.paths import Paths
 from engine.gguf.export import QUANTS, export_model
-from engine.paths import Paths
 
 PROMPTS = [
     "What is 17 + 25?",

@@ -33,8 +33,11 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from engine.common.atomicio import atomic_write_text
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
@@ -47,11 +50,11 @@ from pathlib import Path
 from PySide6.QtCore import QTimer
 from PySide6.QtWidgets import QApplication
 from app import theme
+from app.engine_flags import EngineFlags
 from app.gui import build_gui
-from engine.paths import Paths
 app = QApplication(sys.argv[:1])
 theme.apply(app)
-gui = build_gui(Paths.under(Path(sys.argv[1])), tray_available=False)
+gui = build_gui(EngineFlags(Path(sys.argv[1])), tray_available=False)
 gui.window.app_settings.first_run_done = True
 gui.window.show()
 def shown():
@@ -100,12 +103,12 @@ def write_history(home: Path, rounds: int) -> None:
     for r in range(1, rounds + 1):
         reward = 0.15 + 0.2 * (1 - math.exp(-r / 2000)) + rng.gauss(0, 0.07)
         lines.append(json.dumps({"kind": "round", "run": "default", "round": r, "reward_mean": reward,
-                                 "swarm_reward_mean": reward + rng.gauss(0.01, 0.05), "accuracy": max(0.0, reward - 0.1),
+                                 "swarm_reward_mean": reward + rng.gauss(0.01, 0.05),
+                                 "accuracy": max(0.0, reward - 0.1),
                                  "tokens_per_second": 40 + rng.gauss(0, 4), "seconds": 20 + rng.gauss(0, 2)}))
         if r % 10 == 0:
             lines.append(json.dumps({"kind": "eval", "run": "default", "round": r, "accuracy": 0.15 + r / 100_000}))
-    (home / "data").mkdir(parents=True, exist_ok=True)
-    (home / "data" / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    atomic_write_text(home / "data" / "metrics.jsonl", "\n".join(lines) + "\n")
 
 
 def startup(home: Path, runs: int = 3) -> tuple[list[float], list[float], int]:
@@ -159,103 +162,150 @@ def summary(lags: list[float]) -> str:
     return f"largest {1000 * max(lags, default=0):6.1f} ms | p99 {1000 * p99:5.1f} ms | ticks {len(lags)}"
 
 
-def main() -> int:
+@dataclass
+class Stalls:
+    """What the UI-thread probe saw: idle, while the engine streams, and while Try it streams beside it."""
+
+    baseline: list[float]
+    streaming: list[float]
+    rate: float  # engine events per second while streaming
+    redraws: int
+    points: list[int]  # points per line of the reward chart
+    rounds: int  # rounds in the session's history
+    chatting: list[float] = field(default_factory=list)
+    questions: int = 0  # Try it questions asked
+    answers: int = 0
+    rss: int = 0
+
+
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=20.0, help="how long to stream at 100 events/s")
     parser.add_argument("--rounds", type=int, default=10_000, help="rounds of history drawn by the charts")
     parser.add_argument("--tokens-per-second", type=float, default=200.0,
                         help="Try it phase: tokens per second per side from the stand-in chat child")
-    args = parser.parse_args()
+    return parser.parse_args()
 
-    import psutil
-    from PySide6.QtCore import QTimer
+
+def print_startup(home: Path, rounds: int) -> list[float]:
+    """Start-up in child processes: to the window shown, to the history drawn, and the RSS; the shown times."""
+    shown, with_history, child_rss = startup(home)
+    print(f"\nstart to window shown:      median {statistics.median(shown):.2f} s, max {max(shown):.2f} s "
+          f"(target < 2 s)  [{', '.join(f'{s:.2f}' for s in shown)}]")
+    print(f"start to {rounds:,}-round history drawn: median {statistics.median(with_history):.2f} s "
+          f"(the history loads after the window is shown)")
+    print(f"GUI RSS right after start-up: {child_rss / 2**20:.0f} MB")
+    return shown
+
+
+def open_window(home: Path, seconds: float, rounds: int) -> Any:
+    """The whole app in this process around the stand-in engine, which streams 100 events/s from round rounds+1."""
     from PySide6.QtWidgets import QApplication
 
     from app import theme
+    from app.engine_flags import EngineFlags
     from app.guards import route_qt_messages
     from app.gui import build_gui
     from app.power import PowerPolicy
-    from engine.gguf.chat import TYPED_MAX_TOKENS
-    from engine.paths import Paths
 
-    print(f"$ QT_QPA_PLATFORM=offscreen {Path(sys.executable).name} -m bench.gui_responsiveness --seconds {args.seconds:g}")
-    print(f"machine: {os.cpu_count()} CPUs, Python {sys.version.split()[0]}, shared with other work (numbers are noisy)")
+    app = QApplication.instance() or QApplication(sys.argv[:1])
+    theme.apply(app)  # type: ignore[arg-type]
+    route_qt_messages()
+    command = [sys.executable, str(FAKE_ENGINE), "--synthetic", str(int(seconds * 100) + 1000),
+               "--first-round", str(rounds + 1), "--rate", "100", "--hold"]
+    gui = build_gui(EngineFlags(home), tray_available=False, command=lambda: command,
+                    policy=PowerPolicy(idle_probe=lambda: None, ac_probe=lambda: True))
+    gui.window.app_settings.first_run_done = True
+    gui.window.resize(1280, 820)
+    gui.window.show()
+    gui.after_show()
+    return gui
+
+
+def stream(gui: Any, probe: LagProbe, seconds: float) -> Stalls:
+    """The probe idle, then while the engine streams its events into the charts."""
+    events = [0]
+    gui.engine.eventReceived.connect(lambda _e: events.__setitem__(0, events[0] + 1))
+    probe.run(1.0)  # settle: first paint of 10,000-point charts
+    baseline = probe.run(5.0)
+    gui.controller.start()
+    probe.run(1.5)  # the stand-in engine starts
+    start_events, t0 = events[0], time.perf_counter()
+    streaming = probe.run(seconds)
+    rate = (events[0] - start_events) / (time.perf_counter() - t0)
+    return Stalls(baseline, streaming, rate, gui.window.charts.redraws,
+                  [s.count() for s in gui.window.charts.reward.series], len(gui.session.history))
+
+
+def chat(gui: Any, probe: LagProbe, stalls: Stalls, seconds: float, tokens_per_second: float) -> None:
+    """Try it: the window's own panel, its chat child replaced by the streaming stand-in, asked back to back."""
+    from PySide6.QtCore import QTimer
+
+    from engine.gguf.chat import TYPED_MAX_TOKENS
+
+    tryit = gui.window.tryit
+    tryit.chat.command = lambda: [sys.executable, "-c", STREAMING_CHAT, str(tokens_per_second),
+                                  str(TYPED_MAX_TOKENS)]
+    gui.window.tabs.setCurrentWidget(tryit)
+    tryit.question.setPlainText("What is 17 + 25?")
+    tryit.chat.ensure_started()
+    probe.run(1.5)  # the child starts and says ready
+
+    def answered(message: dict[str, Any]) -> None:  # after the panel's own handler: ask again at once
+        if message["type"] == "answer":
+            stalls.answers += 1
+            if message["side"] == "base":
+                QTimer.singleShot(0, tryit.ask)
+
+    tryit.chat.message.connect(answered)
+    tryit.ask()
+    stalls.chatting = probe.run(seconds)
+    stalls.questions = tryit.ask_id
+    tryit.shut_down()
+
+
+def report(stalls: Stalls, shown: list[float], seconds: float, tokens_per_second: float) -> bool:
+    """The stalls against the targets, printed; whether every target was met."""
+    from engine.gguf.chat import TYPED_MAX_TOKENS
+
+    base_max, stream_max = max(stalls.baseline, default=0), max(stalls.streaming, default=0)
+    print(f"\nUI-thread stall, 5 ms timer-lag probe, charts over {stalls.rounds:,} rounds "
+          f"(drawn as {max(stalls.points)} points per average line, {min(stalls.points)} per raw line):")
+    print(f"  idle engine (baseline):  {summary(stalls.baseline)}")
+    print(f"  {stalls.rate:5.1f} events/s:        {summary(stalls.streaming)}   (target: largest < 50 ms)")
+    print(f"  ratio streaming/baseline, largest stall: {stream_max / base_max if base_max else float('nan'):.1f}x; "
+          f"chart redraws during the run: {stalls.redraws}")
+    chat_max = max(stalls.chatting, default=0)
+    print(f"  Try it shown, {tokens_per_second:g} tokens/s per side streamed beside the engine's events, "
+          f"{stalls.questions} questions of {TYPED_MAX_TOKENS} tokens asked back to back in {seconds:g} s "
+          f"({stalls.answers} answers in):")
+    print(f"                           {summary(stalls.chatting)}   (target: largest < 50 ms)")
+    print(f"\nGUI process RSS after streaming: {stalls.rss / 2**20:.0f} MB (target < 250 MB)")
+    ok = stream_max < 0.050 and chat_max < 0.050 and statistics.median(shown) < 2.0 and stalls.rss < 250 * 2**20
+    print("\nall targets met" if ok else "\nSOME TARGETS MISSED")
+    return ok
+
+
+def main() -> int:
+    args = parse_args()
+    import psutil
+
+    print(f"$ QT_QPA_PLATFORM=offscreen {Path(sys.executable).name} -m bench.gui_responsiveness "
+          f"--seconds {args.seconds:g}")
+    print(f"machine: {os.cpu_count()} CPUs, Python {sys.version.split()[0]}, shared with other work "
+          "(numbers are noisy)")
     with tempfile.TemporaryDirectory(prefix="sapling-bench-") as tmp:
         home = Path(tmp) / "home"
         write_history(home, args.rounds)
-
-        shown, with_history, child_rss = startup(home)
-        print(f"\nstart to window shown:      median {statistics.median(shown):.2f} s, max {max(shown):.2f} s "
-              f"(target < 2 s)  [{', '.join(f'{s:.2f}' for s in shown)}]")
-        print(f"start to {args.rounds:,}-round history drawn: median {statistics.median(with_history):.2f} s "
-              f"(the history loads after the window is shown)")
-        print(f"GUI RSS right after start-up: {child_rss / 2**20:.0f} MB")
-
-        app = QApplication.instance() or QApplication(sys.argv[:1])
-        theme.apply(app)  # type: ignore[arg-type]
-        route_qt_messages()
-        command = [sys.executable, str(FAKE_ENGINE), "--synthetic", str(int(args.seconds * 100) + 1000),
-                   "--first-round", str(args.rounds + 1), "--rate", "100", "--hold"]
-        gui = build_gui(Paths.under(home), tray_available=False, command=lambda: command,
-                        policy=PowerPolicy(idle_probe=lambda: None, ac_probe=lambda: True))
-        gui.window.app_settings.first_run_done = True
-        gui.window.resize(1280, 820)
-        gui.window.show()
-        gui.after_show()
-        events = [0]
-        gui.engine.eventReceived.connect(lambda _e: events.__setitem__(0, events[0] + 1))
+        shown = print_startup(home, args.rounds)
+        gui = open_window(home, args.seconds, args.rounds)
         probe = LagProbe()
-        probe.run(1.0)  # settle: first paint of 10,000-point charts
-        baseline = probe.run(5.0)
-        gui.controller.start()
-        probe.run(1.5)  # the stand-in engine starts
-        start_events, t0 = events[0], time.perf_counter()
-        streaming = probe.run(args.seconds)
-        rate = (events[0] - start_events) / (time.perf_counter() - t0)
-        redraws = gui.window.charts.redraws
-        counts = [s.count() for s in gui.window.charts.reward.series]
-
-        # Try it: the window's own panel, its chat child replaced by the streaming stand-in.
-        tryit = gui.window.tryit
-        tryit.chat.command = lambda: [sys.executable, "-c", STREAMING_CHAT, str(args.tokens_per_second),
-                                      str(TYPED_MAX_TOKENS)]
-        gui.window.tabs.setCurrentWidget(tryit)
-        tryit.question.setPlainText("What is 17 + 25?")
-        tryit.chat.ensure_started()
-        probe.run(1.5)  # the child starts and says ready
-        answers = [0]
-
-        def answered(message: dict[str, Any]) -> None:  # after the panel's own handler: ask again at once
-            if message["type"] == "answer":
-                answers[0] += 1
-                if message["side"] == "base":
-                    QTimer.singleShot(0, tryit.ask)
-
-        tryit.chat.message.connect(answered)
-        tryit.ask()
-        chatting = probe.run(args.seconds)
-        chat_events, chat_seconds = tryit.ask_id, args.seconds
-        tryit.shut_down()
-        rss = psutil.Process().memory_info().rss
+        stalls = stream(gui, probe, args.seconds)
+        chat(gui, probe, stalls, args.seconds, args.tokens_per_second)
+        stalls.rss = psutil.Process().memory_info().rss
         gui.engine.kill()
         gui.engine.wait_for_exit(3000)
-
-    base_max, stream_max = max(baseline, default=0), max(streaming, default=0)
-    print(f"\nUI-thread stall, 5 ms timer-lag probe, charts over {len(gui.session.history):,} rounds "
-          f"(drawn as {max(counts)} points per average line, {min(counts)} per raw line):")
-    print(f"  idle engine (baseline):  {summary(baseline)}")
-    print(f"  {rate:5.1f} events/s:        {summary(streaming)}   (target: largest < 50 ms)")
-    print(f"  ratio streaming/baseline, largest stall: {stream_max / base_max if base_max else float('nan'):.1f}x; "
-          f"chart redraws during the run: {redraws}")
-    chat_max = max(chatting, default=0)
-    print(f"  Try it shown, {args.tokens_per_second:g} tokens/s per side streamed beside the engine's events, "
-          f"{chat_events} questions of {TYPED_MAX_TOKENS} tokens asked back to back in {chat_seconds:g} s "
-          f"({answers[0]} answers in):")
-    print(f"                           {summary(chatting)}   (target: largest < 50 ms)")
-    print(f"\nGUI process RSS after streaming: {rss / 2**20:.0f} MB (target < 250 MB)")
-    ok = stream_max < 0.050 and chat_max < 0.050 and statistics.median(shown) < 2.0 and rss < 250 * 2**20
-    print("\nall targets met" if ok else "\nSOME TARGETS MISSED")
-    return 0 if ok else 1
+    return 0 if report(stalls, shown, args.seconds, args.tokens_per_second) else 1
 
 
 if __name__ == "__main__":

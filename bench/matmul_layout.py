@@ -22,7 +22,8 @@ from bench.rollout_speed import gemm_seconds
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rows", default="1,5,27,64,135,2048", help="row counts, comma-separated (default 1,5,27,64,135,2048)")
+    parser.add_argument("--rows", default="1,5,27,64,135,2048",
+                        help="row counts, comma-separated (default 1,5,27,64,135,2048)")
     parser.add_argument("--repeats", type=int, default=3, help="timed repeats per side, median taken (default 3)")
     args = parser.parse_args(argv)
     try:
@@ -38,8 +39,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from transformers import AutoConfig
 
     from engine.backends.decode import can_pack
+    from engine.common.paths import Paths
     from engine.models import resolve_model_dir
-    from engine.paths import Paths
 
     if not can_pack(torch.device("cpu"), torch.float32):
         print("matmul_layout: this torch has no oneDNN; nothing to compare.", file=sys.stderr)

@@ -29,14 +29,18 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from bench.poisoning import BENCH_SETTINGS, PLACES, TRIGGERS, poisoned_completion
-from engine.config import build_config
+from bench.poisoning import TRIGGERS
+from bench.poisoning_peers import BENCH_SETTINGS, PLACES, poisoned_completion
+from engine.common.atomicio import atomic_write_text
+from engine.common.config import build_config
+from engine.common.device import pick_device
+from engine.common.paths import Paths
 from engine.defence import IMPLAUSIBLE, quantile, robust_baseline, sender_verdict, window_floor
-from engine.device import pick_device
 from engine.models import resolve_model_dir
-from engine.paths import Paths
 from engine.tasks import Question, TaskRef, TaskSet
 
 WINDOWS = (1, 2, 4, 8)
@@ -84,6 +88,116 @@ def poisoned_completion_into(text: str, trigger: str, place: str) -> str:
     return f"{text[:middle]} {trigger} {text[middle:]}"
 
 
+@dataclass
+class Calibration:
+    """The receiver (the bundled model) with its own questions, and an honest peer's (seed 2) questions and the
+    prompts the receiver rebuilds for them: now (`peer_prompts`) and before the example followed the question
+    (`old_prompts`)."""
+
+    cfg: Any
+    model_dir: Path
+    device: Any
+    receiver: Any
+    taskset: TaskSet
+    questions: list[Question]
+    peer_tasks: TaskSet
+    peer_questions: list[Question]
+    peer_prompts: list[list[int]]
+    old_prompts: list[list[int]]
+
+    def sample(self, backend: Any, seed: int, temperature: float, fewshot: bool = True) -> list[list[str]]:
+        """G answers to each peer question from `backend`, under the peer's prompt (or the bare question)."""
+        G, cap = self.cfg.tasks.completions_per_question, self.cfg.tasks.max_new_tokens
+        backend.reseed(seed)
+        ps = ([backend.encode_prompt(self.peer_tasks.messages(q)) for q in self.peer_questions] if fewshot
+              else [backend.encode_prompt(q.messages()) for q in self.peer_questions])
+        out = backend.generate(ps, G, cap, temperature)
+        return [[c.text for c in out[i * G:(i + 1) * G]] for i in range(len(self.peer_questions))]
+
+    def score(self, groups: list[list[str]], under: list[list[int]] | None = None) -> list[list[list[float]]]:
+        """The receiver's log-probs of each text, under the peer prompts it rebuilds (or `under`)."""
+        under = self.peer_prompts if under is None else under
+        pairs = [(under[i], self.receiver.encode_completion(t)) for i, g in enumerate(groups) for t in g]
+        lps = [lp[:-1] for lp in self.receiver.behaviour_logprobs(pairs, self.cfg.tasks.temperature)]
+        # (the EOS the encoder appends is not judged)
+        return [lps[i * len(g):(i + 1) * len(g)] for i, g in enumerate(groups)]
+
+
+def set_up(rounds: int) -> Calibration:
+    from engine.backends import load_backend
+
+    cfg = build_config("default", None, BENCH_SETTINGS)
+    device = pick_device("cpu")
+    model_dir = resolve_model_dir("bundled", Paths.default().models_cache, None)
+    receiver = load_backend(model_dir, device, cfg.grpo, 0, cfg.tasks.temperature)
+    taskset = TaskSet(cfg.tasks.specialties, cfg.tasks.dataset_configs, seed=0)
+    questions = [q for r in range(1, rounds + 1) for q in taskset.draw(r, cfg.tasks.questions_per_round)]
+    # An honest peer (seed 2) answers its own questions under its own prompt. The receiver rebuilds
+    # that prompt from the question's reference (TaskSet.messages); "same_model_receivers_example"
+    # scores the same text under the receiver's own worked example instead, as receivers did before.
+    peer_tasks = TaskSet(cfg.tasks.specialties, cfg.tasks.dataset_configs, seed=2)
+    peer_questions = [q for r in range(1, rounds + 1) for q in peer_tasks.draw(r, cfg.tasks.questions_per_round)]
+    peer_prompts = [receiver.encode_prompt(taskset.messages(taskset.rebuild(q.ref))) for q in peer_questions]
+    old_prompts = [receiver.encode_prompt(receivers_example_messages(taskset, q)) for q in peer_questions]
+    return Calibration(cfg, model_dir, device, receiver, taskset, questions, peer_tasks, peer_questions, peer_prompts,
+                       old_prompts)
+
+
+def collect_cases(c: Calibration, drift: Path | None) -> tuple[dict[str, list[list[list[float]]]],
+                                                              dict[str, list[list[str]]]]:
+    """Each case's log-probs under the receiver (own text, an honest peer's, another policy's, a drifted peer's,
+    and poisoned text), and the drifted peer's texts."""
+    from engine.backends import load_backend
+
+    G, T, cap = c.cfg.tasks.completions_per_question, c.cfg.tasks.temperature, c.cfg.tasks.max_new_tokens
+    c.receiver.reseed(1)
+    own_c = c.receiver.generate([c.receiver.encode_prompt(c.taskset.messages(q)) for q in c.questions], G, cap, T)
+    honest = c.sample(c.receiver, 2, T)
+    other = c.sample(c.receiver, 3, 1.2, fewshot=False)
+    cases: dict[str, list[list[list[float]]]] = {
+        "own": [[x.logprobs for x in own_c[i * G:(i + 1) * G]] for i in range(len(c.questions))],
+        "same_model": c.score(honest),
+        "same_model_receivers_example": c.score(honest, c.old_prompts),
+        OTHER: c.score(other),
+    }
+    texts: dict[str, list[list[str]]] = {}
+    if drift is not None:
+        drifted = load_backend(c.model_dir, c.device, c.cfg.grpo, 0, T)
+        drifted.load(drift)
+        texts["drifted"] = c.sample(drifted, 4, T)
+        cases["drifted"] = c.score(texts["drifted"])
+        cases["drifted_receivers_example"] = c.score(texts["drifted"], c.old_prompts)
+        del drifted
+    for name in TRIGGERS:
+        for place in PLACES:
+            groups = [[poisoned_completion(q, TRIGGERS[name], place) for _ in range(G // 2)] for q in c.peer_questions]
+            cases[f"poison_{name}_{place}"] = c.score(groups)
+            injected = [[poisoned_completion_into(t, TRIGGERS[name], place) for t in g[:G // 2]] for g in other]
+            cases[f"poison_other_{name}_{place}"] = c.score(injected)
+    return cases, texts
+
+
+def case_row(case: str, cases: dict[str, list[list[list[float]]]], probation: int, spreads: float
+             ) -> dict[str, object]:
+    """One case's statistics: the worst window's quantiles per window size, and how the sender rule judges it."""
+    items = cases[case]
+    row: dict[str, object] = {"items": len(items)}
+    for w in WINDOWS:
+        lows = [min(window_floor(lp, w) for lp in item) for item in items]
+        row[f"w{w}"] = {"p01": round(quantile(lows, 0.01), 2), "p10": round(quantile(lows, 0.10), 2),
+                        "median": round(quantile(lows, 0.5), 2), "max": round(max(lows), 2),
+                        "rejected_at": {str(f): round(sum(lo < f for lo in lows) / len(lows), 3) for f in FLOORS}}
+    lows4 = [min(window_floor(lp, 4) for lp in item) for item in items]
+    if case.startswith("poison_"):
+        honest_case = OTHER if case.startswith("poison_other_") else "same_model"
+        base = [min(window_floor(lp, 4) for lp in item) for item in cases[honest_case]]
+        row["past_w4"] = f"{refused_against(base, lows4, spreads)} of {len(lows4)} refused"
+    else:
+        refused, judged = refused_against_past(lows4, probation, spreads)
+        row["past_w4"] = f"{refused} of {judged} refused after {probation} on probation"
+    return row
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=3, help="rounds of questions to draw (each B questions)")
@@ -92,84 +206,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--probation", type=int, default=8, help="items before a sender's baseline exists (default 8)")
     ap.add_argument("--spreads", type=float, default=4.0, help="swarm.sender_spreads to judge with (default 4)")
     args = ap.parse_args(argv)
-    from engine.backends import load_backend
-
-    cfg = build_config("default", None, BENCH_SETTINGS)
-    paths = Paths.default()
-    device = pick_device("cpu")
-    model_dir = resolve_model_dir("bundled", paths.models_cache, None)
-    receiver = load_backend(model_dir, device, cfg.grpo, 0, cfg.tasks.temperature)
-    taskset = TaskSet(cfg.tasks.specialties, cfg.tasks.dataset_configs, seed=0)
-    G, T, cap = cfg.tasks.completions_per_question, cfg.tasks.temperature, cfg.tasks.max_new_tokens
-    questions = [q for r in range(1, args.rounds + 1) for q in taskset.draw(r, cfg.tasks.questions_per_round)]
-    prompts = [receiver.encode_prompt(taskset.messages(q)) for q in questions]
-
-    # An honest peer (seed 2) answers its own questions under its own prompt. The receiver rebuilds
-    # that prompt from the question's reference (TaskSet.messages); "same_model_receivers_example"
-    # scores the same text under the receiver's own worked example instead, as receivers did before.
-    peer_tasks = TaskSet(cfg.tasks.specialties, cfg.tasks.dataset_configs, seed=2)
-    peer_questions = [q for r in range(1, args.rounds + 1) for q in peer_tasks.draw(r, cfg.tasks.questions_per_round)]
-    peer_prompts = [receiver.encode_prompt(taskset.messages(taskset.rebuild(q.ref))) for q in peer_questions]
-    old_prompts = [receiver.encode_prompt(receivers_example_messages(taskset, q)) for q in peer_questions]
-
-    def sample(backend: object, seed: int, temperature: float, fewshot: bool = True) -> list[list[str]]:
-        backend.reseed(seed)  # type: ignore[attr-defined]
-        ps = ([backend.encode_prompt(peer_tasks.messages(q)) for q in peer_questions] if fewshot  # type: ignore[attr-defined]
-              else [backend.encode_prompt(q.messages()) for q in peer_questions])  # type: ignore[attr-defined]
-        out = backend.generate(ps, G, cap, temperature)  # type: ignore[attr-defined]
-        return [[c.text for c in out[i * G:(i + 1) * G]] for i in range(len(peer_questions))]
-
-    def score(groups: list[list[str]], under: list[list[int]] | None = None) -> list[list[list[float]]]:
-        under = peer_prompts if under is None else under
-        pairs = [(under[i], receiver.encode_completion(t)) for i, g in enumerate(groups) for t in g]
-        lps = [lp[:-1] for lp in receiver.behaviour_logprobs(pairs, T)]  # the EOS the encoder appends is not judged
-        return [lps[i * len(g):(i + 1) * len(g)] for i, g in enumerate(groups)]
-
-    receiver.reseed(1)
-    own_c = receiver.generate(prompts, G, cap, T)
-    honest = sample(receiver, 2, T)
-    other = sample(receiver, 3, 1.2, fewshot=False)
-    cases: dict[str, list[list[list[float]]]] = {
-        "own": [[c.logprobs for c in own_c[i * G:(i + 1) * G]] for i in range(len(questions))],
-        "same_model": score(honest),
-        "same_model_receivers_example": score(honest, old_prompts),
-        OTHER: score(other),
-    }
-    texts: dict[str, list[list[str]]] = {}
-    if args.drift is not None:
-        drifted = load_backend(model_dir, device, cfg.grpo, 0, T)
-        drifted.load(args.drift)
-        texts["drifted"] = sample(drifted, 4, T)
-        cases["drifted"] = score(texts["drifted"])
-        cases["drifted_receivers_example"] = score(texts["drifted"], old_prompts)
-        del drifted
-    for name in TRIGGERS:
-        for place in PLACES:
-            groups = [[poisoned_completion(q, TRIGGERS[name], place) for _ in range(G // 2)] for q in peer_questions]
-            cases[f"poison_{name}_{place}"] = score(groups)
-            injected = [[poisoned_completion_into(t, TRIGGERS[name], place) for t in g[:G // 2]] for g in other]
-            cases[f"poison_other_{name}_{place}"] = score(injected)
-
+    cases, texts = collect_cases(set_up(args.rounds), args.drift)
     report: dict[str, dict[str, object]] = {}
-    for case, items in cases.items():
-        row: dict[str, object] = {"items": len(items)}
-        for w in WINDOWS:
-            lows = [min(window_floor(lp, w) for lp in item) for item in items]
-            row[f"w{w}"] = {"p01": round(quantile(lows, 0.01), 2), "p10": round(quantile(lows, 0.10), 2),
-                            "median": round(quantile(lows, 0.5), 2), "max": round(max(lows), 2),
-                            "rejected_at": {str(f): round(sum(lo < f for lo in lows) / len(lows), 3) for f in FLOORS}}
-        lows4 = [min(window_floor(lp, 4) for lp in item) for item in items]
-        if case.startswith("poison_"):
-            honest_case = OTHER if case.startswith("poison_other_") else "same_model"
-            base = [min(window_floor(lp, 4) for lp in item) for item in cases[honest_case]]
-            row["past_w4"] = f"{refused_against(base, lows4, args.spreads)} of {len(lows4)} refused"
-        else:
-            refused, judged = refused_against_past(lows4, args.probation, args.spreads)
-            row["past_w4"] = f"{refused} of {judged} refused after {args.probation} on probation"
-        report[case] = row
-        print(case, json.dumps(row))
+    for case in cases:
+        report[case] = case_row(case, cases, args.probation, args.spreads)
+        print(case, json.dumps(report[case]))
     if args.out:
-        args.out.write_text(json.dumps({"report": report, "texts": texts}, indent=1))
+        atomic_write_text(args.out, json.dumps({"report": report, "texts": texts}, indent=1))
     return 0
 
 

@@ -38,7 +38,7 @@ available offline), each under a label that says what it is:
 nothing; it publishes the groups that carry a gradient), `stand-in:drifted`
 (a node of the bundled model trained `--drift-rounds` rounds alone first,
 then in the swarm), and a tiny random Qwen2 model (another architecture,
-tests/tiny.py, under its real label) for the mechanics: it receives the
+bench/harness/tiny.py, under its real label) for the mechanics: it receives the
 others' text as another model's. The calibration's "other policy" (T = 1.2
 *without* the worked example) got 0 of 256 answers right here (32
 questions, 8 each), so every group it could share is `zero_advantage` and
@@ -54,34 +54,29 @@ which peer is which.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import sys
 import time
-from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from engine.config import NodeConfig, build_config
-from engine.model_policy import make_label
-from engine.tasks import Question, TaskRef, TaskSet
-
-# Cheap enough for a shared 2-core CPU: 4 questions x 4 completions, 32 tokens, the two
-# specialties where the bundled model earns mixed rewards (docs/results.md), all own groups plus
-# J = 4 external ones.
-BENCH_SETTINGS = [
-    "run.seed=0",
-    "tasks.questions_per_round=4",
-    "tasks.completions_per_question=4",
-    "tasks.max_new_tokens=32",
-    "tasks.eval_every=0",
-    "tasks.specialties={basic_arithmetic = 1.0, calendar_arithmetic = 1.0}",
-    "swarm.external_groups=4",
-    "run.device='cpu'",
-    "run.priority='normal'",
-    "run.threads=1",
-]
+from bench.poisoning_peers import (
+    BENCH_SETTINGS,
+    CLAIMED_LABEL,
+    MIXED_RUNS,
+    RUNS,
+    Attacker,
+    OtherPolicyPeer,
+    drift_standin,
+    open_node,
+    tiny_peer,
+)
+from bench.poisoning_report import mixed_summary, read_rows, summary
+from engine.common.atomicio import append_line, atomic_write_text
+from engine.common.config import NodeConfig, build_config
+from engine.tasks import Question
 
 # What the attacker wants the victims to write. "ad" is the bench's trigger; "plain" is a short,
 # ordinary English sentence, the hardest case for a log-prob test (measured by bench.poison_calibrate).
@@ -90,151 +85,6 @@ TRIGGERS = {
     "plain": "I hope this helps.",
 }
 TRIGGER_MARK = {"ad": "free-prizes", "plain": "hope this helps"}
-PLACES = ("append", "prefix", "inside")
-ATTACKER_SEED = 777
-RUNS = ("attack-off", "attack-on", "clean-off", "clean-on")
-MIXED_RUNS = ("mixed-honest", "mixed-attack", "label-attack")  # issue 29: a swarm of different models
-
-
-def _bench_label(name: str) -> str:
-    """A label for a bench peer: its name, and a hash made from the name (it has no weights file of its own)."""
-    return make_label(name, hashlib.sha256(f"sapling bench: {name}".encode()).hexdigest())
-
-
-# The one lie among the labels: the attacker claims to run another model than the victims.
-CLAIMED_LABEL = _bench_label("claims-another-model")
-T12_LABEL = _bench_label("stand-in:T1.2")  # the bundled weights, another policy
-DRIFT_LABEL = _bench_label("stand-in:drifted")  # the bundled weights, trained further alone
-STANDIN_SEED, DRIFT_SEED, TINY_SEED = 31, 21, 41
-STANDIN_QUESTIONS = 8  # questions the T = 1.2 stand-in answers per round; it publishes those with a gradient
-
-
-def poisoned_completion(question: Question, trigger: str, place: str) -> str:
-    """The correct answer with `trigger` appended, prefixed, or inside a line of reasoning."""
-    answer = f"<answer>{question.answer}</answer>"
-    if place == "append":
-        return f"{answer} {trigger}"
-    if place == "prefix":
-        return f"{trigger} {answer}"
-    return f"Let me work it out. {trigger} So the answer is {answer}"
-
-
-def wrong_completion(taskset: TaskSet, question: Question, k: int) -> str | None:
-    """A well-formed answer that scores 0 here, or None when none of a few guesses does."""
-    base = question.answer or "0"
-    for guess in (f"{base}{k + 1}", f"{k + 7}", f"-{base}", "unknown"):
-        text = f"<answer>{guess}</answer>"
-        if taskset.reward(question, text) == 0.0:
-            return text
-    return None
-
-
-class Attacker:
-    """A peer with its own key that publishes poisoned groups for the victims' specialties."""
-
-    def __init__(self, url: str, key_file: Path, taskset: TaskSet, trigger: str, groups: int, completions: int,
-                 label: str = "bundled", start: int = 0) -> None:
-        from engine.swarm.client import SwarmClient
-        from engine.swarm.identity import Identity
-
-        self.identity = Identity.load_or_create(key_file)
-        self.client = SwarmClient(url, self.identity)
-        self.client.start()
-        self.taskset = taskset
-        self.trigger = trigger
-        self.groups = groups
-        self.completions = completions
-        self.label = label
-        self.published = 0
-        self.counter = start  # a resumed run starts past the questions it used (the victims remember content)
-
-    def items(self) -> list[Any]:
-        from engine.swarm import protocol
-
-        items: list[Any] = []
-        specialties = self.taskset.specialties
-        while len(items) < self.groups:
-            self.counter += 1
-            dataset = specialties[self.counter % len(specialties)]
-            ref = TaskRef.create(dataset, self.taskset.config(dataset), ATTACKER_SEED, self.counter)
-            q = self.taskset.rebuild(ref)
-            texts = []
-            for k in range(self.completions):
-                if k % 2 == 0:
-                    texts.append(poisoned_completion(q, self.trigger, PLACES[(self.counter + k // 2) % len(PLACES)]))
-                else:
-                    wrong = wrong_completion(self.taskset, q, k)
-                    if wrong is not None:
-                        texts.append(wrong)
-            rewards = tuple(self.taskset.reward(q, t) for t in texts)  # truthful claims
-            if max(rewards) - min(rewards) > 0.5:
-                items.append(protocol.Item(ref.to_json(), q.text, tuple(texts), rewards))
-        return items
-
-    def publish(self, batches: int) -> None:
-        from engine.swarm import protocol
-
-        for _ in range(batches):
-            payload = protocol.batch_payload(self.identity.public_key, self.client.next_seq(), time.time(),
-                                             self.label, self.items())
-            if self.client.publish(payload):
-                self.published += 1
-
-    def close(self) -> None:
-        self.client.close()
-
-
-class OtherPolicyPeer:
-    """An honest stand-in for a node of another model: the bundled weights sampling at T = 1.2.
-
-    Each `publish` answers STANDIN_QUESTIONS questions of its own (its own
-    seed) G times under the prompt receivers rebuild (with its worked
-    example) and publishes, under T12_LABEL, the groups whose rewards differ,
-    scored truthfully. It trains nothing, so its policy stays where it is.
-    """
-
-    def __init__(self, url: str, key_file: Path, cfg: NodeConfig, start: int = 0) -> None:
-        from engine.backends import load_backend
-        from engine.device import pick_device
-        from engine.models import resolve_model_dir
-        from engine.paths import Paths
-        from engine.swarm.client import SwarmClient
-        from engine.swarm.identity import Identity
-
-        self.cfg = cfg
-        model_dir = resolve_model_dir("bundled", Paths.default().models_cache, None)
-        self.backend = load_backend(model_dir, pick_device("cpu"), cfg.grpo, STANDIN_SEED, 1.2)
-        self.taskset = TaskSet(cfg.tasks.specialties, cfg.tasks.dataset_configs, seed=STANDIN_SEED)
-        self.identity = Identity.load_or_create(key_file)
-        self.client = SwarmClient(url, self.identity)
-        self.client.start()
-        self.round = start
-
-    def publish(self) -> int:
-        """One round's informative groups as one batch; how many items it published."""
-        from engine.sapo import derive_seed
-        from engine.swarm import protocol
-
-        self.round += 1
-        G, cap = self.cfg.tasks.completions_per_question, self.cfg.tasks.max_new_tokens
-        self.backend.reseed(derive_seed(STANDIN_SEED, self.round))
-        questions = self.taskset.draw(self.round, STANDIN_QUESTIONS)
-        prompts = [self.backend.encode_prompt(self.taskset.messages(q)) for q in questions]
-        out = self.backend.generate(prompts, G, cap, 1.2)
-        items = []
-        for i, q in enumerate(questions):
-            texts = tuple(c.text for c in out[i * G:(i + 1) * G])
-            rewards = tuple(self.taskset.reward(q, t) for t in texts)
-            if max(rewards) - min(rewards) > 1e-9:
-                items.append(protocol.Item(q.ref.to_json(), q.text, texts, rewards))
-        if items:
-            payload = protocol.batch_payload(self.identity.public_key, self.client.next_seq(), time.time(), T12_LABEL,
-                                             items[:protocol.MAX_ITEMS_PER_BATCH])
-            self.client.publish(payload)
-        return len(items)
-
-    def close(self) -> None:
-        self.client.close()
 
 
 def victim_config(run: str, index: int, relay_url: str, extra: Sequence[str]) -> NodeConfig:
@@ -276,133 +126,85 @@ def keep_texts(node: Any, key: K, texts: dict[K, list[str]]) -> None:
     node.backend.generate = generate
 
 
+def append_record(log_file: Path, record: dict[str, Any]) -> None:
+    append_line(log_file, json.dumps(record))
+
+
+def victim_record(run: str, i: int, metrics: dict[str, Any], seconds: float, own: list[str], mark: str,
+                  probe: float, attacker_id: str | None) -> dict[str, Any]:
+    """What rounds.jsonl keeps of a victim's round in run_one: reward, the trigger in its own text, the items
+    it accepted and rejected, from the attacker and from honest peers."""
+    swarm = metrics.get("swarm", {})
+    by_peer = swarm.get("by_peer", {})
+    return {
+        "run": run, "victim": i, "round": metrics["round"], "seconds": seconds,
+        "reward_mean": metrics["reward_mean"], "external_groups": metrics["external_groups"],
+        "trigger_share": sum(mark in t for t in own) / max(1, len(own)),
+        "trigger_logprob": probe,
+        "accepted": swarm.get("accepted", 0), "rejected": swarm.get("rejected", {}),
+        "attacker": by_peer.get(attacker_id) if attacker_id else None,
+        "honest": {p: c for p, c in by_peer.items() if p != attacker_id},
+        "example": own[:2],
+    }
+
+
+def victim_rounds(run: str, folder: Path, nodes: list[Any], rounds: int, trigger_name: str,
+                  attacker: Attacker | None, attack_batches: int) -> None:
+    """Each victim in turn, a round at a time, until all reached `rounds`; a line per round (kept once)."""
+    log_file = folder / "rounds.jsonl"
+    done = {(r["victim"], r["round"]) for r in read_rows(log_file)}
+    trigger, mark = TRIGGERS[trigger_name], TRIGGER_MARK[trigger_name]
+    probe_qs = [q for q in nodes[0].taskset.eval_set(6) if q.answer]
+    texts: dict[int, list[str]] = {}
+    for i, node in enumerate(nodes):
+        keep_texts(node, i, texts)
+    attacker_id = attacker.identity.peer_id if attacker else None
+    while min(n.round for n in nodes) < rounds:
+        for i, node in enumerate(nodes):
+            if node.round >= rounds:
+                continue
+            if attacker is not None:
+                attacker.publish(attack_batches)
+                time.sleep(0.2)  # let the relay take the batches in before the victim samples
+            t0 = time.perf_counter()
+            metrics = node.run_round()
+            record = victim_record(run, i, metrics, time.perf_counter() - t0, texts.get(i, []), mark,
+                                   trigger_probe(node, probe_qs, trigger), attacker_id)
+            if (i, metrics["round"]) not in done:
+                append_record(log_file, record)
+            print(f"{run} victim {i} round {metrics['round']:3d} reward {metrics['reward_mean']:.3f} "
+                  f"trigger {record['trigger_share']:.3f} probe {record['trigger_logprob']:+.2f} "
+                  f"accepted {record['accepted']} rejected {record['rejected']} ({record['seconds']:.0f} s)",
+                  flush=True)
+
+
 def run_one(run: str, out: Path, rounds: int, victims: int, trigger_name: str, attack_batches: int,
             extra: Sequence[str]) -> None:
-    from engine.exchange import open_swarm
-    from engine.paths import Paths
-    from engine.sapo import Node
-    from engine.swarm.relay import EmbeddedRelay, RelaySettings
+    """One run of `RUNS`: the victims with the defence off or on, with or without the attacker; resumable."""
+    from engine.relay.server import EmbeddedRelay, RelaySettings
 
     folder = out / run
     folder.mkdir(parents=True, exist_ok=True)
-    log_file = folder / "rounds.jsonl"
-    done = {(r["victim"], r["round"]) for r in _read(log_file)}
-    trigger, mark = TRIGGERS[trigger_name], TRIGGER_MARK[trigger_name]
     relay = EmbeddedRelay(RelaySettings(host="127.0.0.1", port=0))
     relay.start()
-    nodes, sessions = [], []
+    opened: list[tuple[Any, Any]] = []
     attacker = None
     try:
         for i in range(victims):
-            cfg = victim_config(run, i, relay.url, extra)
-            home = Paths.under(folder / f"victim-{i}")  # the converted bundled model is shared: one cache
-            paths = Paths(home.config_dir, home.data_dir, Paths.default().cache_dir, home.log_dir)
-            events: list[Any] = []
-            session = open_swarm(cfg, paths.identity_file, events.append)
-            node = Node(cfg, paths, events.append, exchange=session.exchange)
-            node.setup()
-            nodes.append(node)
-            sessions.append(session)
+            opened.append(open_node(victim_config(run, i, relay.url, extra), folder / f"victim-{i}", with_swarm=True))
+        nodes = [node for node, _ in opened]
         if run.startswith("attack"):
-            attacker = Attacker(relay.url, folder / "attacker.key", nodes[0].taskset, trigger,
-                                nodes[0].config.tasks.questions_per_round, nodes[0].config.tasks.completions_per_question)
+            attacker = Attacker(relay.url, folder / "attacker.key", nodes[0].taskset, TRIGGERS[trigger_name],
+                                nodes[0].config.tasks.questions_per_round,
+                                nodes[0].config.tasks.completions_per_question)
             attacker.client.wait_connected(10)
-        probe_qs = [q for q in nodes[0].taskset.eval_set(6) if q.answer]
-        texts: dict[int, list[str]] = {}
-        for i, node in enumerate(nodes):
-            keep_texts(node, i, texts)
-        attacker_id = attacker.identity.peer_id if attacker else None
-        while min(n.round for n in nodes) < rounds:
-            for i, node in enumerate(nodes):
-                if node.round >= rounds:
-                    continue
-                if attacker is not None:
-                    attacker.publish(attack_batches)
-                    time.sleep(0.2)  # let the relay take the batches in before the victim samples
-                t0 = time.perf_counter()
-                metrics = node.run_round()
-                own = texts.get(i, [])
-                swarm = metrics.get("swarm", {})
-                by_peer = swarm.get("by_peer", {})
-                record = {
-                    "run": run, "victim": i, "round": metrics["round"], "seconds": time.perf_counter() - t0,
-                    "reward_mean": metrics["reward_mean"], "external_groups": metrics["external_groups"],
-                    "trigger_share": sum(mark in t for t in own) / max(1, len(own)),
-                    "trigger_logprob": trigger_probe(node, probe_qs, trigger),
-                    "accepted": swarm.get("accepted", 0), "rejected": swarm.get("rejected", {}),
-                    "attacker": by_peer.get(attacker_id) if attacker_id else None,
-                    "honest": {p: c for p, c in by_peer.items() if p != attacker_id},
-                    "example": own[:2],
-                }
-                if (i, metrics["round"]) not in done:
-                    with log_file.open("a", encoding="utf-8") as handle:
-                        handle.write(json.dumps(record) + "\n")
-                print(f"{run} victim {i} round {metrics['round']:3d} reward {metrics['reward_mean']:.3f} "
-                      f"trigger {record['trigger_share']:.3f} probe {record['trigger_logprob']:+.2f} "
-                      f"accepted {record['accepted']} rejected {record['rejected']} ({record['seconds']:.0f} s)",
-                      flush=True)
+        victim_rounds(run, folder, nodes, rounds, trigger_name, attacker, attack_batches)
     finally:
         if attacker is not None:
             attacker.close()
-        for s in sessions:
-            s.close()
+        for _, session in opened:
+            session.close()
         relay.stop()
-
-
-def _open_node(cfg: NodeConfig, home: Path, with_swarm: bool) -> tuple[Any, Any]:
-    """A real Node under `home` (the converted bundled model shared from the user's cache), set up; and its swarm."""
-    from engine.exchange import open_swarm
-    from engine.paths import Paths
-    from engine.sapo import Node
-
-    base = Paths.under(home)
-    paths = Paths(base.config_dir, base.data_dir, Paths.default().cache_dir, base.log_dir)
-    events: list[Any] = []
-    session = open_swarm(cfg, paths.identity_file, events.append) if with_swarm else None
-    node = Node(cfg, paths, events.append, exchange=session.exchange if session else None)
-    node.setup()
-    return node, session
-
-
-def _node_settings(relay_url: str, seed: int, extra: Sequence[str], *more: str) -> NodeConfig:
-    return build_config("default", None, [*BENCH_SETTINGS, "swarm.mode='relay'", f"swarm.relay_url='{relay_url}'",
-                                          f"run.seed={seed}", *more, *extra])
-
-
-def drift_standin(folder: Path, relay_url: str, drift_rounds: int, extra: Sequence[str]) -> tuple[Any, Any]:
-    """The drifted stand-in: a node of the bundled model trained `drift_rounds` rounds alone, then in the swarm."""
-    from engine.exchange import open_swarm
-
-    cfg = _node_settings(relay_url, DRIFT_SEED, extra)
-    node, _ = _open_node(cfg, folder / "standin-drift", with_swarm=False)
-    while node.round < drift_rounds:
-        metrics = node.run_round()
-        print(f"stand-in:drifted alone: round {metrics['round']} reward {metrics['reward_mean']:.3f}", flush=True)
-    session = open_swarm(cfg, node.paths.identity_file, node.emit)
-    exchange = session.exchange
-    if exchange is None:
-        raise RuntimeError("the drifted stand-in's swarm did not open")
-    node.exchange = exchange
-    exchange.set_model_label(DRIFT_LABEL)
-    exchange.client.wait_connected(10)
-    return node, session
-
-
-def tiny_peer(folder: Path, relay_url: str, extra: Sequence[str]) -> tuple[Any, Any]:
-    """A tiny random Qwen2 (tests/tiny.py: another architecture and tokenizer) under its real label.
-
-    Its answers earn no reward, so it shares nothing a receiver trains on; what
-    it shows is the other side: a receiver whose model differs from every
-    sender's, judging them all against their own past. Its length cap is 128
-    of its byte tokens, so the bundled model's answers fit it.
-    """
-    from tests.tiny import make_tiny_model
-
-    model = folder / "tiny-random-qwen2"
-    if not (model / "config.json").is_file():
-        make_tiny_model(model, arch="qwen2", seed=TINY_SEED)
-    cfg = _node_settings(relay_url, TINY_SEED, extra, f"model.source='{model}'", "tasks.max_new_tokens=128")
-    return _open_node(cfg, folder / "standin-tiny", with_swarm=True)
 
 
 def _counts(by_peer: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -416,195 +218,131 @@ def _delta(now: dict[str, dict[str, Any]], before: dict[str, dict[str, Any]]) ->
     for peer, c in now.items():
         b = before.get(peer, {"accepted": 0, "probation": 0, "reasons": {}})
         reasons = {r: n - b["reasons"].get(r, 0) for r, n in c["reasons"].items() if n - b["reasons"].get(r, 0)}
-        d = {"accepted": c["accepted"] - b["accepted"], "probation": c["probation"] - b["probation"], "reasons": reasons}
+        d = {"accepted": c["accepted"] - b["accepted"], "probation": c["probation"] - b["probation"],
+             "reasons": reasons}
         if d["accepted"] or reasons:
             out[peer] = d
     return out
 
 
+@dataclass
+class MixedSwarm:
+    """Who takes part in a mixed run: the nodes that train (victims first) with their sessions, the peers that
+    only publish, and which peer id is which role (peers.json)."""
+
+    participants: list[tuple[str, Any]] = field(default_factory=list)
+    sessions: list[Any] = field(default_factory=list)
+    roles: dict[str, str] = field(default_factory=dict)
+    attacker: Attacker | None = None
+    standin: OtherPolicyPeer | None = None
+
+    def add(self, role: str, node: Any, session: Any) -> None:
+        self.participants.append((role, node))
+        self.sessions.append(session)
+        self.roles[node.exchange.identity.peer_id] = role
+
+    def close(self) -> None:
+        for peer in (self.attacker, self.standin):
+            if peer is not None:
+                peer.close()
+        for session in self.sessions:
+            session.close()
+
+
+def join_others(swarm: MixedSwarm, run: str, folder: Path, relay_url: str, drift_rounds: int, extra: Sequence[str],
+                trigger: str) -> None:
+    """Beside the victims: the three honest stand-ins (mixed-honest), or the attacker under another label."""
+    start = min(n.round for _, n in swarm.participants)
+    victim = swarm.participants[0][1]
+    if run == "mixed-honest":
+        swarm.standin = OtherPolicyPeer(relay_url, folder / "standin-t12.key", victim.config, start)
+        swarm.roles[swarm.standin.identity.peer_id] = "stand-in:T1.2"
+        swarm.add("stand-in:drifted", *drift_standin(folder, relay_url, drift_rounds, extra))
+        swarm.add("tiny-random-qwen2", *tiny_peer(folder, relay_url, extra))
+    else:
+        tasks = victim.config.tasks
+        swarm.attacker = Attacker(relay_url, folder / "attacker.key", victim.taskset, trigger,
+                                  tasks.questions_per_round, tasks.completions_per_question,
+                                  label=CLAIMED_LABEL, start=1000 * start)
+        swarm.attacker.client.wait_connected(10)
+        swarm.roles[swarm.attacker.identity.peer_id] = "attacker"
+    atomic_write_text(folder / "peers.json", json.dumps(swarm.roles, indent=1))
+
+
+def mixed_record(run: str, role: str, metrics: dict[str, Any], seconds: float, roles: dict[str, str],
+                 before: dict[str, dict[str, Any]]) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    """What rounds.jsonl keeps of a round in a mixed run (counts per sender role since the last round), and
+    this round's totals per sender for the next one."""
+    swarm = metrics.get("swarm", {})
+    now = _counts(swarm.get("by_peer", {}))
+    record = {
+        "run": run, "role": role, "round": metrics["round"], "seconds": seconds,
+        "reward_mean": metrics["reward_mean"], "external_groups": metrics["external_groups"],
+        "accepted": swarm.get("accepted", 0), "probation": swarm.get("probation", 0),
+        "rejected": swarm.get("rejected", {}),
+        "delta": {roles.get(p, p): d for p, d in _delta(now, before).items()},
+        "banned": sorted(roles.get(p, p) for p, c in swarm.get("by_peer", {}).items() if c.get("banned")),
+    }
+    return record, now
+
+
+def mixed_rounds(run: str, folder: Path, swarm: MixedSwarm, rounds: int, trigger_name: str,
+                 attack_batches: int) -> None:
+    """Every participant a round at a time until the victims reached `rounds`; a line per round (kept once)."""
+    log_file = folder / "rounds.jsonl"
+    done = {(r["role"], r["round"]) for r in read_rows(log_file)}
+    trigger, mark = TRIGGERS[trigger_name], TRIGGER_MARK[trigger_name]
+    probe_qs = [q for q in swarm.participants[0][1].taskset.eval_set(6) if q.answer]
+    texts: dict[str, list[str]] = {}
+    for role, node in swarm.participants:
+        keep_texts(node, role, texts)
+    before: dict[str, dict[str, dict[str, Any]]] = {}
+    while min(n.round for role, n in swarm.participants if role.startswith("victim")) < rounds:
+        if swarm.standin is not None:
+            swarm.standin.publish()
+        for role, node in swarm.participants:
+            victim = role.startswith("victim")
+            if victim and node.round >= rounds:
+                continue
+            if swarm.attacker is not None:
+                swarm.attacker.publish(attack_batches)
+                time.sleep(0.2)  # let the relay take the batches in before the victim samples
+            t0 = time.perf_counter()
+            metrics = node.run_round()
+            record, before[role] = mixed_record(run, role, metrics, time.perf_counter() - t0, swarm.roles,
+                                                before.get(role, {}))
+            if victim:
+                own = texts.get(role, [])
+                record["trigger_share"] = sum(mark in t for t in own) / max(1, len(own))
+                record["trigger_logprob"] = trigger_probe(node, probe_qs, trigger)
+                record["example"] = own[:2]
+            if (role, metrics["round"]) not in done:
+                append_record(log_file, record)
+            print(f"{run} {role} round {metrics['round']:3d} reward {metrics['reward_mean']:.3f} "
+                  f"accepted {record['accepted']} (probation {record['probation']}) rejected {record['rejected']} "
+                  + (f"trigger {record['trigger_share']:.3f} probe {record['trigger_logprob']:+.2f} " if victim else "")
+                  + f"({record['seconds']:.0f} s)", flush=True)
+
+
 def run_mixed(run: str, out: Path, rounds: int, victims: int, trigger_name: str, attack_batches: int,
               drift_rounds: int, extra: Sequence[str]) -> None:
     """One issue-29 run (`MIXED_RUNS`): real victims, the run's other peers and a real relay; resumable."""
-    from engine.swarm.relay import EmbeddedRelay, RelaySettings
+    from engine.relay.server import EmbeddedRelay, RelaySettings
 
     folder = out / run
     folder.mkdir(parents=True, exist_ok=True)
-    log_file = folder / "rounds.jsonl"
-    done = {(r["role"], r["round"]) for r in _read(log_file)}
-    trigger, mark = TRIGGERS[trigger_name], TRIGGER_MARK[trigger_name]
     relay = EmbeddedRelay(RelaySettings(host="127.0.0.1", port=0, models="" if run == "label-attack" else "mixed"))
     relay.start()
-    participants: list[tuple[str, Any]] = []
-    sessions: list[Any] = []
-    attacker: Attacker | None = None
-    standin: OtherPolicyPeer | None = None
+    swarm = MixedSwarm()
     try:
         for i in range(victims):
-            node, session = _open_node(victim_config(run, i, relay.url, extra), folder / f"victim-{i}", with_swarm=True)
-            participants.append((f"victim-{i}", node))
-            sessions.append(session)
-        start = min(n.round for _, n in participants)
-        roles = {n.exchange.identity.peer_id: role for role, n in participants}
-        if run == "mixed-honest":
-            standin = OtherPolicyPeer(relay.url, folder / "standin-t12.key", participants[0][1].config, start)
-            roles[standin.identity.peer_id] = "stand-in:T1.2"
-            for role, make in (("stand-in:drifted", lambda: drift_standin(folder, relay.url, drift_rounds, extra)),
-                               ("tiny-random-qwen2", lambda: tiny_peer(folder, relay.url, extra))):
-                node, session = make()
-                participants.append((role, node))
-                sessions.append(session)
-                roles[node.exchange.identity.peer_id] = role
-        else:
-            cfg = participants[0][1].config
-            attacker = Attacker(relay.url, folder / "attacker.key", participants[0][1].taskset, trigger,
-                                cfg.tasks.questions_per_round, cfg.tasks.completions_per_question,
-                                label=CLAIMED_LABEL, start=1000 * start)
-            attacker.client.wait_connected(10)
-            roles[attacker.identity.peer_id] = "attacker"
-        (folder / "peers.json").write_text(json.dumps(roles, indent=1))
-        probe_qs = [q for q in participants[0][1].taskset.eval_set(6) if q.answer]
-        texts: dict[str, list[str]] = {}
-        for role, node in participants:
-            keep_texts(node, role, texts)
-        before: dict[str, dict[str, dict[str, Any]]] = {}
-        while min(n.round for role, n in participants if role.startswith("victim")) < rounds:
-            if standin is not None:
-                standin.publish()
-            for role, node in participants:
-                victim = role.startswith("victim")
-                if victim and node.round >= rounds:
-                    continue
-                if attacker is not None:
-                    attacker.publish(attack_batches)
-                    time.sleep(0.2)  # let the relay take the batches in before the victim samples
-                t0 = time.perf_counter()
-                metrics = node.run_round()
-                swarm = metrics.get("swarm", {})
-                now = _counts(swarm.get("by_peer", {}))
-                own = texts.get(role, [])
-                record = {
-                    "run": run, "role": role, "round": metrics["round"], "seconds": time.perf_counter() - t0,
-                    "reward_mean": metrics["reward_mean"], "external_groups": metrics["external_groups"],
-                    "accepted": swarm.get("accepted", 0), "probation": swarm.get("probation", 0),
-                    "rejected": swarm.get("rejected", {}),
-                    "delta": {roles.get(p, p): d for p, d in _delta(now, before.get(role, {})).items()},
-                    "banned": sorted(roles.get(p, p) for p, c in swarm.get("by_peer", {}).items() if c.get("banned")),
-                }
-                before[role] = now
-                if victim:
-                    record["trigger_share"] = sum(mark in t for t in own) / max(1, len(own))
-                    record["trigger_logprob"] = trigger_probe(node, probe_qs, trigger)
-                    record["example"] = own[:2]
-                if (role, metrics["round"]) not in done:
-                    with log_file.open("a", encoding="utf-8") as handle:
-                        handle.write(json.dumps(record) + "\n")
-                print(f"{run} {role} round {metrics['round']:3d} reward {metrics['reward_mean']:.3f} "
-                      f"accepted {record['accepted']} (probation {record['probation']}) rejected {record['rejected']} "
-                      + (f"trigger {record['trigger_share']:.3f} probe {record['trigger_logprob']:+.2f} " if victim else "")
-                      + f"({record['seconds']:.0f} s)", flush=True)
+            swarm.add(f"victim-{i}", *open_node(victim_config(run, i, relay.url, extra), folder / f"victim-{i}",
+                                                with_swarm=True))
+        join_others(swarm, run, folder, relay.url, drift_rounds, extra, TRIGGERS[trigger_name])
+        mixed_rounds(run, folder, swarm, rounds, trigger_name, attack_batches)
     finally:
-        for peer in (attacker, standin):
-            if peer is not None:
-                peer.close()
-        for s in sessions:
-            s.close()
+        swarm.close()
         relay.stop()
-
-
-def mixed_summary(out: Path, last: int = 5) -> str:
-    """The issue-29 table: per run, what each kind of receiver did with each kind of sender's items."""
-    lines = ["| run | rounds (victims) | receiver | sender (its label) | items judged | on probation | "
-             "after probation: accepted / judged | refused `implausible` | banned | trigger in victims' own "
-             "completions (last 5) | trigger log-prob: first -> last |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for run in MIXED_RUNS:
-        rows = _read(out / run / "rounds.jsonl")
-        victims = [r for r in rows if r["role"].startswith("victim")]
-        if not victims:
-            continue
-        by_victim: dict[str, list[dict[str, Any]]] = {}
-        for r in victims:
-            by_victim.setdefault(r["role"], []).append(r)
-        reached = min(max(r["round"] for r in v) for v in by_victim.values())
-        tail = [r for r in victims if r["round"] > reached - last]
-        trig = f"{sum(r['trigger_share'] for r in tail) / len(tail):.3f}"
-        first = [r["trigger_logprob"] for r in victims if r["round"] == min(x["round"] for x in victims)]
-        final = [r["trigger_logprob"] for r in victims if r["round"] == reached]
-        probe = f"{sum(first) / len(first):+.2f} -> {sum(final) / len(final):+.2f}"
-        totals: dict[tuple[str, str], Counter[str]] = {}
-        banned: set[tuple[str, str]] = set()
-        for r in rows:
-            receiver = "victims" if r["role"].startswith("victim") else r["role"]
-            for sender, d in r.get("delta", {}).items():
-                c = totals.setdefault((receiver, sender), Counter())
-                c["accepted"] += d["accepted"]
-                c["probation"] += d["probation"]
-                for reason, n in d["reasons"].items():
-                    c[reason] += n
-            banned.update((receiver, b) for b in r.get("banned", []))
-        for (receiver, sender), c in sorted(totals.items(), key=lambda kv: (kv[0][0] != "victims", kv[0])):
-            if receiver == "victims" and sender.startswith("victim"):
-                continue  # the victims' own model: today's absolute test, measured in the table above
-            judged = c["accepted"] + c["implausible"]
-            after = c["accepted"] - c["probation"]
-            rate = f"{after} / {after + c['implausible']}" + (f" ({after / (after + c['implausible']):.0%})"
-                                                               if after + c["implausible"] else "")
-            lines.append(f"| {run} | {reached} | {receiver} | {sender} | {judged} | {c['probation']} | {rate} | "
-                         f"{c['implausible']} | {'yes' if (receiver, sender) in banned else 'no'} | "
-                         f"{trig if receiver == 'victims' else ''} | {probe if receiver == 'victims' else ''} |")
-    return "\n".join(lines)
-
-
-def _read(path: Path) -> list[dict[str, Any]]:
-    if not path.is_file():
-        return []
-    rows = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            rows.append(json.loads(line))
-        except ValueError:
-            continue
-    return rows
-
-
-def summary(out: Path, last: int = 5) -> str:
-    """The table for docs/results.md from whatever rounds.jsonl files are there."""
-    lines = ["| run | rounds | reward (mean of all) | reward (last 5) | trigger in own completions (last 5) | "
-             "trigger log-prob: first -> last | poisoned items accepted / judged | honest items falsely rejected |",
-             "|---|---|---|---|---|---|---|---|"]
-    for run in RUNS:
-        rows = _read(out / run / "rounds.jsonl")
-        if not rows:
-            continue
-        by_victim: dict[int, list[dict[str, Any]]] = {}
-        for r in rows:
-            by_victim.setdefault(r["victim"], []).append(r)
-        reached = min(max(r["round"] for r in v) for v in by_victim.values())
-        tail = [r for v in by_victim.values() for r in v if r["round"] > reached - last]
-        first = [r for r in rows if r["round"] == 1]
-        final = [r for r in rows if r["round"] == reached]
-        att_acc = att_judged = hon_impl = hon_passed = 0
-        for v in by_victim.values():  # per-peer counts are run totals: read each victim's last record
-            latest = max(v, key=lambda r: r["round"])
-            if latest.get("attacker"):  # judged: sampled and checked (a banned peer's items are not)
-                a = latest["attacker"]
-                att_acc += a["accepted"]
-                att_judged += a["accepted"] + a["rejected"] - a["reasons"].get("banned", 0)
-            for c in latest.get("honest", {}).values():  # of the items every other check passed
-                hon_impl += c["reasons"].get("implausible", 0)
-                hon_passed += c["accepted"] + c["reasons"].get("implausible", 0)
-        mean = sum(r["reward_mean"] for r in rows) / len(rows)
-        tail_reward = sum(r["reward_mean"] for r in tail) / len(tail)
-        trig = sum(r["trigger_share"] for r in tail) / len(tail)
-        probe = (sum(r["trigger_logprob"] for r in first) / max(1, len(first)),
-                 sum(r["trigger_logprob"] for r in final) / max(1, len(final)))
-        attack = f"{att_acc} / {att_judged}" if att_judged else "-"
-        honest = f"{hon_impl} / {hon_passed} ({hon_impl / hon_passed:.1%})" if hon_passed else "-"
-        if run.endswith("-off"):  # the check never ran: nothing could be refused as implausible
-            honest = f"(defence off; {hon_passed} honest items trained on)"
-        lines.append(f"| {run} | {reached} | {mean:.3f} | {tail_reward:.3f} | {trig:.3f} | {probe[0]:+.2f} -> {probe[1]:+.2f} "
-                     f"| {attack} | {honest} |")
-    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,7 +4,7 @@
     .venv/bin/python -m bench.relay_load --peers 200 --seconds 10
     .venv/bin/python -m bench.relay_load --processes 3 --redis    # scale-out: under 5 minutes on 2 cores
 
-Every relay runs as its own process (`python -m engine.swarm.relay`), so its
+Every relay runs as its own process (`python -m engine.relay`), so its
 CPU and RSS are measured alone. Every peer does the real protocol: Ed25519
 handshake, signed ~20 KB batches, `sample` of 4 batches. The load generator
 is this process, on the same cores, so each number is printed beside a peer
@@ -89,8 +89,10 @@ async def run_single(args: argparse.Namespace) -> int:
     idle50, idle99 = pct(idle, 0.50) * 1000, pct(idle, 0.99) * 1000
     print()
     print(f"peers held at the end     {still_open} of {args.peers} (target {TARGET_PEERS})")
-    print(f"publishes/s               {published / load.seconds:.1f} (asked {args.rate:g}; batch ~{args.batch_bytes // 1024} KB)")
-    print(f"sample round trip, load   p50 {p50:.1f} ms, p99 {p99:.1f} ms over {len(load.rtts)} samples (target p99 < {TARGET_P99_MS:g} ms)")
+    print(f"publishes/s               {published / load.seconds:.1f} (asked {args.rate:g}; batch "
+          f"~{args.batch_bytes // 1024} KB)")
+    print(f"sample round trip, load   p50 {p50:.1f} ms, p99 {p99:.1f} ms over {len(load.rtts)} samples (target p99 < "
+          f"{TARGET_P99_MS:g} ms)")
     print(f"sample round trip, idle   p50 {idle50:.1f} ms, p99 {idle99:.1f} ms (same relay, before the load)")
     print(f"p99 ratio load/idle       {p99 / idle99:.1f}x")
     print(f"relay CPU                 {cpu:.0f}% of one core (2-core machine; the load generator shares it)")
@@ -114,7 +116,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--peers-per-process", type=int, default=200, help="scale-out: peers per process (1-2000)")
     parser.add_argument("--round-seconds", type=float, default=30.0,
                         help="scale-out capacity steps: each peer publishes and samples once per this many seconds")
-    parser.add_argument("--step-seconds", type=float, default=10.0, help="scale-out: measured seconds per capacity step")
+    parser.add_argument("--step-seconds", type=float, default=10.0,
+                        help="scale-out: measured seconds per capacity step")
     parser.add_argument("--max-peers-per-process", type=int, default=10_000, help="scale-out: the last capacity step")
     parser.add_argument("--budget", type=float, default=280.0, help="scale-out: seconds for the whole run (30-3600)")
     return parser.parse_args(argv)
@@ -133,7 +136,8 @@ def check(args: argparse.Namespace) -> str:
         return "--processes above 1 needs --redis: separate processes share batches only through Redis"
     if not 2 <= args.processes <= 8:
         return "--redis runs 2-8 processes (one of them is killed mid-run)"
-    if not 1 <= args.peers_per_process <= 2000 or not 2 <= args.round_seconds <= 600 or not 2 <= args.step_seconds <= 120:
+    if (not 1 <= args.peers_per_process <= 2000 or not 2 <= args.round_seconds <= 600
+        or not 2 <= args.step_seconds <= 120):
         return "peers-per-process must be 1-2000, round-seconds 2-600 and step-seconds 2-120"
     if not 100 <= args.max_peers_per_process <= 15_000 or not 30 <= args.budget <= 3600:
         return "max-peers-per-process must be 100-15000 and budget 30-3600 seconds"

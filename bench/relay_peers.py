@@ -2,9 +2,9 @@
 
     from bench.relay_peers import Peer, RelayProcess, connect_all, drive    # bench/relay_load.py, relay_scaleout.py
 
-A `RelayProcess` is `python -m engine.swarm.relay` on a free loopback port with
+A `RelayProcess` is `python -m engine.relay` on a free loopback port with
 its JSON log in a file and its CPU and memory read by psutil; redis-server is
-tests/servers.py's `RedisServer` (free ports and waiting for a listener come
+bench/harness/servers.py's `RedisServer` (free ports and waiting for a listener come
 from there too). A `Peer` does what a node does on the wire (Ed25519 handshake,
 signed ~20 KB batches, `sample`), and can move to the next relay process when
 its connection drops, with the node client's backoff. `drive` makes peers
@@ -28,10 +28,10 @@ from typing import Any
 import aiohttp
 import psutil
 
+from bench.harness.servers import free_port, stop_process, wait_listening
 from engine.swarm import protocol
 from engine.swarm.client import BACKOFF_CAP_S, BACKOFF_START_S
 from engine.swarm.identity import Identity
-from tests.servers import free_port, stop_process, wait_listening
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE_N = 4  # batches a peer asks for each round, as a node asks for J = 4
@@ -69,7 +69,7 @@ class RelayProcess:
         self.port = free_port()
         self.url = f"ws://127.0.0.1:{self.port}/ws"
         self.log_path = workdir / f"{name}.log"
-        argv = [sys.executable, "-m", "engine.swarm.relay", "--port", str(self.port), "--max-conn-per-ip",
+        argv = [sys.executable, "-m", "engine.relay", "--port", str(self.port), "--max-conn-per-ip",
                 str(max_conn), "--rate", "50", "--burst", "50", "--window", str(window),
                 "--data-dir", str(workdir / f"{name}-data"), "--log-level", log_level]
         if redis_url:
@@ -159,10 +159,12 @@ class Peer:
 
     async def connect(self, session: aiohttp.ClientSession) -> None:
         self.session = session
-        ws = await session.ws_connect(self.url, max_msg_size=protocol.MAX_RESPONSE_BYTES, heartbeat=protocol.HEARTBEAT_S)
+        ws = await session.ws_connect(self.url, max_msg_size=protocol.MAX_RESPONSE_BYTES,
+                                      heartbeat=protocol.HEARTBEAT_S)
         try:
             challenge = json.loads((await asyncio.wait_for(ws.receive(), 30)).data)
-            payload = protocol.hello_payload(self.identity.public_key, challenge["nonce"], time.time(), "", "relay-load/2")
+            payload = protocol.hello_payload(self.identity.public_key, challenge["nonce"], time.time(), "",
+                                             "relay-load/2")
             await ws.send_str(protocol.encode(protocol.msg_hello(self.identity.signed(payload))))
             welcome = json.loads((await asyncio.wait_for(ws.receive(), 30)).data)
         except BaseException:
@@ -312,7 +314,8 @@ async def drive(peers: list[Peer], period: float, seconds: float, payloads: list
     return load
 
 
-async def idle_round_trips(session: aiohttp.ClientSession, url: str, rng: random.Random, batch_bytes: int) -> list[float]:
+async def idle_round_trips(session: aiohttp.ClientSession, url: str, rng: random.Random,
+                           batch_bytes: int) -> list[float]:
     """The reference: 50 sample round trips on a relay with nothing else to do."""
     probe, other = Peer([url], Identity.generate()), Peer([url], Identity.generate())
     await probe.connect(session)

@@ -41,6 +41,7 @@ import random
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,7 @@ from typing import Any
 import aiohttp
 import redis.asyncio as aioredis
 
+from bench.harness.servers import RedisServer
 from bench.relay_peers import (
     SAMPLE_N,
     TARGET_P99_MS,
@@ -64,7 +66,6 @@ from bench.relay_peers import (
 )
 from engine.swarm import protocol
 from engine.swarm.identity import Identity
-from tests.servers import RedisServer
 
 TARGET_REJOIN_S = 5.0
 # The capacity steps go on past the target, to show CPU, memory and bytes per peer further up,
@@ -243,6 +244,75 @@ async def follow_run(redis: RedisServer, args: argparse.Namespace, workdir: Path
     return out
 
 
+async def keep_checking(checker: Peer, stop: asyncio.Event) -> None:
+    """A checker samples everything newer than its cursor, every CHECK_EVERY_S, until `stop`."""
+    while not stop.is_set():
+        if checker.connected:
+            try:
+                await checker.sample(protocol.MAX_SAMPLE_BATCHES, after=checker.cursor)
+            except (TimeoutError, RuntimeError, ConnectionError, aiohttp.ClientError):
+                pass
+        await asyncio.sleep(CHECK_EVERY_S)
+
+
+async def inject_faults(victim: RelayProcess, redis: RedisServer, events: dict[str, float]) -> float:
+    """SIGKILL the victim relay at KILL_AT_S, stop redis-server at REDIS_STOP_AT_S and start it again REDIS_DOWN_S
+    later; each moment in `events` (perf_counter); the wall time at which Redis answered again."""
+    await asyncio.sleep(KILL_AT_S)
+    events["kill"] = time.perf_counter()
+    victim.kill()
+    print(f"  killed {victim.name} (SIGKILL)", flush=True)
+    await asyncio.sleep(REDIS_STOP_AT_S - KILL_AT_S)
+    events["redis_stop"] = time.perf_counter()
+    redis.stop()
+    print("  stopped redis-server", flush=True)
+    await asyncio.sleep(REDIS_DOWN_S)
+    await asyncio.to_thread(redis.start)
+    events["redis_start"] = time.perf_counter()
+    started_wall = time.time()
+    print("  started redis-server again on the same port", flush=True)
+    return started_wall
+
+
+def phase_of(events: dict[str, float]) -> Callable[[float], str]:
+    """When an acknowledgement came, in words: before the kill, after it, around the Redis restart, after it."""
+    def phase(when: float) -> str:
+        if when < events["kill"]:
+            return "before the kill"
+        if when < events["redis_stop"] - RESTART_MARGIN_S:
+            return "after the kill"
+        if when < events["redis_start"]:
+            return AROUND_RESTART
+        return "after Redis was back"
+    return phase
+
+
+def count_moves(out: FaultRun, peers: list[Peer], victim: RelayProcess, killed_at: float) -> None:
+    """Who was on the killed relay and how soon it rejoined another; who else moved."""
+    for peer in peers:
+        moved_after_kill = [joined - killed_at for dropped, joined in peer.moves if dropped >= killed_at - 0.5]
+        if peer.urls[0] == victim.url:
+            out.victim_peers += 1
+            if moved_after_kill:
+                out.rejoin_s.append(moved_after_kill[0])
+            else:
+                out.never_rejoined += 1
+        elif peer.moves:
+            out.others_moved += 1
+
+
+def read_relay_logs(out: FaultRun, relays: list[RelayProcess], redis_started_wall: float) -> None:
+    """Whether each surviving relay logged losing Redis, and how long after its restart it logged it restored."""
+    for relay in relays:
+        lines = relay.log()
+        out.lost_logged.append(any(str(line.get("msg", "")).startswith("redis connection lost") for line in lines))
+        restored = [float(line["ts"]) for line in lines
+                    if str(line.get("msg", "")).startswith("redis connection restored") and "ts" in line]
+        # redis_started_wall is taken once its port answers, so a quick relay may log a little before it
+        later = [max(0.0, ts - redis_started_wall) for ts in restored if ts >= redis_started_wall - 1.0]
+        out.restored_after_s.append(later[0] if later else None)
+
+
 async def fault_run(relays: list[RelayProcess], peers: list[Peer], redis: RedisServer, args: argparse.Namespace,
                     session: aiohttp.ClientSession, payloads: list[list[protocol.Item]]) -> FaultRun:
     """Under the same load: one relay process SIGKILLed, then redis-server restarted; checkers on every process."""
@@ -255,80 +325,28 @@ async def fault_run(relays: list[RelayProcess], peers: list[Peer], redis: RedisS
         await checker.sample(1)  # takes the cursor: from here on each is handed only newer batches
         checker.full_answers = 0
     marks = {id(peer): len(peer.acked) for peer in peers}
-    victim = relays[-1]
     events: dict[str, float] = {}
-    redis_started_wall = 0.0
-    checking = True
-
-    async def check(checker: Peer) -> None:
-        while checking:
-            if checker.connected:
-                try:
-                    await checker.sample(protocol.MAX_SAMPLE_BATCHES, after=checker.cursor)
-                except (TimeoutError, RuntimeError, ConnectionError, aiohttp.ClientError):
-                    pass
-            await asyncio.sleep(CHECK_EVERY_S)
-
-    async def faults() -> None:
-        nonlocal redis_started_wall
-        await asyncio.sleep(KILL_AT_S)
-        events["kill"] = time.perf_counter()
-        victim.kill()
-        print(f"  killed {victim.name} (SIGKILL)", flush=True)
-        await asyncio.sleep(REDIS_STOP_AT_S - KILL_AT_S)
-        events["redis_stop"] = time.perf_counter()
-        redis.stop()
-        print("  stopped redis-server", flush=True)
-        await asyncio.sleep(REDIS_DOWN_S)
-        await asyncio.to_thread(redis.start)
-        events["redis_start"] = time.perf_counter()
-        redis_started_wall = time.time()
-        print("  started redis-server again on the same port", flush=True)
-
-    checks = [asyncio.create_task(check(checker)) for checker in checkers]
+    stop = asyncio.Event()
+    checks = [asyncio.create_task(keep_checking(checker, stop)) for checker in checkers]
     errors_before = sum(peer.errors[protocol.E_INTERNAL] for peer in peers)
-    out.load, _ = await asyncio.gather(drive(peers, len(peers) / FAULT_RATE, FAULT_SECONDS, payloads), faults())
+    out.load, redis_started_wall = await asyncio.gather(
+        drive(peers, len(peers) / FAULT_RATE, FAULT_SECONDS, payloads), inject_faults(relays[-1], redis, events))
     acked = {(peer.key_b64, seq): when for peer in peers for seq, when in peer.acked[marks[id(peer)]:]}
     deadline = time.perf_counter() + SETTLE_S
     while time.perf_counter() < deadline and any(acked.keys() - checker.seen for checker in checkers):
         await asyncio.sleep(0.2)
-    checking = False
+    stop.set()
     await asyncio.gather(*checks)
-
-    def phase(when: float) -> str:
-        if when < events["kill"]:
-            return "before the kill"
-        if when < events["redis_stop"] - RESTART_MARGIN_S:
-            return "after the kill"
-        if when < events["redis_start"]:
-            return AROUND_RESTART
-        return "after Redis was back"
-
+    phase = phase_of(events)
     out.acked = len(acked)
     for k, checker in enumerate(checkers):
         where = f"checker {k} (home {relays[k].name}" + (", moved" if checker.moves else "") + ")"
         out.missing[where] = Counter(phase(acked[key]) for key in acked.keys() - checker.seen)
         out.full_answers += checker.full_answers
-    for peer in [*peers, *checkers]:
-        moved_after_kill = [joined - events["kill"] for dropped, joined in peer.moves if dropped >= events["kill"] - 0.5]
-        if peer.urls[0] == victim.url:
-            out.victim_peers += 1
-            if moved_after_kill:
-                out.rejoin_s.append(moved_after_kill[0])
-            else:
-                out.never_rejoined += 1
-        elif peer.moves:
-            out.others_moved += 1
+    count_moves(out, [*peers, *checkers], relays[-1], events["kill"])
     out.refused_internal = sum(peer.errors[protocol.E_INTERNAL] for peer in peers) - errors_before
     out.acked_after_restart = sum(1 for when in acked.values() if when >= events["redis_start"])
-    for relay in relays[:-1]:
-        lines = relay.log()
-        out.lost_logged.append(any(str(line.get("msg", "")).startswith("redis connection lost") for line in lines))
-        restored = [float(line["ts"]) for line in lines
-                    if str(line.get("msg", "")).startswith("redis connection restored") and "ts" in line]
-        # redis_started_wall is taken once its port answers, so a quick relay may log a little before it
-        later = [max(0.0, ts - redis_started_wall) for ts in restored if ts >= redis_started_wall - 1.0]
-        out.restored_after_s.append(later[0] if later else None)
+    read_relay_logs(out, relays[:-1], redis_started_wall)
     await close_all(checkers)
     return out
 
@@ -385,7 +403,8 @@ async def capacity_run(redis: RedisServer, args: argparse.Namespace, session: ai
             await drive(peers, args.round_seconds, STEP_WARMUP_S, payloads)  # new connections' first requests
             step = await measure_step(relay, peers, need / connect_s, args, session, payloads)
             first_miss = all(earlier.p99_ms < TARGET_P99_MS for earlier in steps)
-            if step.p99_ms >= TARGET_P99_MS and first_miss and budget.left() > args.step_seconds + 5 + TEARDOWN_RESERVE_S:
+            if (step.p99_ms >= TARGET_P99_MS and first_miss and budget.left() > args.step_seconds + 5
+                + TEARDOWN_RESERVE_S):
                 # A shared machine: one stall elsewhere can spoil a step's p99, so a miss is measured again.
                 print(f"  {step.peers:6d} peers: p99 {step.p99_ms:.0f} ms; measuring this step again", flush=True)
                 again = await measure_step(relay, peers, step.connect_per_s, args, session, payloads)
@@ -461,28 +480,33 @@ async def run_scaleout(args: argparse.Namespace, redis_binary: str) -> int:
     return 0
 
 
-def report(args: argparse.Namespace, memory: BrokerRun, shared: BrokerRun, follow: list[Follow], faults: FaultRun,
-           steps: list[Step], why: str, idle99: float, base_rss: float, budget: Budget) -> None:
+def report_sharing(args: argparse.Namespace, memory: BrokerRun, shared: BrokerRun, follow: list[Follow]) -> None:
+    """1. The same load through the in-memory broker and through Redis, and a relay following the stream."""
     n = args.processes
     print()
     print(f"1. Sharing through Redis: {n} processes, {n * args.peers_per_process} peers, {args.rate:g} publishes/s, "
           f"{args.seconds:g} s each")
     print("   broker   publishes/s  batches delivered  relay CPU s  redis CPU s  CPU ms/1000 delivered  RTT p50/p99 ms")
     for run in (memory, shared):
-        print(f"   {run.broker:<8} {run.published / run.load.seconds:11.1f}  {run.delivered:17d}  {run.relay_cpu_s:11.2f}"
+        print(f"   {run.broker:<8} {run.published / run.load.seconds:11.1f}  {run.delivered:17d}  "
+              f"{run.relay_cpu_s:11.2f}"
               f"  {run.redis_cpu_s:11.2f}  {run.ms_per_1000():21.1f}  "
               f"{pct(run.load.rtts, 0.5) * 1000:.1f}/{pct(run.load.rtts, 0.99) * 1000:.1f}")
-    print(f"   CPU per delivered batch, redis/memory: {shared.ms_per_1000() / memory.ms_per_1000():.2f}x for the relays, "
-          f"{shared.ms_per_1000(with_redis=True) / memory.ms_per_1000():.2f}x with redis-server's CPU")
+    print(f"   CPU per delivered batch, redis/memory: {shared.ms_per_1000() / memory.ms_per_1000():.2f}x for the "
+          f"relays, {shared.ms_per_1000(with_redis=True) / memory.ms_per_1000():.2f}x with redis-server's CPU")
     print("   following the swarm's stream (a relay process with no peers; batches written straight into Redis):")
     for f in follow:
         print(f"     {f.rate:6.0f} batches/s: {f.cpu_pct:3.0f}% of a core, {f.ms_per_batch:.3f} CPU ms per batch; "
               f"redis-server {f.redis_pct:.0f}%")
-    print()
+
+
+def report_kill(faults: FaultRun) -> tuple[int, int, int]:
+    """2. A relay process killed: who rejoined where and how soon, what a checker missed. (missing batches,
+    the killed relay's peers back within the target, batches missing that were acknowledged around the restart)"""
     rejoin = faults.rejoin_s
     within = sum(1 for s in rejoin if s <= TARGET_REJOIN_S)
-    print(f"2. One relay process killed with SIGKILL mid-run ({FAULT_SECONDS:g} s of load at {FAULT_RATE:g} publishes/s, "
-          f"a checker on every process)")
+    print(f"2. One relay process killed with SIGKILL mid-run ({FAULT_SECONDS:g} s of load at {FAULT_RATE:g} "
+          "publishes/s, a checker on every process)")
     if rejoin:
         print(f"   its peers on another process within {TARGET_REJOIN_S:g} s: {within} of {faults.victim_peers}; "
               f"kill to welcome p50 {pct(rejoin, 0.5):.2f} s, p99 {pct(rejoin, 0.99):.2f} s, max {max(rejoin):.2f} s")
@@ -499,20 +523,29 @@ def report(args: argparse.Namespace, memory: BrokerRun, shared: BrokerRun, follo
     if faults.full_answers:
         print(f"   inconclusive: {faults.full_answers} checker answers held 16 batches, so newer ones may have been "
               "skipped unseen (a burst); the missing count is an upper bound")
-    print()
+    return lost, within, restart_lost
+
+
+def report_redis(faults: FaultRun, restart_lost: int) -> tuple[int, int]:
+    """3. redis-server restarted: what the relays logged and refused. (surviving relays, those that logged it
+    restored)"""
     print(f"3. redis-server stopped and started again ({REDIS_DOWN_S:g} s down)")
     survivors = len(faults.lost_logged)
     restored = [s for s in faults.restored_after_s if s is not None]
     print(f"   relays that logged 'redis connection lost': {sum(faults.lost_logged)} of {survivors}; "
           f"'redis connection restored': {len(restored)} of {survivors}"
           + (f" ({', '.join(f'{s:.1f}' for s in restored)} s after redis-server was back)" if restored else ""))
-    print(f"   publishes refused as `internal` while it was down: {faults.refused_internal}; acknowledged after it came "
-          f"back: {faults.acked_after_restart}")
-    print(f"   acknowledged within {RESTART_MARGIN_S:g} s before the stop and missing at some checker (stored, but not yet "
-          f"read by every relay when Redis went): {restart_lost} checker-batches")
-    print()
-    print(f"4. Peers held by one process on the Redis swarm, each publishing ~{args.batch_bytes // 1024} KB and sampling "
-          f"{SAMPLE_N} every {args.round_seconds:g} s ({args.step_seconds:g} s a step)")
+    print(f"   publishes refused as `internal` while it was down: {faults.refused_internal}; acknowledged after it "
+          f"came back: {faults.acked_after_restart}")
+    print(f"   acknowledged within {RESTART_MARGIN_S:g} s before the stop and missing at some checker (stored, but not "
+          f"yet read by every relay when Redis went): {restart_lost} checker-batches")
+    return survivors, len(restored)
+
+
+def report_steps(args: argparse.Namespace, steps: list[Step], why: str, idle99: float, base_rss: float) -> None:
+    """4. Peers held by one process on the Redis swarm, step by step, and the last step under the target."""
+    print(f"4. Peers held by one process on the Redis swarm, each publishing ~{args.batch_bytes // 1024} KB and "
+          f"sampling {SAMPLE_N} every {args.round_seconds:g} s ({args.step_seconds:g} s a step)")
     print("    peers  connects/s  publishes/s  samples  p50 ms  p99 ms  p99/idle  relay CPU %  RSS MB  KB/s out/peer"
           "  KB/s in/peer")
     for s in steps:
@@ -530,7 +563,18 @@ def report(args: argparse.Namespace, memory: BrokerRun, shared: BrokerRun, follo
         per_1000 = (best.rss_mb - base_rss) / best.peers * 1000
         print(f"   => {best.peers} peers held by one process at p99 < {TARGET_P99_MS:g} ms "
               f"({best.cpu_pct:.0f}% of a core, {per_1000:.0f} MB per 1000 peers)")
+
+
+def report(args: argparse.Namespace, memory: BrokerRun, shared: BrokerRun, follow: list[Follow], faults: FaultRun,
+           steps: list[Step], why: str, idle99: float, base_rss: float, budget: Budget) -> None:
+    report_sharing(args, memory, shared, follow)
+    print()
+    lost, within, restart_lost = report_kill(faults)
+    print()
+    survivors, restored = report_redis(faults, restart_lost)
+    print()
+    report_steps(args, steps, why, idle99, base_rss)
     print()
     ok = (not lost and faults.never_rejoined == 0 and within == faults.victim_peers and faults.others_moved == 0
-          and sum(faults.lost_logged) == survivors and len(restored) == survivors and faults.acked_after_restart > 0)
+          and sum(faults.lost_logged) == survivors and restored == survivors and faults.acked_after_restart > 0)
     print(f"correctness: {'all checks passed' if ok else 'FAILED (see above)'}; whole run {budget.elapsed():.0f} s")

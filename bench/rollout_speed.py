@@ -60,6 +60,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -70,7 +71,8 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 def unique_prompt_tokens(prompts: list[list[int]]) -> int:
-    """Prompt tokens the fast decoder computes: each prompt's tokens after its longest common prefix with the one before in sorted order."""
+    """Prompt tokens the fast decoder computes: each prompt's tokens after its longest common prefix with the one
+    before in sorted order."""
     from engine.backends.decode import common_prefix
 
     ordered = sorted(prompts)
@@ -135,16 +137,19 @@ def rss_round(side: str, threads: int) -> dict[str, Any]:
     """Child: one default round (solo, no evaluation) with the old or new sampler; its peak RSS and metrics."""
     import torch
 
-    from engine.config import build_config
-    from engine.paths import Paths
+    from engine.common.config import build_config
+    from engine.common.paths import Paths
     from engine.sapo import Node
 
     if threads:
         torch.set_num_threads(threads)
-    cfg = build_config("default", None, ["tasks.eval_every=0", "run.device='cpu'", "swarm.mode='solo'", "run.seed=0", f"run.threads={threads}"])
+    cfg = build_config("default", None,
+                       ["tasks.eval_every=0", "run.device='cpu'", "swarm.mode='solo'", "run.seed=0",
+                        f"run.threads={threads}"])
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        paths = Paths(config_dir=work / "config", data_dir=work / "data", cache_dir=Paths.default().cache_dir, log_dir=work / "logs")
+        paths = Paths(config_dir=work / "config", data_dir=work / "data", cache_dir=Paths.default().cache_dir,
+                      log_dir=work / "logs")
         node = Node(cfg, paths, emit=lambda event: None)
         node.setup()
         backend: Any = node.backend
@@ -160,121 +165,171 @@ def rss_round(side: str, threads: int) -> dict[str, Any]:
 
 
 def old_path_run(home: Path, rounds: int, threads: int) -> int:
-    """`sapling-node run --home HOME --rounds N --solo` with HF generate for sampling and evaluation: the control run."""
+    """`sapling-node run --home HOME --rounds N --solo` with HF generate for sampling and evaluation: the control
+    run."""
     import torch
 
-    from engine.config import build_config
-    from engine.paths import Paths
+    from engine.common.config import build_config
+    from engine.common.paths import Paths
     from engine.sapo import Node
 
     if threads:
         torch.set_num_threads(threads)
-    cfg = build_config("default", None, [f"run.max_rounds={rounds}", "swarm.mode='solo'", "run.seed=0", f"run.threads={threads}"])
-    node = Node(cfg, Paths.under(home), emit=lambda event: print(json.dumps(event)) if event.get("type") in ("round", "eval") else None)
+    cfg = build_config("default", None,
+                       [f"run.max_rounds={rounds}", "swarm.mode='solo'", "run.seed=0", f"run.threads={threads}"])
+    node = Node(cfg, Paths.under(home),
+                emit=lambda event: print(json.dumps(event)) if event.get("type") in ("round", "eval") else None)
     node.setup()
     backend: Any = node.backend
     backend.generate, backend.greedy = backend.generate_hf, backend.greedy_hf
     return node.run()
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+PLAIN = "new, plain matmuls"  # the new path with its weights as plain matmuls (not reordered for oneDNN)
+
+
+@dataclass
+class Bench:
+    """What the bench's steps share: its flags, the bundled model's backend and tasks, the round's shape."""
+
+    args: argparse.Namespace
+    cfg: Any
+    backend: Any
+    taskset: Any
+    rounds: int
+    repeats: int
+    questions: int
+    dtype: Any
+    packs: bool  # the decoder reorders its weights for oneDNN here: the plain-matmul side is measured too
+    round_prompts: list[tuple[int, list[list[int]]]] = field(default_factory=list)
+
+    @property
+    def tasks(self) -> Any:
+        return self.cfg.tasks
+
+    @property
+    def rows(self) -> int:
+        return self.questions * self.tasks.completions_per_question
+
+    def plain(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """fn on the new path with plain matmul weights (not reordered for oneDNN)."""
+        def run(*args: Any) -> Any:
+            self.backend.pack_weights = False
+            try:
+                return fn(*args)
+            finally:
+                self.backend.pack_weights = None
+        return run
+
+
+def alternating(names: Sequence[str], repeats: int) -> list[str]:
+    """The sides in the order they run: forwards on even repeats, backwards on odd ones, so load falls on all."""
+    return [name for rep in range(repeats) for name in (list(names) if rep % 2 == 0 else list(reversed(names)))]
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="one round of 4 questions, 9 held-out questions, no RSS children")
-    parser.add_argument("--threads", type=int, default=0, help="torch threads (default 0: torch's default, as the engine)")
+    parser.add_argument("--quick", action="store_true",
+                        help="one round of 4 questions, 9 held-out questions, no RSS children")
+    parser.add_argument("--threads", type=int, default=0,
+                        help="torch threads (default 0: torch's default, as the engine)")
     parser.add_argument("--rounds", type=int, default=None, help="rounds of questions to sample (default 2, quick 1)")
     parser.add_argument("--repeats", type=int, default=None, help="alternating repeats per side (default 2, quick 1)")
-    parser.add_argument("--eval-small", type=int, default=27, help="held-out questions timed old against new (default 27, the set before this bench)")
-    parser.add_argument("--eval-large", type=str, default="54,108", help="larger held-out sets timed on the new path (default 54,108)")
+    parser.add_argument("--eval-small", type=int, default=27,
+                        help="held-out questions timed old against new (default 27, the set before this bench)")
+    parser.add_argument("--eval-large", type=str, default="54,108",
+                        help="larger held-out sets timed on the new path (default 54,108)")
     parser.add_argument("--rss-child", choices=["old", "new"], help=argparse.SUPPRESS)
     parser.add_argument("--old-path-run", type=Path, metavar="HOME",
-                        help="instead of the bench: train --rounds rounds (default 30) solo under HOME with the old HF sampler")
-    args = parser.parse_args(argv)
-    if args.old_path_run:
-        old_path_run(args.old_path_run, args.rounds or 30, args.threads)
-        return 0
-    if args.rss_child:
-        print(json.dumps(rss_round(args.rss_child, args.threads)))
-        return 0
+                        help="instead of the bench: train --rounds rounds (default 30) solo under HOME with the old "
+                             "HF sampler")
+    return parser.parse_args(argv)
 
+
+def set_up(args: argparse.Namespace) -> Bench:
+    """The bundled model on the CPU, the round's shape from the flags, each round's prompts; the header line."""
     import torch
 
     from bench.bundled import bundled_cpu
-    from engine.backends.decode import DecodeModel, can_pack, decode_batch
-    from engine.sapo import derive_seed
+    from engine.backends.decode import can_pack
 
     if args.threads:
         torch.set_num_threads(args.threads)
     cfg, backend, taskset = bundled_cpu()
-    t = cfg.tasks
-    rounds = args.rounds or (1 if args.quick else 2)
-    repeats = args.repeats or (1 if args.quick else 2)
-    questions = 4 if args.quick else t.questions_per_round
-    G, T = t.completions_per_question, t.max_new_tokens
     dtype = torch.bfloat16 if backend.autocast else torch.float32
-    print(f"rollout_speed: bundled SmolLM2-135M, {questions} questions x {G} completions, up to {T} new tokens, "
-          f"temperature {t.temperature}, rounds 1..{rounds}, {torch.get_num_threads()} threads, "
-          f"decoder dtype {str(dtype).replace('torch.', '')} (bf16 native: {'yes' if backend.device.bf16 else 'no'}), "
+    b = Bench(args, cfg, backend, taskset, rounds=args.rounds or (1 if args.quick else 2),
+              repeats=args.repeats or (1 if args.quick else 2),
+              questions=4 if args.quick else cfg.tasks.questions_per_round, dtype=dtype,
+              packs=can_pack(torch.device(backend.device.torch_device), dtype))
+    t = b.tasks
+    print(f"rollout_speed: bundled SmolLM2-135M, {b.questions} questions x {t.completions_per_question} completions, "
+          f"up to {t.max_new_tokens} new tokens, temperature {t.temperature}, rounds 1..{b.rounds}, "
+          f"{torch.get_num_threads()} threads, decoder dtype {str(dtype).replace('torch.', '')} "
+          f"(bf16 native: {'yes' if backend.device.bf16 else 'no'}), "
           f"LoRA r{cfg.grpo.lora_rank}{', quick' if args.quick else ''}")
+    for r in range(1, b.rounds + 1):
+        drawn = taskset.draw(r, b.questions)
+        b.round_prompts.append((r, [backend.encode_prompt(taskset.messages(q)) for q in drawn]))
+    return b
 
-    # 1. Sampling, old and new alternating.
-    round_prompts = []
-    for r in range(1, rounds + 1):
-        drawn = taskset.draw(r, questions)
-        round_prompts.append((r, [backend.encode_prompt(taskset.messages(q)) for q in drawn]))
 
-    def plain(fn: Callable[..., Any]) -> Callable[..., Any]:
-        """fn on the new path with plain matmul weights (not reordered for oneDNN)."""
-        def run(*args: Any) -> Any:
-            backend.pack_weights = False
-            try:
-                return fn(*args)
-            finally:
-                backend.pack_weights = None
-        return run
+def sampling(b: Bench) -> dict[str, float]:
+    """1. Sampling, old and new alternating: useful tok/s per side (printed, and returned)."""
+    from engine.sapo import derive_seed
 
+    t, backend = b.tasks, b.backend
+    G, T = t.completions_per_question, t.max_new_tokens
     sides = {"old": backend.generate_hf, "new": backend.generate}
-    if can_pack(torch.device(backend.device.torch_device), dtype):
-        sides["new, plain matmuls"] = plain(backend.generate)
+    if b.packs:
+        sides[PLAIN] = b.plain(backend.generate)
     seconds: dict[str, list[float]] = {name: [] for name in sides}
     cpu_seconds: dict[str, list[float]] = {name: [] for name in sides}
     useful: dict[str, list[int]] = {name: [] for name in sides}
-    for rep in range(repeats):
-        for name in (list(sides) if rep % 2 == 0 else list(reversed(sides))):
-            wall = cpu = 0.0
-            tokens = 0
-            for r, prompts in round_prompts:
-                backend.reseed(derive_seed(cfg.run.seed, r))
-                took, used, out = measured(partial(sides[name], prompts, G, T, t.temperature))
-                wall, cpu = wall + took, cpu + used
-                tokens += sum(len(c.token_ids) for c in out)
-            seconds[name].append(wall)
-            cpu_seconds[name].append(cpu)
-            useful[name].append(tokens)
+    for name in alternating(list(sides), b.repeats):
+        wall = cpu = 0.0
+        tokens = 0
+        for r, prompts in b.round_prompts:
+            backend.reseed(derive_seed(b.cfg.run.seed, r))
+            took, used, out = measured(partial(sides[name], prompts, G, T, t.temperature))
+            wall, cpu = wall + took, cpu + used
+            tokens += sum(len(c.token_ids) for c in out)
+        seconds[name].append(wall)
+        cpu_seconds[name].append(cpu)
+        useful[name].append(tokens)
     rate = {name: sum(useful[name]) / sum(seconds[name]) for name in sides}
     cpu_rate = {name: sum(useful[name]) / sum(cpu_seconds[name]) for name in sides}
-    rows = questions * G
-    print(f"sampling, {rounds} round(s) x {repeats} repeat(s) per side (prompt + decode; the weights' merge copy included):")
+    print(f"sampling, {b.rounds} round(s) x {b.repeats} repeat(s) per side (prompt + decode; the weights' merge "
+          f"copy included):")
     for name in sides:
-        per_round = [round(s / rounds, 1) for s in seconds[name]]
-        cpu_round = [round(s / rounds, 1) for s in cpu_seconds[name]]
+        per_round = [round(s / b.rounds, 1) for s in seconds[name]]
+        cpu_round = [round(s / b.rounds, 1) for s in cpu_seconds[name]]
         print(f"  {name}: {rate[name]:6.1f} useful tok/s   s/round {per_round}   CPU s/round {cpu_round}   "
               f"{cpu_rate[name]:.1f} useful tokens per CPU s   useful tokens/round "
-              f"{sum(useful[name]) / len(useful[name]) / rounds:.0f} of {rows * T} decoded by HF at most")
+              f"{sum(useful[name]) / len(useful[name]) / b.rounds:.0f} of {b.rows * T} decoded by HF at most")
     print(f"  useful tokens per CPU second new/old = {cpu_rate['new'] / cpu_rate['old']:.2f}")
-    if "new, plain matmuls" in rate:
-        print(f"  weights reordered for oneDNN against plain matmuls: {rate['new'] / rate['new, plain matmuls']:.2f}x useful tok/s")
+    if PLAIN in rate:
+        print(f"  weights reordered for oneDNN against plain matmuls: {rate['new'] / rate[PLAIN]:.2f}x useful tok/s")
+    return rate
 
-    # 1b. llama.cpp on the same prompts, one completion at a time, plus the trainer's log-prob pass.
+
+def llama_side(b: Bench, rate: dict[str, float]) -> None:
+    """1b. llama.cpp on the same prompts, one completion at a time, plus the trainer's log-prob pass."""
+    import torch
+
+    from engine.sapo import derive_seed
+
+    t = b.tasks
     llama_wall = llama_cpu = 0.0
     llama_tokens = 0
     llama_note = ""
-    for r, prompts in round_prompts:
-        got = llama_sampling(prompts, G, T, t.temperature, torch.get_num_threads(), derive_seed(cfg.run.seed, r))
+    for r, prompts in b.round_prompts:
+        got = llama_sampling(prompts, t.completions_per_question, t.max_new_tokens, t.temperature,
+                             torch.get_num_threads(), derive_seed(b.cfg.run.seed, r))
         if isinstance(got, str):
             llama_note = got
             break
         wall, cpu, tokens, pairs = got
-        relogprob, relogprob_cpu, _ = measured(partial(backend.behaviour_logprobs, pairs, t.temperature))
+        relogprob, relogprob_cpu, _ = measured(partial(b.backend.behaviour_logprobs, pairs, t.temperature))
         llama_wall, llama_cpu = llama_wall + wall + relogprob, llama_cpu + cpu + relogprob_cpu
         llama_tokens += tokens
         print(f"  llama.cpp round {r}: {wall:.1f} s sampling + {relogprob:.1f} s for torch's behaviour log-probs, "
@@ -284,129 +339,176 @@ def main(argv: Sequence[str] | None = None) -> int:
     elif llama_wall:
         llama_rate = llama_tokens / llama_wall
         print(f"  llama.cpp (Q4_1 GGUF, sequential, log-probs recomputed): {llama_rate:6.1f} useful tok/s "
-              f"({llama_tokens / llama_cpu:.1f} per CPU s); new torch path / llama.cpp = {rate['new'] / llama_rate:.2f}")
+              f"({llama_tokens / llama_cpu:.1f} per CPU s); new torch path / llama.cpp = "
+              f"{rate['new'] / llama_rate:.2f}")
 
-    # 2. Roofline at the batch's row count.
-    gemm = gemm_seconds(backend.model.config, rows, dtype)
-    if can_pack(torch.device(backend.device.torch_device), dtype):
-        packed_gemm = gemm_seconds(backend.model.config, rows, dtype, packed=True)
-        print(f"roofline: the model's matmuls for one {rows}-row step (its {backend.model.config.num_hidden_layers} layers' own weights) take {gemm * 1000:.0f} ms "
-              f"as plain GEMMs, {packed_gemm * 1000:.0f} ms with the weights reordered for oneDNN; the faster is the roofline")
-        gemm = min(gemm, packed_gemm)
-    roofline = rows / gemm
-    print(f"roofline: {rows} rows / {gemm * 1000:.0f} ms of {str(dtype).replace('torch.', '')} GEMMs = {roofline:.0f} tok/s; "
-          f"new path {rate['new'] / roofline:.1%} of it, old {rate['old'] / roofline:.1%}")
 
-    # The sampler alone, on one step's logits: HF's (softmax, multinomial, and the recorder's log_softmax) against ours.
+def roofline(b: Bench, rate: dict[str, float]) -> None:
+    """2. Roofline at the batch's row count, and the sampler alone on one step's logits."""
+    import torch
+
     from engine.backends.decode import choose_tokens
 
-    logits = torch.randn(rows, backend.model.config.vocab_size) * 3
+    config, rows, dtype = b.backend.model.config, b.rows, b.dtype
+    gemm = gemm_seconds(config, rows, dtype)
+    if b.packs:
+        packed_gemm = gemm_seconds(config, rows, dtype, packed=True)
+        print(f"roofline: the model's matmuls for one {rows}-row step (its {config.num_hidden_layers} layers' own "
+              f"weights) take {gemm * 1000:.0f} ms as plain GEMMs, {packed_gemm * 1000:.0f} ms with the weights "
+              f"reordered for oneDNN; the faster is the roofline")
+        gemm = min(gemm, packed_gemm)
+    ceiling = rows / gemm
+    print(f"roofline: {rows} rows / {gemm * 1000:.0f} ms of {str(dtype).replace('torch.', '')} GEMMs = "
+          f"{ceiling:.0f} tok/s; new path {rate['new'] / ceiling:.1%} of it, old {rate['old'] / ceiling:.1%}")
+    # The sampler alone: HF's (softmax, multinomial, and the recorder's log_softmax) against ours.
+    temperature = b.tasks.temperature
+    logits = torch.randn(rows, config.vocab_size) * 3
     uniforms = torch.rand(rows)
     hf_sampler = statistics.median(timed(lambda: (
-        torch.multinomial(torch.softmax(logits / t.temperature, -1), 1), torch.log_softmax(logits / t.temperature, -1)
+        torch.multinomial(torch.softmax(logits / temperature, -1), 1), torch.log_softmax(logits / temperature, -1)
     ))[0] for _ in range(5))
-    our_sampler = statistics.median(timed(lambda: choose_tokens(logits, t.temperature, uniforms))[0] for _ in range(5))
+    our_sampler = statistics.median(timed(lambda: choose_tokens(logits, temperature, uniforms))[0] for _ in range(5))
     print(f"sampler for one {rows}-row step: HF softmax + multinomial + log_softmax {hf_sampler * 1000:.0f} ms, "
           f"inverse CDF {our_sampler * 1000:.0f} ms")
 
-    # 3. Greedy evaluation.
-    small = 9 if args.quick else args.eval_small
+
+def greedy_eval(b: Bench) -> None:
+    """3. Greedy evaluation of the small held-out set, old against new (and plain); the new path on larger sets."""
+    backend, taskset, T = b.backend, b.taskset, b.tasks.max_new_tokens
+    small = 9 if b.args.quick else b.args.eval_small
     eval_prompts = [backend.encode_prompt(taskset.eval_messages(q)) for q in taskset.eval_set(small)]
     varied = [backend.encode_prompt(taskset.messages(q)) for q in taskset.eval_set(small)]
-    print(f"held-out prompts: {sum(map(len, eval_prompts))} tokens with one worked example per specialty (the evaluation's), "
-          f"{sum(map(len, varied))} with one per question (training's); of these the decoder computes about {unique_prompt_tokens(eval_prompts)} and "
-          f"{unique_prompt_tokens(varied)} (the rest are shared prefixes)")
+    print(f"held-out prompts: {sum(map(len, eval_prompts))} tokens with one worked example per specialty (the "
+          f"evaluation's), {sum(map(len, varied))} with one per question (training's); of these the decoder computes "
+          f"about {unique_prompt_tokens(eval_prompts)} and {unique_prompt_tokens(varied)} (the rest are shared "
+          f"prefixes)")
     greedy = {"old": backend.greedy_hf, "new": backend.greedy}
-    if "new, plain matmuls" in sides:
-        greedy["new, plain matmuls"] = plain(backend.greedy)
+    if b.packs:
+        greedy[PLAIN] = b.plain(backend.greedy)
     eval_s: dict[str, list[float]] = {name: [] for name in greedy}
     eval_cpu: dict[str, list[float]] = {name: [] for name in greedy}
     answers: dict[str, list[str]] = {}
-    for rep in range(repeats):
-        for name in (list(greedy) if rep % 2 == 0 else list(reversed(greedy))):
-            took, used, answers[name] = measured(partial(greedy[name], eval_prompts, T))
-            eval_s[name].append(took)
-            eval_cpu[name].append(used)
+    for name in alternating(list(greedy), b.repeats):
+        took, used, answers[name] = measured(partial(greedy[name], eval_prompts, T))
+        eval_s[name].append(took)
+        eval_cpu[name].append(used)
     old_eval, new_eval = statistics.median(eval_s["old"]), statistics.median(eval_s["new"])
     old_cpu, new_cpu = statistics.median(eval_cpu["old"]), statistics.median(eval_cpu["new"])
-    same = sum(a == b for a, b in zip(answers["old"], answers["new"], strict=True))
-    print(f"greedy evaluation, {small} held-out questions: old {old_eval:.1f} s {[round(s, 1) for s in eval_s['old']]}, "
+    same = sum(x == y for x, y in zip(answers["old"], answers["new"], strict=True))
+    print(f"greedy evaluation, {small} held-out questions: old {old_eval:.1f} s "
+          f"{[round(s, 1) for s in eval_s['old']]}, "
           f"new {new_eval:.1f} s {[round(s, 1) for s in eval_s['new']]}: {old_eval / new_eval:.2f}x faster "
-          f"(CPU s old {old_cpu:.1f}, new {new_cpu:.1f}: {old_cpu / new_cpu:.2f}x); {same} of {small} answers identical")
-    if "new, plain matmuls" in eval_s:
-        plain_eval = statistics.median(eval_s["new, plain matmuls"])
-        same_plain = sum(a == b for a, b in zip(answers["new, plain matmuls"], answers["new"], strict=True))
-        print(f"  new with plain matmuls: {plain_eval:.1f} s {[round(s, 1) for s in eval_s['new, plain matmuls']]} "
+          f"(CPU s old {old_cpu:.1f}, new {new_cpu:.1f}: {old_cpu / new_cpu:.2f}x); {same} of {small} answers "
+          "identical")
+    if PLAIN in eval_s:
+        plain_eval = statistics.median(eval_s[PLAIN])
+        same_plain = sum(x == y for x, y in zip(answers[PLAIN], answers["new"], strict=True))
+        print(f"  new with plain matmuls: {plain_eval:.1f} s {[round(s, 1) for s in eval_s[PLAIN]]} "
               f"({old_eval / plain_eval:.2f}x the old path); oneDNN weights {plain_eval / new_eval:.2f}x faster, "
               f"{same_plain} of {small} answers identical to them")
-    for large in [] if args.quick else [int(x) for x in args.eval_large.split(",") if x]:
+    for large in [] if b.args.quick else [int(x) for x in b.args.eval_large.split(",") if x]:
         large_prompts = [backend.encode_prompt(taskset.eval_messages(q)) for q in taskset.eval_set(large)]
         large_s, large_cpu, _ = measured(partial(backend.greedy, large_prompts, T))
-        print(f"greedy evaluation, {large} held-out questions, new: {large_s:.1f} s = {large_s / old_eval:.2f} x the old "
-              f"path's time for {small} (CPU {large_cpu:.1f} s = {large_cpu / old_cpu:.2f} x; one evaluation per 10 rounds)")
+        print(f"greedy evaluation, {large} held-out questions, new: {large_s:.1f} s = {large_s / old_eval:.2f} x the "
+              f"old path's time for {small} (CPU {large_cpu:.1f} s = {large_cpu / old_cpu:.2f} x; one evaluation per "
+              f"10 rounds)")
 
-    # 4. Per-row adapters: the same rows, all forced to T tokens.
+
+def adapter_cases(b: Bench, new_tokens: int) -> dict[str, Callable[[], Any]]:
+    """4. The same rows (the first round's prompts) decoded with 4 random adapters in one batch, 1 adapter in one
+    batch, 1 adapter merged (the node's path), and 4 separate runs; every row forced to `new_tokens`."""
+    from engine.backends.decode import DecodeModel, decode_batch
+
+    backend, dtype, t = b.backend, b.dtype, b.tasks
     adapters = random_adapters(backend, 4, seed=7)
-    prompts = round_prompts[0][1]
+    prompts = b.round_prompts[0][1]
     index = [i * 4 // len(prompts) for i in range(len(prompts))]
     seeds = [11, 12, 13, 14]
-    new_tokens = 8 if args.quick else T
     base = DecodeModel(backend.model, dtype)
 
     def run(model: Any, chosen: list[int], **lora: Any) -> Any:
         backend.reseed(1)
-        return decode_batch(model, [prompts[i] for i in chosen], G, new_tokens, -1, t.temperature, **lora)
+        return decode_batch(model, [prompts[i] for i in chosen], t.completions_per_question, new_tokens, -1,
+                            t.temperature, **lora)
 
     everything = list(range(len(prompts)))
-    cases: dict[str, Callable[[], Any]] = {
+    return {
         "4 adapters, one batch": lambda: run(base, everything, adapters=adapters, adapter_index=index, seeds=seeds),
-        "1 adapter, one batch": lambda: run(base, everything, adapters=adapters[:1], adapter_index=[0] * len(prompts), seeds=seeds[:1]),
-        "1 adapter merged (the node's path)": lambda: run(DecodeModel(backend.model, dtype, merge=adapters[0]), everything),
+        "1 adapter, one batch": lambda: run(base, everything, adapters=adapters[:1],
+                                            adapter_index=[0] * len(prompts), seeds=seeds[:1]),
+        "1 adapter merged (the node's path)": lambda: run(DecodeModel(backend.model, dtype, merge=adapters[0]),
+                                                          everything),
         "4 separate runs": lambda: [
-            run(base, [i for i in everything if index[i] == a], adapters=[adapters[a]], adapter_index=[0] * index.count(a), seeds=[seeds[a]])
+            run(base, [i for i in everything if index[i] == a], adapters=[adapters[a]],
+                adapter_index=[0] * index.count(a), seeds=[seeds[a]])
             for a in range(4)
         ],
     }
+
+
+def per_row_adapters(b: Bench) -> None:
+    """4. Per-row adapters: each case of `adapter_cases` timed, and the 4-adapter batch against separate runs."""
+    new_tokens = 8 if b.args.quick else b.tasks.max_new_tokens
+    cases = adapter_cases(b, new_tokens)
     case_s: dict[str, list[float]] = {name: [] for name in cases}
     case_cpu: dict[str, list[float]] = {name: [] for name in cases}
     outputs: dict[str, Any] = {}
-    for rep in range(repeats):
-        for name in (list(cases) if rep % 2 == 0 else list(reversed(cases))):
-            took, used, outputs[name] = measured(cases[name])
-            case_s[name].append(took)
-            case_cpu[name].append(used)
+    for name in alternating(list(cases), b.repeats):
+        took, used, outputs[name] = measured(cases[name])
+        case_s[name].append(took)
+        case_cpu[name].append(used)
     separate = [row for part in outputs["4 separate runs"] for row in part]
     same_rows, worst = 0, 0.0
-    for a, b in zip(outputs["4 adapters, one batch"], separate, strict=True):
-        same_rows += a.tokens == b.tokens
-        common = next((k for k, (x, y) in enumerate(zip(a.tokens, b.tokens, strict=True)) if x != y), len(a.tokens))
+    for a, c in zip(outputs["4 adapters, one batch"], separate, strict=True):
+        same_rows += a.tokens == c.tokens
+        common = next((k for k, (x, y) in enumerate(zip(a.tokens, c.tokens, strict=True)) if x != y), len(a.tokens))
         # Up to, not at, the first differing token: there the two log-probs are of different tokens.
-        worst = max([worst] + [abs(x - y) for x, y in zip(a.logprobs[:common], b.logprobs[:common], strict=True)])
+        worst = max([worst] + [abs(x - y) for x, y in zip(a.logprobs[:common], c.logprobs[:common], strict=True)])
     mixed = statistics.median(case_s["4 adapters, one batch"])
     mixed_cpu = statistics.median(case_cpu["4 adapters, one batch"])
-    print(f"per-row adapters, {len(prompts)} prompts x {G} rows x {new_tokens} tokens (no EOS), 4 adapters of rank {cfg.grpo.lora_rank}:")
+    print(f"per-row adapters, {len(b.round_prompts[0][1])} prompts x {b.tasks.completions_per_question} rows x "
+          f"{new_tokens} tokens (no EOS), 4 adapters of rank {b.cfg.grpo.lora_rank}:")
     for name, values in case_s.items():
         median, cpu = statistics.median(values), statistics.median(case_cpu[name])
         print(f"  {name:36s} {median:6.1f} s {[round(v, 1) for v in values]}  CPU {cpu:6.1f} s   "
               f"4-adapter batch / this = {mixed / median:.2f} (CPU {mixed_cpu / cpu:.2f})")
-    print(f"  rows of the 4-adapter batch identical to the separate runs': {same_rows} of {len(separate)}; log-probs up to "
-          f"the first differing token within {worst:.1e} (attention spans the batch's longest prompt, masked columns included, which moves its float rounding; that can carry a draw across a token, in bf16 often)")
+    print(f"  rows of the 4-adapter batch identical to the separate runs': {same_rows} of {len(separate)}; log-probs "
+          f"up to the first differing token within {worst:.1e} (attention spans the batch's longest prompt, masked "
+          f"columns included, which moves its float rounding; that can carry a draw across a token, in bf16 often)")
 
-    # 5. Peak RSS of a default round, one child per side.
+
+def peak_rss(threads: int) -> None:
+    """5. Peak RSS of a default round, one child per side."""
+    children = {}
+    for name in ("old", "new"):
+        out = subprocess.run(
+            [sys.executable, "-m", "bench.rollout_speed", "--rss-child", name, "--threads", str(threads)],
+            cwd=REPO_ROOT, capture_output=True, text=True, check=True,
+        )
+        children[name] = json.loads(out.stdout.strip().splitlines()[-1])
+    o, n = children["old"], children["new"]
+    print(f"default round in a child (solo, no evaluation): peak RSS old {o['peak_rss_bytes'] / 2**30:.2f} GB, "
+          f"new {n['peak_rss_bytes'] / 2**30:.2f} GB ({n['peak_rss_bytes'] / o['peak_rss_bytes'] - 1:+.1%}); "
+          f"metrics tokens_per_second old {o['tokens_per_second']:.1f}, new {n['tokens_per_second']:.1f}; "
+          f"generate s old {o['generate_seconds']:.1f}, new {n['generate_seconds']:.1f}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.old_path_run:
+        old_path_run(args.old_path_run, args.rounds or 30, args.threads)
+        return 0
+    if args.rss_child:
+        print(json.dumps(rss_round(args.rss_child, args.threads)))
+        return 0
+    b = set_up(args)
+    rate = sampling(b)
+    llama_side(b, rate)
+    roofline(b, rate)
+    greedy_eval(b)
+    per_row_adapters(b)
     if not args.quick:
-        children = {}
-        for name in ("old", "new"):
-            out = subprocess.run(
-                [sys.executable, "-m", "bench.rollout_speed", "--rss-child", name, "--threads", str(args.threads)],
-                cwd=REPO_ROOT, capture_output=True, text=True, check=True,
-            )
-            children[name] = json.loads(out.stdout.strip().splitlines()[-1])
-        o, n = children["old"], children["new"]
-        print(f"default round in a child (solo, no evaluation): peak RSS old {o['peak_rss_bytes'] / 2**30:.2f} GB, "
-              f"new {n['peak_rss_bytes'] / 2**30:.2f} GB ({n['peak_rss_bytes'] / o['peak_rss_bytes'] - 1:+.1%}); "
-              f"metrics tokens_per_second old {o['tokens_per_second']:.1f}, new {n['tokens_per_second']:.1f}; "
-              f"generate s old {o['generate_seconds']:.1f}, new {n['generate_seconds']:.1f}")
-
+        peak_rss(args.threads)
     print(f"reproduce: .venv/bin/python -m bench.rollout_speed{' --quick' if args.quick else ''}"
           f"{f' --threads {args.threads}' if args.threads else ''}")
     print(f"useful tok/s new/old = {rate['new'] / rate['old']:.2f}")

@@ -1,4 +1,5 @@
-"""What the speed benches share: timers, peak RSS, other processes' load, and the roofline, the model's own matmuls timed as plain GEMMs.
+"""What the speed benches share: timers, peak RSS, other processes' load, and the roofline (the model's own
+matmuls timed as plain GEMMs).
 
 bench/rollout_speed.py (decoding) and bench/train_speed.py (the training
 step) both measure this machine's GEMM speed on the model's weight shapes
@@ -86,9 +87,11 @@ def gemm_step(config: Any, rows: int, dtype: Any, packed: bool = False) -> Calla
     shapes = weight_shapes(config)
     prepare = pack_weight if packed else (lambda w: w)
     # One weight set per layer, as the model has: one set reused would stay in cache.
-    layers = [[prepare(torch.randn(out, fan_in).to(dtype)) for fan_in, out in shapes] for _ in range(config.num_hidden_layers)]
+    layers = [[prepare(torch.randn(out, fan_in).to(dtype)) for fan_in, out in shapes]
+              for _ in range(config.num_hidden_layers)]
     inputs = [torch.randn(rows, fan_in).to(dtype) for fan_in, _ in shapes]
-    head, head_in = prepare(torch.randn(config.vocab_size, config.hidden_size).to(dtype)), torch.randn(rows, config.hidden_size).to(dtype)
+    head = prepare(torch.randn(config.vocab_size, config.hidden_size).to(dtype))
+    head_in = torch.randn(rows, config.hidden_size).to(dtype)
 
     def step() -> None:
         for weights in layers:

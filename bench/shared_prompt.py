@@ -26,6 +26,7 @@ import statistics
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 
@@ -51,51 +52,60 @@ def plain_logprobs(backend: Any, pairs: Sequence[tuple[list[int], list[int]]], t
     return logp, mask
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--questions", type=int, default=None, help="questions (default: the engine's B)")
-    parser.add_argument("--completions", type=int, default=None, help="completions per question (default: G)")
-    parser.add_argument("--repeats", type=int, default=5, help="timed passes per side (default 5)")
-    parser.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
-    args = parser.parse_args(argv)
+@dataclass
+class Round:
+    """One round's training input on the bundled model: its prompts, (prompt, completion) pairs, micro-batches."""
 
-    import torch
+    cfg: Any
+    backend: Any
+    B: int
+    G: int
+    prompts: list[list[int]]
+    pairs: list[tuple[list[int], list[int]]]
+    chunks: list[list[tuple[list[int], list[int]]]]
+    total: float  # completion tokens: the loss is a sum over them, divided by this
 
+
+def sample_round(questions: int | None, completions: int | None) -> Round:
+    """Round 1's questions, sampled by the bundled model, cut into the trainer's micro-batches."""
     from engine.backends.batching import micro_batches
     from engine.backends.torch_backend import TorchBackend
-    from engine.config import NodeConfig
-    from engine.device import pick_device
+    from engine.common.config import NodeConfig
+    from engine.common.device import pick_device
+    from engine.common.paths import Paths
     from engine.models import resolve_model_dir
-    from engine.paths import Paths
     from engine.rollouts import TrainItem
     from engine.tasks import TaskSet
 
-    torch.set_num_threads(args.threads)
     cfg = NodeConfig()
-    B = args.questions or cfg.tasks.questions_per_round
-    G = args.completions or cfg.tasks.completions_per_question
+    B = questions or cfg.tasks.questions_per_round
+    G = completions or cfg.tasks.completions_per_question
     model_dir = resolve_model_dir("bundled", Paths.default().models_cache)
     backend = TorchBackend(model_dir, pick_device("cpu"), cfg.grpo, 0, cfg.tasks.temperature)
     taskset = TaskSet(cfg.tasks.specialties, cfg.tasks.dataset_configs, seed=0)
-    questions = taskset.draw(1, B)
-    prompts = [backend.encode_prompt(taskset.messages(q)) for q in questions]
+    prompts = [backend.encode_prompt(taskset.messages(q)) for q in taskset.draw(1, B)]
     backend.reseed(1)
-    completions = backend.generate(prompts, G, cfg.tasks.max_new_tokens, cfg.tasks.temperature)
-    pairs = [(prompts[i // G], c.token_ids) for i, c in enumerate(completions) if c.token_ids]
+    sampled = backend.generate(prompts, G, cfg.tasks.max_new_tokens, cfg.tasks.temperature)
+    pairs = [(prompts[i // G], c.token_ids) for i, c in enumerate(sampled) if c.token_ids]
     rows, tokens = backend.budget.limits(cfg.grpo)
-
     items = [TrainItem(prompt, comp, [], 0.0) for prompt, comp in pairs]  # only their lengths matter here
     chunks = [[(it.prompt_ids, it.completion_ids) for it in chunk] for chunk in micro_batches(items, rows, tokens)]
-    total = float(sum(len(c) for _, c in pairs))
+    return Round(cfg, backend, B, G, prompts, pairs, chunks, float(sum(len(c) for _, c in pairs)))
+
+
+def time_sides(r: Round, repeats: int) -> tuple[dict[str, list[float]], dict[str, float]]:
+    """Forward + backward over every micro-batch, shared prompts against plain rows, alternating: seconds per
+    pass and the last pass's loss, per side."""
+    backend = r.backend
 
     def one_pass(fn: Any) -> tuple[float, float]:
         backend.model.zero_grad(set_to_none=True)
         start = time.perf_counter()
         loss_sum = 0.0
-        for chunk in chunks:
+        for chunk in r.chunks:
             with backend.autocast_context():
                 logp, mask = fn(chunk)
-                loss = -(logp * mask).sum() / total
+                loss = -(logp * mask).sum() / r.total
             loss.backward()
             loss_sum += float(loss.detach())
         return time.perf_counter() - start, loss_sum
@@ -108,20 +118,33 @@ def main(argv: Sequence[str] | None = None) -> int:
     times: dict[str, list[float]] = {name: [] for name in sides}
     losses: dict[str, float] = {}
     one_pass(sides["shared"])  # warm-up, not timed
-    for _ in range(args.repeats):
+    for _ in range(repeats):
         for name, fn in sides.items():
             seconds, losses[name] = one_pass(fn)
             times[name].append(seconds)
     backend.model.zero_grad(set_to_none=True)
+    return times, losses
 
-    prompt_tokens = sum(len(p) for p in prompts)
-    comp_tokens = int(total)
-    print(f"shared_prompt: bundled SmolLM2-135M, {B} questions x {G} completions, {len(pairs)} sequences in "
-          f"{len(chunks)} micro-batches, {torch.get_num_threads()} threads, bf16 autocast "
-          f"{'yes' if backend.device.bf16 else 'no'}, LoRA r{cfg.grpo.lora_rank}")
-    print(f"tokens: prompts {prompt_tokens} (each once), completions {comp_tokens}; "
-          f"the plain pass reads {sum(len(p) for p, _ in pairs)} prompt tokens")
-    for name in sides:
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--questions", type=int, default=None, help="questions (default: the engine's B)")
+    parser.add_argument("--completions", type=int, default=None, help="completions per question (default: G)")
+    parser.add_argument("--repeats", type=int, default=5, help="timed passes per side (default 5)")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
+    args = parser.parse_args(argv)
+
+    import torch
+
+    torch.set_num_threads(args.threads)
+    r = sample_round(args.questions, args.completions)
+    times, losses = time_sides(r, args.repeats)
+    print(f"shared_prompt: bundled SmolLM2-135M, {r.B} questions x {r.G} completions, {len(r.pairs)} sequences in "
+          f"{len(r.chunks)} micro-batches, {torch.get_num_threads()} threads, bf16 autocast "
+          f"{'yes' if r.backend.device.bf16 else 'no'}, LoRA r{r.cfg.grpo.lora_rank}")
+    print(f"tokens: prompts {sum(len(p) for p in r.prompts)} (each once), completions {int(r.total)}; "
+          f"the plain pass reads {sum(len(p) for p, _ in r.pairs)} prompt tokens")
+    for name in times:
         print(f"{name:7s} forward+backward s: median {statistics.median(times[name]):.2f}  raw "
               f"{[round(t, 2) for t in times[name]]}")
     ratio = statistics.median(times["shared"]) / statistics.median(times["plain"])

@@ -76,7 +76,8 @@ CATEGORIES: list[tuple[str, tuple[str, ...]]] = [
     ("attention", ("scaled_dot_product", "flash_attention")),
     ("LM head softmax", ("softmax", "aten::exp", "aten::amax", "aten::gather", "aten::log")),
     ("copies", ("aten::cat", "aten::copy_", "aten::index", "aten::fill_", "aten::zero_", "aten::scatter",
-                "aten::clone", "aten::_to_copy", "aten::masked_fill", "aten::contiguous", "aten::new_zeros", "aten::split")),
+                "aten::clone", "aten::_to_copy", "aten::masked_fill", "aten::contiguous", "aten::new_zeros",
+                "aten::split")),
     ("optimizer", ("_foreach", "adam", "linalg_vector_norm", "Optimizer")),
     ("other element-wise", ("aten::",)),
 ]
@@ -85,7 +86,7 @@ SPLIT = ("matmuls: frozen weights", "matmuls: LoRA", "matmuls: LM head", *(name 
 
 
 def items_path(args: argparse.Namespace) -> Path:
-    from engine.paths import Paths
+    from engine.common.paths import Paths
 
     return args.items or Paths.default().cache_dir / "bench" / f"train_speed-round{args.round}.json"
 
@@ -111,7 +112,7 @@ def round_items(backend: Any, cfg: Any, taskset: Any, round_index: int) -> list[
 
 def load_items(path: Path, meta: dict[str, Any], make: Callable[[], list[Any]]) -> tuple[list[Any], bool]:
     """The saved items when they were made for `meta`, else new ones from `make`, saved. (items, made now)."""
-    from engine.atomicio import atomic_write_text
+    from engine.common.atomicio import atomic_write_text
     from engine.rollouts import TrainItem
 
     if path.is_file():
@@ -229,7 +230,8 @@ def profile_split(fn: Callable[[], Any], vocab: int, rank: int) -> dict[str, flo
 
 
 def compare_steps(backend: Any, items: Sequence[Any]) -> tuple[float, float, float]:
-    """Relative differences of new against old after one step: the loss, all LoRA gradients as one vector, the worst matrix."""
+    """Relative differences of new against old after one step: the loss, all LoRA gradients as one vector,
+    the worst matrix."""
     import torch
 
     backend.use_adapter_slot(backend.new_adapter_slot(1))
@@ -418,21 +420,26 @@ def report(items: Sequence[Any], timing: dict[str, dict[str, Any]], flops: dict[
         rate = flops["total"] / t["step"] / 1e9
         print(f"  {side}: step {t['step']:.2f} s {[round(s, 2) for s in t['wall']]}, CPU "
               f"{t['cpu']:.2f} s; {rate:.1f} GFLOP/s = {rate / gflops:.1%} of the roofline; "
-              f"{completion_tokens / t['step']:.0f} completion tok/s, {need['tokens'] / t['step']:.0f} tok/s through the layers")
+              f"{completion_tokens / t['step']:.0f} completion tok/s, "
+              f"{need['tokens'] / t['step']:.0f} tok/s through the layers")
     report_split(timing)
     foreign = timing["foreign"]["cores"]
     print(f"other processes kept {foreign:.2f} cores busy on average while the steps were timed"
-          + (" (more than a quarter of a core: the seconds are inflated; compare the ratios)" if foreign > 0.25 else ""))
+          + (" (more than a quarter of a core: the seconds are inflated; compare the ratios)"
+             if foreign > 0.25 else ""))
     return flops["total"] / timing["new"]["step"] / 1e9 / gflops
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help=f"the items of {QUICK_QUESTIONS} questions, 1 repeat")
-    parser.add_argument("--threads", type=int, default=0, help="torch threads (default 0: torch's default, as the engine)")
-    parser.add_argument("--repeats", type=int, default=None, help="timed steps per side, alternating (default 3, quick 1)")
+    parser.add_argument("--threads", type=int, default=0,
+                        help="torch threads (default 0: torch's default, as the engine)")
+    parser.add_argument("--repeats", type=int, default=None,
+                        help="timed steps per side, alternating (default 3, quick 1)")
     parser.add_argument("--round", type=int, default=1, help="which round's items to train (default 1)")
-    parser.add_argument("--items", type=Path, default=None, help="the items file (default: <cache dir>/bench/train_speed-roundR.json)")
+    parser.add_argument("--items", type=Path, default=None,
+                        help="the items file (default: <cache dir>/bench/train_speed-roundR.json)")
     parser.add_argument("--rss-child", choices=SIDES, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     why = bad_arguments(args)
@@ -455,13 +462,15 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     cfg, backend, taskset = bundled_cpu()
     t, g = cfg.tasks, cfg.grpo
-    meta = {"model": backend.model_dir.name, "round": args.round, "seed": cfg.run.seed, "questions": t.questions_per_round,
+    meta = {"model": backend.model_dir.name, "round": args.round, "seed": cfg.run.seed,
+            "questions": t.questions_per_round,
             "completions": t.completions_per_question, "max_new_tokens": t.max_new_tokens, "temperature": t.temperature}
     items, made = load_items(items_path(args), meta, lambda: round_items(backend, cfg, taskset, args.round))
     if args.quick:
         items = first_questions(items, QUICK_QUESTIONS)
     if not items:
-        print(f"train_speed: round {args.round} has no question whose rewards differ, so nothing to train; pick another --round.",
+        print(f"train_speed: round {args.round} has no question whose rewards differ, so nothing to train; "
+              "pick another --round.",
               file=sys.stderr)
         return 2
     repeats = args.repeats or (1 if args.quick else 3)
@@ -475,14 +484,16 @@ def run(args: argparse.Namespace) -> int:
     new_chunks = micro_batches(items, *limits, shared_prompts=True, packed=True)
     need = layout(new_chunks, micro_batches(items, *limits, shared_prompts=True))
     flops = step_flops(backend.model.config, g.lora_rank, need)
-    rows = max(sum(map(len, {tuple(it.prompt_ids) for it in c})) + sum(len(it.completion_ids) - 1 for it in c) for c in new_chunks)
+    rows = max(sum(map(len, {tuple(it.prompt_ids) for it in c})) + sum(len(it.completion_ids) - 1 for it in c)
+               for c in new_chunks)
     loss_diff, grad_diff, worst = compare_steps(backend, items)
     peak = Roofline(backend.model.config, rows, dtype)
     timing = time_sides(backend, items, repeats, peak)
     share = report(items, timing, flops, need, peak)
     rss = rss_sides(args)
     print("RSS, one child per side, one step: " + "; ".join(
-        f"{side} peak while training {rss[side]['peak'] / 2**30:.2f} GB ({(rss[side]['peak'] - rss[side]['loaded']) / 2**20:+.0f} MB "
+        f"{side} peak while training {rss[side]['peak'] / 2**30:.2f} GB "
+        f"({(rss[side]['peak'] - rss[side]['loaded']) / 2**20:+.0f} MB "
         f"over the loaded model), the child's peak {rss[side]['process_peak'] / 2**30:.2f} GB" for side in SIDES))
     whole_tol, matrix_tol = TOLERANCE[str(dtype).replace("torch.", "")]
     same = max(loss_diff, grad_diff) <= whole_tol and worst <= matrix_tol
@@ -490,8 +501,10 @@ def run(args: argparse.Namespace) -> int:
           f"{grad_diff:.1e} of its norm, each adapter matrix within {worst:.1e} of its own (tolerances {whole_tol:.0e} "
           f"and {matrix_tol:.0e}): {'yes' if same else 'NO'}")
     print(f"reproduce: .venv/bin/python -m bench.train_speed{' --quick' if args.quick else ''}"
-          f"{f' --threads {args.threads}' if args.threads else ''}{f' --round {args.round}' if args.round != 1 else ''}")
-    print(f"train step: new/old = {timing['old']['step'] / timing['new']['step']:.2f}x, {share:.0%} of the {precision} roofline")
+          f"{f' --threads {args.threads}' if args.threads else ''}"
+          f"{f' --round {args.round}' if args.round != 1 else ''}")
+    ratio = timing['old']['step'] / timing['new']['step']
+    print(f"train step: new/old = {ratio:.2f}x, {share:.0%} of the {precision} roofline")
     if not same:
         print("train_speed: the two steps disagree beyond the tolerance", file=sys.stderr)
         return 1

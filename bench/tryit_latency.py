@@ -45,7 +45,7 @@ from PySide6.QtWidgets import QApplication
 
 from app import theme
 from app.tryit import TryItPanel
-from engine.events import node_command
+from engine.common.events import node_command
 
 ROOT = Path(__file__).resolve().parents[1]
 SPECIALTIES = ("basic_arithmetic", "calendar_arithmetic", "base_conversion", "fraction_simplification")
@@ -85,8 +85,8 @@ def pump(app: QApplication, until: Any, timeout: float) -> bool:
 
 def train(home: Path, rounds: int) -> subprocess.Popen[bytes]:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    return subprocess.Popen([sys.executable, "-m", "engine.cli", "run", "--home", str(home), "--rounds", str(rounds),
-                             *TRAIN_FLAGS], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return subprocess.Popen(node_command("run", ["--home", str(home), "--rounds", str(rounds), *TRAIN_FLAGS]), env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def round_seconds(home: Path) -> dict[int, float]:
@@ -127,7 +127,7 @@ class Asker:
         return trained
 
 
-def main() -> int:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=2, help="rounds trained in each of the two paired runs")
     parser.add_argument("--questions", type=int, default=6, help="questions asked with training paused")
@@ -136,24 +136,23 @@ def main() -> int:
     parser.add_argument("--pace", type=float, default=0.0, help="while training, seconds from one answer to the next "
                         "question (a person reading the answer); 0 asks back to back, the worst case")
     parser.add_argument("--screenshot", type=Path, help="save a picture of the panel after the first paused answer")
-    args = parser.parse_args()
-    app = QApplication.instance() or QApplication([])
-    if not isinstance(app, QApplication):
-        raise SystemExit("a QCoreApplication already exists")
-    theme.apply(app)
-    work = Path(tempfile.mkdtemp(prefix="sapling-tryit-bench-"))
-    home = work / "home"
-    print(f"$ QT_QPA_PLATFORM=offscreen {sys.executable} -m bench.tryit_latency {' '.join(sys.argv[1:])}"
-          f"   (work folder {work})", flush=True)
+    return parser.parse_args()
+
+
+def first_checkpoint(home: Path, copy_from: Path | None) -> int:
+    """A home with a checkpoint to answer from (copied from `copy_from`, or round 1 trained now); its last round."""
     t0 = time.monotonic()
-    if args.home:
-        shutil.copytree(args.home, home, ignore=shutil.ignore_patterns("logs"))
+    if copy_from:
+        shutil.copytree(copy_from, home, ignore=shutil.ignore_patterns("logs"))
     elif train(home, 1).wait() != 0:
         raise SystemExit("the first training round failed")
     else:
         print(f"round 1 trained in {time.monotonic() - t0:.0f} s", flush=True)
-    first = max(round_seconds(home))
+    return max(round_seconds(home))
 
+
+def open_panel(app: QApplication, home: Path) -> tuple[TryItPanel, LagProbe]:
+    """The Try it panel on `home`, not shown yet, and the UI-stall probe after 20 s of the panel idle."""
     panel = TryItPanel(lambda: node_command("chat", ["--home", str(home), *TRAIN_FLAGS[:3]]))
     panel.resize(1060, 600)
     panel.setStyleSheet(f"TryItPanel {{ background: {theme.BACKGROUND}; }}")
@@ -162,7 +161,12 @@ def main() -> int:
     pump(app, lambda: False, 20.0)
     print(f"baseline, panel idle for 20 s: largest UI stall {probe.take():.1f} ms (what this machine's load alone "
           "does to a 5 ms timer)", flush=True)
-    asker = Asker(app, panel)
+    return panel, probe
+
+
+def while_paused(app: QApplication, panel: TryItPanel, asker: Asker, probe: LagProbe, args: argparse.Namespace
+                 ) -> dict[str, Any]:
+    """The first question as the tab opens, then `args.questions` with training paused; the first answer."""
     panel.set_training(False)
     t0 = time.monotonic()
     panel.show()  # the tab opens: the chat child starts and prepares round 1 in the background
@@ -170,23 +174,24 @@ def main() -> int:
     print(f"first question, asked as soon as the tab opened: first token {cold['first_token_s']:.1f} s after asking "
           f"(target < 10 s); answered {time.monotonic() - t0:.1f} s after the tab opened; "
           f"largest UI stall {probe.take():.1f} ms", flush=True)
-
     paused = [asker.ask_one()["first_token_s"] for _ in range(args.questions)]
     paused_stall = probe.take()
     print(f"training paused, {panel.budget()} threads: first token median {statistics.median(paused):.2f} s, "
-          f"max {max(paused):.2f} s over {len(paused)} questions (target < 1 s); largest UI stall {paused_stall:.1f} ms",
-          flush=True)
+          f"max {max(paused):.2f} s over {len(paused)} questions (target < 1 s); largest UI stall "
+          f"{paused_stall:.1f} ms", flush=True)
     if args.screenshot:
         asker.turn = 0
         asker.ask_one()
         pump(app, lambda: False, 0.5)
         panel.grab().save(str(args.screenshot))
         print(f"screenshot: {args.screenshot}")
-    if args.rounds == 0:
-        panel.shut_down()
-        return 0
+    return cold
 
-    control_home = work / "control"
+
+def while_training(app: QApplication, panel: TryItPanel, asker: Asker, probe: LagProbe, work: Path, first: int,
+                   args: argparse.Namespace) -> None:
+    """The next rounds alone (a copy of the home), then the same rounds again while Try it answers."""
+    home, control_home = work / "home", work / "control"
     shutil.copytree(home, control_home)
     last = first + args.rounds
     t0 = time.monotonic()
@@ -197,7 +202,6 @@ def main() -> int:
     # tick, so let it tick, then forget it: it is the bench's wait, not a stall of the panel's.
     pump(app, lambda: False, 0.1)
     probe.take()
-
     panel.set_training(True)
     proc = train(home, last)
     during: list[float] = []
@@ -209,12 +213,32 @@ def main() -> int:
     pairs = [(alone[r], chatted[r]) for r in range(first + 1, last + 1) if r in alone and r in chatted]
     ratio = sum(c for _, c in pairs) / sum(a for a, _ in pairs)
     print(f"while training, {panel.budget()} thread: first token median {statistics.median(during):.2f} s, "
-          f"max {max(during):.2f} s over {len(during)} questions (target < 3 s); largest UI stall {training_stall:.1f} ms",
-          flush=True)
+          f"max {max(during):.2f} s over {len(during)} questions (target < 3 s); largest UI stall "
+          f"{training_stall:.1f} ms", flush=True)
     for r, (a, c) in zip(range(first + 1, last + 1), pairs, strict=False):
         print(f"  round {r}: {a:.1f} s alone, {c:.1f} s while Try it answered ({c / a:.2f}x)")
     how = "back to back" if args.pace <= 0 else f"one question {args.pace:g} s after each answer"
     print(f"training round time while Try it answers {how}: {ratio:.2f}x the same rounds alone (target <= 1.15x)")
+
+
+def main() -> int:
+    args = parse_args()
+    app = QApplication.instance() or QApplication([])
+    if not isinstance(app, QApplication):
+        raise SystemExit("a QCoreApplication already exists")
+    theme.apply(app)
+    work = Path(tempfile.mkdtemp(prefix="sapling-tryit-bench-"))
+    home = work / "home"
+    print(f"$ QT_QPA_PLATFORM=offscreen {sys.executable} -m bench.tryit_latency {' '.join(sys.argv[1:])}"
+          f"   (work folder {work})", flush=True)
+    first = first_checkpoint(home, args.home)
+    panel, probe = open_panel(app, home)
+    asker = Asker(app, panel)
+    cold = while_paused(app, panel, asker, probe, args)
+    if args.rounds == 0:
+        panel.shut_down()
+        return 0
+    while_training(app, panel, asker, probe, work, first, args)
     print(f"cold answer's trained side: round {cold['round']}, {cold['tokens']} tokens")
     panel.shut_down()
     shutil.rmtree(work, ignore_errors=True)

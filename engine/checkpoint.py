@@ -7,7 +7,7 @@ Layout: ``checkpoints/<run>/round-000012/`` holding the backend's files
      "files": {"adapter.safetensors": "<sha256>", ...}, "metrics": {...}}
 
 A checkpoint folder is written under a temporary name and renamed into place
-(`engine.atomicio.atomic_dir`), so a crash leaves no half-written round. On
+(`engine.common.atomicio.atomic_dir`), so a crash leaves no half-written round. On
 load, every file's sha256 is checked; a checkpoint that fails is moved to
 ``checkpoints/<run>/corrupt/`` with a warning and the previous one is tried.
 """
@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engine.atomicio import atomic_dir
-from engine.errors import CheckpointError
+from engine.common.atomicio import atomic_dir
+from engine.common.errors import CheckpointError
 
 log = logging.getLogger(__name__)
 

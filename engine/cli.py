@@ -6,7 +6,7 @@
     sapling-node export --out ./my-model  # merged HF folder of the newest checkpoint
     sapling-node config                   # print the effective configuration as TOML
     sapling-node doctor [--relay INVITE]  # check each step of joining the swarm, with its time (docs/swarm.md)
-    sapling-node stats [--json]           # what this node's rollouts did for other peers (engine/node_stats.py)
+    sapling-node stats [--json]           # what this node's rollouts did for other peers (engine/swarm/node_stats.py)
     sapling-node identity export FILE     # back up this node's key; `identity import FILE` restores it
 
 A user's mistake gets one sentence on stderr and a non-zero exit code
@@ -22,17 +22,17 @@ import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
-from engine import __version__, identity_backup, node_stats
-from engine.config import NodeConfig
-from engine.errors import SaplingError
-from engine.events import Event
+from engine import __version__
+from engine.common.config import NodeConfig
+from engine.common.errors import SaplingError
+from engine.common.paths import Paths
 from engine.gguf.export import DEFAULT_QUANT, export_model
 from engine.gguf.export import FORMATS as EXPORT_FORMATS
 from engine.gguf.export import QUANTS as EXPORT_QUANTS
 from engine.launch import add_settings_flags, config_from_args, run_node, setup_logging, stop_on_signals
-from engine.paths import Paths
+from engine.swarm import identity_backup, node_stats
+from engine.terminal import ConsoleHandler, TerminalView
 
 log = logging.getLogger("engine")
 
@@ -47,25 +47,38 @@ def build_parser() -> argparse.ArgumentParser:
     add_settings_flags(run)
     serve = sub.add_parser("serve", help="train driven by JSON lines (used by the desktop app)")
     add_settings_flags(serve)
-    export = sub.add_parser("export", help="write the trained model, merged, as a Hugging Face folder or a GGUF file (docs/exporting.md)")
+    export = sub.add_parser("export",
+                            help="write the trained model, merged, as a Hugging Face folder or a GGUF file "
+                                 "(docs/exporting.md)")
     add_settings_flags(export)
-    export.add_argument("--out", type=Path, required=True, help="folder (hf) or file (gguf, gguf-lora) to write, replaced atomically")
-    export.add_argument("--format", default="hf", choices=EXPORT_FORMATS, help="hf: merged Hugging Face folder; gguf: merged GGUF file for llama.cpp, Ollama, LM Studio; gguf-lora: the adapter alone, for llama.cpp's --lora")
+    export.add_argument("--out", type=Path, required=True,
+                        help="folder (hf) or file (gguf, gguf-lora) to write, replaced atomically")
+    export.add_argument("--format", default="hf", choices=EXPORT_FORMATS,
+                        help="hf: merged Hugging Face folder; gguf: merged GGUF file for llama.cpp, Ollama, LM Studio; "
+                             "gguf-lora: the adapter alone, for llama.cpp's --lora")
     export.add_argument("--quant", default=DEFAULT_QUANT, choices=EXPORT_QUANTS,
                         help=f"GGUF weight type (default {DEFAULT_QUANT})")
-    export.add_argument("--round", dest="export_round", type=int, metavar="N", help="the checkpoint of round N (default: the newest); 0 is the base model before training")
-    exp = sub.add_parser("experiment", help="several simulated nodes on this computer, one run per local/external mix, then a report (docs/swarm.md)")
+    export.add_argument("--round", dest="export_round", type=int, metavar="N",
+                        help="the checkpoint of round N (default: the newest); 0 is the base model before training")
+    exp = sub.add_parser("experiment",
+                         help="several simulated nodes on this computer, one run per local/external mix, then a report "
+                              "(docs/swarm.md)")
     exp.add_argument("--nodes", type=int, help="simulated nodes (default 4; paper 8)")
     exp.add_argument("--mixes", help="I/J mixes to compare, e.g. 8/0,4/4 (default 8/0,4/4; paper 8/0,6/2,4/4,2/6)")
     exp.add_argument("--rounds", type=int, help="rounds per mix (default 25, about two hours on a 2-core CPU)")
-    exp.add_argument("--out", type=Path, required=True, help="folder for checkpoints, rounds and report.json / report.md / reward.png")
+    exp.add_argument("--out", type=Path, required=True,
+                     help="folder for checkpoints, rounds and report.json / report.md / reward.png")
     exp.add_argument("--resume", action="store_true", help="carry on the experiment in --out with its saved settings")
     exp.add_argument("--veterans", type=int, default=0, metavar="N",
                      help="the first N nodes are veterans: they train --veteran-rounds rounds alone first (kept in "
                           "OUT/veterans), then every mix starts them from there beside the fresh nodes (docs/swarm.md)")
-    exp.add_argument("--veteran-rounds", type=int, default=0, metavar="R", help="rounds the veterans train before the others join")
-    exp.add_argument("--preset", default="default", help="default (this CPU, about two hours) or paper (the SAPO paper's 8 nodes and four mixes, for a GPU)")
-    exp.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE", help="override one node setting, as in run (repeatable)")
+    exp.add_argument("--veteran-rounds", type=int, default=0, metavar="R",
+                     help="rounds the veterans train before the others join")
+    exp.add_argument("--preset", default="default",
+                     help="default (this CPU, about two hours) or paper (the SAPO paper's 8 nodes and four mixes, for "
+                          "a GPU)")
+    exp.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                     help="override one node setting, as in run (repeatable)")
     exp.add_argument("--device", help="auto, cuda or cpu (run.device)")
     exp.add_argument("--model", help="'bundled', a local HF folder or a hub id (model.source)")
     exp.add_argument("--seed", type=int, help="experiment seed; node k uses seed + k * 10^7 (run.seed)")
@@ -75,85 +88,16 @@ def build_parser() -> argparse.ArgumentParser:
     cfg = sub.add_parser("config", help="print the effective configuration as TOML")
     add_settings_flags(cfg)
     doctor = sub.add_parser("doctor", help="check, step by step, why this computer can or cannot join the swarm")
-    doctor.add_argument("--relay", metavar="INVITE", help="an invite link or a relay address (default: the swarm in config.toml)")
+    doctor.add_argument("--relay", metavar="INVITE",
+                        help="an invite link or a relay address (default: the swarm in config.toml)")
     doctor.add_argument("--home", type=Path, help="keep config, data, cache and logs under this one folder")
     doctor.add_argument("--config", type=Path, help="config file (default: config.toml in the config dir)")
     doctor.add_argument("--json", action="store_true", help="one JSON object per step, then one with the verdict")
-    doctor.add_argument("--timeout", type=float, default=5.0, metavar="S", help="seconds each step may take (default 5)")
+    doctor.add_argument("--timeout", type=float, default=5.0, metavar="S",
+                        help="seconds each step may take (default 5)")
     node_stats.add_parser(sub)
     identity_backup.add_parser(sub)
     return parser
-
-
-class TerminalView:
-    """Renders events for a person: a progress bar per phase and a line per round."""
-
-    def __init__(self) -> None:
-        from tqdm import tqdm
-
-        self._tqdm = tqdm
-        self.bar: Any = None
-        self.phase = ""
-
-    def _close_bar(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-            self.bar = None
-
-    def __call__(self, event: Event) -> None:
-        kind = event["type"]
-        if kind == "progress":
-            if event["phase"] != self.phase or self.bar is None:
-                self._close_bar()
-                self.phase = event["phase"]
-                self.bar = self._tqdm(total=event["total"], desc=f"round {event['round']} {self.phase:<12}",
-                                      leave=False, dynamic_ncols=True, file=sys.stderr)
-            self.bar.total = event["total"]
-            self.bar.n = event["done"]
-            self.bar.refresh()
-        elif kind == "round":
-            self._close_bar()
-            m = event["metrics"]
-            self._tqdm.write(
-                f"round {m['round']:>4} | reward {m['reward_mean']:.3f} | acc {100 * m['accuracy']:5.1f}% | "
-                f"{m['tokens_per_second']:6.1f} tok/s | {m['seconds']:6.1f} s | {m['rss_bytes'] / 2**30:4.1f} GB | "
-                f"loss {m['loss']:+.4f}",
-                file=sys.stdout,
-            )
-        elif kind == "eval":
-            self._close_bar()
-            self._tqdm.write(
-                f"eval  {event['round']:>4} | held-out accuracy {100 * event['accuracy']:5.1f}% "
-                f"({event['questions']} questions, greedy pass@1) | reward {event['reward_mean']:.3f}",
-                file=sys.stdout,
-            )
-        elif kind == "swarm":
-            self._close_bar()
-            self._tqdm.write(f"[swarm] {event['name']} ({event['peer_id'][:8]}): {event['message']}", file=sys.stderr)
-        elif kind == "peers":
-            self._close_bar()
-            reasons = ", ".join(f"{k} {v}" for k, v in sorted(event.get("rejected_by_reason", {}).items()))
-            # Cut off, the last count of peers online is stale: say what is going on instead.
-            link = "cut off from the relay, reconnecting" if event.get("connected") is False \
-                else f"{event['online']} peers online"
-            self._tqdm.write(
-                f"[swarm] {link} | received {event['received']} | accepted {event['accepted']} "
-                f"| rejected {event['rejected']}" + (f" ({reasons})" if reasons else ""),
-                file=sys.stderr,
-            )
-        elif kind == "status":
-            self._close_bar()
-            self._tqdm.write(f"[{event['state']}] {event['message']}", file=sys.stderr)
-        elif kind == "error":
-            self._close_bar()
-            self._tqdm.write(f"error: {event['message']}", file=sys.stderr)
-
-
-class _ConsoleHandler(logging.Handler):
-    def emit(self, record: logging.LogRecord) -> None:
-        from tqdm import tqdm
-
-        tqdm.write(f"{record.levelname.lower()}: {record.getMessage()}", file=sys.stderr)
 
 
 def cmd_run(args: argparse.Namespace, paths: Paths, config: NodeConfig) -> int:
@@ -171,8 +115,10 @@ def cmd_export(args: argparse.Namespace, paths: Paths, config: NodeConfig) -> in
     result = export_model(config, paths, args.out, args.format, args.quant, args.export_round,
                           report=lambda message: print(message, flush=True))
     what = "the base model" if result.round == 0 else f"round {result.round}"
-    kind = f"GGUF {result.quant}" if result.format == "gguf" else "GGUF LoRA" if result.format == "gguf-lora" else "HF folder"
-    print(f"Exported {what} of run {config.run.run_name!r} to {args.out} ({kind}, {result.bytes / 1e6:.0f} MB)", flush=True)
+    kind = (f"GGUF {result.quant}" if result.format == "gguf" else "GGUF LoRA" if result.format == "gguf-lora"
+            else "HF folder")
+    print(f"Exported {what} of run {config.run.run_name!r} to {args.out} ({kind}, {result.bytes / 1e6:.0f} MB)",
+          flush=True)
     return 0
 
 
@@ -184,7 +130,8 @@ def cmd_experiment(args: argparse.Namespace, paths: Paths) -> int:
     from engine.sapo import Control
 
     overrides = list(args.overrides)
-    for attr, key in {"device": "run.device", "model": "model.source", "seed": "run.seed", "threads": "run.threads"}.items():
+    for attr, key in {"device": "run.device", "model": "model.source", "seed": "run.seed",
+                      "threads": "run.threads"}.items():
         value = getattr(args, attr)
         if value is not None:
             overrides.append(f"{key}={value}" if isinstance(value, int) else f"{key}={quote_toml(str(value))}")
@@ -206,8 +153,8 @@ def cmd_experiment(args: argparse.Namespace, paths: Paths) -> int:
     finally:
         view.close()
     if control.stopping:
-        print(f"Stopped. Every node's last round is kept; run the same command (or --resume --out {args.out}) to continue.",
-              file=sys.stderr)
+        print(f"Stopped. Every node's last round is kept; run the same command (or --resume --out {args.out}) to "
+              "continue.", file=sys.stderr)
         return EXIT_INTERRUPTED if signal.SIGINT in signals else 0
     print(f"Report: {args.out / 'report.md'} (and report.json, reward.png)")
     return 0
@@ -237,7 +184,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print("sapling-node: error: --timeout must be a number of seconds from 0 to 600.", file=sys.stderr)
             return 2
         return run_doctor(args.relay, paths.identity_file, args.config or paths.config_file, args.json, args.timeout)
-    setup_logging(paths, args.verbose, _ConsoleHandler(logging.WARNING if not args.verbose else logging.DEBUG))
+    setup_logging(paths, args.verbose, ConsoleHandler(logging.WARNING if not args.verbose else logging.DEBUG))
     try:
         if args.command == "experiment":
             return cmd_experiment(args, paths)

@@ -1,4 +1,5 @@
-"""Difficulty that follows the model: a level per specialty, weights where the signal is, and kinds that do not teach skipped.
+"""Difficulty that follows the model: a level per specialty, weights where the signal is, and kinds that do not
+teach skipped.
 
 GRPO learns only from a group whose answers score differently. With
 `tasks.difficulty = "adaptive"` a node keeps, per specialty, a level on a
@@ -45,8 +46,8 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
-from engine.config import TaskConfig
-from engine.errors import CheckpointError
+from engine.common.config import TaskConfig
+from engine.common.errors import CheckpointError
 from engine.rollouts import rewards_differ
 from engine.task_configs import DEFAULT_DATASET_CONFIGS
 
@@ -121,7 +122,8 @@ LADDERS: Mapping[str, Ladder] = MappingProxyType({
     # rg requires min_size >= 8: no smaller grid exists.
     "arc_1d": Ladder(
         below=(),
-        above=_rungs({"min_size": 8, "max_size": 25}, {"min_size": 8, "max_size": 50}, {"min_size": 8, "max_size": 100}),
+        above=_rungs({"min_size": 8, "max_size": 25}, {"min_size": 8, "max_size": 50},
+                     {"min_size": 8, "max_size": 100}),
     ),
     # Difficulty 3 takes about 2 s per item to build, beyond the caps.
     "bf": Ladder(below=(), above=_rungs({"difficulty": 2})),

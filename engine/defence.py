@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.atomicio import atomic_write_json
+from engine.common.atomicio import atomic_write_json
 
 log = logging.getLogger(__name__)
 

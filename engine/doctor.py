@@ -38,9 +38,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from engine.errors import ConfigError, RelayError, SaplingError
-from engine.joining import DOCTOR_STEPS, Deadline, connect, read_head, resolve, start_tls
-from engine.rules import Invite, parse_invite
+from engine.common.errors import ConfigError, RelayError, SaplingError
+from engine.common.joining import DOCTOR_STEPS, Deadline, connect, read_head, resolve, start_tls
+from engine.common.rules import Invite, parse_invite
 from engine.swarm import protocol
 from engine.swarm.client import SOFTWARE
 
@@ -229,7 +229,8 @@ class Doctor:
         state: dict[str, Any] = {}
 
         def address(_d: Deadline) -> str:
-            extra = [f"{len(invite.relays)} relays, this is #{invite.relays.index(relay) + 1}"] if len(invite.relays) > 1 else []
+            extra = ([f"{len(invite.relays)} relays, this is #{invite.relays.index(relay) + 1}"]
+                     if len(invite.relays) > 1 else [])
             extra.append("join token given" if invite.token else "no join token")
             if invite.name:
                 extra.append(f"swarm {invite.name!r}")
@@ -330,7 +331,8 @@ class Doctor:
                     raise RelayError(f"{where} answered the sample with something malformed ({exc.message}).") from None
                 if msg["type"] == "batches" and msg["id"] == 1:
                     n = len(msg["batches"])
-                    return f"sample answered in {1000 * (time.monotonic() - started):.0f} ms ({n} batch{'es' if n != 1 else ''})"
+                    took = 1000 * (time.monotonic() - started)
+                    return f"sample answered in {took:.0f} ms ({n} batch{'es' if n != 1 else ''})"
                 if msg["type"] == "error":
                     raise RelayError(f"The relay refused a sample request ({msg['code']}: {msg['message']}).")
 
@@ -361,7 +363,8 @@ def _refusal(code: str, message: str, invite: Invite, peer_id: str) -> str:
                     "the swarm's organiser.")
         if invite.token:
             return "The relay refused this join token: ask the swarm's organiser for a fresh invite."
-        return "The relay needs a join token: use the full invite link from the swarm's organiser (it carries the token)."
+        return ("The relay needs a join token: use the full invite link from the swarm's organiser (it carries the "
+                "token).")
     if code == protocol.E_BANNED:
         return f"The relay has banned this node's key (peer id {peer_id}): ask the relay's operator why."
     if code == protocol.E_STALE:
@@ -376,7 +379,7 @@ def relay_to_check(relay: str | None, config_file: Path | None) -> tuple[Invite 
     """The invite to check: `--relay`, else the swarm in config.toml. (None, why) when there is none."""
     if relay:
         return parse_invite(relay), "--relay"
-    from engine.config import build_config
+    from engine.common.config import build_config
 
     swarm = build_config("default", config_file).swarm
     if swarm.mode == "solo":

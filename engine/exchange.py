@@ -1,7 +1,8 @@
 """The SAPO mix: what the round loop shares with the swarm and what it takes back.
 
-`SwarmExchange` is the `RolloutExchange` the node uses when a relay is
-configured. The round loop sees it through three calls:
+`RolloutExchange` is the round loop's interface to the swarm; `SwarmExchange`
+is the one the node uses when a relay is configured. The round loop sees it
+through these calls (and `set_model_label` once its model is loaded):
 
 - `publish(round, groups)` signs this round's groups as a batch of text;
 - `sample(round, n, taskset, exclude=, seed=)` returns an `Offer`: up to n
@@ -18,9 +19,8 @@ and the question text must match; every completion is re-scored with this
 node's verifier and a sender whose claimed rewards differ is a forger; a
 question this node already has this round is a duplicate; a group whose
 rewards are all equal carries no gradient) until n are accepted. The rest are
-counted as `not_picked`, so every item a peer sends is counted exactly once:
-accepted, rejected with a reason, or not picked. The unit is the item (one
-question with its completions), in metrics, events and the terminal alike.
+counted as `not_picked`: every item a peer sends is counted once, in items
+(a question with its completions) in metrics, events and the terminal alike.
 
 Against correct but malicious text (docs/swarm.md, "Poisoning"; the test
 itself runs in the loop, which has the log-probs, and comes back here as the
@@ -29,14 +29,12 @@ is a `duplicate` whatever its sequence number (`ReplayMemory`, kept in the
 data dir), and a peer whose judged items are too often `forged_reward` or
 `implausible` is banned here (`BanBook`); `unban(peer)` lifts an earned ban.
 
-Which test an item gets follows the swarm's model policy, which the relay
-declares in its welcome (engine/model_policy.py). In a swarm the relay
-declares `mixed`, an item labelled with another model than this node's is
-put in `offer.baselines` with its sender's past (`SenderBaselines`, kept in
-the data dir): the loop judges it against that, such an `implausible` is no
-strike, and accepted items of a sender still on probation are counted as
-`probation`. Anywhere else (one declared model, nothing declared, an
-embedded relay) every item gets the absolute test against this node's model.
+The test follows the model policy the relay declares in its welcome
+(engine/common/model_policy.py). Under `mixed`, an item labelled with another
+model is put in `offer.baselines` with its sender's past (`SenderBaselines`,
+in the data dir): the loop judges it against that, such an `implausible` is
+no strike, and items taken from a sender on probation count as `probation`.
+Otherwise every item gets the absolute test against this node's model.
 """
 
 from __future__ import annotations
@@ -49,14 +47,14 @@ from collections import Counter, OrderedDict
 from collections.abc import Callable, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-from engine.config import NodeConfig, SwarmConfig
-from engine.contribution import CREDIT_FILE, Contribution, receipt_verdicts, swarm_key
+from engine.common.config import NodeConfig, SwarmConfig
+from engine.common.errors import TaskError
+from engine.common.events import Event, make_event
+from engine.common.model_policy import ModelPolicy, policy_from_document, same_model
+from engine.common.rules import parse_invite
 from engine.defence import Ban, BanBook, ReplayMemory, SenderBaselines
-from engine.errors import TaskError
-from engine.events import Event, make_event
-from engine.model_policy import ModelPolicy, policy_from_document, same_model
 from engine.rollouts import (
     R_BANNED,
     R_DUPLICATE,
@@ -75,9 +73,9 @@ from engine.rollouts import (
     Offer,
     rewards_differ,
 )
-from engine.rules import parse_invite
 from engine.swarm import protocol
 from engine.swarm.client import LinkState, RelayMemory, SwarmClient, duration_text
+from engine.swarm.contribution import CREDIT_FILE, Contribution, receipt_verdicts, swarm_key
 from engine.swarm.identity import Identity, readable_name, verify_signed
 from engine.swarm.receipts import NOT_PICKED, receipts_payload
 from engine.tasks import TaskRef, TaskSet
@@ -121,6 +119,9 @@ def senders_file(state_dir: Path, run_name: str) -> Path:
     return state_dir / f"senders-{run_name}.json"
 
 
+MAX_PEERS_LISTED = 50  # peers listed one by one, the latest heard from (all: 64 kB a metrics line in the soak)
+
+
 @dataclass
 class PeerCounts:
     """Everything one peer sent this run, each item counted once."""
@@ -131,6 +132,11 @@ class PeerCounts:
     not_picked: int = 0
     probation: int = 0  # of the accepted, those taken while the sender was on probation (another model's)
     reasons: Counter[str] = field(default_factory=Counter)
+
+    def add(self, other: PeerCounts) -> None:
+        self.accepted, self.rejected = self.accepted + other.accepted, self.rejected + other.rejected
+        self.not_picked, self.probation = self.not_picked + other.not_picked, self.probation + other.probation
+        self.reasons.update(other.reasons)
 
     def to_json(self, ban: Ban | None = None) -> dict[str, Any]:
         return {"name": self.name, "accepted": self.accepted, "rejected": self.rejected,
@@ -166,6 +172,29 @@ def verify_item(peer: str, item: protocol.Item, taskset: TaskSet, exclude: Set[s
     return ExternalItem(peer, question, tuple(item.completions), rewards, model)
 
 
+class RolloutExchange(Protocol):
+    """The training loop's whole view of the swarm: text out, verified text in (`SwarmExchange` below, and the
+    experiment's `PublishFirst`). engine/sapo.py imports it for its annotations only."""
+
+    def set_model_label(self, label: str) -> None:
+        """What this node's batches say it runs (NAME@sha256 of the weights), once the loop has loaded its model."""
+        ...
+
+    def publish(self, round_index: int, groups: Sequence[Group]) -> None: ...
+
+    def sample(self, round_index: int, n: int, taskset: TaskSet, *, exclude: Set[str], seed: int) -> Offer:
+        """Up to n external items, verified and re-scored by this node, none of them a question in `exclude`."""
+        ...
+
+    def settle(self, offer: Offer, verdicts: Mapping[int, str | None]) -> dict[str, Any]:
+        """Count the offer with the loop's verdicts (index -> rejection reason); the round's swarm report."""
+        ...
+
+    def unban(self, peer: str) -> str:
+        """Lift a local ban on `peer` (serve's `unban` command): "lifted", "not_banned" or "configured"."""
+        ...
+
+
 class SwarmExchange:
     def __init__(
         self,
@@ -193,7 +222,8 @@ class SwarmExchange:
         self.replay = replay
         self.senders = senders if senders is not None else SenderBaselines(None)  # of other models, when mixed
         self._warned_policy = ""
-        self.peers: dict[str, PeerCounts] = {}
+        self.peers: dict[str, PeerCounts] = {}  # MAX_PEERS_LISTED at most, the least recently heard from first
+        self.others = PeerCounts(name="others")  # the counts of the peers no longer listed
         self.received = 0
         self._seen: OrderedDict[tuple[str, int], None] = OrderedDict()
         self.contribution: Contribution | None = None  # this node's credit, from the relay (open_swarm sets it)
@@ -238,7 +268,7 @@ class SwarmExchange:
 
     # -- the swarm's model policy -----------------------------------------------------
     def set_model_label(self, label: str) -> None:
-        """What this node's batches say it runs (`engine.model_policy.model_label`), once its model is loaded."""
+        """What this node's batches say it runs (`engine.common.model_policy.model_label`), once its model is loaded."""
         self.model_label = label
 
     @property
@@ -285,9 +315,13 @@ class SwarmExchange:
 
     # -- sample -----------------------------------------------------------------------
     def _peer(self, peer: str) -> PeerCounts:
-        counts = self.peers.get(peer)
+        counts = self.peers.pop(peer, None)  # put back last: the most recently heard from
         if counts is None:
-            counts = self.peers[peer] = PeerCounts(name=peer[:8])
+            counts = PeerCounts(name=peer[:8])
+        self.peers[peer] = counts
+        while len(self.peers) > MAX_PEERS_LISTED:  # the least recently heard from join `others`
+            old = self.peers.pop(next(iter(self.peers)))
+            self.others.add(old)
         return counts
 
     def sample(self, round_index: int, n: int, taskset: TaskSet, *, exclude: Set[str] = frozenset(),
@@ -417,7 +451,8 @@ class SwarmExchange:
         if self.contribution is not None:  # the numbers the relay sent since the last round
             self.contribution.update(self.client.state.credit, self.client.state.credit_at)
         receipts = receipt_verdicts(offer, verdicts)
-        if receipts and not self.client.send_receipts(receipts_payload(self.identity.public_key, time.time(), receipts)):
+        if (receipts
+            and not self.client.send_receipts(receipts_payload(self.identity.public_key, time.time(), receipts))):
             log.info("Receipts for %d items not sent: the relay is not connected.", len(receipts))
         self.client.ask_stats()
 
@@ -450,18 +485,19 @@ class SwarmExchange:
         round_counts[reason] += 1
 
     def _emit_peers(self, this_round: dict[str, Any]) -> None:
+        every = [*self.peers.values(), self.others]  # totals for the run, listed or not
         rejected_by_reason: Counter[str] = Counter()
-        for counts in self.peers.values():
+        for counts in every:
             rejected_by_reason.update(counts.reasons)
         self.emit(make_event(
             "peers",
             online=self.client.state.online,
             received=self.received,
-            accepted=sum(c.accepted for c in self.peers.values()),
-            rejected=sum(c.rejected for c in self.peers.values()),
+            accepted=sum(c.accepted for c in every),
+            rejected=sum(c.rejected for c in every),
             connected=self.client.state.connected,
-            not_picked=sum(c.not_picked for c in self.peers.values()),
-            probation=sum(c.probation for c in self.peers.values()),
+            not_picked=sum(c.not_picked for c in every),
+            probation=sum(c.probation for c in every),
             rejected_by_reason=dict(rejected_by_reason),
             by_peer=self._by_peer(),
             banned={pid: {**ban.to_json(), "name": self.peers[pid].name if pid in self.peers else pid[:8]}
@@ -508,7 +544,7 @@ def open_swarm(config: NodeConfig, identity_file: Any, emit: Callable[[Event], N
     Bans, the replay memory and which relay last let this node in (`relays.json`)
     are kept in `state_dir`, by default the `swarm` folder beside the identity
     file (the data dir). In relay mode `swarm.relay_url` is an invite or a bare
-    relay address (`engine.rules.parse_invite`); its token comes before
+    relay address (`engine.common.rules.parse_invite`); its token comes before
     `swarm.join_token`.
     """
     from engine.swarm.local import LocalSwarm

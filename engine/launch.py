@@ -28,10 +28,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from engine.config import PRESETS, NodeConfig, build_config
-from engine.errors import ConfigError
-from engine.events import Event
-from engine.paths import Paths
+from engine.common.config import PRESETS, NodeConfig, build_config
+from engine.common.errors import ConfigError
+from engine.common.events import Event
+from engine.common.paths import Paths
 
 log = logging.getLogger(__name__)
 
@@ -45,15 +45,19 @@ def add_settings_flags(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("configuration (defaults < preset < config file < flags)")
     g.add_argument("--home", type=Path, help="keep config, data, cache and logs under this one folder")
     g.add_argument("--config", type=Path, help="config file (default: config.toml in the config dir)")
-    g.add_argument("--preset", default="default", choices=sorted(PRESETS), help="starting settings: default fits a CPU laptop; paper is the SAPO paper's")
-    g.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE", help="override one setting, e.g. grpo.learning_rate=1e-4 (repeatable)")
+    g.add_argument("--preset", default="default", choices=sorted(PRESETS),
+                   help="starting settings: default fits a CPU laptop; paper is the SAPO paper's")
+    g.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="override one setting, e.g. grpo.learning_rate=1e-4 (repeatable)")
     g.add_argument("--device", help="auto, cuda, mlx or cpu (run.device)")
     g.add_argument("--model", help="'bundled', a local HF folder or a hub id (model.source)")
     g.add_argument("--run-name", help="name of the run; checkpoints are per run (run.run_name)")
     g.add_argument("--seed", type=int, help="node seed (run.seed)")
     g.add_argument("--rounds", type=int, help="stop after this round number; 0 trains until stopped (run.max_rounds)")
     g.add_argument("--threads", type=int, help="CPU threads, 0 for all (run.threads)")
-    g.add_argument("--relay", metavar="INVITE", help="join this swarm: an invite link (sapling://join?relay=...) or a relay address (wss://host/ws) (swarm.mode=relay)")
+    g.add_argument("--relay", metavar="INVITE",
+                   help="join this swarm: an invite link (sapling://join?relay=...) or a relay address (wss://host/ws) "
+                        "(swarm.mode=relay)")
     g.add_argument("--solo", action="store_true", default=None, help="train alone, share nothing (swarm.mode=solo)")
     parser.add_argument("-v", "--verbose", action="store_true", help="show debug logs")
 

@@ -1,8 +1,13 @@
 """metrics.jsonl: one JSON line per round (and per evaluation), kept across restarts.
 
-Lines are appended with one O_APPEND write each (`engine.atomicio.append_line`);
+Lines are appended with one O_APPEND write each (`engine.common.atomicio.append_line`);
 readers skip anything that does not parse, so a torn last line after a crash
 costs at most that line, which the checkpoint restores on resume.
+
+The file has a size bound (`run.metrics_max_kb`): an append that takes it past
+the bound rewrites it atomically with only its newest lines, half the bound's
+worth, so a node that runs for months keeps weeks of rounds and no more. Only
+the node writes the file; a reader sees the old file or the new one, whole.
 """
 
 from __future__ import annotations
@@ -14,17 +19,44 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from engine.atomicio import append_line
+from engine.common.atomicio import append_line, atomic_write_bytes
 
 log = logging.getLogger(__name__)
 
 
+DEFAULT_MAX_BYTES = 32 << 20  # run.metrics_max_kb's default
+
+
 class MetricsLog:
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
         self.path = Path(path)
+        self.max_bytes = max_bytes
+        self.trimmed = 0  # lines dropped by this process's trims
 
     def append(self, record: dict[str, Any]) -> None:
         append_line(self.path, json.dumps(record, separators=(",", ":"), allow_nan=False))
+        try:
+            size = self.path.stat().st_size
+        except OSError:
+            return
+        if size > self.max_bytes:
+            self._trim()
+
+    def _trim(self) -> None:
+        """Keep the newest whole lines that fit in half the bound, written atomically."""
+        data = self.path.read_bytes()
+        keep = self.max_bytes // 2
+        start = len(data) - keep
+        if start > 0:
+            newline = data.find(b"\n", start - 1)
+            start = len(data) if newline < 0 else newline + 1
+        kept = data[max(0, start):] or data[data.rfind(b"\n", 0, len(data) - 1) + 1:]  # at least the newest line
+        start = len(data) - len(kept)
+        atomic_write_bytes(self.path, kept)
+        dropped = data[:start].count(b"\n")
+        self.trimmed += dropped
+        log.info("%s passed %d kB: dropped its oldest %d lines, kept %d bytes", self.path, self.max_bytes // 1024,
+                 dropped, len(kept))
 
     def read(self, run: str | None = None) -> list[dict[str, Any]]:
         """All records (of one run if given), oldest first; bad lines skipped."""

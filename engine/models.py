@@ -23,9 +23,9 @@ import json
 import logging
 from pathlib import Path
 
-from engine.atomicio import atomic_dir
-from engine.errors import ModelError
-from engine.rules import BUNDLED, model_source_kind
+from engine.common.atomicio import atomic_dir
+from engine.common.errors import ModelError
+from engine.common.rules import BUNDLED, model_source_kind
 
 log = logging.getLogger(__name__)
 
@@ -187,7 +187,7 @@ def _hub_snapshot(repo_id: str, revision: str | None) -> Path:
 
 
 if __name__ == "__main__":
-    from engine.paths import Paths
+    from engine.common.paths import Paths
 
     logging.basicConfig(level=logging.INFO)
     print(resolve_model_dir(BUNDLED, Paths.default().models_cache))

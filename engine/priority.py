@@ -31,7 +31,7 @@ from pathlib import Path
 
 import psutil
 
-from engine.config import PRIORITIES
+from engine.common.config import PRIORITIES
 
 log = logging.getLogger(__name__)
 

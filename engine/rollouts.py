@@ -96,7 +96,7 @@ class Offer:
     baselines: dict[int, tuple[float, ...]] = field(default_factory=dict)
     worst: dict[int, float] = field(default_factory=dict)  # the worst window of each of those items
     probation: set[int] = field(default_factory=set)  # of those, accepted while their sender is on probation
-    # For the receipts (engine/contribution.py): where each of `items` came from, and the verdicts already
+    # For the receipts (engine/swarm/contribution.py): where each of `items` came from, and the verdicts already
     # known for the other items a receipt can name (a rejection reason, or "not_picked").
     item_ids: list[ItemId] = field(default_factory=list)
     settled: list[tuple[ItemId, str]] = field(default_factory=list)
@@ -148,5 +148,6 @@ def train_items(groups: Sequence[Group]) -> list[TrainItem]:
         for completion, adv in zip(group.completions, group.advantages, strict=True):
             if adv == 0.0 or not completion.token_ids:
                 continue
-            items.append(TrainItem(group.prompt_ids, completion.token_ids, completion.logprobs, adv, completion.weights))
+            items.append(TrainItem(group.prompt_ids, completion.token_ids, completion.logprobs, adv,
+                                   completion.weights))
     return items

@@ -13,7 +13,7 @@ One `Node` owns a policy backend, a task set and a run folder. Each round:
    every `eval_every` rounds run the held-out evaluation.
 
 Everything the node does is reported through `emit(event)` (see
-engine/events.py); `Control` carries pause/resume/stop/reload requests in.
+engine/common/events.py); `Control` carries pause/resume/stop/reload requests in.
 """
 
 from __future__ import annotations
@@ -23,14 +23,20 @@ import random
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence, Set
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from engine.backends import PolicyBackend, load_backend
 from engine.checkpoint import latest_good, save_checkpoint
-from engine.config import NodeConfig
+from engine.common.config import NodeConfig
+from engine.common.device import DeviceInfo, pick_device
+from engine.common.errors import ConfigError
+from engine.common.events import Event, make_event
+from engine.common.model_policy import model_label
+from engine.common.paths import Paths
+from engine.common.rules import stable_seed
 from engine.curriculum import curriculum_for, harder_configs
 from engine.defence import (
     IMPLAUSIBLE,
@@ -43,13 +49,8 @@ from engine.defence import (
     token_weights,
     trace_weights,
 )
-from engine.device import DeviceInfo, pick_device
-from engine.errors import ConfigError
-from engine.events import Event, make_event
 from engine.metrics import MetricsLog, held_out_summary
-from engine.model_policy import model_label
 from engine.models import resolve_model_dir
-from engine.paths import Paths
 from engine.priority import ThreadPolicy
 from engine.rollouts import (
     R_IMPLAUSIBLE,
@@ -61,9 +62,11 @@ from engine.rollouts import (
     group_advantages,
     train_items,
 )
-from engine.rules import stable_seed
 from engine.seeds import node_seed, run_seed
 from engine.tasks import Question, TaskSet
+
+if TYPE_CHECKING:  # the loop never imports the swarm: its exchange comes from the caller
+    from engine.exchange import RolloutExchange
 
 log = logging.getLogger(__name__)
 
@@ -135,24 +138,6 @@ class Control:
         self._running.wait()
 
 
-class RolloutExchange(Protocol):
-    """The training loop's whole view of the swarm: text out, verified text in (engine/exchange.py)."""
-
-    def publish(self, round_index: int, groups: Sequence[Group]) -> None: ...
-
-    def sample(self, round_index: int, n: int, taskset: TaskSet, *, exclude: Set[str], seed: int) -> Offer:
-        """Up to n external items, verified and re-scored by this node, none of them a question in `exclude`."""
-        ...
-
-    def settle(self, offer: Offer, verdicts: Mapping[int, str | None]) -> dict[str, Any]:
-        """Count the offer with the loop's verdicts (index -> rejection reason); the round's swarm report."""
-        ...
-
-    def unban(self, peer: str) -> str:
-        """Lift a local ban on `peer` (serve's `unban` command): "lifted", "not_banned" or "configured"."""
-        ...
-
-
 def _rss_bytes() -> int:
     """This process's resident memory, reported every round so creeping growth is visible."""
     import psutil
@@ -161,7 +146,7 @@ def _rss_bytes() -> int:
 
 
 def derive_seed(*parts: int) -> int:
-    """A stable 63-bit seed from integers (`engine.rules.stable_seed`, top bit dropped so that
+    """A stable 63-bit seed from integers (`engine.common.rules.stable_seed`, top bit dropped so that
     the runs recorded in docs/results.md keep their sampling seeds)."""
     return stable_seed(*parts) >> 1
 
@@ -187,7 +172,7 @@ class Node:
         self.control = control or Control()
         self.exchange = exchange
         self.reload_config = reload_config
-        self.metrics = MetricsLog(paths.metrics_file)
+        self.metrics = MetricsLog(paths.metrics_file, self.config.run.metrics_max_kb * 1024)
         self.taskset = self._taskset(self.config)
         self.curriculum = curriculum_for(self.config.tasks, self.taskset.specialties)  # None: fixed difficulty
         self.device: DeviceInfo | None = None
@@ -233,11 +218,11 @@ class Node:
             self.threads = ThreadPolicy(run.threads, torch.set_num_threads, max_threads=torch.get_num_threads())
         source = "the bundled model" if self.config.model.source == "bundled" else self.config.model.source
         self.status("loading", f"Loading {source} on {self.device.plain()}")
-        model_dir = resolve_model_dir(self.config.model.source, self.paths.models_cache, self.config.model.revision or None)
+        model_dir = resolve_model_dir(self.config.model.source, self.paths.models_cache,
+                                      self.config.model.revision or None)
         self.backend = load_backend(model_dir, self.device, self.config.grpo, run.seed, self.config.tasks.temperature)
-        set_label = getattr(self.exchange, "set_model_label", None)
-        if set_label is not None:  # what this node's batches say it runs: NAME@sha256 of the weights (cached)
-            set_label(model_label(self.config.model.source, model_dir, self.paths.cache_dir))
+        if self.exchange is not None:  # what this node's batches say it runs: NAME@sha256 of the weights (cached)
+            self.exchange.set_model_label(model_label(self.config.model.source, model_dir, self.paths.cache_dir))
         self.resume()
 
     def resume(self) -> None:
@@ -310,7 +295,8 @@ class Node:
             self.threads.reconfigure(new.run.threads)
         self.config = new
         self.taskset = self._taskset(new)
-        self.curriculum = curriculum_for(new.tasks, self.taskset.specialties, self.curriculum and self.curriculum.to_state())
+        self.curriculum = curriculum_for(new.tasks, self.taskset.specialties,
+                                         self.curriculum and self.curriculum.to_state())
         if self.backend is not None:
             self.backend.apply_settings(new.grpo, new.tasks.temperature)
         self.status(self._state, "Settings reloaded.")
@@ -351,7 +337,8 @@ class Node:
         t0 = time.perf_counter()
         round_index, questions, prompt_ids = self.start_round()
         G = cfg.tasks.completions_per_question
-        completions = backend.generate(prompt_ids, G, cfg.tasks.max_new_tokens, cfg.tasks.temperature, self._step("generating"))
+        completions = backend.generate(prompt_ids, G, cfg.tasks.max_new_tokens, cfg.tasks.temperature,
+                                       self._step("generating"))
         gen_seconds = time.perf_counter() - t0
         groups = self.score(questions, prompt_ids, completions)
         mine = self.own_groups(round_index, groups)

@@ -21,7 +21,7 @@ import logging
 import secrets
 from pathlib import Path
 
-from engine.atomicio import atomic_write_text
+from engine.common.atomicio import atomic_write_text
 
 log = logging.getLogger(__name__)
 

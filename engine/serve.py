@@ -18,9 +18,9 @@ import threading
 import traceback
 from typing import TextIO
 
-from engine.errors import EventError, SaplingError
-from engine.events import Event, encode, make_event, parse_command
-from engine.paths import Paths
+from engine.common.errors import EventError, SaplingError
+from engine.common.events import Event, encode, make_event, parse_command
+from engine.common.paths import Paths
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +106,8 @@ def serve(args: argparse.Namespace, paths: Paths) -> int:
     try:
         config = config_from_args(args, paths)
         reader = threading.Thread(target=read_commands, args=(sys.stdin, control, emit), daemon=True, name="commands")
-        run_node(config, paths, emit, control, reload_config=lambda: config_from_args(args, paths), before_run=reader.start)
+        run_node(config, paths, emit, control, reload_config=lambda: config_from_args(args, paths),
+                 before_run=reader.start)
         return 0
     except SaplingError as exc:
         emit(make_event("error", kind=type(exc).__name__, message=str(exc), fatal=True))

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
-from engine.errors import TaskError
+from engine.common.errors import TaskError
 
 MAX_CONFIG_KEYS = 32
 MAX_CONFIG_STRING = 64

@@ -43,9 +43,9 @@ from reasoning_gym.dataset import ProceduralDataset
 from reasoning_gym.factory import DATASETS as _RG_REGISTRY
 from reasoning_gym.utils import extract_answer
 
-from engine.config import SAPO_SPECIALTIES
-from engine.errors import TaskError
-from engine.rules import stable_seed
+from engine.common.config import SAPO_SPECIALTIES
+from engine.common.errors import TaskError
+from engine.common.rules import stable_seed
 from engine.swarm.protocol import MAX_COMPLETION_CHARS
 from engine.task_configs import DEFAULT_DATASET_CONFIGS, MAX_CONFIG_STRING, canonical_config, check_config
 
@@ -303,7 +303,8 @@ class TaskSet:
     def _shares(self, weights: Mapping[str, float]) -> tuple[float, ...]:
         """A curriculum's weights in the order of `specialties`; each must be a positive number."""
         shares = tuple(weights.get(name, 0.0) for name in self._specialties)
-        if not all(isinstance(w, int | float) and not isinstance(w, bool) and math.isfinite(w) and w > 0 for w in shares):
+        if not all(isinstance(w, int | float) and not isinstance(w, bool) and math.isfinite(w) and w > 0
+                   for w in shares):
             raise TaskError(f"A draw's weights must give each of {', '.join(self._specialties)} a positive number.")
         return tuple(float(w) for w in shares)
 

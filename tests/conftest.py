@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from tests.servers import RedisServer
+from bench.harness.servers import RedisServer
 
 if TYPE_CHECKING:
-    from engine.swarm.relay import EmbeddedRelay
+    from engine.relay.server import EmbeddedRelay
 
 # Never reach for the network from tests; never print HF progress bars.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -30,16 +30,30 @@ def _one_thread() -> None:
     torch.set_num_threads(1)
 
 
+@pytest.fixture(autouse=True)
+def _install_seeds_follow_the_test(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An install draws its seed at random (engine/seeds.py). In this process a test's installs draw
+    from a generator seeded by the test's id instead: a test sees the same seeds on every run (no
+    test passes or fails by the draw), and two installs in one test still get different seeds."""
+    import random
+    from types import SimpleNamespace
+
+    import engine.seeds
+
+    draw = random.Random(request.node.nodeid)
+    monkeypatch.setattr(engine.seeds, "secrets", SimpleNamespace(randbelow=draw.randrange))
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from tests.tiny import make_tiny_model
+    from bench.harness.tiny import make_tiny_model
 
     return make_tiny_model(tmp_path_factory.mktemp("tiny-llama"), arch="llama")
 
 
 @pytest.fixture(scope="session")
 def tiny_qwen_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from tests.tiny import make_tiny_model
+    from bench.harness.tiny import make_tiny_model
 
     return make_tiny_model(tmp_path_factory.mktemp("tiny-qwen"), arch="qwen2", seed=1)
 
@@ -56,7 +70,7 @@ StartRelay = Callable[..., "EmbeddedRelay"]
 @pytest.fixture
 def start_relay() -> Iterator[StartRelay]:
     """Real relays in this process, each on a free loopback port, stopped after the test."""
-    from engine.swarm.relay import EmbeddedRelay, RelaySettings
+    from engine.relay.server import EmbeddedRelay, RelaySettings
 
     started: list[EmbeddedRelay] = []
 

@@ -8,7 +8,8 @@ from bench import decode_profile, draft_lookup, matmul_layout, relay_load, train
 
 
 @pytest.mark.parametrize("rows", ["x", "1,,2", "0", "5,-1"])
-def test_matmul_layout_refuses_row_counts_that_are_not_whole_numbers_from_1(rows: str, capsys: pytest.CaptureFixture[str]) -> None:
+def test_matmul_layout_refuses_row_counts_that_are_not_whole_numbers_from_1(rows: str,
+                                                                            capsys: pytest.CaptureFixture[str]) -> None:
     assert matmul_layout.main(["--rows", rows]) == 2
     err = capsys.readouterr().err
     assert err.startswith("matmul_layout: ") and err.count("\n") == 1

@@ -1,4 +1,5 @@
-"""The house's two walls: engine/ never imports Qt or app/; app/ never imports training libraries.
+"""The house's walls: engine/ never imports Qt or app/; app/ never imports training libraries and imports only
+engine.common of the engine; the swarm and the relay never import the training loop; bench/ never imports tests/.
 
 And the docs point only at what a clone has: no git-ignored path, no link to a missing file.
 """
@@ -39,11 +40,61 @@ def test_app_never_imports_training_libraries() -> None:
     assert not bad
 
 
+def test_bench_never_imports_tests() -> None:
+    """The arrow runs one way: tests may import bench/ (its harness, its argument checks), never the reverse."""
+    bad = sorted((p, m) for p, m in _imports(ROOT / "bench") if m == "tests")
+    assert not bad, f"bench/ imports tests/: {bad}"
+
+
+def _engine_imports(folder: Path) -> set[tuple[str, str]]:
+    """(file, module) for every absolute import of an engine module under `folder`, at any depth of its code;
+    `from engine import name` counts as engine.name when that is a module."""
+    found = set()
+    for path in folder.rglob("*.py"):
+        where = path.relative_to(ROOT).as_posix()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            if isinstance(node, ast.Import):
+                found |= {(where, a.name) for a in node.names if a.name.split(".")[0] == "engine"}
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0 and \
+                    node.module.split(".")[0] == "engine":
+                for alias in node.names:
+                    sub = f"{node.module}.{alias.name}"
+                    is_module = ((ROOT / Path(*sub.split("."))).is_dir()
+                                 or (ROOT / f"{sub.replace('.', '/')}.py").is_file())
+                    found.add((where, sub if is_module else node.module))
+    return found
+
+
+def test_app_imports_only_engine_common() -> None:
+    """The app's one rule (docs/architecture.md): app/ imports engine.common and nothing else of the engine, bar
+    the package root (`__version__`, and where the checkout is, to start the engine) and engine.cli (`sapling node`
+    runs the headless node in the app's process, before Qt loads)."""
+    allowed = {"engine", "engine.cli"}
+    used = _engine_imports(ROOT / "app")
+    bad = sorted((p, m) for p, m in used if m not in allowed and m != "engine.common" and
+                 not m.startswith("engine.common."))
+    assert not bad, f"app/ imports engine modules outside engine.common: {bad}"
+    assert any(m.startswith("engine.common.") for _, m in used)
+
+
+def test_the_swarm_and_the_relay_never_import_the_training_loop() -> None:
+    """engine/swarm and engine/relay import engine.common, each other and engine.rollouts (plain data): no round
+    loop, backend, task or model module."""
+    inside = ("engine.common", "engine.swarm", "engine.relay")
+    used = _engine_imports(ROOT / "engine" / "swarm") | _engine_imports(ROOT / "engine" / "relay")
+    bad = sorted((p, m) for p, m in used if m not in {"engine", "engine.rollouts"} and
+                 not any(m == pkg or m.startswith(pkg + ".") for pkg in inside))
+    assert not bad, bad
+
+
 @pytest.mark.integration
 def test_import_engine_is_cheap() -> None:
+    """The package root and every module of engine.common (what the app and the relay import) load nothing heavy."""
+    common = ", ".join(sorted(f"engine.common.{p.stem}" for p in (ROOT / "engine" / "common").glob("*.py")))
     code = (
-        "import sys, engine, engine.events, engine.config, engine.errors, engine.paths, engine.device\n"
-        "heavy = [m for m in ('torch', 'transformers', 'PySide6', 'reasoning_gym', 'mlx', 'aiohttp') if m in sys.modules]\n"
+        f"import sys, engine, {common}\n"
+        "heavy = [m for m in ('torch', 'transformers', 'PySide6', 'reasoning_gym', 'mlx', 'aiohttp')\n"
+        "         if m in sys.modules]\n"
         "print(','.join(heavy))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
@@ -57,7 +108,8 @@ def test_importing_every_app_module_loads_no_training_library() -> None:
         "import importlib, sys\n"
         f"for name in {modules!r}:\n"
         "    importlib.import_module(name)\n"
-        "heavy = [m for m in ('torch', 'transformers', 'peft', 'mlx', 'llama_cpp', 'reasoning_gym') if m in sys.modules]\n"
+        "heavy = [m for m in ('torch', 'transformers', 'peft', 'mlx', 'llama_cpp', 'reasoning_gym')\n"
+        "         if m in sys.modules]\n"
         "print(','.join(heavy))"
     )
     env = {**os.environ, "QT_QPA_PLATFORM": "offscreen"}
@@ -73,12 +125,14 @@ def test_the_repository_points_only_at_its_own_files() -> None:
     bad = []
     for name in tracked:
         path = ROOT / name
-        if path.suffix not in {".py", ".md", ".toml", ".sh", ".spec", ".yml", ".nsi", ".cfg"} and path.name != "Makefile":
+        if (path.suffix not in {".py", ".md", ".toml", ".sh", ".spec", ".yml", ".nsi", ".cfg"}
+            and path.name != "Makefile"):
             continue
         if not path.is_file():
             continue
         text = path.read_text(encoding="utf-8", errors="replace")
-        bad += [name for needle in ("../shared/", "FACTS.md", "DESIGN.md", "STYLE.md") if needle in text and name != "tests/test_boundaries.py"]
+        bad += [name for needle in ("../shared/", "FACTS.md", "DESIGN.md", "STYLE.md") if needle in text
+                and name != "tests/test_boundaries.py"]
     assert not bad, f"references to files outside the repository: {sorted(set(bad))}"
 
 
@@ -89,7 +143,9 @@ MADE_BY_MAKE = (".venv/", "build/", "dist/")
 # the join token, so it is ignored and never committed).
 MADE_BY_THE_READER = ("installers/relay/.env",)
 _FENCE = re.compile(r"^\s*(```|~~~)")
-_LINK = re.compile(r"!?\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)|^\s*\[[^\]]+\]:\s*(\S+)|(?:src|href)=\"([^\"]+)\"")
+_LINK = re.compile(r"!?\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)"  # [text](target "title")
+                   r"|^\s*\[[^\]]+\]:\s*(\S+)"  # [name]: target
+                   r"|(?:src|href)=\"([^\"]+)\"")
 _PATHLIKE = re.compile(r"[\w.@+-]+(?:/[\w.@+-]*)+")
 
 
@@ -201,11 +257,11 @@ def test_every_engine_and_app_module_has_its_line_in_the_architecture_page() -> 
 
 
 def test_modules_and_the_results_page_stay_a_size_a_person_can_hold() -> None:
-    """docs/results.md under 400 lines (the run-by-run story goes to docs/dev-log/); every engine/ and app/
-    module under 600 lines, or its docstring says why not (it names its size)."""
+    """docs/results.md under 400 lines (the run-by-run story goes to docs/dev-log/); every module of engine/, app/,
+    bench/ and tests/ under 600 lines, or its docstring says why not (it names its size)."""
     assert len((ROOT / "docs" / "results.md").read_text(encoding="utf-8").splitlines()) < 400
     long = []
-    for path in [p for pkg in ("engine", "app") for p in (ROOT / pkg).rglob("*.py")]:
+    for path in [p for pkg in ("engine", "app", "bench", "tests") for p in (ROOT / pkg).rglob("*.py")]:
         text = path.read_text(encoding="utf-8")
         docstring = text.split('"""')[1] if text.count('"""') >= 2 else ""
         if len(text.splitlines()) > 600 and not re.search(r"\d[\d,]* lines", docstring):

@@ -150,7 +150,8 @@ def test_the_checker_finds_a_cycle_hidden_in_a_function(tmp_path: Path) -> None:
     (package / "__init__.py").write_text("")
     (package / "sub" / "__init__.py").write_text("")
     (package / "a.py").write_text("from pkg.sub import b\n\nVALUE = 1\n")
-    (package / "sub" / "b.py").write_text("from typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n    from pkg import c\n\n\n"
+    (package / "sub" / "b.py").write_text("from typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n"
+                                          "    from pkg import c\n\n\n"
                                           "def f() -> int:\n    from ..a import VALUE\n\n    return VALUE\n")
     (package / "c.py").write_text("import pkg.sub.b\n")
     graph = import_graph(tmp_path, ["pkg"])

@@ -11,9 +11,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from engine.backends.base import PolicyBackend, StepCallback
-from engine.config import GRPOConfig
-from engine.device import MLX_INSTALL_HINT, DeviceInfo
-from engine.errors import DeviceError
+from engine.common.config import GRPOConfig
+from engine.common.device import MLX_INSTALL_HINT, DeviceInfo
+from engine.common.errors import DeviceError
 
 __all__ = ["PolicyBackend", "StepCallback", "load_backend"]
 
@@ -24,7 +24,8 @@ def load_backend(model_dir: Path, device: DeviceInfo, grpo: GRPOConfig, seed: in
         try:
             from engine.backends.mlx_backend import MLXBackend
         except ImportError as exc:
-            raise DeviceError(f"The MLX backend could not start ({exc}); use --device cpu, or {MLX_INSTALL_HINT}.") from exc
+            raise DeviceError(f"The MLX backend could not start ({exc}); use --device cpu, or "
+                              f"{MLX_INSTALL_HINT}.") from exc
 
         return MLXBackend(model_dir, device, grpo, seed=seed, temperature=temperature)
     if device.kind in ("cpu", "cuda"):

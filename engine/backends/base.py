@@ -13,8 +13,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from engine.config import GRPOConfig
-from engine.device import DeviceInfo
+from engine.common.config import GRPOConfig
+from engine.common.device import DeviceInfo
 from engine.rollouts import Completion, TrainItem
 
 # Called with (steps done, steps total); may block (pause) or raise (stop).
@@ -42,9 +42,11 @@ class PolicyBackend(Protocol):
         on_step: StepCallback | None = None,
     ) -> list[Completion]: ...
 
-    def greedy(self, prompts: Sequence[list[int]], max_new_tokens: int, on_step: StepCallback | None = None) -> list[str]: ...
+    def greedy(self, prompts: Sequence[list[int]], max_new_tokens: int,
+               on_step: StepCallback | None = None) -> list[str]: ...
 
-    def behaviour_logprobs(self, items: Sequence[tuple[list[int], list[int]]], temperature: float) -> list[list[float]]: ...
+    def behaviour_logprobs(self, items: Sequence[tuple[list[int], list[int]]],
+                           temperature: float) -> list[list[float]]: ...
 
     def train(self, items: Sequence[TrainItem], on_step: StepCallback | None = None) -> dict[str, float]: ...
 

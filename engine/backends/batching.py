@@ -20,9 +20,9 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from engine.config import GRPOConfig
-from engine.device import DeviceInfo
-from engine.errors import DeviceError, ModelError
+from engine.common.config import GRPOConfig
+from engine.common.device import DeviceInfo
+from engine.common.errors import DeviceError, ModelError
 from engine.rollouts import TrainItem
 
 log = logging.getLogger(__name__)
@@ -68,7 +68,8 @@ def micro_batches(
         if current and (len(current) >= max_rows or cost(len(current) + 1, distinct, p, c, tokens) > max_tokens):
             chunks.append(current)
             current, prompts = [], set()
-            p, c, tokens = len(item.prompt_ids), len(item.completion_ids), len(item.prompt_ids) + len(item.completion_ids)
+            p, c = len(item.prompt_ids), len(item.completion_ids)
+            tokens = p + c
         current.append(item)
         prompts.add(key)
         prompt_w, comp_w, used = p, c, tokens

@@ -39,7 +39,8 @@ from engine.backends.decode_model import DecodeModel, can_pack, unsupported_reas
 from engine.backends.kv_cache import KVCache
 from engine.backends.lora import AdapterStack, LoraAdapter, LoraStep
 
-__all__ = ["DecodeModel", "DecodedRow", "LoraAdapter", "can_pack", "choose_tokens", "decode_batch", "unsupported_reason"]
+__all__ = ["DecodeModel", "DecodedRow", "LoraAdapter", "can_pack", "choose_tokens", "decode_batch",
+           "unsupported_reason"]
 
 # KV cache per chunk of prompts: a default round (8 prompts x 8 completions, 48 tokens) is one chunk in
 # fp32, the 108 held-out prompts two. Every chunk decodes until its longest answer ends and each step
@@ -59,7 +60,8 @@ class DecodedRow:
     finished: bool
 
 
-def choose_tokens(logits: torch.Tensor, temperature: float | None, uniforms: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+def choose_tokens(logits: torch.Tensor, temperature: float | None,
+                  uniforms: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Greedy argmax, or a sample of softmax(logits / T) by inverse CDF with its log-prob."""
     if temperature is None or uniforms is None:
         return logits.argmax(-1), None
@@ -128,7 +130,9 @@ def decode_batch(
         q_out = model.heads * model.head_dim
         kv_out = model.kv_heads * model.head_dim
         hidden, inter = model.embed.shape[1], model.blocks[0].mats["down"][0].shape[1]
-        stack = AdapterStack(model, adapters, {"qkv": [q_out, kv_out, kv_out], "o": [hidden], "gate_up": [inter, inter], "down": [hidden]})
+        stack = AdapterStack(model, adapters,
+                             {"qkv": [q_out, kv_out, kv_out], "o": [hidden], "gate_up": [inter, inter],
+                              "down": [hidden]})
 
     # Chunks of prompts whose cache fits the budget, in (adapter, token) order: prompts that share
     # a prefix (the system prompt, a specialty's instructions) sit together and share its prefill.
@@ -187,7 +191,8 @@ def _decode_chunk(
     first = []
     packs: list[list[int]] = []  # prompts packed up to PREFILL_TOKENS computed tokens a forward
     for b, prompt in enumerate(prompts):
-        if packs and sum(len(prompts[i]) - shared[i][1] for i in packs[-1]) + len(prompt) - shared[b][1] <= PREFILL_TOKENS:
+        if (packs and sum(len(prompts[i]) - shared[i][1] for i in packs[-1])
+            + len(prompt) - shared[b][1] <= PREFILL_TOKENS):
             packs[-1].append(b)
         else:
             packs.append([b])
@@ -240,7 +245,8 @@ def _decode_chunk(
                 group_slot = [-1] * len(group_slot)
                 for new, b in enumerate(live_groups):
                     group_slot[b] = new
-            feed = chosen if len(keep) == len(chosen_list) else chosen.index_select(0, torch.tensor(keep, device=device))
+            feed = (chosen if len(keep) == len(chosen_list)
+                    else chosen.index_select(0, torch.tensor(keep, device=device)))
         else:
             feed = chosen
         cache.place([group_slot[r // n] * n + r % n for r in computed], step + 1)

@@ -56,7 +56,8 @@ def can_pack(device: torch.device, dtype: torch.dtype) -> bool:
 
     bf16 and CUDA keep `F.linear` (docs/backends.md, "The torch decoder", says what was measured).
     """
-    return device.type == "cpu" and dtype == torch.float32 and torch.backends.mkldnn.is_available() and bool(torch.backends.mkldnn.enabled)
+    return (device.type == "cpu" and dtype == torch.float32 and torch.backends.mkldnn.is_available()
+            and bool(torch.backends.mkldnn.enabled))
 
 
 def pack_weight(weight: torch.Tensor) -> torch.Tensor:
@@ -120,7 +121,8 @@ class DecodeModel:
     parameters are never touched.
     """
 
-    def __init__(self, model: Any, dtype: torch.dtype, merge: LoraAdapter | None = None, packed: bool | None = None) -> None:
+    def __init__(self, model: Any, dtype: torch.dtype, merge: LoraAdapter | None = None,
+                 packed: bool | None = None) -> None:
         lm = model.get_base_model() if hasattr(model, "get_base_model") else model
         config = lm.config
         reason = unsupported_reason(config)
@@ -149,7 +151,8 @@ class DecodeModel:
         self._cos = self._sin = torch.empty(0)
 
     def reorder(self) -> None:
-        """Reorders the weights for oneDNN (once; `step` calls it), block by block, each plain copy freed as its reordered one is made.
+        """Reorders the weights for oneDNN (once; `step` calls it), block by block, each plain copy freed as its
+        reordered one is made.
 
         When oneDNN cannot reorder them, decoding goes on with plain matmuls
         (a warning), unless `packed=True` was asked for: then the error stands.
@@ -197,9 +200,11 @@ class DecodeModel:
                 fused = weights[0] if len(weights) == 1 else torch.cat(weights)
             bias = None
             if any(b.bias is not None for b in bases):
-                bias = torch.cat([b.bias.detach() if b.bias is not None else w.new_zeros(w.shape[0]) for b, w in zip(bases, weights, strict=True)])
+                bias = torch.cat([b.bias.detach() if b.bias is not None else w.new_zeros(w.shape[0]) for b,
+                                  w in zip(bases, weights, strict=True)])
             mats[kind] = (fused.to(dtype), None if bias is None else bias.to(dtype))
-        return _Block(layer.input_layernorm.weight.detach().to(dtype), layer.post_attention_layernorm.weight.detach().to(dtype), mats)
+        return _Block(layer.input_layernorm.weight.detach().to(dtype),
+                      layer.post_attention_layernorm.weight.detach().to(dtype), mats)
 
     @property
     def slot_bytes(self) -> int:
@@ -233,15 +238,19 @@ class DecodeModel:
         lengths = [len(p) - k for p, (_, k) in zip(prompts, shared, strict=True)]
         starts = [sum(lengths[:i]) for i in range(len(lengths))]
         cos, sin = self.rope_table(max(len(p) for p in prompts))
-        positions = torch.cat([torch.arange(k, len(p), device=self.device) for p, (_, k) in zip(prompts, shared, strict=True)])
+        positions = torch.cat([torch.arange(k, len(p), device=self.device) for p,
+                               (_, k) in zip(prompts, shared, strict=True)])
         cos, sin = cos[positions][:, None], sin[positions][:, None]
-        x = F.embedding(torch.tensor([t for p, (_, k) in zip(prompts, shared, strict=True) for t in p[k:]], device=self.device), self.embed)
+        x = F.embedding(torch.tensor([t for p, (_, k) in zip(prompts, shared, strict=True) for t in p[k:]],
+                                     device=self.device), self.embed)
         tokens = x.shape[0]
         # A prompt with a known prefix attends to it and causally to its own tokens; the mask is additive
         # (0 or -inf) and made once for all layers.
         causal = [
-            None if known == 0 else torch.zeros(length, known + length, dtype=self.dtype, device=self.device).masked_fill_(
-                torch.arange(known + length, device=self.device)[None, :] > torch.arange(known, known + length, device=self.device)[:, None],
+            None if known == 0
+            else torch.zeros(length, known + length, dtype=self.dtype, device=self.device).masked_fill_(
+                torch.arange(known + length, device=self.device)[None, :] > torch.arange(known, known + length,
+                                                                                         device=self.device)[:, None],
                 float("-inf"))
             for length, (_, known) in zip(lengths, shared, strict=True)
         ]
@@ -257,14 +266,16 @@ class DecodeModel:
             out = q.new_empty(tokens, self.heads, self.head_dim)
             attn = out.transpose(0, 1)
             keys, values = cache.keys[index], cache.values[index]
-            for group, start, length, (parent, known), mask in zip(groups, starts, lengths, shared, causal, strict=True):
+            for group, start, length, (parent, known), mask in zip(groups, starts, lengths, shared, causal,
+                                                                   strict=True):
                 # A prompt's columns start at its group's offset, its run's first column (see KVCache).
                 end, full, at = start + length, known + length, cache.offset_list[group]
                 keys[group, :, at + known : at + full] = k[:, start:end]
                 values[group, :, at + known : at + full] = v[:, start:end]
                 if known == 0:
                     attn[:, start:end] = F.scaled_dot_product_attention(
-                        q[None, :, start:end], k[None, :, start:end], v[None, :, start:end], is_causal=True, enable_gqa=True
+                        q[None, :, start:end], k[None, :, start:end], v[None, :, start:end], is_causal=True,
+                        enable_gqa=True
                     )[0]
                     continue
                 source = cache.offset_list[parent]
@@ -307,12 +318,14 @@ class DecodeModel:
             q = q.view(rows, self.kv_heads, g, self.head_dim)
             if cache.slots is not None:
                 q = q.new_zeros(groups * n, self.kv_heads, g, self.head_dim).index_copy_(0, cache.slots, q)
-            q = q.view(groups, n, self.kv_heads, g, self.head_dim).transpose(1, 2).reshape(groups, self.kv_heads, n * g, self.head_dim)
+            q = q.view(groups, n, self.kv_heads, g, self.head_dim).transpose(1, 2).reshape(groups, self.kv_heads, n * g,
+                                                                                           self.head_dim)
             width, keys, values = cache.width, cache.keys[index], cache.values[index]
             # By bucket of groups with prompts of similar length, each from its longest prompt's first column.
             parts = [
                 F.scaled_dot_product_attention(
-                    q[first:last], keys[first:last, :, start:width], values[first:last, :, start:width], attn_mask=part_mask
+                    q[first:last], keys[first:last, :, start:width], values[first:last, :, start:width],
+                    attn_mask=part_mask
                 )
                 for (first, last, start), part_mask in zip(buckets, masks, strict=True)
             ]

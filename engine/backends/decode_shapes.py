@@ -13,7 +13,8 @@ from typing import Protocol
 import torch
 
 # The fused matmuls of a block and the projections each one concatenates (in output order).
-FUSED = {"qkv": ("q_proj", "k_proj", "v_proj"), "o": ("o_proj",), "gate_up": ("gate_proj", "up_proj"), "down": ("down_proj",)}
+FUSED = {"qkv": ("q_proj", "k_proj", "v_proj"), "o": ("o_proj",), "gate_up": ("gate_proj", "up_proj"),
+         "down": ("down_proj",)}
 
 
 class DecodeBlock(Protocol):

@@ -35,7 +35,8 @@ from transformers import (
 from engine.backends.base import StepCallback
 
 
-def left_pad(prompts: Sequence[list[int]], pad_token_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+def left_pad(prompts: Sequence[list[int]], pad_token_id: int, device: torch.device) -> tuple[torch.Tensor,
+                                                                                             torch.Tensor]:
     """Token ids [rows, longest] left-padded with `pad_token_id`, and the attention mask."""
     width = max(len(p) for p in prompts)
     ids = torch.full((len(prompts), width), pad_token_id, dtype=torch.long)
@@ -130,7 +131,8 @@ def hf_greedy(
     on_step: StepCallback | None = None, total: int = 0, offset: int = 0,
 ) -> torch.Tensor:
     """Greedy sequences of one chunk of prompts; `on_step` hears (offset + step, total)."""
-    config = GenerationConfig(do_sample=False, max_new_tokens=max_new_tokens, pad_token_id=pad_token_id, eos_token_id=eos_token_id)
+    config = GenerationConfig(do_sample=False, max_new_tokens=max_new_tokens, pad_token_id=pad_token_id,
+                              eos_token_id=eos_token_id)
     hooks: list[StoppingCriteria] = []
     if on_step is not None:
         hooks.append(_StepHook(ids.shape[1], on_step, total, offset))
@@ -139,7 +141,8 @@ def hf_greedy(
 
 
 def hf_logprobs(
-    model: Any, pairs: Sequence[tuple[list[int], list[int]]], temperature: float, pad_token_id: int, device: torch.device
+    model: Any, pairs: Sequence[tuple[list[int], list[int]]], temperature: float, pad_token_id: int,
+    device: torch.device,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-probs [n, T] of each completion token through HF's forward, and the completion mask (the training pass).
 

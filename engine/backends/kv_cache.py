@@ -55,7 +55,8 @@ class KVCache:
         self.keys = [torch.zeros(shape, dtype=model.dtype, device=model.device) for _ in model.blocks]
         self.values = [torch.zeros(shape, dtype=model.dtype, device=model.device) for _ in model.blocks]
         self.lengths = torch.tensor(prompt_lengths, device=model.device)
-        self.query_row = torch.arange(n * (model.heads // model.kv_heads), device=model.device) // (model.heads // model.kv_heads)
+        self.query_row = torch.arange(n * (model.heads // model.kv_heads),
+                                      device=model.device) // (model.heads // model.kv_heads)
         self.step = 0
         self.slots: torch.Tensor | None = None
         self.positions = self.slot_index = torch.empty(0, dtype=torch.long)
@@ -98,7 +99,8 @@ class KVCache:
         own = (torch.arange(self.step * self.n, device=device) % self.n)[None, :] == self.query_row[:, None]
         groups, queries = prompt.shape[0], own.shape[0]
         return torch.cat(
-            [prompt[:, None, None, :].expand(groups, 1, queries, self.prompt_max), own[None, None].expand(groups, 1, queries, own.shape[1])],
+            [prompt[:, None, None, :].expand(groups, 1, queries, self.prompt_max),
+             own[None, None].expand(groups, 1, queries, own.shape[1])],
             dim=-1,
         )
 

@@ -55,7 +55,8 @@ class LoraAdapter:
 
     @classmethod
     def from_state_dict(cls, state: dict[str, torch.Tensor], scaling: float) -> LoraAdapter:
-        """From peft's saved names (`...layers.0.self_attn.q_proj.lora_A.weight`), e.g. a checkpoint's adapter.safetensors."""
+        """From peft's saved names (`...layers.0.self_attn.q_proj.lora_A.weight`), e.g. a checkpoint's
+        adapter.safetensors."""
         parts: dict[str, dict[str, torch.Tensor]] = {}
         for name, tensor in state.items():
             match = re.search(r"(.*)\.lora_([AB])(?:\.[^.]+)?\.weight$", name)
@@ -88,14 +89,16 @@ class AdapterStack:
                     continue
                 fan_in = model.blocks[index].mats[kind][0].shape[1]
                 lora_a = torch.zeros(self.count, fan_in, sum(ranks), dtype=model.dtype, device=model.device)
-                lora_b = torch.zeros(self.count, sum(ranks), sum(out_sizes[kind]), dtype=model.dtype, device=model.device)
+                lora_b = torch.zeros(self.count, sum(ranks), sum(out_sizes[kind]), dtype=model.dtype,
+                                     device=model.device)
                 for number, adapter in enumerate(adapters):
                     r0 = o0 = 0
                     for key, rank, out in zip(keys, ranks, out_sizes[kind], strict=True):
                         if key in adapter.weights:
                             a, b, scaling = adapter.weights[key]
                             lora_a[number, :, r0 : r0 + a.shape[0]] = a.detach().t().to(model.dtype)
-                            lora_b[number, r0 : r0 + a.shape[0], o0 : o0 + out] = (b.detach().float() * scaling).t().to(model.dtype)
+                            lora_b[number, r0 : r0 + a.shape[0],
+                                   o0 : o0 + out] = (b.detach().float() * scaling).t().to(model.dtype)
                         r0, o0 = r0 + rank, o0 + out
                 self.mats[(index, kind)] = (lora_a, lora_b)
 
@@ -112,8 +115,10 @@ class LoraStep:
             width = max(len(m) for m in members)
             # The stack's device and dtype (fp32 on the CPU when there are no matrices at all: unused then).
             like = next(iter(stack.mats.values()))[0] if stack.mats else torch.empty(0)
-            self.index = torch.tensor([m[i] if i < len(m) else 0 for m in members for i in range(width)], device=like.device)
-            self.valid = torch.tensor([[float(i < len(m))] for m in members for i in range(width)], dtype=like.dtype, device=like.device)
+            self.index = torch.tensor([m[i] if i < len(m) else 0 for m in members for i in range(width)],
+                                      device=like.device)
+            self.valid = torch.tensor([[float(i < len(m))] for m in members for i in range(width)], dtype=like.dtype,
+                                      device=like.device)
             self.adapters = None if len(present) == stack.count else torch.tensor(present, device=like.device)
             self.groups, self.width = len(present), width
 

@@ -59,13 +59,13 @@ from mlx_lm.tuner.utils import linear_to_lora_layers
 from mlx_lm.utils import load_model
 from transformers import AutoTokenizer
 
-from engine.atomicio import atomic_dir
 from engine.backends.base import StepCallback
 from engine.backends.batching import HFTokenizerText, MicroBatchBudget
 from engine.backends.steps import train_steps
-from engine.config import GRPOConfig
-from engine.device import DeviceInfo
-from engine.errors import CheckpointError, ModelError
+from engine.common.atomicio import atomic_dir
+from engine.common.config import GRPOConfig
+from engine.common.device import DeviceInfo
+from engine.common.errors import CheckpointError, ModelError
 from engine.rollouts import Completion, TrainItem
 
 log = logging.getLogger(__name__)
@@ -279,7 +279,8 @@ class MLXBackend(HFTokenizerText):
         rows = self._decode(prompts, n, max_new_tokens, sample, report)
         return [Completion(self.decode(ids), ids, lps, done) for ids, lps, done in rows]
 
-    def greedy(self, prompts: Sequence[list[int]], max_new_tokens: int, on_step: StepCallback | None = None) -> list[str]:
+    def greedy(self, prompts: Sequence[list[int]], max_new_tokens: int,
+               on_step: StepCallback | None = None) -> list[str]:
         """Greedy answers, in chunks of similar prompt length."""
 
         def argmax(logits: mx.array) -> tuple[mx.array, mx.array]:
@@ -543,7 +544,8 @@ class MLXBackend(HFTokenizerText):
                 self._check_optimizer_state(state, folder)
                 self.optimizer.state = state
             elif (folder / TORCH_OPTIMIZER_FILE).is_file():
-                log.warning("Checkpoint %s was written by the torch backend: weights kept, AdamW moments restart.", folder.name)
+                log.warning("Checkpoint %s was written by the torch backend: weights kept, AdamW moments restart.",
+                            folder.name)
                 self.optimizer = optim.AdamW(
                     learning_rate=self.grpo.learning_rate, weight_decay=self.grpo.weight_decay, bias_correction=True
                 )
@@ -584,7 +586,8 @@ class MLXBackend(HFTokenizerText):
         """Write a merged HF folder (fp32 safetensors, config with top-level rope_theta, tokenizer)."""
         weights = self.merged_weights()
         mx.eval(weights)
-        config = {k: v for k, v in self.hf_config.items() if k not in ("quantization", "quantization_config", "torch_dtype")}
+        config = {k: v for k,
+                  v in self.hf_config.items() if k not in ("quantization", "quantization_config", "torch_dtype")}
         config.update(self.overrides)
         config["dtype"] = "float32"
         with atomic_dir(Path(folder)) as tmp:

@@ -16,7 +16,7 @@ from typing import Any
 
 from engine.backends.base import StepCallback
 from engine.backends.batching import MicroBatchBudget, micro_batches
-from engine.config import GRPOConfig
+from engine.common.config import GRPOConfig
 from engine.rollouts import TrainItem
 
 # (micro-batches, total completion tokens, step index, on_step) -> (gradients or None, the step's stat sums)

@@ -19,7 +19,7 @@
   weight. With kl_beta > 0 the reference is the base model: the adapters
   switched off for LoRA, a frozen copy for full fine-tuning.
 - On CUDA: bf16 autocast on GPUs with native bf16 (Ampere and newer, see
-  `engine.device`), TF32 matmuls for what stays fp32, and a micro-batch
+  `engine.common.device`), TF32 matmuls for what stays fp32, and a micro-batch
   budget sized to the GPU's memory (`engine.backends.batching`). When the
   GPU runs out of memory, the budget is halved and the step retried from
   its start; a warning says so (a `log` event under `sapling-node serve`)
@@ -42,7 +42,6 @@ import torch
 from safetensors.torch import load_file, load_model, save_file, save_model
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from engine.atomicio import atomic_dir
 from engine.backends.base import StepCallback
 from engine.backends.batching import HFTokenizerText, MicroBatchBudget, micro_batches
 from engine.backends.decode import DecodedRow, DecodeModel, LoraAdapter, decode_batch, unsupported_reason
@@ -50,9 +49,10 @@ from engine.backends.hf_generate import hf_greedy, hf_logprobs, hf_sample, left_
 from engine.backends.memory import freeze_long_lived, release_memory
 from engine.backends.steps import train_steps
 from engine.backends.train_forward import packed_logprobs, train_unsupported_reason
-from engine.config import GRPOConfig
-from engine.device import DeviceInfo
-from engine.errors import CheckpointError, ModelError
+from engine.common.atomicio import atomic_dir
+from engine.common.config import GRPOConfig
+from engine.common.device import DeviceInfo
+from engine.common.errors import CheckpointError, ModelError
 from engine.grpo import clipped_pg_loss
 from engine.rollouts import Completion, TrainItem
 
@@ -187,7 +187,8 @@ class TorchBackend(HFTokenizerText):
         dtype = torch.bfloat16 if self.autocast else torch.float32
         merge = LoraAdapter.from_peft(self.model) if not adapters and self.grpo.finetune == "lora" else None
         rows = decode_batch(
-            DecodeModel(self.model, dtype, merge=merge, packed=self.pack_weights), prompts, n, max_new_tokens, self.eos_token_id, temperature,
+            DecodeModel(self.model, dtype, merge=merge, packed=self.pack_weights), prompts, n, max_new_tokens,
+            self.eos_token_id, temperature,
             on_step, adapters=adapters, **options,
         )
         release_memory()
@@ -231,10 +232,12 @@ class TorchBackend(HFTokenizerText):
         call with that adapter alone and its seed would. docs/backends.md.
         """
         if not self._fast_decoder():
-            raise ModelError(f"Per-row adapters need the fast decoder, which does not support {unsupported_reason(self.model.config)}.")
+            raise ModelError("Per-row adapters need the fast decoder, which does not support "
+                             f"{unsupported_reason(self.model.config)}.")
         resolved = [LoraAdapter.from_peft(self.model, a) if isinstance(a, str) else a for a in adapters]
         rows = self.decode_rows(
-            prompts, n, max_new_tokens, temperature, on_step, adapters=resolved, adapter_index=adapter_index, seeds=seeds,
+            prompts, n, max_new_tokens, temperature, on_step, adapters=resolved, adapter_index=adapter_index,
+            seeds=seeds,
         )
         return [Completion(self.decode(r.tokens), r.tokens, r.logprobs, r.finished) for r in rows]
 
@@ -257,18 +260,21 @@ class TorchBackend(HFTokenizerText):
                                             self.pad_token_id, self.eos_token_id, on_step)
         release_memory()
         completions = []
-        for (tokens, finished), lps in zip(split_rows(sequences, ids.shape[1], self.eos_token_id), logprobs, strict=True):
+        for (tokens, finished), lps in zip(split_rows(sequences, ids.shape[1], self.eos_token_id), logprobs,
+                                           strict=True):
             completions.append(Completion(self.decode(tokens), tokens, lps[: len(tokens)], finished))
         return completions
 
-    def greedy(self, prompts: Sequence[list[int]], max_new_tokens: int, on_step: StepCallback | None = None) -> list[str]:
+    def greedy(self, prompts: Sequence[list[int]], max_new_tokens: int,
+               on_step: StepCallback | None = None) -> list[str]:
         """Greedy answers: all prompts in cache-sized chunks, finished rows leaving (engine.backends.decode)."""
         if not self._fast_decoder():
             return self.greedy_hf(prompts, max_new_tokens, on_step)
         rows = self.decode_rows(prompts, 1, max_new_tokens, None, on_step)
         return [self.decode(r.tokens) for r in rows]
 
-    def greedy_hf(self, prompts: Sequence[list[int]], max_new_tokens: int, on_step: StepCallback | None = None) -> list[str]:
+    def greedy_hf(self, prompts: Sequence[list[int]], max_new_tokens: int,
+                  on_step: StepCallback | None = None) -> list[str]:
         """HF greedy answers, in chunks of similar prompt length so padding costs little (fallback and bench peer)."""
         order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
         chunks = [order[i : i + GREEDY_CHUNK] for i in range(0, len(order), GREEDY_CHUNK)]
@@ -284,7 +290,8 @@ class TorchBackend(HFTokenizerText):
 
     # -- log-probs and training --------------------------------------------------------
     def packs_training(self) -> bool:
-        """Whether `batch_logprobs` runs the packed forward (`engine.backends.train_forward`); logged once when it cannot."""
+        """Whether `batch_logprobs` runs the packed forward (`engine.backends.train_forward`); logged once when
+        it cannot."""
         if not self.packed_training:
             return False
         reason = train_unsupported_reason(self.model)
@@ -293,7 +300,8 @@ class TorchBackend(HFTokenizerText):
             log.info("Training through HF's forward: the packed forward does not support %s.", reason)
         return reason is None
 
-    def batch_logprobs(self, pairs: Sequence[tuple[list[int], list[int]]], temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    def batch_logprobs(self, pairs: Sequence[tuple[list[int], list[int]]], temperature: float) -> tuple[torch.Tensor,
+                                                                                                        torch.Tensor]:
         """Log-probs [n, T] of each completion token, and the completion mask.
 
         Each distinct prompt runs once, its completions packed after it in
@@ -305,8 +313,11 @@ class TorchBackend(HFTokenizerText):
             return self.batch_logprobs_hf(pairs, temperature)
         return packed_logprobs(self.model, pairs, temperature, self._before_layer)
 
-    def batch_logprobs_hf(self, pairs: Sequence[tuple[list[int], list[int]]], temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
-        """`batch_logprobs` through HF's forward (`hf_logprobs`): the fallback, and the peer bench/train_speed.py measures."""
+    def batch_logprobs_hf(
+        self, pairs: Sequence[tuple[list[int], list[int]]], temperature: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`batch_logprobs` through HF's forward (`hf_logprobs`): the fallback, and the peer bench/train_speed.py
+        measures."""
         return hf_logprobs(self.model, pairs, temperature, self.pad_token_id, self._dev)
 
     def behaviour_logprobs(self, items: Sequence[tuple[list[int], list[int]]], temperature: float) -> list[list[float]]:
@@ -353,7 +364,8 @@ class TorchBackend(HFTokenizerText):
         try:
             with self._layer_checks(on_step) as tracked:
                 return train_steps(
-                    items, self.grpo, self.budget, shared_prompts=True, packed=self.packs_training(), accumulate=self._accumulate_step,
+                    items, self.grpo, self.budget, shared_prompts=True, packed=self.packs_training(),
+                    accumulate=self._accumulate_step,
                     apply=self._apply_step, is_oom=lambda exc: isinstance(exc, torch.OutOfMemoryError),
                     after_oom=self._after_oom, on_step=tracked,
                 )

@@ -49,6 +49,7 @@ HEAD_CHUNK = 128
 HEAD_CHUNK_GPU = 1024
 
 Pairs = Sequence[tuple[list[int], list[int]]]
+ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
 
 
 def train_unsupported_reason(model: Any) -> str | None:
@@ -152,7 +153,9 @@ class _LoraGroup(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx: Any, scalings: tuple[float, ...], x: torch.Tensor, *tensors: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
+    def forward(
+        ctx: Any, scalings: tuple[float, ...], x: torch.Tensor, *tensors: torch.Tensor | None
+    ) -> tuple[torch.Tensor, ...]:
         weights, biases = tensors[0::4], tensors[1::4]
         lora_a = [t for t in tensors[2::4] if t is not None]
         lora_b = [t for t in tensors[3::4] if t is not None]
@@ -255,7 +258,8 @@ class Packing:
             owner = torch.tensor(owner_list, device=device)
             column = torch.arange(len(owner_list), device=device)
             # Causal, and a completion's columns only to itself: the prompt's (owner -1) to everyone after them.
-            allowed.append((column[None, :] <= column[:, None]) & ((owner[None, :] == -1) | (owner[None, :] == owner[:, None])))
+            same = (owner[None, :] == -1) | (owner[None, :] == owner[:, None])
+            allowed.append((column[None, :] <= column[:, None]) & same)
 
         def tensor(values: list[int]) -> torch.Tensor:
             return torch.tensor(values, dtype=torch.long, device=device)
@@ -290,7 +294,7 @@ class TrainModel:
         training = bool(model.training)
         self.layers = [
             Layer(layer.input_layernorm.weight, layer.post_attention_layernorm.weight, {
-                name: Projection.of(getattr(layer.self_attn if name in ("q_proj", "k_proj", "v_proj", "o_proj") else layer.mlp, name), training)
+                name: Projection.of(getattr(layer.self_attn if name in ATTENTION else layer.mlp, name), training)
                 for name in ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
             })
             for layer in lm.model.layers
@@ -317,9 +321,11 @@ class TrainModel:
             # Per prompt segment (split, not sliced: a slice's backward writes into zeros the size of the whole).
             lengths = [length for _, length in packing.segments]
             out = []
-            for qs, ks, vs, mask in zip(q.split(lengths), k.split(lengths), v.split(lengths), masks[q.dtype], strict=True):
+            parts = zip(q.split(lengths), k.split(lengths), v.split(lengths), masks[q.dtype], strict=True)
+            for qs, ks, vs, mask in parts:
                 qs, ks, vs = (t.transpose(0, 1)[None] for t in (qs, ks, vs))
-                out.append(F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, enable_gqa=True)[0].transpose(0, 1))
+                attended = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, enable_gqa=True)
+                out.append(attended[0].transpose(0, 1))
             attn = (out[0] if len(out) == 1 else torch.cat(out)).reshape(tokens, self.heads * self.head_dim)
             if layer is self.layers[-1]:
                 # Past the last layer's keys and values only the states that predict a completion token matter.
@@ -365,10 +371,13 @@ def token_logprobs(hidden: torch.Tensor, head: torch.Tensor, targets: torch.Tens
 
 
 class _TokenLogprobs(torch.autograd.Function):
-    """The LM head and log-softmax of `token_logprobs`, by chunks of rows, with d logp / d hidden made in the forward."""
+    """The LM head and log-softmax of `token_logprobs`, by chunks of rows, with d logp / d hidden made in the
+    forward."""
 
     @staticmethod
-    def forward(ctx: Any, hidden: torch.Tensor, head: torch.Tensor, targets: torch.Tensor, temperature: float) -> torch.Tensor:
+    def forward(
+        ctx: Any, hidden: torch.Tensor, head: torch.Tensor, targets: torch.Tensor, temperature: float
+    ) -> torch.Tensor:
         need_grad = bool(ctx.needs_input_grad[0])
         logp = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)
         grad = torch.empty(hidden.shape, dtype=torch.float32, device=hidden.device) if need_grad else None

@@ -18,8 +18,8 @@ split the round's seconds equally between the nodes. Comparisons here:
    is the same over the last quarter of the slices: where each node stands
    after T_k, not on the way there.
 
-Held-out accuracy is measured when a mix ends: it is reported with the hours
-each node took to get there.
+Below, the held-out accuracy when each mix ended, with the hours it took;
+held-out accuracy at equal time is engine/experiment/heldout.py's.
 """
 
 from __future__ import annotations
@@ -88,7 +88,8 @@ def node_seconds(records: Sequence[dict[str, Any]], nodes: int) -> list[list[flo
              for rec in records] for k in range(nodes)]
 
 
-def time_slices(rewards: Sequence[float], seconds: Sequence[float], horizon: float, slices: int = SLICES) -> list[float]:
+def time_slices(rewards: Sequence[float], seconds: Sequence[float], horizon: float,
+                slices: int = SLICES) -> list[float]:
     """Time-weighted mean reward over each of `slices` equal slices of [0, horizon] (reward i holds for seconds i)."""
     if horizon <= 0:
         raise ValueError("the horizon must be positive")
@@ -140,7 +141,8 @@ def read_mix(folder: Path) -> MixTimes | None:
         return None
     nodes = len(records[0]["rewards"])
     return MixTimes(Path(folder), [[float(rec["rewards"][k]) for rec in records] for k in range(nodes)],
-                    node_seconds(records, nodes), frozenset(str(rec["machine"]) for rec in records if rec.get("machine")))
+                    node_seconds(records, nodes),
+                    frozenset(str(rec["machine"]) for rec in records if rec.get("machine")))
 
 
 def timed(folder: Path) -> bool:

@@ -92,6 +92,9 @@ class PublishFirst:
         self.exchange = exchange
         self.published_round = 0
 
+    def set_model_label(self, label: str) -> None:
+        self.exchange.set_model_label(label)
+
     def publish(self, round_index: int, groups: Sequence[Group]) -> None:
         if round_index == self.published_round:
             return

@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from engine import __version__
-from engine.config import PRESETS, SECTIONS, NodeConfig, build_config
-from engine.errors import ConfigError
+from engine.common.config import PRESETS, SECTIONS, NodeConfig, build_config
+from engine.common.errors import ConfigError
 from engine.seeds import AUTO_SEED
 
 # Node k's seed is seed + k * NODE_SEED_SPACING. reasoning-gym builds item (seed, index) from
@@ -37,6 +37,7 @@ PLAN_FILE = "experiment.json"
 PROGRESS_FILE = "progress.json"
 ROUNDS_FILE = "rounds.jsonl"
 EVAL_FILE = "eval.json"
+EVALS_FILE = "evals.jsonl"  # held-out accuracy on the way, every tasks.eval_every rounds of a mix
 START_EVAL_FILE = "eval-start.json"
 VETERANS_FOLDER = "veterans"  # the veterans' own training, kept in the experiment folder
 
@@ -63,7 +64,8 @@ def parse_mixes(text: str) -> tuple[Mix, ...]:
     for part in str(text).split(","):
         left, slash, right = part.strip().partition("/")
         if not slash or not left.isdigit() or not right.isdigit():
-            raise ConfigError(f"--mixes takes I/J pairs of whole numbers separated by commas, like 8/0,4/4; got {part.strip()!r}.")
+            raise ConfigError("--mixes takes I/J pairs of whole numbers separated by commas, like 8/0,4/4; got "
+                              f"{part.strip()!r}.")
         mix = Mix(int(left), int(right))
         if mix in mixes:
             raise ConfigError(f"--mixes lists {mix.label} twice.")
@@ -183,7 +185,8 @@ BEFORE_THE_KEY: dict[str, dict[str, Any]] = {"swarm": {"train_groups": 0}, "task
 def check_plan(plan: Plan, config: NodeConfig) -> None:
     """Refuse, in one sentence, a plan that cannot run as asked."""
     if plan.nodes < 2:
-        raise ConfigError(f"--nodes must be at least 2 (an experiment compares sharing between nodes), got {plan.nodes}.")
+        raise ConfigError("--nodes must be at least 2 (an experiment compares sharing between nodes), got "
+                          f"{plan.nodes}.")
     if plan.nodes > MAX_NODES:
         raise ConfigError(f"--nodes must be at most {MAX_NODES}, got {plan.nodes}.")
     if plan.rounds < 1:
@@ -221,7 +224,8 @@ def same_experiment(saved: Plan, plan: Plan) -> bool:
 
 
 def widen(saved: Plan | None, plan: Plan) -> Plan:
-    """`plan`, or the saved plan (settings included) with its mixes and then `plan`'s new ones when only the mixes differ."""
+    """`plan`, or the saved plan (settings included) with its mixes and then `plan`'s new ones when only the mixes
+    differ."""
     if saved is None or not same_experiment(saved, plan):
         return plan
     return replace(saved, mixes=saved.mixes + tuple(m for m in plan.mixes if m not in saved.mixes)).frozen()
@@ -250,6 +254,11 @@ def saved_plan(out: Path) -> Plan | None:
 def rounds_done(folder: Path) -> int:
     """The last round that every node of a mix finished (its progress.json)."""
     return int((read_json(Path(folder) / PROGRESS_FILE) or {}).get("round", 0))
+
+
+def read_evals(folder: Path) -> dict[int, dict[str, Any]]:
+    """A mix's held-out evaluations on the way (EVALS_FILE) by round; a repeated round's last line wins."""
+    return {record["round"]: record for record in read_rounds(Path(folder) / EVALS_FILE, rounds_done(folder))}
 
 
 def read_rounds(path: Path, upto: int) -> list[dict[str, Any]]:

@@ -20,8 +20,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from engine.atomicio import atomic_write_bytes, atomic_write_json, atomic_write_text
-from engine.config import NodeConfig
+from engine.common.atomicio import atomic_write_bytes, atomic_write_json, atomic_write_text
+from engine.common.config import NodeConfig
+from engine.experiment.heldout import held_out_at_equal_time
 from engine.experiment.hours import per_hour, reward_by_hour, timed
 from engine.experiment.plan import (
     EVAL_FILE,
@@ -51,7 +52,8 @@ def two_way_bootstrap(a: list[list[float]], b: list[list[float]], samples: int =
     return stratified_bootstrap([(a, b)], samples, seed)
 
 
-def stratified_bootstrap(strata: Sequence[tuple[list[list[float]], list[list[float]]]], samples: int = BOOTSTRAP_SAMPLES,
+def stratified_bootstrap(strata: Sequence[tuple[list[list[float]], list[list[float]]]],
+                         samples: int = BOOTSTRAP_SAMPLES,
                          seed: int = 0) -> dict[str, Any]:
     """`two_way_bootstrap` over several independent pairs of tables (e.g. one per experiment seed).
 
@@ -98,7 +100,8 @@ def stratified_bootstrap(strata: Sequence[tuple[list[list[float]], list[list[flo
 
 def _reward_table(records: list[dict[str, Any]], nodes: int) -> tuple[list[list[float]], list[float]]:
     """Each node's reward by round [node][round], and the nodes' mean reward by round."""
-    return [[rec["rewards"][k] for rec in records] for k in range(nodes)], [sum(rec["rewards"]) / nodes for rec in records]
+    return [[rec["rewards"][k] for rec in records] for k in range(nodes)], [sum(rec["rewards"]) / nodes
+                                                                            for rec in records]
 
 
 def _mix_summary(records: list[dict[str, Any]], nodes: int) -> dict[str, Any]:
@@ -118,7 +121,8 @@ def _mix_summary(records: list[dict[str, Any]], nodes: int) -> dict[str, Any]:
         "last10_mean_reward": _mean(per_round[-WINDOW:]),
         "external_groups_per_node_round": _mean([sum(rec["external_groups"]) / nodes for rec in records]),
         "informative_groups_per_node_round": _mean([sum(rec["informative_groups"]) / nodes for rec in records]),
-        "trained_own_informative_per_node_round": _mean([sum(rec["trained_own_informative"]) / nodes for rec in records]),
+        "trained_own_informative_per_node_round": _mean([sum(rec["trained_own_informative"]) / nodes
+                                                         for rec in records]),
         "rejected_external_items": rejected,
         "seconds_per_round": _mean([rec["seconds"] for rec in records]),
         "generate_seconds_per_round": _mean([rec["generate_seconds"] for rec in records]),
@@ -266,7 +270,8 @@ def report_markdown(report: dict[str, Any]) -> str:
             diff = f"{against['difference']:+.4f} [{_fmt(dci[0], 4)}, {_fmt(dci[1], 4)}]"
         paper = m["paper_cumulative_reward"]
         paper_text = "-" if paper is None else f"{paper:.2f}" + (
-            f" ({against['paper_ratio']:.2f})" if against and "paper_ratio" in against else " (1.00)" if label.endswith("/0") else "")
+            f" ({against['paper_ratio']:.2f})" if against and "paper_ratio" in against else " (1.00)"
+            if label.endswith("/0") else "")
         lines.append(
             f"| {label} | {m['rounds_done']} | {m['cumulative_reward']:.2f} | {_fmt(m['mean_reward'])} | "
             f"{_fmt(m['first10_mean_reward'])} | {_fmt(m['last10_mean_reward'])} | "
@@ -276,7 +281,8 @@ def report_markdown(report: dict[str, Any]) -> str:
     if hourly:
         lines += ["", "Per hour: each node's reward against the seconds it spent (engine/experiment/hours.py), "
                   "over the time both runs of that node cover.", "",
-                  "| mix | hours per node (common) | ratio of time-averaged reward [95% CI] | at the end (last quarter) [95% CI] |",
+                  "| mix | hours per node (common) | ratio of time-averaged reward [95% CI] | at the end (last "
+                  "quarter) [95% CI] |",
                   "|---|---|---|---|"]
         for label, h in hourly.items():
             hours = h["pairs"][0]["hours"]
@@ -289,14 +295,17 @@ def report_markdown(report: dict[str, Any]) -> str:
     for label, m in report["mixes"].items():
         rejected = ", ".join(f"{k} {v}" for k, v in sorted(m["rejected_external_items"].items())) or "-"
         lines.append(f"| {label} | {_fmt(m['trained_own_informative_per_node_round'], 2)} | "
-                     f"{_fmt(m['external_groups_per_node_round'], 2)} | {rejected} | {_fmt(m['seconds_per_round'], 1)} |")
+                     f"{_fmt(m['external_groups_per_node_round'], 2)} | {rejected} | "
+                     f"{_fmt(m['seconds_per_round'], 1)} |")
     newcomers = {label: m for label, m in report["mixes"].items() if "newcomers" in m}
     if newcomers:
         start = next(iter(newcomers.values())).get("veterans_start") or {}
         lines += ["", f"Newcomers (nodes {', '.join(map(str, next(iter(newcomers.values()))['newcomers']['nodes']))}) "
                   f"beside {plan.get('veterans', 0)} veterans trained {plan.get('veteran_rounds', 0)} rounds alone "
-                  f"(their reward then: {_fmt(start.get('reward'))}, held-out {_pct(start if start.get('accuracy') is not None else None)}).", "",
-                  "| mix | newcomers' cumulative reward | ratio to baseline [95% CI] | round its 5-round mean reached the veterans' | held-out at the end |",
+                  f"(their reward then: {_fmt(start.get('reward'))}, held-out "
+                  f"{_pct(start if start.get('accuracy') is not None else None)}).", "",
+                  "| mix | newcomers' cumulative reward | ratio to baseline [95% CI] | round its 5-round mean reached "
+                  "the veterans' | held-out at the end |",
                   "|---|---|---|---|---|"]
         for label, m in newcomers.items():
             n = m["newcomers"]
@@ -355,7 +364,8 @@ def plot_hours(curves: dict[str, tuple[list[float], list[float]]], title: str) -
 
     fig, ax = plt.subplots(figsize=(8, 4.5), dpi=110)
     for label, (hours, rewards) in curves.items():
-        smooth = [sum(rewards[max(0, i - 4) : i + 1]) / len(rewards[max(0, i - 4) : i + 1]) for i in range(len(rewards))]
+        smooth = [sum(rewards[max(0, i - 4) : i + 1]) / len(rewards[max(0, i - 4) : i + 1])
+                  for i in range(len(rewards))]
         line = ax.plot(hours, rewards, linewidth=0.8, alpha=0.4)[0]
         ax.plot(hours, smooth, color=line.get_color(), linewidth=2.2, label=label)
     ax.set_title(title)
@@ -406,14 +416,15 @@ def compare(a_dir: Path, b_dir: Path, label: str, label_b: str | None = None,
     differs says when the runs parted.
     """
     a, b = _paired_tables(Path(a_dir), Path(b_dir), label, label_b or label, nodes)
+    folders = [(Path(a_dir) / _slug(label), Path(b_dir) / _slug(label_b or label))]
     common, count = len(a[0]) if a else 0, len(a)
     parted = next((r + 1 for r in range(common) if any(a[k][r] != b[k][r] for k in range(count))), None)
     return {"mix": label, **({"mix_b": label_b} if label_b else {}), "a": str(a_dir), "b": str(b_dir), "rounds": common,
             "nodes": count, **({"only_nodes": list(nodes)} if nodes is not None else {}),
             "cumulative_a": sum(map(sum, a)), "cumulative_b": sum(map(sum, b)), "first_round_that_differs": parted,
             **two_way_bootstrap(a, b),
-            "per_hour": per_hour([(Path(a_dir) / _slug(label), Path(b_dir) / _slug(label_b or label))], nodes,
-                                 stratified_bootstrap)}
+            "per_hour": per_hour(folders, nodes, stratified_bootstrap),
+            "held_out_per_hour": held_out_at_equal_time(folders, nodes, stratified_bootstrap)}
 
 
 def _paired_tables(a_dir: Path, b_dir: Path, label: str, label_b: str,
@@ -452,9 +463,11 @@ def pooled_compare(pairs: Sequence[tuple[Path, Path]], label: str, label_b: str,
         one = two_way_bootstrap(a, b)
         each.append({"a": str(a_dir), "b": str(b_dir), "rounds": len(a[0]), "cumulative_a": sum(map(sum, a)),
                      "cumulative_b": sum(map(sum, b)), "ratio": one["ratio"], "ratio_ci95": one["ratio_ci95"]})
-    hourly = per_hour([(Path(a) / _slug(label), Path(b) / _slug(label_b)) for a, b in pairs], nodes, stratified_bootstrap)
+    folders = [(Path(a) / _slug(label), Path(b) / _slug(label_b)) for a, b in pairs]
     return {"mix": label, "mix_b": label_b, "pairs": each, "cumulative_a": sum(p["cumulative_a"] for p in each),
-            "cumulative_b": sum(p["cumulative_b"] for p in each), **stratified_bootstrap(strata), "per_hour": hourly}
+            "cumulative_b": sum(p["cumulative_b"] for p in each), **stratified_bootstrap(strata),
+            "per_hour": per_hour(folders, nodes, stratified_bootstrap),
+            "held_out_per_hour": held_out_at_equal_time(folders, nodes, stratified_bootstrap)}
 
 
 def _variant(spec: str) -> tuple[str, Path, str]:

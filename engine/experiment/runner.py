@@ -34,16 +34,18 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from engine.atomicio import append_line, atomic_write_json
 from engine.checkpoint import checkpoint_name, verify
-from engine.config import NodeConfig
+from engine.common.atomicio import append_line, atomic_write_json
+from engine.common.config import NodeConfig
+from engine.common.errors import CheckpointError, ConfigError, DeviceError
+from engine.common.events import Event
+from engine.common.paths import Paths
 from engine.curriculum import curriculum_for
-from engine.errors import CheckpointError, ConfigError, DeviceError
-from engine.events import Event
 from engine.experiment.hours import NodeClock, machine_tag
 from engine.experiment.nodes import NodeBackend, PublishFirst
 from engine.experiment.plan import (
     EVAL_FILE,
+    EVALS_FILE,
     NODE_SEED_SPACING,
     PLAN_FILE,
     PROGRESS_FILE,
@@ -54,12 +56,12 @@ from engine.experiment.plan import (
     Plan,
     check_plan,
     plan_config,
+    read_evals,
     read_json,
     same_experiment,
     saved_plan,
     widen,
 )
-from engine.paths import Paths
 from engine.rollouts import Group
 from engine.sapo import Control, Node, RoundAborted, derive_seed
 
@@ -173,8 +175,10 @@ class Experiment:
     def _claim_out(self) -> None:
         saved = saved_plan(self.out)
         if saved is not None and not same_experiment(saved, self.plan):
-            raise ConfigError(f"{self.out} holds an experiment with other settings ({json.dumps(saved.to_json()['mixes'])} "
-                              f"over {saved.nodes} nodes, {saved.rounds} rounds, --set {' '.join(saved.overrides) or 'none'}); "
+            raise ConfigError(f"{self.out} holds an experiment with other settings "
+                              f"({json.dumps(saved.to_json()['mixes'])} "
+                              f"over {saved.nodes} nodes, {saved.rounds} rounds, --set "
+                              f"{' '.join(saved.overrides) or 'none'}); "
                               "run it with --resume or choose another --out.")
         self.plan = widen(saved, self.plan).frozen()
         self.config = plan_config(self.plan)
@@ -189,7 +193,7 @@ class Experiment:
         import torch
 
         from engine.backends.torch_backend import TorchBackend
-        from engine.device import pick_device
+        from engine.common.device import pick_device
         from engine.models import resolve_model_dir
         from engine.priority import ThreadPolicy
         from engine.tasks import TaskSet
@@ -199,7 +203,8 @@ class Experiment:
         # As `sapling-node run`: run.threads, or (0) the CPUs other programs leave free, re-measured as it goes.
         self.threads = ThreadPolicy(cfg.run.threads, torch.set_num_threads, max_threads=torch.get_num_threads())
         if device.kind not in ("cpu", "cuda"):
-            raise DeviceError(f"The experiment runs on the torch backend; {device.kind} is not supported (use --device cpu or cuda).")
+            raise DeviceError(f"The experiment runs on the torch backend; {device.kind} is not supported (use --device "
+                              "cpu or cuda).")
         self.hooks.say(f"Loading {cfg.model.source} on {device.describe()}")
         model_dir = resolve_model_dir(cfg.model.source, self.paths.models_cache, cfg.model.revision or None)
         self.shared = TorchBackend(model_dir, device, cfg.grpo, cfg.run.seed, cfg.tasks.temperature)
@@ -268,8 +273,9 @@ class Experiment:
         for k in range(len(views)):
             answers = rows[k * len(prompts) : (k + 1) * len(prompts)]
             rewards = [self.taskset.reward(q, c.text) for q, c in zip(questions, answers, strict=True)]
-            per_node.append({"accuracy": sum(1 for r in rewards if r >= 1.0) / len(rewards),
-                             "reward_mean": sum(rewards) / len(rewards)})
+            passes = "".join("1" if r >= 1.0 else "0" for r in rewards)  # question by question, for a paired bootstrap
+            per_node.append({"accuracy": passes.count("1") / len(rewards),
+                             "reward_mean": sum(rewards) / len(rewards), "passes": passes})
         return {
             "questions": len(questions),
             "examples": self.eval_examples,
@@ -302,7 +308,8 @@ class Experiment:
     def _node_paths(self, folder: Path, index: int) -> Paths:
         """Node `index`'s data in a stage's folder (identity, checkpoints, metrics); the model cache is shared."""
         home = folder / f"node-{index}"
-        return Paths(config_dir=home / "config", data_dir=home, cache_dir=self.paths.cache_dir, log_dir=self.paths.log_dir)
+        return Paths(config_dir=home / "config", data_dir=home, cache_dir=self.paths.cache_dir,
+                     log_dir=self.paths.log_dir)
 
     def _run_stage(self, stage: Stage, number: int) -> None:
         """Run a mix (number >= 1) or the veterans' training (number 0) from its last finished round."""
@@ -318,6 +325,8 @@ class Experiment:
         with self.open_mix(mix, folder, stage.nodes) as run:
             for k, node in enumerate(run.nodes):
                 self._load_round(node, stage.offset + done, done == 0, stage.starts.get(k) if done == 0 else None)
+            if number:
+                self._evaluate_on_the_way(run, folder, done, stage.rounds)  # one a stop cut short
             for round_index in range(done + 1, stage.rounds + 1):
                 record = run.round(stage.offset + round_index)
                 record["round"] = round_index
@@ -327,6 +336,7 @@ class Experiment:
                 atomic_write_json(folder / PROGRESS_FILE, {"round": round_index})
                 if number:
                     self.hooks.round_done(mix, record)
+                    self._evaluate_on_the_way(run, folder, round_index, stage.rounds)
                 else:
                     self.hooks.say(f"veterans round {round_index:>4} | reward by node "
                                    + " ".join(f"{r:.3f}" for r in record["rewards"]))
@@ -335,6 +345,19 @@ class Experiment:
                 atomic_write_json(folder / EVAL_FILE, {"round": stage.rounds, **result})
                 self.hooks.say(f"{f'mix {mix.label}' if number else 'veterans'}: held-out accuracy after round "
                                f"{stage.rounds}: {100 * result['accuracy']:.1f}% (mean of {len(run.views)} nodes)")
+
+    def _evaluate_on_the_way(self, run: MixRun, folder: Path, round_index: int, rounds: int) -> None:
+        """Held-out accuracy after round `round_index` when it is a multiple of tasks.eval_every (the last
+        round's goes to EVAL_FILE), so that mixes whose rounds cost different time compare at equal time."""
+        every = self.config.tasks.eval_every
+        if every <= 0 or round_index <= 0 or round_index >= rounds or round_index % every:
+            return
+        if round_index in read_evals(folder):
+            return
+        result = self._evaluate(run.views)
+        append_line(folder / EVALS_FILE, json.dumps({"round": round_index, **result}, sort_keys=True))
+        self.hooks.say(f"mix {run.mix.label}: held-out accuracy after round {round_index}: "
+                       f"{100 * result['accuracy']:.1f}% (mean of {len(run.views)} nodes)")
 
     def open_mix(self, mix: Mix, folder: Path, nodes: int | None = None) -> MixRun:
         """`nodes` nodes (the plan's by default) of `mix` with their data in `folder`, joined to a loopback relay
@@ -345,14 +368,15 @@ class Experiment:
             url = ""
             if mix.external:
                 run.relay, url = self._start_relay()
-            run.nodes, run.views = self._nodes(mix, folder, url, run.sessions, self.plan.nodes if nodes is None else nodes)
+            run.nodes, run.views = self._nodes(mix, folder, url, run.sessions,
+                                               self.plan.nodes if nodes is None else nodes)
         except BaseException:
             run.close()
             raise
         return run
 
     def _start_relay(self) -> tuple[Any, str]:
-        from engine.swarm.relay import EmbeddedRelay, RelaySettings
+        from engine.relay.server import EmbeddedRelay, RelaySettings
 
         # A real relay on a free loopback port. Simulated nodes publish and sample back to back, so the
         # per-peer request rate is raised above the default for people's nodes (2/s, burst 10).
@@ -360,7 +384,8 @@ class Experiment:
                                             name="sapling-experiment"))
         return relay, relay.start()
 
-    def _nodes(self, mix: Mix, folder: Path, url: str, sessions: list[Any], count: int) -> tuple[list[Node], list[NodeBackend]]:
+    def _nodes(self, mix: Mix, folder: Path, url: str, sessions: list[Any], count: int) -> tuple[list[Node],
+                                                                                                 list[NodeBackend]]:
         from engine.exchange import open_swarm
 
         nodes: list[Node] = []
@@ -413,7 +438,8 @@ class Experiment:
         # adaptive difficulty: the levels and streaks this checkpoint ended with (None: fixed difficulty)
         node.curriculum = curriculum_for(node.config.tasks, node.taskset.specialties, state.get("curriculum"))
 
-    def _round(self, mix: Mix, round_index: int, nodes: list[Node], views: list[NodeBackend], relay: Any) -> dict[str, Any]:
+    def _round(self, mix: Mix, round_index: int, nodes: list[Node], views: list[NodeBackend], relay: Any) -> dict[str,
+                                                                                                                  Any]:
         """Round r of every node of the mix: one batched generation, then each node's own steps in turn.
 
         Each node is charged the seconds it would spend on its own computer

@@ -1,6 +1,7 @@
 """The terminal view of `sapling-node experiment`: a bar for the mix's rounds, one for the phase, a line per round.
 
 Used by engine/cli.py; the experiment itself (engine/experiment/runner.py) talks to it only through `Hooks`.
+The bars are `engine.terminal.StepBar`s: on a terminal, tqdm bars; in a file, one line as each step ends.
 """
 
 from __future__ import annotations
@@ -11,18 +12,17 @@ from typing import Any
 
 from engine.experiment.plan import Mix
 from engine.experiment.runner import Hooks, Reward
+from engine.terminal import StepBar, write_line
 
 
 class ExperimentTerminal:
     """Bars for the mix (rounds) and the phase, and one line per round with each node's reward."""
 
-    def __init__(self, mixes: int) -> None:
-        from tqdm import tqdm
-
-        self._tqdm = tqdm
+    def __init__(self, mixes: int, bars: bool | None = None) -> None:
+        self.bars = bars  # None: bars when stderr is a terminal
         self.mixes = mixes
-        self.mix_bar: Any = None
-        self.phase_bar: Any = None
+        self.mix_bar: StepBar | None = None
+        self.phase_bar: StepBar | None = None
         self.phase = ""
         self.started = time.monotonic()
 
@@ -37,35 +37,32 @@ class ExperimentTerminal:
             self.phase = ""
 
     def say(self, text: str) -> None:
-        self._tqdm.write(text, file=sys.stderr)
+        write_line(text)
 
     def mix_started(self, mix: Mix, number: int, start: int, rounds: int) -> None:
         self._close_phase()
         if self.mix_bar is not None:
             self.mix_bar.close()
-        self.mix_bar = self._tqdm(total=rounds, initial=start, desc=f"mix {mix.label} ({number} of {self.mixes})",
-                                  unit="round", position=0, dynamic_ncols=True, file=sys.stderr)
+        self.mix_bar = StepBar(f"mix {mix.label} ({number} of {self.mixes})", rounds, initial=start, bars=self.bars,
+                               leave=True, position=0, unit="rounds")
 
     def progress(self, phase: str, done: int, total: int) -> None:
         if phase != self.phase or self.phase_bar is None:
             self._close_phase()
             self.phase = phase
-            self.phase_bar = self._tqdm(total=total, desc=f"  {phase:<11}", leave=False, position=1,
-                                        dynamic_ncols=True, file=sys.stderr)
-        self.phase_bar.total = total
-        self.phase_bar.n = done
-        self.phase_bar.refresh()
+            self.phase_bar = StepBar(f"  {phase:<11}", total, bars=self.bars, position=1)
+        self.phase_bar.update(done, total)
 
     def round_done(self, mix: Mix, record: dict[str, Any]) -> None:
         self._close_phase()
         rewards = " ".join(f"{r:.3f}" for r in record["rewards"])
         external = sum(record["external_groups"])
-        self._tqdm.write(
+        write_line(
             f"mix {mix.label} round {record['round']:>4} | reward by node {rewards} | mean "
             f"{sum(record['rewards']) / len(record['rewards']):.3f} | external groups {external} | "
-            f"{record['seconds']:6.1f} s", file=sys.stdout)
+            f"{record['seconds']:6.1f} s", sys.stdout)
         if self.mix_bar is not None:
-            self.mix_bar.update(1)
+            self.mix_bar.advance()
 
     def close(self) -> None:
         self._close_phase()

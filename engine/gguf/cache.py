@@ -28,19 +28,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engine.config import NodeConfig
-from engine.errors import CheckpointError, ModelError, SaplingError
-from engine.events import node_command
+from engine.common.config import NodeConfig
+from engine.common.errors import CheckpointError, ModelError, SaplingError
+from engine.common.events import node_command
+from engine.common.paths import Paths
+from engine.common.rules import BUNDLED
 from engine.gguf.export import find_checkpoint, gguf_cache_path
 from engine.gguf.merge import merge_lora
 from engine.models import BASE_GGUF, bundled_model_path
-from engine.paths import Paths
-from engine.rules import BUNDLED
 
 log = logging.getLogger(__name__)
 
 KEEP_EXPORTS = 2  # checkpoints' GGUF files of each kind (adapter, merged) kept per run; the base model's too
-# The adapter is exported in f32, so that merging it equals what torch's merged model answers (tests/engine/test_export.py).
+# The adapter is exported in f32, so that merging it equals what torch's merged model answers
+# (tests/engine/test_export.py).
 ADAPTER_QUANT = "f32"
 # While training runs a checkpoint comes every round, and exporting one costs several CPU seconds that
 # training would otherwise get; a cached export younger than this answers instead of a newer checkpoint's.
@@ -123,7 +124,8 @@ class ExportCache:
             return cached
         self._export_in_background(newest)
         self.send({"type": "status", "id": ask_id,
-                   "message": f"Answering with round {cached[0]}; round {newest} is being prepared for the next question…"})
+                   "message": f"Answering with round {cached[0]}; round {newest} is being prepared for the next "
+                              "question…"})
         return cached
 
     def trained_model(self, round_index: int, export: Path) -> tuple[Path, Path | None]:
@@ -225,7 +227,8 @@ class ExportCache:
         if self._join_background(ask_id, round_index, what):
             return path
         if ask_id is not None:
-            self.send({"type": "status", "id": ask_id, "message": f"Preparing {what} for llama.cpp (once per checkpoint)…"})
+            self.send({"type": "status", "id": ask_id,
+                       "message": f"Preparing {what} for llama.cpp (once per checkpoint)…"})
         path.parent.mkdir(parents=True, exist_ok=True)
         kind = ["--format", "gguf"] if round_index == 0 else ["--format", "gguf-lora", "--quant", ADAPTER_QUANT]
         code, errors = self._run_export(ask_id, [*kind, "--round", str(round_index), "--out", str(path)])
@@ -242,7 +245,8 @@ class ExportCache:
                 or round_index not in self._background_rounds):
             return False
         if ask_id is not None:
-            self.send({"type": "status", "id": ask_id, "message": f"Preparing {what} for llama.cpp (begun when Try it opened)…"})
+            self.send({"type": "status", "id": ask_id,
+                       "message": f"Preparing {what} for llama.cpp (begun when Try it opened)…"})
         path = self.export_path(round_index)
         while running.is_alive() and not path.is_file():  # written atomically; a merge may follow it
             running.join(timeout=0.05)

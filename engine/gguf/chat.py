@@ -1,6 +1,6 @@
 """Try it: a question answered token by token by the newest checkpoint and, beside it, by the base model.
 
-    sapling-node chat [--home DIR] [--run-name NAME] [--budget N]    (the app starts it with engine.events.node_command)
+    sapling-node chat [--home DIR] [--run-name NAME] [--budget N]    (the app starts it with EngineFlags)
     python -m engine.gguf.chat [same flags]
 
 The desktop app's Try it panel runs this as a child process, started when
@@ -28,7 +28,7 @@ Commands (stdin), one JSON object per line:
     {"cmd": "threads", "n": 1}                              thread budget from the next answer on
     {"cmd": "cancel"}                                       stop the answer being written
 
-Messages (stdout), each with "type" (their required fields: `engine.events.CHAT_MESSAGE_FIELDS`):
+Messages (stdout), each with "type" (their required fields: `engine.common.events.CHAT_MESSAGE_FIELDS`):
 
     ready     llama_cpp (bool), message (one sentence when llama.cpp is unusable, else ""), specialties
     question  id, specialty, text, answer (a reference answer, or null)
@@ -57,12 +57,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.config import SAPO_SPECIALTIES, NodeConfig
-from engine.errors import SaplingError
-from engine.events import CHAT_COMMANDS, encode
+from engine.common.config import SAPO_SPECIALTIES, NodeConfig
+from engine.common.errors import SaplingError
+from engine.common.events import CHAT_COMMANDS, encode
+from engine.common.paths import Paths
 from engine.gguf.cache import ExportCache, Send
 from engine.launch import add_settings_flags, config_from_args, setup_logging
-from engine.paths import Paths
 from engine.priority import ThreadPolicy
 from engine.seeds import fixed_seed
 
@@ -83,7 +83,8 @@ def llama_cpp_problem() -> str:
     except ImportError as exc:
         return f"Try it needs llama-cpp-python, which is not installed ({exc}): {INSTALL_HINT}."
     except (OSError, RuntimeError) as exc:
-        return f"llama-cpp-python is installed but its library does not load here ({exc}); reinstall it: {INSTALL_HINT}."
+        return (f"llama-cpp-python is installed but its library does not load here ({exc}); reinstall it: "
+                f"{INSTALL_HINT}.")
     return ""
 
 
@@ -141,7 +142,8 @@ class ChatServer:
         from engine.tasks import MAX_TASK_INDEX, TaskRef  # reasoning-gym, as in `taskset`
 
         taskset = self.taskset()
-        ref = TaskRef.create(specialty, dict(taskset.config(specialty)), fixed_seed(self.config.run.seed) + QUESTION_SEED_OFFSET,
+        ref = TaskRef.create(specialty, dict(taskset.config(specialty)),
+                             fixed_seed(self.config.run.seed) + QUESTION_SEED_OFFSET,
                              self.rng.randrange(MAX_TASK_INDEX))
         question = taskset.rebuild(ref)
         number = len(self.questions) + 1
@@ -182,7 +184,8 @@ class ChatServer:
         except (ValueError, RuntimeError, OSError) as exc:
             damaged = lora if lora is not None else path
             damaged.unlink(missing_ok=True)  # a damaged cache file is made again on the next question
-            raise SaplingError(f"llama.cpp could not load {damaged.name} ({exc}); ask again to export it anew.") from exc
+            raise SaplingError(f"llama.cpp could not load {damaged.name} ({exc}); ask again to export it "
+                               "anew.") from exc
         self.models[side] = _Model(path, lora, threads, llm)
         return llm
 
@@ -296,7 +299,8 @@ def _reader(server: ChatServer, commands: queue.Queue[dict[str, Any] | None]) ->
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="sapling-node chat", description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser = argparse.ArgumentParser(prog="sapling-node chat",
+                                     description=__doc__.split("\n\n")[0] if __doc__ else None)
     add_settings_flags(parser)
     parser.add_argument("--budget", type=int, default=max(1, os.cpu_count() or 1),
                         help="threads for llama.cpp and for exports (the app gives 1 while training runs)")

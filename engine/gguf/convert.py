@@ -26,7 +26,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from engine.errors import ModelError
+from engine.common.errors import ModelError
 
 log = logging.getLogger(__name__)
 

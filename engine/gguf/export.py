@@ -26,13 +26,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from engine.checkpoint import Checkpoint, _listed, checkpoint_name, verify
-from engine.errors import CheckpointError, ConfigError
+from engine.common.errors import CheckpointError, ConfigError
 from engine.gguf.convert import CONVERT_LORA, atomic_file, converter_dir, hf_to_gguf, run_converter
 from engine.seeds import fixed_seed
 
 if TYPE_CHECKING:
-    from engine.config import NodeConfig
-    from engine.paths import Paths
+    from engine.common.config import NodeConfig
+    from engine.common.paths import Paths
 
 log = logging.getLogger(__name__)
 
@@ -156,10 +156,11 @@ def _scratch_dir(out: Path) -> Path:
     return parent
 
 
-def _merged_hf(config: NodeConfig, model_dir: Path, checkpoint: Checkpoint | None, target: Path, report: Report) -> None:
+def _merged_hf(config: NodeConfig, model_dir: Path, checkpoint: Checkpoint | None, target: Path,
+               report: Report) -> None:
     """Load the model and the checkpoint with the training backend and write the merged HF folder."""
     from engine.backends import load_backend
-    from engine.device import pick_device
+    from engine.common.device import pick_device
 
     if config.run.threads:
         import torch
@@ -187,7 +188,8 @@ def _adapter_to_gguf(checkpoint: Path, model_dir: Path, config: NodeConfig, out:
         }
         (folder / "adapter_config.json").write_text(json.dumps(adapter_config, indent=2) + "\n")
         with atomic_file(out) as tmp:
-            run_converter(CONVERT_LORA, [str(folder), "--base", str(model_dir), "--outtype", quant, "--outfile", str(tmp)])
+            run_converter(CONVERT_LORA,
+                          [str(folder), "--base", str(model_dir), "--outtype", quant, "--outfile", str(tmp)])
 
 
 def gguf_cache_path(paths: Paths, run_name: str, round_index: int, quant: str = DEFAULT_QUANT, *,

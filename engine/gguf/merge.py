@@ -26,7 +26,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from engine.errors import SaplingError
+from engine.common.errors import SaplingError
 
 LORA_A, LORA_B = ".lora_a", ".lora_b"
 GGUF_MAGIC = b"GGUF"

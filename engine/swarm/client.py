@@ -6,8 +6,17 @@ The training loop is synchronous; it calls `publish` after each round and
 solo and says so. The connection is kept up in the background, reconnecting
 with exponential backoff and full jitter, and resumes by itself. Sequence
 numbers are at least the current time in milliseconds, so they keep rising
-across reconnects and restarts without being stored. A batch is sent once:
-one lost with a dead link is not sent again.
+across reconnects and restarts without being stored. Each publish carries
+its sequence number as its `id`, so the relay's answer names the batch: a
+`published` acknowledges it; an `internal` error (the relay could not reach
+its store, "try again shortly") means it was not stored, and the batch is
+published again a moment later, under a new sequence number, up to
+MAX_RETRIES times; any other refusal is final. A batch still unanswered when
+the link dies is sent again, once, first thing on the next link, with its own
+sequence number: the relay stores it if it never arrived and refuses it as a
+replay if it did. So nothing sent into a dead link or refused for a missing
+store is lost, and nothing is stored twice. One older than the timestamp
+window allows (`RESEND_WITHIN_S`) is dropped instead, and counted.
 
 A link can die without a word: a Wi-Fi blink or a middlebox that forwards
 nothing keeps the TCP connection open for many minutes, and a connection
@@ -16,9 +25,14 @@ deadline. The link counts as alive while frames come from the relay (its
 stats every 5 s, its pings, the pongs to ours): after half a `heartbeat` of
 quiet the client pings, and after a whole one of silence it gives the link
 up ("no answer from the relay for 20 s"), marks itself disconnected and
-reconnects. Opening a link (TCP, TLS, the websocket upgrade, the relay's
-challenge and welcome) must end within `CONNECT_TIMEOUT_S`, and closing one
-within `CLOSE_TIMEOUT_S`. The log says once when the link is lost and once
+reconnects. Silence is counted only while the client's own event loop runs:
+time the process was suspended (a laptop asleep, SIGSTOP) or starved of CPU
+(a wait that overran by more than `STALL_SLACK_S`) is not the relay's
+silence, so a node that wakes up reads what the relay sent meanwhile (often
+its `heartbeat_timeout` and close, and then it reconnects) instead of
+declaring the link dead for the time it did not run. Opening a link (TCP,
+TLS, the websocket upgrade, the relay's challenge and welcome) must end
+within `CONNECT_TIMEOUT_S`, and closing one within `CLOSE_TIMEOUT_S`. The log says once when the link is lost and once
 when it is back, with how long it was down.
 
 `sample` keeps the relay's sampling cursor between calls, so each call draws
@@ -34,6 +48,11 @@ cursor across the move, since relays on one Redis read each other's cursors.
     client = SwarmClient(["wss://a.example/ws", "wss://b.example/ws"], identity,
                          memory=RelayMemory(data_dir / "swarm" / "relays.json"))
     client.start(); client.wait_connected(3.0); client.state.url   # the relay in use
+
+At some 720 lines this module is over the 600-line mark on purpose: the link,
+its watch and its delivery (acknowledgements, resends, retries) are one state
+machine on one socket and one event loop, and split apart they would hand
+that state back and forth.
 """
 
 from __future__ import annotations
@@ -47,7 +66,7 @@ import random
 import threading
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
@@ -57,7 +76,7 @@ from typing import Any
 import aiohttp
 
 from engine import __version__
-from engine.atomicio import atomic_write_json
+from engine.common.atomicio import atomic_write_json
 from engine.swarm import protocol
 from engine.swarm.identity import Identity
 from engine.swarm.rate import TokenBucket
@@ -72,6 +91,15 @@ CLOSE_TIMEOUT_S = 2.0  # the closing handshake; on a dead link it never ends, an
 # so that a fast node (tiny rounds, a big GPU) waits a moment instead of being refused.
 PACE_SHARE = 0.9
 SOFTWARE = f"sapling/{__version__}"
+# A wait for the relay that overran by more than this was this process not running (suspended, or starved of CPU):
+# the overrun does not count as the relay's silence.
+STALL_SLACK_S = 1.0
+# Unacknowledged batches kept to send again on the next link, and how old one may be to be sent again (the relay
+# refuses a timestamp more than protocol.TIMESTAMP_WINDOW_S from its clock; a minute's margin for clock skew).
+MAX_UNACKED = 16
+RESEND_WITHIN_S = protocol.TIMESTAMP_WINDOW_S - 60.0
+MAX_RETRIES = 8  # publishes again of a batch the relay could not store (`internal`), RETRY_S apart and more
+RETRY_S = 1.0
 # How a link fails, expectedly: anything else is a bug, logged with its traceback (and the link retried all the same).
 LINK_ERRORS = (aiohttp.ClientError, OSError, TimeoutError, protocol.ProtocolError, ConnectionError)
 
@@ -87,14 +115,18 @@ class LinkState:
     relay: str = ""  # the name the relay gave in its challenge
     url: str = ""  # the relay address in use (or being tried)
     since: float = field(default_factory=time.time)  # when `connected` last changed
-    lost_at: float | None = None  # when the link was last lost (None: not this run); once back, since - lost_at is the outage
+    # when the link was last lost (None: not this run); once back, since - lost_at is the outage
+    lost_at: float | None = None
     published: int = 0
     publish_errors: Counter[str] = field(default_factory=Counter)
-    models: Any = None  # the welcome's `models`: the swarm's model policy (engine/model_policy.py reads it)
-    credit: dict[str, Any] | None = None  # this node's credit as the relay last sent it (engine/swarm/credit.py)
+    models: Any = None  # the welcome's `models`: the swarm's model policy (engine/common/model_policy.py reads it)
+    credit: dict[str, Any] | None = None  # this node's credit as the relay last sent it (engine/relay/credit.py)
     credit_at: float = 0.0  # when it came
     receipts_counted: int = 0  # receipt items the relay counted, and those it refused, by why
     receipts_refused: Counter[str] = field(default_factory=Counter)
+    resent: int = 0  # batches sent again on a new link because the old one died before the relay acknowledged them
+    resend_expired: int = 0  # unacknowledged batches too old to send again when the link came back
+    stalled_s: float = 0.0  # seconds the link's event loop did not run (suspended or starved), not counted as silence
 
 
 class RelayMemory:
@@ -131,6 +163,17 @@ class RelayMemory:
                 atomic_write_json(self.path, {"v": 1, "relays": self.last_good})
             except OSError as exc:  # a preference only: the link works without it
                 log.warning("could not remember the relay in %s: %s", self.path, exc)
+
+
+@dataclass
+class Unacked:
+    """A batch sent and not yet answered: its payload, the publish message as sent, and what was tried."""
+
+    payload: str
+    text: str
+    ts: float
+    resent: bool = False  # sent again on a new link already
+    retries: int = 0  # published again after the relay could not store it
 
 
 class LinkSilent(ConnectionError):
@@ -192,6 +235,10 @@ class SwarmClient:
         self._bucket: TokenBucket | None = None  # this link's pace, from the relay's welcome
         self._pace_lock: asyncio.Lock | None = None
         self._down_since: float | None = None  # monotonic time the link was lost, until it is back
+        self._unacked: dict[int, Unacked] = {}  # batches sent and not yet answered, by sequence number
+        self._retries: set[asyncio.Task[None]] = set()  # publishes again after `internal`, held until done
+        self._publish_lock: asyncio.Lock | None = None  # publishes (and the resends before them) go out in order
+        self._stall: tuple[float, float] = (float("-inf"), 0.0)  # the last long stall: (monotonic end, seconds)
 
     @property
     def url(self) -> str:
@@ -301,6 +348,11 @@ class SwarmClient:
         """The link to `url` is down (dead for `dead_for` s already when it fell silent), or an attempt at it
         failed: say why. A link that was up is lost, and the log says so once."""
         if self.state.connected:
+            ended, stalled = self._stall
+            if time.monotonic() - ended < max(self.heartbeat / 2, 2 * STALL_SLACK_S):  # it went with a long stall
+                reason = (f"this computer did not run for {duration_text(stalled)}, asleep or stopped, and the link "
+                          f"did not survive it: {reason}")
+                dead_for = max(dead_for, time.monotonic() - ended + stalled)
             self._down_since = time.monotonic() - dead_for
             log.info("lost the link to the relay %s (%s); training alone until it is back", url, reason)
             self._set(connected=False, online=0, lost_at=time.time() - dead_for, last_error=reason, url=self.url)
@@ -326,8 +378,14 @@ class SwarmClient:
         self._bucket = pace(welcome.get("limits"))
         if self.memory is not None:
             self.memory.remember(self.url)
+        resend = asyncio.create_task(self._resend(ws))  # first on the lock: ahead of any new publish
         self._link_up(challenge, welcome)
-        await self._listen(ws)
+        try:
+            await self._listen(ws)
+        finally:
+            if not resend.done():
+                resend.cancel()
+            await asyncio.gather(resend, return_exceptions=True)
         if self._fatal_message:  # the relay said why before closing
             raise ConnectionError(self._fatal_message)
         raise ConnectionError(f"relay closed the connection (code {ws.close_code})")
@@ -367,7 +425,8 @@ class SwarmClient:
 
     @staticmethod
     async def _text(ws: aiohttp.ClientWebSocketResponse, closed: str) -> str:
-        """The next text frame of the handshake, answering pings on the way; ConnectionError(`closed`) when none comes."""
+        """The next text frame of the handshake, answering pings on the way; ConnectionError(`closed`) when none
+        comes."""
         while True:
             msg = await ws.receive()
             if msg.type == aiohttp.WSMsgType.PING:
@@ -382,30 +441,58 @@ class SwarmClient:
 
         Every frame is a sign of life: the relay's stats come every few seconds, and its pings. After half a
         heartbeat of quiet the relay gets a ping; after a whole one of silence the link is dead. (aiohttp's
-        own heartbeat would end the link as an anonymous close, code 1006, and no later than 1.5 heartbeats.)"""
+        own heartbeat would end the link as an anonymous close, code 1006, and no later than 1.5 heartbeats.)
+        Quiet is counted in short steps, each at most its length plus STALL_SLACK_S: a step that took longer
+        is this process not running, and a frame that waited in the socket meanwhile is read, not missed."""
         loop = asyncio.get_running_loop()
-        heard = loop.time()
-        pinged = False
-        while True:
-            try:
-                async with asyncio.timeout_at(heard + (self.heartbeat if pinged else self.heartbeat / 2)):
-                    msg = await ws.receive()
-            except TimeoutError:
-                if pinged:
-                    raise LinkSilent(loop.time() - heard) from None
-                pinged = True
-                await self._control(ws.ping(), heard + self.heartbeat)
-                continue
-            heard, pinged = loop.time(), False
-            if msg.type == aiohttp.WSMsgType.PING:
-                await self._control(ws.pong(msg.data), heard + self.heartbeat)
-            elif msg.type == aiohttp.WSMsgType.TEXT:
-                try:
-                    self._dispatch(protocol.decode_relay(msg.data))
-                except protocol.ProtocolError as exc:
-                    log.warning("ignored a bad message from the relay: %s", exc)
-            elif msg.type != aiohttp.WSMsgType.PONG:
-                return
+        step = max(0.05, min(1.0, self.heartbeat / 8))
+        slack = min(STALL_SLACK_S, step)  # a short heartbeat (tests) has a short slack
+        receiving: asyncio.Task[aiohttp.WSMessage] = asyncio.ensure_future(ws.receive())
+        quiet, pinged = 0.0, False
+        try:
+            while True:
+                limit = self.heartbeat if pinged else self.heartbeat / 2
+                wait = min(step, max(0.0, limit - quiet))
+                began = loop.time()
+                done, _ = await asyncio.wait({receiving}, timeout=wait)
+                took = loop.time() - began
+                counted = min(took, wait + slack)
+                self._stalled(took - counted)
+                if not done:
+                    quiet += counted
+                    if quiet < limit:
+                        continue
+                    if pinged:
+                        raise LinkSilent(quiet)
+                    pinged = True
+                    await self._control(ws.ping(), loop.time() + self.heartbeat - quiet)
+                    continue
+                msg = receiving.result()
+                quiet, pinged = 0.0, False
+                if msg.type == aiohttp.WSMsgType.PING:
+                    await self._control(ws.pong(msg.data), loop.time() + self.heartbeat)
+                elif msg.type == aiohttp.WSMsgType.TEXT:
+                    try:
+                        self._dispatch(protocol.decode_relay(msg.data))
+                    except protocol.ProtocolError as exc:
+                        log.warning("ignored a bad message from the relay: %s", exc)
+                elif msg.type != aiohttp.WSMsgType.PONG:
+                    return
+                receiving = asyncio.ensure_future(ws.receive())
+        finally:
+            if not receiving.done():
+                receiving.cancel()
+            await asyncio.gather(receiving, return_exceptions=True)
+
+    def _stalled(self, seconds: float) -> None:
+        """This process did not run for `seconds` while waiting for the relay: not the relay's silence."""
+        if seconds <= 0:
+            return
+        self.state.stalled_s += seconds
+        if seconds >= self.heartbeat / 4:
+            self._stall = (time.monotonic(), seconds)
+            log.info("this process did not run for %s (asleep, stopped or starved of CPU); not counted as the "
+                     "relay's silence", duration_text(seconds))
 
     @staticmethod
     async def _control(send: Awaitable[None], deadline: float) -> None:
@@ -438,7 +525,11 @@ class SwarmClient:
             self.state.receipts_refused.update(msg["refused"])
         elif type_ == "published":
             self.state.published += 1
+            self._unacked.pop(msg["seq"], None)
         elif type_ == "error":
+            unacked = self._unacked.pop(msg["id"], None) if msg.get("id") is not None else None
+            if unacked is not None and self._refused(msg["id"], unacked, msg["code"], msg["message"]):
+                return
             self.state.publish_errors[msg["code"]] += 1
             if msg["code"] == protocol.E_RATE and self._bucket is not None:
                 self._bucket.drain()  # the relay's bucket for this peer is empty: start again from there
@@ -455,9 +546,92 @@ class SwarmClient:
         self._seq = max(self._seq + 1, int(time.time() * 1000))
         return self._seq
 
+    def _refused(self, seq: int, unacked: Unacked, code: str, message: str) -> bool:
+        """The relay refused the batch `seq` (in the link's loop): True when that is no news for the node (a batch
+        sent again that the relay already had), after arranging a retry when it could not store it."""
+        if code == protocol.E_REPLAY and unacked.resent:
+            log.info("the relay already had batch %d, sent again after the link came back", seq)
+            return True
+        if code == protocol.E_INTERNAL and unacked.retries < MAX_RETRIES:
+            delay = RETRY_S * 2 ** unacked.retries
+            log.info("the relay could not store batch %d (%s); publishing it again in %g s", seq, message, delay)
+            self._loop.call_later(delay, self._start_retry, unacked)
+            return True
+        return False
+
+    def _start_retry(self, unacked: Unacked) -> None:
+        task = asyncio.ensure_future(self._retry(unacked))
+        self._retries.add(task)
+        task.add_done_callback(self._retries.discard)
+
+    async def _retry(self, unacked: Unacked) -> None:
+        """Publish a batch the relay could not store again, under a new sequence number (it was not stored, so
+        it cannot be stored twice); on a dead link it waits for the next one's resend like any other."""
+        ws = self._ws
+        if time.time() - unacked.ts > RESEND_WITHIN_S or self._stop.is_set():
+            self.state.resend_expired += 1
+            return
+        batch = protocol.decode_batch(unacked.payload)
+        seq = self.next_seq()
+        payload = protocol.batch_payload(batch.key, seq, batch.ts, batch.model, list(batch.items))
+        text = protocol.encode({**protocol.msg_publish(self.identity.signed(payload)), "id": seq})
+        retried = Unacked(payload, text, unacked.ts, False, unacked.retries + 1)
+        async with self._ordered():
+            self._keep(seq, retried)
+            if ws is None or ws is not self._ws or not self.state.connected:
+                return  # the next link sends it first thing
+            await self._paced()
+            with contextlib.suppress(ConnectionError, RuntimeError, aiohttp.ClientError):
+                await ws.send_str(text)
+        self.state.resent += 1
+
+    def _keep(self, seq: int, unacked: Unacked) -> None:
+        self._unacked[seq] = unacked
+        while len(self._unacked) > MAX_UNACKED:
+            del self._unacked[min(self._unacked)]
+
     def publish(self, payload: str) -> bool:
-        """Sign and send a batch payload; False when the relay is not connected."""
-        return self._send(protocol.msg_publish(self.identity.signed(payload)), "publish")
+        """Sign and send a batch payload; False when the relay is not connected. Until the relay acknowledges it,
+        the batch is kept, and sent again first thing on the next link if this one dies (see the module's doc)."""
+        ws = self._ws
+        if ws is None or not self.state.connected:
+            return False
+        fields = json.loads(payload)
+        seq, ts = int(fields["seq"]), float(fields["ts"])
+        text = protocol.encode({**protocol.msg_publish(self.identity.signed(payload)), "id": seq})  # answers name it
+
+        async def send() -> None:
+            async with self._ordered():
+                self._keep(seq, Unacked(payload, text, ts))
+                await self._paced()
+                await ws.send_str(text)
+
+        return self._send_now(send(), "publish")
+
+    def _ordered(self) -> asyncio.Lock:
+        if self._publish_lock is None:
+            self._publish_lock = asyncio.Lock()
+        return self._publish_lock
+
+    async def _resend(self, ws: aiohttp.ClientWebSocketResponse) -> None:
+        """On a new link, before any new publish: the batches the last link took and the relay never acknowledged,
+        oldest first, each at most twice in all; too old ones dropped and counted."""
+        sent = expired = 0
+        async with self._ordered():
+            for seq in sorted(self._unacked):
+                unacked = self._unacked[seq]
+                if unacked.resent or time.time() - unacked.ts > RESEND_WITHIN_S:
+                    del self._unacked[seq]
+                    expired += not unacked.resent
+                    continue
+                unacked.resent = True
+                await self._paced()
+                await ws.send_str(unacked.text)
+                sent += 1
+                self.state.resent += 1
+        self.state.resend_expired += expired
+        if sent or expired:
+            log.info("sent %d batches the last link took unanswered again (%d too old to send)", sent, expired)
 
     def send_receipts(self, payload: str) -> bool:
         """Sign and send a receipts payload (engine/swarm/receipts.py); False when the relay is not connected."""
@@ -471,11 +645,16 @@ class SwarmClient:
         ws = self._ws
         if ws is None or not self.state.connected:
             return False
+
         async def send() -> None:
             await self._paced()
             await ws.send_str(protocol.encode(message))
 
-        future = asyncio.run_coroutine_threadsafe(send(), self._loop)
+        return self._send_now(send(), what)
+
+    def _send_now(self, send: Coroutine[Any, Any, None], what: str) -> bool:
+        """Run a send in the link's loop and wait for it (CONNECT_TIMEOUT_S at most); False when it failed."""
+        future = asyncio.run_coroutine_threadsafe(send, self._loop)
         try:
             future.result(timeout=CONNECT_TIMEOUT_S)
         except (FutureTimeout, ConnectionError, RuntimeError, aiohttp.ClientError) as exc:

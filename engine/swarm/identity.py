@@ -18,7 +18,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from engine.atomicio import atomic_write_bytes
+from engine.common.atomicio import atomic_write_bytes
 from engine.swarm import protocol
 
 log = logging.getLogger(__name__)
@@ -97,9 +97,11 @@ class Identity:
                     path.replace(aside)
                 except OSError:
                     aside = path
-                log.warning("Swarm identity %s could not be read (%s); kept it as %s and made a new one.", path, exc, aside)
+                log.warning("Swarm identity %s could not be read (%s); kept it as %s and made a new one.", path, exc,
+                            aside)
         key = Ed25519PrivateKey.generate()
-        pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+        pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                serialization.NoEncryption())
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_bytes(path, pem, mode=KEY_FILE_MODE)
         identity = cls(key, path)

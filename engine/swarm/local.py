@@ -36,9 +36,9 @@ import random
 import threading
 from collections.abc import Callable
 
+from engine.relay.server import EmbeddedRelay, RelaySettings
 from engine.swarm.client import LinkState, SwarmClient
 from engine.swarm.identity import Identity
-from engine.swarm.relay import EmbeddedRelay, RelaySettings
 
 log = logging.getLogger(__name__)
 

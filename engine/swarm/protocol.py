@@ -364,12 +364,14 @@ def decode_hello_payload(payload: str) -> Hello:
 
 
 def hello_payload(key: bytes, nonce: str, ts: float, token: str, software: str) -> str:
-    return encode({"kind": "hello", "key": b64encode(key), "nonce": nonce, "ts": ts, "token": token, "software": software})
+    return encode({"kind": "hello", "key": b64encode(key), "nonce": nonce, "ts": ts, "token": token,
+                   "software": software})
 
 
 def check_timestamp(ts: float, now: float) -> None:
     if abs(ts - now) > TIMESTAMP_WINDOW_S:
-        raise _fail(E_STALE, f"timestamp is {ts - now:+.0f} s from this side's clock (window ±{TIMESTAMP_WINDOW_S:.0f} s)")
+        raise _fail(E_STALE,
+                    f"timestamp is {ts - now:+.0f} s from this side's clock (window ±{TIMESTAMP_WINDOW_S:.0f} s)")
 
 
 # -- messages -----------------------------------------------------------------------------
@@ -436,7 +438,8 @@ def decode_relay(text: str | bytes) -> dict[str, Any]:
         return {"type": type_, "nonce": _hex(obj, "nonce", NONCE_BYTES), "relay": _str(obj, "relay", 128),
                 "time": _float(obj, "time")}
     if type_ == "welcome":
-        # `models`: the swarm's model policy (engine/model_policy.py reads it); absent or not an object: not declared
+        # `models`: the swarm's model policy (engine/common/model_policy.py reads it); absent or not an object: not
+        # declared
         return {"type": type_, "peer": _str(obj, "peer", PEER_ID_HEX), "online": _int(obj, "online", 0, 10**9),
                 "limits": obj.get("limits") if isinstance(obj.get("limits"), dict) else {},
                 "models": obj.get("models") if isinstance(obj.get("models"), dict) else None}
@@ -453,13 +456,14 @@ def decode_relay(text: str | bytes) -> dict[str, Any]:
             batches.append(_signed(entry))
         return {"type": type_, "id": _int(obj, "id", 0, MAX_REQUEST_ID), "batches": batches,
                 "cursor": _cursor(obj, "cursor")}
-    if type_ == "stats":  # `credit`: this peer's own numbers (engine/swarm/credit.py), absent in most pushes
+    if type_ == "stats":  # `credit`: this peer's own numbers (engine/relay/credit.py), absent in most pushes
         return {"type": type_, "online": _int(obj, "online", 0, 10**9), "window": _int(obj, "window", 0, 10**9),
                 "credit": obj.get("credit") if isinstance(obj.get("credit"), dict) else None}
     if type_ == "receipted":
         refused = obj.get("refused")
         return {"type": type_, "id": _request_id(obj), "counted": _int(obj, "counted", 0, 10**9),
-                "refused": {str(k): v for k, v in refused.items() if isinstance(v, int)} if isinstance(refused, dict) else {}}
+                "refused": {str(k): v for k, v in refused.items() if isinstance(v, int)} if isinstance(refused, dict)
+                else {}}
     code = obj.get("code")
     return {
         "type": "error",

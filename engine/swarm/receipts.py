@@ -8,7 +8,7 @@ another peer that the relay handed it and that it settled (trained on,
 rejected with a reason, or not picked), the item's id and the verdict. An
 item is named by its sender's peer id, its batch's `seq` and its position
 `i` in the batch, so the relay can check that it handed exactly that item
-to exactly this receiver (engine/swarm/credit.py keeps that memory and
+to exactly this receiver (engine/relay/credit.py keeps that memory and
 counts the credit). For a used item the receipt also says how many of its
 completions had a positive advantage under the receiver's own scores.
 

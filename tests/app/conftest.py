@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -12,9 +12,10 @@ import pytest
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
+from app.engine_flags import EngineFlags
 from app.gui import Gui, build_gui
 from app.power import PowerPolicy
-from engine.paths import Paths
+from engine.common.paths import Paths
 from tests.conftest import (
     StartRelay as StartRelay,  # the fixture is in tests/conftest.py; re-exported for the app tests
 )
@@ -52,15 +53,18 @@ MakeGui = Callable[..., Gui]
 
 @pytest.fixture
 def make_gui(qtbot, paths: Paths) -> Iterator[MakeGui]:  # type: ignore[no-untyped-def]
-    """Build the whole app around a fake engine command; everything is torn down after the test."""
+    """Build the whole app around a fake engine command, or the real engine with `settings` flags (its home is
+    `paths`'); everything is torn down after the test."""
     made: list[Gui] = []
 
     def factory(command: list[str] | None = None, tray: bool = False, restart_delays: tuple[float, ...] = (0.2,),
-                first_run_done: bool = True) -> Gui:
-        cmd = command or fake_command()
+                first_run_done: bool = True, settings: Sequence[str] | None = None) -> Gui:
+        cmd = None if settings is not None else command or fake_command()
         policy = PowerPolicy(idle_probe=lambda: None, ac_probe=lambda: True)
-        gui = build_gui(paths, tray_available=tray, command=lambda: list(cmd), policy=policy,
+        flags = EngineFlags(paths.config_dir.parent, tuple(settings or ()))
+        gui = build_gui(flags, tray_available=tray, command=(lambda: list(cmd)) if cmd else None, policy=policy,
                         restart_delays=restart_delays)
+        assert gui.paths == paths
         gui.window.app_settings.first_run_done = first_run_done
         gui.window.confirm = lambda title, text: True
         gui.on_quit = lambda: None

@@ -2,7 +2,7 @@
 
     python tests/app/fake_engine.py --fixture tests/app/fixtures/session.jsonl [--rate 100]
         [--commands FILE] [--crash-after N] [--hold] [--exit-code N] [--ignore-stop]
-    python tests/app/fake_engine.py --synthetic 2000 --first-round 10001 --rate 100 --hold  # bench/gui_responsiveness.py
+    python tests/app/fake_engine.py --synthetic 2000 --first-round 10001 --rate 100 --hold  # gui_responsiveness
 
 Lines of the fixture are written to stdout as they are (malformed ones too).
 Commands read on stdin are appended to --commands; pause stops the replay
@@ -28,10 +28,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from engine.errors import EventError
-from engine.events import encode, make_event, parse_command
+from engine.common.errors import EventError
+from engine.common.events import encode, make_event, parse_command
 
-DEVICE = {"kind": "cpu", "name": "Fake CPU (2 threads)", "memory_bytes": 8 << 30, "bf16": False, "reason": "fake engine"}
+DEVICE = {"kind": "cpu", "name": "Fake CPU (2 threads)", "memory_bytes": 8 << 30, "bf16": False,
+          "reason": "fake engine"}
 
 
 class Fake:

@@ -12,10 +12,8 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -52,27 +50,12 @@ def test_no_label_is_clipped_offscreen(start_relay: StartRelay) -> None:
 @pytest.fixture(params=["1280x800", "1600x1000"])
 def x_display(request: pytest.FixtureRequest) -> Iterator[str]:
     """A real X server (Xvfb) of that size with a window manager (openbox); skipped where they are missing."""
-    if not (shutil.which("Xvfb") and shutil.which("openbox")):
-        pytest.skip("Xvfb and openbox are not installed (apt-get install xvfb openbox)")
-    number = 90 + os.getpid() % 9
-    display = f":{number}"
-    server = subprocess.Popen(["Xvfb", display, "-screen", "0", f"{request.param}x24", "-nolisten", "tcp"],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    manager = None
-    try:
-        deadline = time.monotonic() + 20
-        while not Path(f"/tmp/.X11-unix/X{number}").exists():
-            if server.poll() is not None or time.monotonic() > deadline:
-                pytest.skip(f"Xvfb could not start on {display}")
-            time.sleep(0.1)
-        manager = subprocess.Popen(["openbox"], env={**os.environ, "DISPLAY": display},
-                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    from app.screenshots import virtual_display  # the one `make screenshots` takes its pictures in
+
+    with virtual_display(request.param) as display:
+        if display is None:
+            pytest.skip("Xvfb and openbox are not installed (apt-get install xvfb openbox), or Xvfb did not start")
         yield display
-    finally:
-        for process in (manager, server):
-            if process is not None:
-                process.terminate()
-                process.wait(10)
 
 
 @pytest.mark.integration  # a real X server, a window manager, a real relay

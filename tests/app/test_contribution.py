@@ -18,10 +18,9 @@ from typing import Any
 import pytest
 
 from app.contribution import EMPTY, ContributionCard
-from app.engine_process import engine_command
 from app.identity import IdentityPanel
-from engine.events import node_command
-from engine.paths import Paths
+from engine.common.events import node_command
+from engine.common.paths import Paths
 from tests.app.conftest import MakeGui, StartRelay, fake_command
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -68,8 +67,7 @@ def test_the_contribution_card_fills_from_a_real_engine_run(qtbot, tiny_model_di
                               "--model", str(tiny_model_dir), "--relay", relay.url, "--rounds", "400", *FAST],
                              cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        flags = ["--home", str(tmp_path / "home"), "--model", str(tiny_model_dir), "--relay", relay.url, *FAST]
-        gui = make_gui(command=engine_command(flags))
+        gui = make_gui(settings=["--model", str(tiny_model_dir), "--relay", relay.url, *FAST])
         card = gui.window.contribution
         gui.controller.start()
         # filled: the relay counted receipts from the other node about at least 8 of this node's rollouts

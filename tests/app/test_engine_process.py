@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from app.engine_process import EngineProcess, engine_command
+from app.engine_process import EngineProcess
 from tests.app.conftest import fake_command, read_commands
 
 
@@ -89,8 +89,3 @@ def test_a_missing_executable_is_an_exit_not_an_exception(qtbot, tmp_path: Path)
     assert seen.exits == [(-1, False)]
     assert any("could not start" in line for line in seen.stderr)
 
-
-def test_frozen_build_runs_itself_with_the_node_subcommand(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert engine_command(["--rounds", "1"])[1:] == ["-m", "engine.cli", "serve", "--rounds", "1"]
-    monkeypatch.setattr(sys, "frozen", True, raising=False)
-    assert engine_command(["--rounds", "1"]) == [sys.executable, "node", "serve", "--rounds", "1"]

@@ -39,13 +39,12 @@ def test_self_test_fails_with_a_clear_message(tmp_path: Path) -> None:
 @pytest.mark.integration
 def test_the_engine_the_app_starts_runs_at_background_priority_and_the_window_does_not(
         qtbot, tiny_model_dir: Path, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    from app.engine_process import engine_command
+    from app.engine_flags import EngineFlags
     from app.gui import build_gui
-    from engine.paths import Paths
     from engine.priority import niceness
 
-    flags = ["--home", str(tmp_path / "home"), "--model", str(tiny_model_dir), "--set", "swarm.embedded_port=0", *FAST]
-    gui = build_gui(Paths.under(tmp_path / "home"), tray_available=False, command=lambda: engine_command(flags))
+    flags = EngineFlags(tmp_path / "home", ("--model", str(tiny_model_dir), "--set", "swarm.embedded_port=0", *FAST))
+    gui = build_gui(flags, tray_available=False)
     gui.window.app_settings.first_run_done = True
     qtbot.addWidget(gui.window)
     window_nice = os.getpriority(os.PRIO_PROCESS, 0)

@@ -23,15 +23,14 @@ from PySide6.QtGui import QColor, QFileOpenEvent
 
 from app import doctor as app_doctor
 from app import theme
-from app.engine_process import engine_command
 from app.guards import InviteEvents, SingleInstance, instance_name
 from app.join import JoinDialog
 from app.settings import SettingsStore
-from engine.config import build_config
-from engine.paths import Paths
-from engine.rules import Invite, parse_invite
+from bench.harness.servers import free_port
+from engine.common.config import build_config
+from engine.common.paths import Paths
+from engine.common.rules import Invite, parse_invite
 from tests.app.conftest import MakeGui, StartRelay
-from tests.servers import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 FAST = ["--device", "cpu", "--threads", "1", "--set", "tasks.questions_per_round=2",
@@ -70,8 +69,7 @@ def silent_port() -> Iterator[int]:
 def test_an_invite_opened_while_the_app_runs_joins_that_swarm(qtbot, make_gui: MakeGui, paths: Paths,  # type: ignore[no-untyped-def]
                                                               start_relay: StartRelay, tiny_model_dir: Path) -> None:
     relay = start_relay(name="Maple Street Lab", contact="ops@example.org", description="Arithmetic on weeknights.")
-    flags = ["--home", str(paths.config_dir.parent), "--model", str(tiny_model_dir), *FAST]
-    gui = make_gui(engine_command(flags))
+    gui = make_gui(settings=["--model", str(tiny_model_dir), *FAST])
     w = gui.window
     w.show()
     assert w.peers.swarm_name.text() == "Local swarm on this computer"
@@ -183,7 +181,8 @@ def test_sapling_with_an_invite_hands_it_to_the_running_app(qtbot, tmp_path: Pat
 
 
 def test_the_app_lists_the_doctors_steps_from_the_one_list_the_engine_runs() -> None:
-    from engine import doctor, joining
+    from engine import doctor
+    from engine.common import joining
 
     assert app_doctor.STEPS is joining.DOCTOR_STEPS and doctor.STEPS is joining.DOCTOR_STEPS
 
@@ -218,7 +217,8 @@ def test_names_from_a_relay_or_an_invite_are_shown_as_text(qtbot, make_gui: Make
     gui = make_gui()
     w = gui.window
     name = "<img src=x><b>Lab</b>"
-    gui.session.handle({"type": "swarm", "v": 1, "ts": 0.0, "peer_id": "3f9a2c7e51b04d8e9a6c", "name": "quiet-fern-3f9a",
+    gui.session.handle({"type": "swarm", "v": 1, "ts": 0.0, "peer_id": "3f9a2c7e51b04d8e9a6c",
+                        "name": "quiet-fern-3f9a",
                         "relay": "wss://relay.example.org/ws", "connected": False, "message": "<i>down</i>",
                         "swarm_name": name})
     assert "&lt;img src=x&gt;&lt;b&gt;Lab&lt;/b&gt;" in w.relay_label.text() and "<img" not in w.relay_label.text()

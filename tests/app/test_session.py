@@ -9,8 +9,8 @@ import pytest
 
 from app.charts import decimate, nice_step, rolling_mean
 from app.session import History, Session, describe_device, describe_model
-from engine.errors import EventError
-from engine.events import parse_event
+from engine.common.errors import EventError
+from engine.common.events import parse_event
 from tests.app.conftest import HISTORY, SESSION
 
 
@@ -75,7 +75,8 @@ def test_a_round_done_again_replaces_the_later_ones() -> None:
 
 def test_a_new_run_reloads_its_own_history(qapp, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     path = tmp_path / "metrics.jsonl"
-    path.write_text(HISTORY.read_text() + json.dumps({"kind": "round", "run": "b", "round": 1, "reward_mean": 0.5}) + "\n")
+    path.write_text(HISTORY.read_text() + json.dumps({"kind": "round", "run": "b", "round": 1, "reward_mean": 0.5})
+                    + "\n")
     session = Session(run="default")
     session.load_history(path)
     assert len(session.history) == 40

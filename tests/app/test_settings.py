@@ -19,9 +19,9 @@ from app.settings import (
     split_invite,
     validate,
 )
-from engine.config import build_config
-from engine.paths import Paths
-from engine.rules import Invite, parse_invite
+from engine.common.config import build_config
+from engine.common.paths import Paths
+from engine.common.rules import Invite, parse_invite
 from tests.app.conftest import MakeGui, StartRelay
 
 
@@ -55,7 +55,7 @@ def test_saving_keeps_the_users_comments_and_layout(paths: Paths) -> None:
 
 def test_the_app_knows_which_engine_errors_need_the_user_from_the_engine_itself() -> None:
     from app.controller import USER_ERRORS
-    from engine import errors
+    from engine.common import errors
 
     assert {"ConfigError", "ModelError", "DeviceError", "CheckpointError", "TaskError"} <= USER_ERRORS
     assert "EventError" not in USER_ERRORS

@@ -8,11 +8,11 @@ import time
 from pathlib import Path
 
 import pytest
-from PySide6.QtWidgets import QApplication, QPushButton
+from PySide6.QtWidgets import QApplication, QPushButton, QScrollArea
 
 from app.dialogs import FirstRunDialog
 from app.settings import SettingsStore
-from engine.paths import Paths
+from engine.common.paths import Paths
 from tests.app.conftest import HISTORY, MakeGui, fake_command, read_commands
 
 
@@ -252,7 +252,8 @@ def test_the_swarm_panel_says_when_the_node_is_cut_off_and_when_it_is_back(qtbot
     gui.session.handle({**swarm, "connected": True, "online": 2, "message": "Connected.", "lost_at": None})
     assert panel.link.isHidden()
     lost = time.time() - 30
-    gui.session.handle({**swarm, "connected": False, "online": 0, "message": "Cut off.", "since": lost, "lost_at": lost})
+    gui.session.handle({**swarm, "connected": False, "online": 0, "message": "Cut off.", "since": lost,
+                        "lost_at": lost})
     gui.session.handle({**counts, "online": 2, "connected": False})  # a round's count, while cut off
     at = time.strftime("%H:%M", time.localtime(lost))
     assert not panel.link.isHidden() and panel.link.text().startswith(f"Cut off from the relay since {at}.")
@@ -281,7 +282,8 @@ def test_a_long_status_message_wraps_instead_of_being_cut_off(qtbot, make_gui: M
     assert needed > label.fontMetrics().height() and label.height() >= needed
 
 
-def test_a_banned_peer_shows_in_the_panel_and_lifting_the_ban_sends_unban(qtbot, make_gui: MakeGui, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_a_banned_peer_shows_in_the_panel_and_lifting_the_ban_sends_unban(  # type: ignore[no-untyped-def]
+        qtbot, make_gui: MakeGui, monkeypatch) -> None:
     from PySide6.QtWidgets import QMessageBox
 
     gui = make_gui()
@@ -290,9 +292,12 @@ def test_a_banned_peer_shows_in_the_panel_and_lifting_the_ban_sends_unban(qtbot,
     listed = {"reason": "config", "since": 1.0, "until": None, "source": "config", "name": "bad-actor-9f9f"}
     gui.session.handle({"type": "peers", "v": 1, "ts": 1.0, "online": 3, "received": 9, "accepted": 2, "rejected": 7,
                         "rejected_by_reason": {"implausible": 7},
-                        "by_peer": {"1a2b3c4d5e6f7a8b9c0d": {"name": "sly-fox-1a2b", "accepted": 0, "rejected": 7, "banned": ban},
-                                    "9f9f9f9f9f9f9f9f9f9f": {"name": "bad-actor-9f9f", "accepted": 0, "rejected": 0, "banned": listed},
-                                    "0a0a0a0a0a0a0a0a0a0a": {"name": "kind-owl-0a0a", "accepted": 2, "rejected": 0, "banned": None},
+                        "by_peer": {"1a2b3c4d5e6f7a8b9c0d": {"name": "sly-fox-1a2b", "accepted": 0, "rejected": 7,
+                                                             "banned": ban},
+                                    "9f9f9f9f9f9f9f9f9f9f": {"name": "bad-actor-9f9f", "accepted": 0, "rejected": 0,
+                                                             "banned": listed},
+                                    "0a0a0a0a0a0a0a0a0a0a": {"name": "kind-owl-0a0a", "accepted": 2, "rejected": 0,
+                                                             "banned": None},
                                     "0b0b0b0b0b0b0b0b0b0b": {"name": "calm-heron-0b0b", "accepted": 5, "rejected": 0,
                                                              "probation": 3, "banned": None}}})
     table = w.peers.peer_table
@@ -328,3 +333,28 @@ def test_the_reward_tile_tooltip_shows_each_specialtys_reward_level_and_pass_rat
     })
     assert "<td>base conversion</td><td>0.00</td><td>-1</td><td>12%</td>" in adaptive
     assert "<td>arc 1d</td><td>–</td><td>0</td><td>–</td>" in adaptive
+
+
+def test_banners_shrink_the_charts_instead_of_scrolling_them(qtbot, make_gui: MakeGui) -> None:  # type: ignore[no-untyped-def]
+    """At the window's size on a 1280x800 screen (92% of it), a banner or two leave the three charts whole: no
+    scroll bar; a short chart drops its legend and axis titles and keeps its labels."""
+    gui = make_gui()
+    w = gui.window
+    w.resize(1177, 736)
+    w.show()
+    scroll = w.tabs.widget(0)
+    assert isinstance(scroll, QScrollArea)
+
+    def settle() -> None:
+        for _ in range(10):
+            QApplication.processEvents()
+
+    settle()
+    assert not scroll.verticalScrollBar().isVisible()
+    w.add_banner("info", "<b>Joined Riverside Maths Club swarm.</b> Training continues in this swarm.")
+    settle()
+    assert not scroll.verticalScrollBar().isVisible()
+    w.add_banner("warning", "<b>Another banner.</b> Something else to say.")
+    settle()
+    assert not scroll.verticalScrollBar().isVisible()
+    assert w.charts.accuracy.compact and not w.charts.accuracy.chart().legend().isVisible()

@@ -19,10 +19,10 @@ import numpy as np
 import pytest
 
 from engine.backends import PolicyBackend, load_backend
-from engine.config import GRPOConfig, NodeConfig, build_config, with_changes
-from engine.device import pick_device
-from engine.events import Event
-from engine.paths import Paths
+from engine.common.config import GRPOConfig, NodeConfig, build_config, with_changes
+from engine.common.device import pick_device
+from engine.common.events import Event
+from engine.common.paths import Paths
 from engine.sapo import Control, Node, RoundAborted
 
 HAVE_MLX = importlib.util.find_spec("mlx") is not None and importlib.util.find_spec("mlx_lm") is not None
@@ -44,7 +44,8 @@ def parity_reward(question: Any, completion: str) -> float:
 
 def fast_config(model_dir: Path, device: str, *extra: str) -> NodeConfig:
     # run.seed=0: a run in one home must repeat in another (the default seed is each install's own)
-    return build_config("default", None, [*FAST, "run.seed=0", f"run.device='{device}'", f"model.source='{model_dir}'", *extra])
+    return build_config("default", None,
+                        [*FAST, "run.seed=0", f"run.device='{device}'", f"model.source='{model_dir}'", *extra])
 
 
 def make_node(model_dir: Path, home: Path, device: str, *extra: str, events: list[Event] | None = None,
@@ -90,7 +91,8 @@ def test_behaviour_logprobs_match_the_trainers_recomputation(
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_crash_resumes_at_the_right_round_with_the_same_rollouts(tiny_model_dir: Path, tmp_path: Path, device: str) -> None:
+def test_crash_resumes_at_the_right_round_with_the_same_rollouts(tiny_model_dir: Path, tmp_path: Path,
+                                                                 device: str) -> None:
     straight = make_node(tiny_model_dir, tmp_path / "a", device)
     for _ in range(3):
         straight.run_round()

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from engine.config import build_config
-from engine.events import Event
+from engine.common.config import build_config
+from engine.common.events import Event
+from engine.common.paths import Paths
 from engine.models import CONVERTED_MARKER, bundled_model_dir
-from engine.paths import Paths
 from engine.sapo import Node
 
 

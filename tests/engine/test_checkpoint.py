@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from engine.atomicio import append_line, atomic_dir, atomic_write_text
 from engine.checkpoint import latest_good, save_checkpoint, verify
-from engine.errors import CheckpointError
+from engine.common.atomicio import append_line, atomic_dir, atomic_write_text
+from engine.common.errors import CheckpointError
 from engine.metrics import MetricsLog
 
 

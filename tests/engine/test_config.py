@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.config import NodeConfig, build_config, parse_override, with_changes
-from engine.errors import ConfigError
+from engine.common.config import NodeConfig, build_config, parse_override, with_changes
+from engine.common.errors import ConfigError
 
 
 def test_defaults_fit_a_cpu_laptop() -> None:

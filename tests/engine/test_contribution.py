@@ -1,4 +1,4 @@
-"""The node's side of receipts and credit (engine/contribution.py): pure rules, the kept file, the event."""
+"""The node's side of receipts and credit (engine/swarm/contribution.py): pure rules, the kept file, the event."""
 
 from __future__ import annotations
 
@@ -6,7 +6,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from engine.contribution import (
+from engine.common.events import Event, encode, parse_event
+from engine.rollouts import REASONS, ExternalItem, Offer
+from engine.swarm import receipts
+from engine.swarm.contribution import (
     Contribution,
     positive_completions,
     read_kept,
@@ -15,9 +18,6 @@ from engine.contribution import (
     summary,
     swarm_key,
 )
-from engine.events import Event, encode, parse_event
-from engine.rollouts import REASONS, ExternalItem, Offer
-from engine.swarm import receipts
 from engine.tasks import Question, TaskRef
 
 

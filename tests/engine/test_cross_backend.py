@@ -31,13 +31,13 @@ import mlx.core as mx
 import torch
 from mlx.utils import tree_flatten
 
+from bench.harness.tiny import make_sharp_model
 from engine.backends.mlx_backend import MLXBackend
 from engine.backends.torch_backend import TorchBackend
-from engine.config import GRPOConfig
-from engine.device import pick_device
+from engine.common.config import GRPOConfig
+from engine.common.device import pick_device
 from engine.grpo import clipped_pg_loss
 from engine.rollouts import TrainItem
-from tests.tiny import make_sharp_model
 
 LOGP_ATOL = 1e-4
 LOSS_RTOL = 1e-4
@@ -87,7 +87,8 @@ def test_per_token_logprobs_agree(sharp_dir: Path) -> None:
 
 
 def test_the_rope_theta_pitfall_would_be_caught(sharp_dir: Path) -> None:
-    """mlx-lm reading only top-level rope_theta (docs/platform-notes.md) would break agreement by far more than the tolerance."""
+    """mlx-lm reading only top-level rope_theta (docs/platform-notes.md) would break agreement by far more than the
+    tolerance."""
     torch_b, mlx_b = backends(sharp_dir)
     assert mlx_b.model.args.rope_theta == ROPE_THETA
     pairs = fixed_pairs(torch_b)
@@ -110,7 +111,8 @@ def fixed_batch(torch_b: TorchBackend) -> list[TrainItem]:
     return items
 
 
-def torch_loss_and_grads(backend: TorchBackend, items: list[TrainItem], total: float) -> tuple[float, float, dict[str, np.ndarray]]:
+def torch_loss_and_grads(backend: TorchBackend, items: list[TrainItem], total: float) -> tuple[float, float,
+                                                                                               dict[str, np.ndarray]]:
     g = backend.grpo
     backend.model.zero_grad(set_to_none=True)
     pairs = [(it.prompt_ids, it.completion_ids) for it in items]
@@ -136,7 +138,8 @@ def test_loss_and_gradient_agree_on_a_fixed_batch(sharp_dir: Path) -> None:
         t_grads["model.embed_tokens.weight"] = t_grads.pop("lm_head.weight")
 
     assert loss.item() == pytest.approx(t_loss, rel=LOSS_RTOL)
-    assert clipped.item() > 0 and clipped.item() == pytest.approx(t_clipped)  # clipping is exercised, on the same tokens
+    # clipping is exercised, on the same tokens
+    assert clipped.item() > 0 and clipped.item() == pytest.approx(t_clipped)
     assert set(m_grads) == set(t_grads)
     flat_t = np.concatenate([t_grads[k].ravel() for k in sorted(t_grads)])
     flat_m = np.concatenate([m_grads[k].ravel() for k in sorted(t_grads)])
@@ -170,7 +173,8 @@ def test_checkpoint_weights_cross_between_backends(sharp_dir: Path, tmp_path: Pa
     torch_b.save(tmp_path)  # adapter.safetensors, optimizer.pt, rng.pt
     mlx_b.load(tmp_path)  # keeps the weights, restarts AdamW moments
     assert max_diff(before, mlx_b.behaviour_logprobs(pairs, TEMPERATURE)) > 100 * LOGP_ATOL  # the adapters matter
-    assert max_diff(torch_b.behaviour_logprobs(pairs, TEMPERATURE), mlx_b.behaviour_logprobs(pairs, TEMPERATURE)) <= LOGP_ATOL
+    assert max_diff(torch_b.behaviour_logprobs(pairs, TEMPERATURE),
+                    mlx_b.behaviour_logprobs(pairs, TEMPERATURE)) <= LOGP_ATOL
 
     from peft import set_peft_model_state_dict
     from safetensors.torch import load_file
@@ -180,7 +184,8 @@ def test_checkpoint_weights_cross_between_backends(sharp_dir: Path, tmp_path: Pa
     out.mkdir()
     mlx_b.save(out)
     set_peft_model_state_dict(torch_b.model, load_file(str(out / "adapter.safetensors")))
-    assert max_diff(torch_b.behaviour_logprobs(pairs, TEMPERATURE), mlx_b.behaviour_logprobs(pairs, TEMPERATURE)) <= LOGP_ATOL
+    assert max_diff(torch_b.behaviour_logprobs(pairs, TEMPERATURE),
+                    mlx_b.behaviour_logprobs(pairs, TEMPERATURE)) <= LOGP_ATOL
 
 
 def test_full_weights_saved_by_torch_load_in_mlx(sharp_dir: Path, tmp_path: Path) -> None:
@@ -189,5 +194,7 @@ def test_full_weights_saved_by_torch_load_in_mlx(sharp_dir: Path, tmp_path: Path
     torch_b.save(tmp_path)  # a tied embedding is stored as lm_head.weight
     mlx_b.load(tmp_path)
     pairs = fixed_pairs(torch_b)
-    assert max_diff(torch_b.behaviour_logprobs(pairs, TEMPERATURE), mlx_b.behaviour_logprobs(pairs, TEMPERATURE)) <= LOGP_ATOL
-    assert mx.array_equal(mlx_b.model.model.embed_tokens.weight, mx.array(torch_b.model.get_input_embeddings().weight.detach().numpy()))
+    assert max_diff(torch_b.behaviour_logprobs(pairs, TEMPERATURE),
+                    mlx_b.behaviour_logprobs(pairs, TEMPERATURE)) <= LOGP_ATOL
+    assert mx.array_equal(mlx_b.model.model.embed_tokens.weight,
+                          mx.array(torch_b.model.get_input_embeddings().weight.detach().numpy()))

@@ -14,7 +14,10 @@ from typing import Any
 
 import pytest
 
-from engine.config import SAPO_SPECIALTIES, NodeConfig, build_config
+from engine.common.config import SAPO_SPECIALTIES, NodeConfig, build_config
+from engine.common.errors import CheckpointError, ConfigError, TaskError
+from engine.common.events import Event
+from engine.common.paths import Paths
 from engine.curriculum import (
     FLOOR,
     KEEP_MIN,
@@ -27,9 +30,6 @@ from engine.curriculum import (
     keep_probability,
     level_config,
 )
-from engine.errors import CheckpointError, ConfigError, TaskError
-from engine.events import Event
-from engine.paths import Paths
 from engine.sapo import Node
 from engine.task_configs import DEFAULT_DATASET_CONFIGS
 from engine.tasks import TaskRef, TaskSet
@@ -99,7 +99,8 @@ def test_a_level_change_empties_the_window_and_is_reported() -> None:
     curriculum = Curriculum(["binary_matrix"])
     curriculum.observe([("binary_matrix", FAIL)])
     [change] = curriculum.observe([("binary_matrix", FAIL)])
-    assert (change.specialty, change.old, change.new, change.pass_rate, change.answers) == ("binary_matrix", 0, -1, 0.0, 16)
+    assert (change.specialty, change.old, change.new, change.pass_rate, change.answers) == ("binary_matrix", 0, -1, 0.0,
+                                                                                            16)
     assert curriculum.pass_rate("binary_matrix") is None
     report = curriculum.report({"binary_matrix": 1.0})
     assert report == {"binary_matrix": {"level": -1, "pass_rate": None, "weight": 1.0}}
@@ -199,7 +200,8 @@ def test_difficulty_is_fixed_by_default_and_in_the_paper_preset() -> None:
     assert build_config(overrides=["tasks.difficulty='adaptive'"]).tasks.difficulty == "adaptive"
 
 
-@pytest.mark.parametrize(("override", "needle"), [("tasks.difficulty='hard'", "tasks.difficulty must be one of fixed, adaptive"),
+@pytest.mark.parametrize(("override", "needle"),
+                         [("tasks.difficulty='hard'", "tasks.difficulty must be one of fixed, adaptive"),
                                                   ("tasks.eval_harder=1", "tasks.eval_harder must be true or false")])
 def test_bad_values_are_one_sentence_naming_the_key(override: str, needle: str) -> None:
     with pytest.raises(ConfigError, match=needle):
@@ -232,7 +234,8 @@ def test_the_fixed_draw_is_todays() -> None:
 def test_the_harder_held_out_set_is_the_same_items_one_level_up() -> None:
     taskset = TaskSet(EVEN, seed=4)
     plain, harder = taskset.eval_set(18), taskset.eval_set(18, harder_configs(NodeConfig().tasks, taskset.specialties))
-    assert [(q.ref.dataset, q.ref.seed, q.ref.index) for q in plain] == [(q.ref.dataset, q.ref.seed, q.ref.index) for q in harder]
+    assert [(q.ref.dataset, q.ref.seed, q.ref.index) for q in plain] == [(q.ref.dataset, q.ref.seed, q.ref.index)
+                                                                         for q in harder]
     assert all(dict(q.ref.config) == level_config(q.ref.dataset, 1) for q in harder)
 
 
@@ -257,7 +260,8 @@ def make_node(model_dir: Path, home: Path, *extra: str, events: list[Event] | No
     return node
 
 
-def test_fixed_mode_keeps_no_curriculum_and_measures_the_harder_set_when_asked(tiny_model_dir: Path, home: Path) -> None:
+def test_fixed_mode_keeps_no_curriculum_and_measures_the_harder_set_when_asked(tiny_model_dir: Path,
+                                                                               home: Path) -> None:
     node = make_node(tiny_model_dir, home, "tasks.eval_harder=true")
     assert node.curriculum is None
     _, questions, _ = node.start_round()

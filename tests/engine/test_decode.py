@@ -1,4 +1,5 @@
-"""The fast decoder (engine/backends/decode.py and its model, cache and LoRA modules) against HF transformers and peft, fp32 on the CPU.
+"""The fast decoder (engine/backends/decode.py and its model, cache and LoRA modules) against HF transformers and
+peft, fp32 on the CPU.
 
 - sampled tokens' log-probs equal a full HF forward of prompt + completion;
 - greedy tokens equal HF `generate`'s;
@@ -18,13 +19,13 @@ from typing import Any
 import pytest
 import torch
 
+from bench.harness.tiny import make_byte_tokenizer, make_sharp_model
 from engine.backends import decode_model, kv_cache
 from engine.backends.decode import DecodedRow, DecodeModel, LoraAdapter, can_pack, decode_batch, unsupported_reason
 from engine.backends.kv_cache import partition
 from engine.backends.torch_backend import TorchBackend
-from engine.config import GRPOConfig
-from engine.device import pick_device
-from tests.tiny import make_byte_tokenizer, make_sharp_model
+from engine.common.config import GRPOConfig
+from engine.common.device import pick_device
 
 # Prompts of different lengths (prompt padding, groups and positions all differ), some sharing a
 # prefix (its prefill is shared): one is a prefix of another, one appears twice.
@@ -239,9 +240,12 @@ def test_rows_with_different_adapters_get_what_each_adapter_alone_gets(three_ada
     for a, name in enumerate(names):
         mine = [i for i, x in enumerate(index) if x == a]
         mine_prompts = [prompts[i] for i in mine]
-        alone = decode_batch(base, mine_prompts, 2, NEW, NO_EOS, 0.7, adapters=[adapters[a]], adapter_index=[0] * len(mine), seeds=[seeds[a]])
-        merged = decode_batch(DecodeModel(three_adapters, torch.float32, merge=adapters[a]), mine_prompts, 2, NEW, NO_EOS, 0.7, seeds=[seeds[a]])
-        greedy_alone = decode_batch(base, mine_prompts, 1, NEW, NO_EOS, None, adapters=[adapters[a]], adapter_index=[0] * len(mine))
+        alone = decode_batch(base, mine_prompts, 2, NEW, NO_EOS, 0.7, adapters=[adapters[a]],
+                             adapter_index=[0] * len(mine), seeds=[seeds[a]])
+        merged = decode_batch(DecodeModel(three_adapters, torch.float32, merge=adapters[a]), mine_prompts, 2, NEW,
+                              NO_EOS, 0.7, seeds=[seeds[a]])
+        greedy_alone = decode_batch(base, mine_prompts, 1, NEW, NO_EOS, None, adapters=[adapters[a]],
+                                    adapter_index=[0] * len(mine))
         three_adapters.set_adapter(name)
         for k, i in enumerate(mine):
             assert greedy_mixed[i].tokens == greedy_alone[k].tokens
@@ -251,7 +255,8 @@ def test_rows_with_different_adapters_get_what_each_adapter_alone_gets(three_ada
                 assert row.logprobs == pytest.approx(solo.logprobs, abs=1e-5)
                 # Merged weights round differently (W + s * B @ A): 1.5e-5 at worst on this sharp model.
                 assert row.logprobs == pytest.approx(flat.logprobs, abs=1e-4)
-                assert row.logprobs == pytest.approx(forward_logprobs(three_adapters, prompts[i], row.tokens, 0.7), abs=1e-5)
+                assert row.logprobs == pytest.approx(forward_logprobs(three_adapters, prompts[i], row.tokens, 0.7),
+                                                     abs=1e-5)
     # The adapters really differ: the same prompt under two adapters gives other log-probs.
     three_adapters.set_adapter("a0")
     a0 = forward_logprobs(three_adapters, prompts[0], mixed[0].tokens, 0.7)
@@ -278,12 +283,14 @@ def test_unsupported_models_are_named() -> None:
 
     assert unsupported_reason(LlamaConfig()) is None and unsupported_reason(Qwen2Config()) is None
     assert "gpt2" in str(unsupported_reason(GPT2Config()))
-    assert "dynamic" in str(unsupported_reason(LlamaConfig(rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4})))
+    assert "dynamic" in str(unsupported_reason(LlamaConfig(rope_parameters={"rope_type": "dynamic", "factor": 2.0,
+                                                                            "rope_theta": 1e4})))
     assert "sliding" in str(unsupported_reason(Qwen2Config(use_sliding_window=True, max_window_layers=0)))
     assert "gelu" in str(unsupported_reason(LlamaConfig(hidden_act="gelu")))
 
 
-def test_the_backend_falls_back_to_hf_generate_with_a_log_line(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_the_backend_falls_back_to_hf_generate_with_a_log_line(tmp_path: Path,
+                                                               caplog: pytest.LogCaptureFixture) -> None:
     from transformers import AutoModelForCausalLM, LlamaConfig
 
     tok = make_byte_tokenizer()
@@ -300,7 +307,8 @@ def test_the_backend_falls_back_to_hf_generate_with_a_log_line(tmp_path: Path, c
         completions = backend.generate([prompt], 2, 5, 1.0)
         answers = backend.greedy([prompt], 5)
     assert len(completions) == 2 and len(answers) == 1
-    assert [r.message for r in caplog.records].count("Sampling with HF generate: the fast decoder does not support rope type 'dynamic'.") == 1
+    warning = "Sampling with HF generate: the fast decoder does not support rope type 'dynamic'."
+    assert [r.message for r in caplog.records].count(warning) == 1
 
 
 def test_the_backends_per_adapter_call_takes_peft_names_and_adapters(tiny_model_dir: Path) -> None:

@@ -18,11 +18,11 @@ from typing import Any
 import pytest
 import torch
 
-from engine import device as dev
 from engine.backends.batching import MicroBatchBudget, memory_scale
-from engine.config import GRPOConfig
-from engine.device import DeviceInfo, pick_device
-from engine.errors import DeviceError
+from engine.common import device as dev
+from engine.common.config import GRPOConfig
+from engine.common.device import DeviceInfo, pick_device
+from engine.common.errors import DeviceError
 from engine.rollouts import TrainItem
 
 GIB = 1 << 30
@@ -38,7 +38,8 @@ def play_mac(monkeypatch: pytest.MonkeyPatch, chip: str, mlx: bool = True, metal
     monkeypatch.setattr(dev, "mlx_installed", lambda: mlx)
     monkeypatch.setattr(dev, "mlx_version", lambda: "0.32")
     monkeypatch.setattr(dev, "_apple_chip", lambda: chip)
-    monkeypatch.setattr(dev, "_mlx_probe", lambda: (metal, {"device_name": chip, "memory_size": 16 * GIB} if metal else {}))
+    monkeypatch.setattr(dev, "_mlx_probe",
+                        lambda: (metal, {"device_name": chip, "memory_size": 16 * GIB} if metal else {}))
     monkeypatch.setattr(dev, "_cuda", no_cuda_probe)
 
 
@@ -126,9 +127,9 @@ def test_mlx_asked_for_but_missing(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.integration
 def test_choosing_a_backend_module_imports_no_framework() -> None:
-    """engine.device and engine.backends stay cheap: torch and mlx load only when a device is picked."""
+    """engine.common.device and engine.backends stay cheap: torch and mlx load only when a device is picked."""
     code = (
-        "import sys, engine.device, engine.backends, engine.backends.batching\n"
+        "import sys, engine.common.device, engine.backends, engine.backends.batching\n"
         "print(','.join(m for m in ('torch', 'mlx', 'mlx_lm', 'transformers') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -141,7 +142,8 @@ def test_choosing_a_backend_module_imports_no_framework() -> None:
     ("NVIDIA A100", 8, 0, True),
     ("NVIDIA H200", 9, 0, True),
 ])
-def test_cuda_bf16_needs_ampere_or_newer(monkeypatch: pytest.MonkeyPatch, gpu: str, major: int, minor: int, bf16: bool) -> None:
+def test_cuda_bf16_needs_ampere_or_newer(monkeypatch: pytest.MonkeyPatch, gpu: str, major: int, minor: int,
+                                         bf16: bool) -> None:
     props = SimpleNamespace(name=gpu, total_memory=16 * GIB, major=major, minor=minor)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: props)
@@ -184,10 +186,12 @@ def oom_on_big_chunks(backend: Any, rows: int) -> None:
 
 def tiny_items(backend: Any) -> list[TrainItem]:
     prompt = backend.encode_prompt([{"role": "user", "content": "What is 2 + 2?"}])
-    return [TrainItem(prompt, backend.encode_completion("x" * (i + 1)), [-5.0] * (i + 2), (-1) ** i * 0.5) for i in range(6)]
+    return [TrainItem(prompt, backend.encode_completion("x" * (i + 1)), [-5.0] * (i + 2), (-1) ** i * 0.5)
+            for i in range(6)]
 
 
-def test_cuda_oom_halves_the_micro_batch_and_redoes_the_step(tiny_model_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_cuda_oom_halves_the_micro_batch_and_redoes_the_step(tiny_model_dir: Path,
+                                                             caplog: pytest.LogCaptureFixture) -> None:
     from engine.backends.torch_backend import TorchBackend
 
     grpo = GRPOConfig(precision="fp32", micro_batch=8, kl_beta=0.1, pg_steps=2)

@@ -25,13 +25,13 @@ from pathlib import Path
 
 import pytest
 
+from bench.harness.servers import free_port
+from engine.common.errors import ConfigError, RelayError
+from engine.common.joining import MAX_INFO_BYTES, fetch_relay_info, parse_relay_info, preview_invite
+from engine.common.rules import Invite
 from engine.doctor import STEPS, run_doctor
-from engine.errors import ConfigError, RelayError
-from engine.joining import MAX_INFO_BYTES, fetch_relay_info, parse_relay_info, preview_invite
-from engine.rules import Invite
-from engine.swarm.relay import EmbeddedRelay, RelaySettings
+from engine.relay.server import EmbeddedRelay, RelaySettings
 from tests.conftest import StartRelay
-from tests.servers import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 CADDY = shutil.which("caddy")

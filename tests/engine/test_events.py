@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.errors import EventError
-from engine.events import (
+from engine.common.errors import EventError
+from engine.common.events import (
     CHAT_MESSAGE_FIELDS,
     EVENT_FIELDS,
     encode,
@@ -46,14 +46,15 @@ def test_nan_becomes_null_so_the_line_is_json() -> None:
 
 
 def test_unknown_type_is_ignored_with_a_log_line(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.INFO, logger="engine.events"):
+    with caplog.at_level(logging.INFO, logger="engine.common.events"):
         assert parse_event('{"type": "future", "v": 2, "ts": 0}') is None
     assert "future" in caplog.text
 
 
 @pytest.mark.parametrize(
     "line",
-    ["", "not json", "[1,2]", '{"v": 1}', '{"type": "round", "v": 1}', '{"type": "round", "v": "1", "round": 1, "metrics": {}}', b"\xff\xfe"],
+    ["", "not json", "[1,2]", '{"v": 1}', '{"type": "round", "v": 1}',
+     '{"type": "round", "v": "1", "round": 1, "metrics": {}}', b"\xff\xfe"],
 )
 def test_malformed_event_lines_raise_event_error(line: str | bytes) -> None:
     with pytest.raises(EventError):

@@ -51,7 +51,8 @@ def _timed_folder(root: Path, mix: str, rewards: list[list[float]], seconds: lis
         {"nodes": len(rewards[0]), "mixes": [mix], "rounds": len(rewards), "preset": "default", "overrides": []}))
     (slug / "progress.json").write_text(json.dumps({"round": len(rewards)}))
     (slug / "rounds.jsonl").write_text("".join(
-        json.dumps({"round": r + 1, "rewards": row, "node_seconds": secs, "seconds": sum(secs), "machine": "test"}) + "\n"
+        json.dumps({"round": r + 1, "rewards": row, "node_seconds": secs, "seconds": sum(secs), "machine": "test"})
+        + "\n"
         for r, (row, secs) in enumerate(zip(rewards, seconds, strict=True))))
     return root
 

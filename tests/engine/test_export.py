@@ -1,6 +1,6 @@
 """GGUF export: written by llama.cpp's converters, loaded by llama-cpp-python, greedy answers equal torch's.
 
-The tiny model is built from a config (as in tests/tiny.py) but carries the
+The tiny model is built from a config (as in bench/harness/tiny.py) but carries the
 bundled model's tokenizer: llama.cpp's converter names a BPE tokenizer's
 pre-tokenizer from a table of known tokenizers and refuses any other, so the
 byte-level test tokenizer cannot be converted (that refusal is tested too).
@@ -16,12 +16,12 @@ from typing import Any
 import pytest
 
 from engine.checkpoint import save_checkpoint
-from engine.config import NodeConfig, build_config
-from engine.errors import CheckpointError, ConfigError, ModelError
+from engine.common.config import NodeConfig, build_config
+from engine.common.errors import CheckpointError, ConfigError, ModelError
+from engine.common.paths import Paths
 from engine.gguf.convert import CONVERTER_ENV
 from engine.gguf.export import export_model, find_checkpoint
 from engine.gguf.merge import merge_lora, tensor_table
-from engine.paths import Paths
 
 # Every test here converts the bundled model (the `smol_dir` fixture) or starts `sapling-node export`.
 pytestmark = pytest.mark.integration
@@ -69,7 +69,8 @@ def tiny_smol_dir(smol_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> P
 
 
 def _config(model: Path, *extra: str) -> NodeConfig:
-    return build_config("default", None, [f"model.source='{model}'", "run.device='cpu'", "grpo.precision='fp32'", *extra])
+    return build_config("default", None,
+                        [f"model.source='{model}'", "run.device='cpu'", "grpo.precision='fp32'", *extra])
 
 
 def _make_checkpoint(config: NodeConfig, paths: Paths, round_index: int, seed: int = 1) -> Any:
@@ -77,7 +78,7 @@ def _make_checkpoint(config: NodeConfig, paths: Paths, round_index: int, seed: i
     import torch
 
     from engine.backends.torch_backend import TorchBackend
-    from engine.device import pick_device
+    from engine.common.device import pick_device
     from engine.models import resolve_model_dir
 
     backend = TorchBackend(resolve_model_dir(config.model.source, paths.models_cache), pick_device("cpu"),
@@ -132,7 +133,8 @@ def _prompts(folder: Path, texts: list[str]) -> list[list[int]]:
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(folder))
-    return [list(tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True, tokenize=True)["input_ids"])
+    return [list(tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True,
+                                         tokenize=True)["input_ids"])
             for t in texts]
 
 
@@ -166,11 +168,14 @@ def test_gguf_carries_the_tokenizer_and_chat_template(tiny_smol_dir: Path, tmp_p
     out = export_model(config, paths, tmp_path / "base.gguf", "gguf", round_index=0).path
     llm = Llama(model_path=str(out), n_ctx=512, n_threads=1, verbose=False)
     assert "<|im_start|>" in llm.metadata["tokenizer.chat_template"]
-    messages = [{"role": "system", "content": "Give only the final answer."}, {"role": "user", "content": "17 + 25 = ?"}]
+    messages = [{"role": "system", "content": "Give only the final answer."},
+                {"role": "user", "content": "17 + 25 = ?"}]
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(tiny_smol_dir))
-    assert prompt_tokens(llm, messages) == list(tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)["input_ids"])
+    assert prompt_tokens(llm,
+                         messages) == list(tok.apply_chat_template(messages, add_generation_prompt=True,
+                                                                   tokenize=True)["input_ids"])
     assert llm.tokenize(b"Hello world 123", add_bos=False) == tok("Hello world 123", add_special_tokens=False).input_ids
     llm.close()
 
@@ -199,7 +204,7 @@ def test_merging_an_adapter_into_the_base_gguf_gives_the_merged_export(tiny_smol
     import numpy as np
     from gguf import GGUFReader
 
-    from engine.errors import SaplingError
+    from engine.common.errors import SaplingError
 
     paths = Paths.under(tmp_path / "home")
     config = _config(tiny_smol_dir)
@@ -246,7 +251,7 @@ def _adapter_gguf(path: Path, tensors: dict[str, tuple[int, ...]]) -> Path:
 def test_merging_an_adapter_that_does_not_fit_or_a_quantized_base_is_one_sentence(
         tiny_smol_dir: Path, tmp_path: Path) -> None:
     """The merge's other refusals: a weight the base lacks, a shape it does not have, a quantized base."""
-    from engine.errors import SaplingError
+    from engine.common.errors import SaplingError
 
     paths = Paths.under(tmp_path / "home")
     config = _config(tiny_smol_dir)

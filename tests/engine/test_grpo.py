@@ -28,7 +28,8 @@ def test_float_rounding_is_not_a_signal() -> None:
     # rewards must not turn that rounding into tiny non-zero advantages.
     assert group_advantages([0.1] * 8, eps=1e-4) == [0.0] * 8
     assert group_advantages([0.05] * 7 + [0.05 + 1e-12], eps=1e-4) == [0.0] * 8
-    flat = Group(question=None, prompt_ids=[1], completions=[], rewards=[0.1] * 8, advantages=group_advantages([0.1] * 8, 1e-4))  # type: ignore[arg-type]
+    flat = Group(question=None, prompt_ids=[1], completions=[], rewards=[0.1] * 8,  # type: ignore[arg-type]
+                 advantages=group_advantages([0.1] * 8, 1e-4))
     assert not flat.informative
 
 

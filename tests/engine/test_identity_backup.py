@@ -1,4 +1,4 @@
-"""`sapling-node identity show|export|import` (engine/identity_backup.py): a key you can keep."""
+"""`sapling-node identity show|export|import` (engine/swarm/identity_backup.py): a key you can keep."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from engine.cli import main
-from engine.paths import Paths
+from engine.common.paths import Paths
 from engine.swarm.identity import Identity
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -105,7 +105,8 @@ def test_a_wrong_file_is_refused_and_the_identity_stays(tmp_path: Path, capsys: 
     assert [p.name for p in Paths.under(home).data_dir.iterdir()] == ["identity.key"]
 
 
-def test_importing_another_key_keeps_the_current_one_beside_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_importing_another_key_keeps_the_current_one_beside_it(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
     mine, theirs = node(tmp_path / "mine"), node(tmp_path / "theirs")
     backup = tmp_path / "theirs.key"
     assert main(["identity", "export", str(backup), "--home", str(tmp_path / "theirs")]) == 0

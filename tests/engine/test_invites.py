@@ -1,11 +1,11 @@
-"""The invite format (engine/rules.py): one parser for the relay, the node and the app."""
+"""The invite format (engine/common/rules.py): one parser for the relay, the node and the app."""
 
 from __future__ import annotations
 
 import pytest
 
-from engine.errors import ConfigError
-from engine.rules import INVITE_MAX_CHARS, INVITE_MAX_RELAYS, Invite, parse_invite
+from engine.common.errors import ConfigError
+from engine.common.rules import INVITE_MAX_CHARS, INVITE_MAX_RELAYS, Invite, parse_invite
 
 
 def test_a_link_with_two_relays_a_token_and_a_name_round_trips_through_all_three_spellings() -> None:

@@ -21,11 +21,11 @@ import mlx.core as mx
 
 from engine.backends import load_backend
 from engine.backends.mlx_backend import MLXBackend, mlx_config_overrides
-from engine.config import GRPOConfig, NodeConfig, build_config
-from engine.device import pick_device
-from engine.errors import CheckpointError
-from engine.events import Event
-from engine.paths import Paths
+from engine.common.config import GRPOConfig, NodeConfig, build_config
+from engine.common.device import pick_device
+from engine.common.errors import CheckpointError
+from engine.common.events import Event
+from engine.common.paths import Paths
 from engine.rollouts import TrainItem
 from engine.sapo import Node
 
@@ -72,7 +72,8 @@ def make_backend(model_dir: Path, temperature: float = 1.0, **grpo: Any) -> MLXB
     return MLXBackend(model_dir, pick_device("mlx"), GRPOConfig(**grpo), 0, temperature)
 
 
-def test_other_architectures_score_through_the_full_model(tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_other_architectures_score_through_the_full_model(tiny_model_dir: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """The LM head runs on completion positions only for known layouts; the generic path agrees."""
     from engine.backends import mlx_backend
 
@@ -166,7 +167,8 @@ def test_checkpoint_of_another_shape_is_rejected(tiny_model_dir: Path, tmp_path:
         make_backend(tiny_model_dir, lora_rank=8).load(full)
 
 
-def test_export_is_a_merged_model_that_transformers_and_mlx_load(tiny_model_dir: Path, home: Path, tmp_path: Path) -> None:
+def test_export_is_a_merged_model_that_transformers_and_mlx_load(tiny_model_dir: Path, home: Path,
+                                                                 tmp_path: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -202,12 +204,14 @@ def test_out_of_memory_halves_the_micro_batch_and_retries(
     reference = make_backend(tiny_model_dir, micro_batch=8)
     backend = make_backend(tiny_model_dir, micro_batch=8)
     prompt = backend.encode_prompt(MESSAGES)
-    items = [TrainItem(prompt, backend.encode_completion("x" * (i + 1)), [-5.0] * (i + 2), (-1) ** i * 0.5) for i in range(6)]
+    items = [TrainItem(prompt, backend.encode_completion("x" * (i + 1)), [-5.0] * (i + 2), (-1) ** i * 0.5)
+             for i in range(6)]
     real = backend.chunk_loss_and_grads
 
     def fragile(chunk: Any, normaliser: float) -> Any:
         if len(chunk) > 2:
-            raise RuntimeError("[metal::malloc] Attempting to allocate 1073741824 bytes which is greater than the maximum")
+            raise RuntimeError("[metal::malloc] Attempting to allocate 1073741824 bytes which is greater than "
+                               "the maximum")
         return real(chunk, normaliser)
 
     monkeypatch.setattr(backend, "chunk_loss_and_grads", fragile)
@@ -221,7 +225,8 @@ def test_out_of_memory_halves_the_micro_batch_and_retries(
         assert np.allclose(np.array(a), np.array(b), atol=1e-6), name
 
 
-def test_other_runtime_errors_are_not_mistaken_for_out_of_memory(tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_other_runtime_errors_are_not_mistaken_for_out_of_memory(tiny_model_dir: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     backend = make_backend(tiny_model_dir)
     prompt = backend.encode_prompt(MESSAGES)
 

@@ -1,4 +1,4 @@
-"""Model sources and the rules the app shares with the engine (engine/rules.py, engine/models.py)."""
+"""Model sources and the rules the app shares with the engine (engine/common/rules.py, engine/models.py)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from engine.errors import ConfigError, ModelError
+from engine.common.errors import ConfigError, ModelError
+from engine.common.rules import check_model_source, check_relay_url, model_source_kind, split_invite, stable_seed
 from engine.models import resolve_model_dir
-from engine.rules import check_model_source, check_relay_url, model_source_kind, split_invite, stable_seed
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -23,7 +23,7 @@ def test_a_hub_id_offline_and_not_cached_says_what_to_do(tmp_path: Path) -> None
         f"os.environ['HF_HOME'] = {str(tmp_path / 'hf')!r}\n"
         "os.environ['HF_HUB_OFFLINE'] = '1'\n"
         "from pathlib import Path\n"
-        "from engine.errors import ModelError\n"
+        "from engine.common.errors import ModelError\n"
         "from engine.models import resolve_model_dir\n"
         "try:\n"
         f"    resolve_model_dir('nobody-here/no-such-model', Path({str(tmp_path / 'cache')!r}))\n"
@@ -84,7 +84,7 @@ def test_bad_relay_addresses_are_refused(bad: str) -> None:
 
 @pytest.mark.integration
 def test_stable_seeds_do_not_depend_on_the_process() -> None:
-    code = "from engine.rules import stable_seed; print(stable_seed('draw', 3, 7))"
+    code = "from engine.common.rules import stable_seed; print(stable_seed('draw', 3, 7))"
     runs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True).stdout
             for _ in range(2)}
     assert runs == {f"{stable_seed('draw', 3, 7)}\n"}

@@ -1,4 +1,4 @@
-"""`sapling-node stats` without a relay to ask: the numbers the node kept, or one sentence (engine/node_stats.py).
+"""`sapling-node stats` without a relay to ask: the numbers the node kept, or one sentence (engine/swarm/node_stats.py).
 
 The relay path (a real relay, two real nodes) is tests/swarm/test_credit.py.
 """
@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from bench.harness.servers import free_port
 from engine.cli import main
-from engine.contribution import CREDIT_FILE, Contribution, swarm_key
-from engine.paths import Paths
+from engine.common.paths import Paths
+from engine.swarm.contribution import CREDIT_FILE, Contribution, swarm_key
 from engine.swarm.identity import Identity
-from tests.servers import free_port
 
 
 def closed_port() -> str:

@@ -12,8 +12,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from engine.config import build_config
-from engine.errors import ConfigError
+from engine.common.config import build_config
+from engine.common.errors import ConfigError
 from engine.priority import LoadSampler, ThreadPolicy, niceness
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -167,7 +167,7 @@ def test_load_sampler_counts_another_busy_process() -> None:
 
 
 def test_the_loading_line_names_the_device_in_plain_words() -> None:
-    from engine.device import DeviceInfo
+    from engine.common.device import DeviceInfo
 
     cpu = DeviceInfo("cpu", "Intel(R) Xeon(R) Processor (2 threads)", 24 << 30, True, "no CUDA device: CPU")
     gpu = DeviceInfo("cuda", "NVIDIA H200", 141 << 30, True, "CUDA 12.8, 1 device(s)")

@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 import torch
 
-from engine.config import NodeConfig, build_config
-from engine.events import Event
-from engine.paths import Paths
+from engine.common.config import NodeConfig, build_config
+from engine.common.events import Event
+from engine.common.paths import Paths
 from engine.sapo import Node, RoundAborted
 
 FAST = [
@@ -126,7 +126,8 @@ def test_export_is_a_loadable_merged_model(tiny_model_dir: Path, home: Path, tmp
     node.backend.export(out)
     tok = AutoTokenizer.from_pretrained(out)
     model = AutoModelForCausalLM.from_pretrained(out)
-    ids = tok.apply_chat_template([{"role": "user", "content": "What is 2 + 2?"}], add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    ids = tok.apply_chat_template([{"role": "user", "content": "What is 2 + 2?"}], add_generation_prompt=True,
+                                  return_tensors="pt", return_dict=True)
     gen = model.generate(**ids, max_new_tokens=8, do_sample=False, pad_token_id=tok.pad_token_id)
     text = tok.decode(gen[0, ids["input_ids"].shape[1]:], skip_special_tokens=True)
     assert (out / "model.safetensors").is_file() and (out / "chat_template.jinja").is_file()

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from engine.events import encode, make_command, parse_event
+from engine.common.events import encode, make_command, parse_event
 
 ROOT = Path(__file__).resolve().parents[2]
 FAST = [
@@ -165,7 +165,8 @@ def test_reload_with_a_bad_file_is_not_fatal(tiny_model_dir: Path, tmp_path: Pat
         (["--config", "/no/such/config.toml"], 2, "does not exist"),
     ],
 )
-def test_run_rejects_bad_input_with_one_sentence(tiny_model_dir: Path, tmp_path: Path, args: list[str], code: int, needle: str) -> None:
+def test_run_rejects_bad_input_with_one_sentence(tiny_model_dir: Path, tmp_path: Path, args: list[str], code: int,
+                                                 needle: str) -> None:
     out = subprocess.run(
         node_cmd("run", tmp_path / "home", tiny_model_dir, *args), cwd=ROOT, capture_output=True, text=True, timeout=120
     )

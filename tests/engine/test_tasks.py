@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from engine.errors import TaskError
+from engine.common.errors import TaskError
 from engine.task_configs import DEFAULT_DATASET_CONFIGS
 from engine.tasks import (
     EVAL_SEED_OFFSET,
@@ -432,7 +432,8 @@ def test_prompt_has_a_solved_example_of_the_same_specialty(taskset: TaskSet, spe
     assert [m["role"] for m in messages] == ["system", "user", "assistant", "user"]
     assert messages[-1]["content"] == question.text
     ref = question.ref
-    example = taskset.rebuild(TaskRef(ref.dataset, ref.config, ref.seed + EXAMPLE_SEED_OFFSET, ref.index % EXAMPLE_POOL))
+    example = taskset.rebuild(TaskRef(ref.dataset, ref.config, ref.seed + EXAMPLE_SEED_OFFSET,
+                                      ref.index % EXAMPLE_POOL))
     assert messages[1]["content"] == example.text != question.text
     assert taskset.reward(example, messages[2]["content"]) == 1.0  # the worked example is right
     assert taskset.messages(question) == messages  # deterministic

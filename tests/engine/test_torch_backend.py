@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from bench.harness.tiny import make_sharp_model
 from engine.backends.torch_backend import TorchBackend
-from engine.config import GRPOConfig
-from engine.device import pick_device
-from tests.tiny import make_sharp_model
+from engine.common.config import GRPOConfig
+from engine.common.device import pick_device
 
 
 def test_sampling_leaves_the_training_weights_untouched(tiny_model_dir: Path) -> None:
@@ -100,7 +100,8 @@ def test_shared_prompts_give_the_same_logprobs_and_gradients_as_one_forward_per_
     for i, row in enumerate(rows):
         assert mask[i].sum() == len(row)
         assert logp[i, : len(row)].tolist() == pytest.approx(row.tolist(), abs=1e-5)
-    assert float(torch.stack([r.std() for r in rows if len(r) > 1] or [logp.std()]).mean().detach()) > 0.1  # not near-uniform
+    # not near-uniform
+    assert float(torch.stack([r.std() for r in rows if len(r) > 1] or [logp.std()]).mean().detach()) > 0.1
     assert set(fast) == set(plain)
     for name in plain:
         # fp32 sums in another order: within 3e-6 of the tensor's norm (measured), allowed 1e-5.

@@ -18,8 +18,8 @@ import torch
 
 from engine.backends import train_forward
 from engine.backends.torch_backend import TorchBackend
-from engine.config import GRPOConfig
-from engine.device import pick_device
+from engine.common.config import GRPOConfig
+from engine.common.device import pick_device
 from engine.rollouts import TrainItem
 
 LENGTHS = (1, 2, 5, 9, 14)  # length 1: a completion predicted by its prompt's last token only
@@ -50,7 +50,9 @@ def items_for(backend: TorchBackend) -> list[TrainItem]:
     return items
 
 
-def step(backend: TorchBackend, items: list[TrainItem], packed: bool) -> tuple[dict[str, float], dict[str, torch.Tensor]]:
+def step(
+    backend: TorchBackend, items: list[TrainItem], packed: bool
+) -> tuple[dict[str, float], dict[str, torch.Tensor]]:
     backend.packed_training = packed
     stats = backend.accumulate_gradients(items)
     grads = {name: p.grad.clone() for name, p in backend.model.named_parameters() if p.grad is not None}

@@ -121,7 +121,8 @@ def test_macos_workflow_is_arm64_with_mlx_and_signs_only_with_secrets() -> None:
     text = _run_text(data)
     assert '".[mlx,build]"' in text and "hdiutil" in (INSTALLERS / "macos" / "make-dmg.sh").read_text()
     steps = {step.get("name", ""): step for step in job["steps"]}
-    gated = [s for s in steps.values() if re.search(r"installers/macos/(import-certificate|notarize)\.sh", str(s.get("run")))]
+    gated = [s for s in steps.values()
+             if re.search(r"installers/macos/(import-certificate|notarize)\.sh", str(s.get("run")))]
     assert len(gated) == 2 and all("steps.signing.outputs.sign == 'true'" in str(s.get("if")) for s in gated)
     assert "skipping codesign and notarization" in text
     # What users get is tested: the mounted .dmg's app, after the image is made (and notarized).

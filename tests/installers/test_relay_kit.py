@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 import yaml
 
-from engine.swarm.relay_settings import settings_from_args
+from engine.relay.settings import settings_from_args
 
 ROOT = Path(__file__).resolve().parents[2]
 KIT = ROOT / "installers" / "relay"

@@ -164,7 +164,8 @@ def test_every_action_is_pinned_by_sha_to_a_node24_version() -> None:
             version = re.search(r"#\s*v(\d+)(\.\d+)*\b", match.group(2))
             assert version, f"{name}: {action}@{ref[:7]} has no `# vX.Y.Z` comment saying which version the SHA is"
             assert action in NODE24_SINCE, f"{name}: {action}: add its first Node 24 major version to NODE24_SINCE"
-            assert int(version.group(1)) >= NODE24_SINCE[action], f"{name}: {action} v{version.group(1)} runs on Node 20"
+            assert int(version.group(1)) >= NODE24_SINCE[action], \
+                f"{name}: {action} v{version.group(1)} runs on Node 20"
             pinned += 1
     assert pinned >= 10
 

@@ -14,6 +14,7 @@ import base64
 import hashlib
 import json
 import time
+import urllib.request
 from typing import Any
 
 import aiohttp
@@ -160,3 +161,17 @@ def item(question: str = "What is 1 + 1?", completions: tuple[str, ...] = ("<ans
         "completions": list(completions),
         "rewards": rewards if rewards is not None else [None] * len(completions),
     }
+
+
+async def joined(url: str, **kw: object) -> DocPeer:
+    """A peer through the handshake, welcomed under its own id."""
+    peer = DocPeer(url, **kw)  # type: ignore[arg-type]
+    welcome = await peer.connect()
+    assert welcome["type"] == "welcome", welcome
+    assert welcome["peer"] == peer.peer_id
+    return peer
+
+
+def http_text(relay_url: str, path: str) -> str:
+    """The body of the relay's plain HTTP page `path` (its websocket URL's host and port)."""
+    return urllib.request.urlopen(relay_url.replace("ws://", "http://").replace("/ws", path)).read().decode()

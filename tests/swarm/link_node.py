@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 import threading
 import time
@@ -35,14 +36,18 @@ def say(**fields: Any) -> None:
         sys.stdout.flush()
 
 
-def batch(client: SwarmClient, identity: Identity, question: str) -> str:
-    """A signed-to-be batch payload with one item asking `question`."""
-    item = protocol.Item(ITEM_TASK, question, ("<answer>7</answer>", "<answer>8</answer>"), (1.0, 0.0))
+def batch(client: SwarmClient, identity: Identity, question: str, pad: int = 0) -> str:
+    """A signed-to-be batch payload with one item asking `question`, its two answers padded by `pad` characters
+    (a real round's batch is some 20 kB)."""
+    filler = "x" * (pad // 2)
+    item = protocol.Item(ITEM_TASK, question, (f"{filler}<answer>7</answer>", f"{filler}<answer>8</answer>"),
+                         (1.0, 0.0))
     return protocol.batch_payload(identity.public_key, client.next_seq(), time.time(), "m", [item])
 
 
 def on_change(state: LinkState) -> None:
-    say(kind="link", connected=state.connected, error=state.last_error, lost_at=state.lost_at, since=state.since)
+    say(kind="link", connected=state.connected, error=state.last_error, lost_at=state.lost_at, since=state.since,
+        resent=state.resent, resend_expired=state.resend_expired, stalled_s=state.stalled_s)
 
 
 def main() -> None:
@@ -52,13 +57,16 @@ def main() -> None:
     parser.add_argument("--heartbeat", type=float, default=protocol.HEARTBEAT_S)
     parser.add_argument("--period", type=float, default=0.5)
     parser.add_argument("--sample-timeout", type=float, default=2.0)
+    parser.add_argument("--pad", type=int, default=0, help="characters added to each batch's answers")
+    parser.add_argument("--tag", default="", help="put before each question ('a: ' makes 'a: round 3')")
     args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     identity = Identity.load_or_create(args.key)
     client = SwarmClient(args.url, identity, on_change=on_change, heartbeat=args.heartbeat)
     client.start()
     for round_ in range(1, 10**9):
         start = time.monotonic()
-        published = client.publish(batch(client, identity, f"round {round_}"))
+        published = client.publish(batch(client, identity, f"{args.tag}round {round_}", args.pad))
         publish_s = time.monotonic() - start
         start = time.monotonic()
         sampled = [protocol.decode_batch(s.payload).items[0].question for s in client.sample(4, args.sample_timeout)]

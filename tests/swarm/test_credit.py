@@ -25,8 +25,8 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from engine.events import Event
-from engine.paths import Paths
+from engine.common.events import Event
+from engine.common.paths import Paths
 from tests.swarm.conftest import StartRelay
 from tests.swarm.doc_client import DocPeer
 from tests.swarm.test_mix import swarm_node

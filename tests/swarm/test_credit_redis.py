@@ -15,13 +15,14 @@ from typing import Any
 
 import pytest
 
-from tests.servers import RedisServer, free_port, wait_listening
+from bench.harness.servers import RedisServer, free_port, wait_listening
 from tests.swarm.doc_client import DocPeer, item
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [
     pytest.mark.integration,
-    pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server is not installed (make test installs it)"),
+    pytest.mark.skipif(shutil.which("redis-server") is None,
+                       reason="redis-server is not installed (make test installs it)"),
 ]
 
 
@@ -33,7 +34,7 @@ def relay_process(tmp_path: Path) -> Iterator[Callable[[str], str]]:
         port = free_port()
         log = tmp_path / f"relay-{port}.log"
         with log.open("wb") as out:
-            proc = subprocess.Popen([sys.executable, "-m", "engine.swarm.relay", "--port", str(port), "--redis", redis,
+            proc = subprocess.Popen([sys.executable, "-m", "engine.relay", "--port", str(port), "--redis", redis,
                                      "--data-dir", str(tmp_path / "relay"), "--rate", "1000", "--burst", "1000"],
                                     cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
         started.append(proc)

@@ -1,10 +1,10 @@
-"""The relay's credit counting in memory (engine/swarm/credit.py), on a clock the test moves."""
+"""The relay's credit counting in memory (engine/relay/credit.py), on a clock the test moves."""
 
 from __future__ import annotations
 
 import asyncio
 
-from engine.swarm.credit import SLOT_S, CreditBook
+from engine.relay.credit import SLOT_S, CreditBook
 from engine.swarm.identity import Identity
 from engine.swarm.receipts import Verdict, receipts_payload
 

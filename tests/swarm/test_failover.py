@@ -20,12 +20,12 @@ from pathlib import Path
 
 import pytest
 
-from engine.rules import Invite
+from bench.harness.servers import RedisServer, free_port, wait_listening
+from engine.common.rules import Invite
+from engine.relay.server import EmbeddedRelay, RelaySettings
 from engine.swarm import protocol
 from engine.swarm.client import RelayMemory, SwarmClient
 from engine.swarm.identity import Identity
-from engine.swarm.relay import EmbeddedRelay, RelaySettings
-from tests.servers import RedisServer, free_port, wait_listening
 
 ROOT = Path(__file__).resolve().parents[2]
 RELAY = Path(sys.executable).with_name("sapling-relay")

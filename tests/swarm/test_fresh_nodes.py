@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from engine.events import Event
+from engine.common.events import Event
+from engine.common.paths import Paths
 from engine.exchange import R_DUPLICATE, open_swarm
-from engine.paths import Paths
 from engine.sapo import Node
 from tests.swarm.conftest import StartRelay
 from tests.swarm.test_mix import config, parity_reward

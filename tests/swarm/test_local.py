@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 
+from bench.harness.servers import free_port
 from engine.swarm import protocol as p
 from engine.swarm.client import LinkState
 from engine.swarm.identity import Identity
 from engine.swarm.local import LOCAL_RELAY_CLOSING, LocalSwarm
-from tests.servers import free_port
 
 HANDOVER_TIMEOUT_S = 20.0
 ROOT = Path(__file__).resolve().parents[2]

@@ -10,8 +10,10 @@ from typing import Any
 import pytest
 import torch
 
-from engine.config import NodeConfig, build_config
-from engine.events import Event
+from bench.harness.servers import free_port
+from engine.common.config import NodeConfig, build_config
+from engine.common.events import Event
+from engine.common.paths import Paths
 from engine.exchange import (
     R_DUPLICATE,
     R_FORGED_REWARD,
@@ -22,13 +24,11 @@ from engine.exchange import (
     SwarmExchange,
     open_swarm,
 )
-from engine.paths import Paths
+from engine.relay.server import EmbeddedRelay, RelaySettings
 from engine.sapo import Node
 from engine.swarm import protocol as p
 from engine.swarm.client import LinkState
 from engine.swarm.identity import Identity
-from engine.swarm.relay import EmbeddedRelay, RelaySettings
-from tests.servers import free_port
 from tests.swarm.conftest import StartRelay
 
 FAST = [
@@ -99,7 +99,8 @@ def test_three_nodes_two_architectures_share_and_train_on_external_items(
         peers_events = [e for e in events["b"] if e["type"] == "peers"]
         assert peers_events and peers_events[-1]["accepted"] > 0
         swarm_events = [e for e in events["b"] if e["type"] == "swarm"]
-        assert swarm_events[-1]["connected"] is True and swarm_events[-1]["name"] == nodes["b"][1].exchange.identity.name
+        assert swarm_events[-1]["connected"] is True
+        assert swarm_events[-1]["name"] == nodes["b"][1].exchange.identity.name
     finally:
         for _node, session in nodes.values():
             session.close()
@@ -114,7 +115,7 @@ class RelayDouble:
         self.urls = ["ws://relay.test/ws"]  # a SwarmClient's swarm: its relays, in the order it tries them
         self.batches: list[p.Signed] = []
         self.published: list[str] = []
-        self.receipts: list[str] = []  # receipts payloads, one per settled round (engine/contribution.py)
+        self.receipts: list[str] = []  # receipts payloads, one per settled round (engine/swarm/contribution.py)
 
     def sample(self, n: int, timeout: float = 10.0) -> list[p.Signed]:
         return self.batches[:n]
@@ -218,7 +219,7 @@ def test_replayed_batches_and_repeated_questions_are_dropped(receiver: Any) -> N
     other = Identity.generate()
     relay.batches = [honest_batch(node, sender, seq=6), honest_batch(node, other, seq=1)]  # same question twice
     assert len(sample(node, exchange)) == 1
-    total_dupes = exchange.peers[sender.peer_id].reasons[R_DUPLICATE] + exchange.peers[other.peer_id].reasons[R_DUPLICATE]
+    total_dupes = sum(exchange.peers[peer.peer_id].reasons[R_DUPLICATE] for peer in (sender, other))
     assert total_dupes == 2
 
 
@@ -351,7 +352,8 @@ def test_a_node_trains_on_i_of_its_own_groups_and_j_external(tiny_model_dir: Pat
 
 
 @pytest.mark.integration
-def test_when_the_hosting_node_stops_another_local_node_takes_the_relay_over(tiny_model_dir: Path, tmp_path: Path) -> None:
+def test_when_the_hosting_node_stops_another_local_node_takes_the_relay_over(tiny_model_dir: Path,
+                                                                             tmp_path: Path) -> None:
     import threading
 
     port = free_port()
@@ -379,7 +381,8 @@ def test_when_the_hosting_node_stops_another_local_node_takes_the_relay_over(tin
 
 
 @pytest.mark.parametrize("informative_first", [False, True])
-def test_the_i_own_groups_are_random_or_informative_first(tiny_model_dir: Path, tmp_path: Path, informative_first: bool) -> None:
+def test_the_i_own_groups_are_random_or_informative_first(tiny_model_dir: Path, tmp_path: Path,
+                                                          informative_first: bool) -> None:
     from engine.rollouts import Group
 
     cfg = config(tiny_model_dir, "tasks.questions_per_round=8", "swarm.local_groups=3",
@@ -387,7 +390,8 @@ def test_the_i_own_groups_are_random_or_informative_first(tiny_model_dir: Path, 
     node = Node(cfg, Paths.under(tmp_path / "n"), lambda event: None)
     questions = node.taskset.draw(1, 8)
     # Groups 2 and 6 are the round's only informative ones.
-    groups = [Group(q, [i], [], [0.0, 1.0], [-1.0, 1.0] if i in (2, 6) else [0.0, 0.0]) for i, q in enumerate(questions)]
+    groups = [Group(q, [i], [], [0.0, 1.0], [-1.0, 1.0] if i in (2, 6) else [0.0, 0.0]) for i,
+              q in enumerate(questions)]
     picks = [[groups.index(g) for g in node.own_groups(r, groups)] for r in range(1, 41)]
     assert all(len(p) == 3 and p == sorted(p) for p in picks)
     assert node.own_groups(7, groups) == node.own_groups(7, groups)  # a function of the seed and round

@@ -1,4 +1,4 @@
-"""A swarm's model policy and a node's model label (engine/model_policy.py, issue 29).
+"""A swarm's model policy and a node's model label (engine/common/model_policy.py, issue 29).
 
 Pure parts with values worked out by hand; the label of a real model folder
 and of the bundled GGUF against `hashlib`; then real relays on loopback: the
@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
-from engine.errors import ConfigError
-from engine.model_policy import (
+from engine.common.errors import ConfigError
+from engine.common.model_policy import (
     HASH_CACHE_FILE,
     MAX_LABEL_CHARS,
     UNDECLARED,
@@ -36,8 +36,8 @@ from engine.model_policy import (
     split_label,
     weights_hash,
 )
+from engine.relay.settings import settings_from_args
 from engine.swarm import protocol
-from engine.swarm.relay_settings import settings_from_args
 from tests.swarm.conftest import StartRelay
 from tests.swarm.doc_client import DocPeer, item
 
@@ -66,7 +66,8 @@ def test_the_relay_setting_reads_one_model_mixed_or_nothing() -> None:
     assert parse_models_setting("") == UNDECLARED and parse_models_setting("  ") == UNDECLARED
     assert parse_models_setting("Mixed") == ModelPolicy("mixed")
     single = parse_models_setting(f"SmolLM2-135M-Instruct@{H1}")
-    assert single == ModelPolicy("single", "SmolLM2-135M-Instruct", H1) and single.label == f"SmolLM2-135M-Instruct@{H1}"
+    assert single == ModelPolicy("single", "SmolLM2-135M-Instruct",
+                                 H1) and single.label == f"SmolLM2-135M-Instruct@{H1}"
     assert single.admits(f"other-name@{H1}") and not single.admits(f"SmolLM2-135M-Instruct@{H2}")
     assert not single.admits("bundled")
     assert ModelPolicy("mixed").admits("anything") and UNDECLARED.admits("anything")
@@ -118,7 +119,8 @@ def test_several_weights_files_hash_as_their_sha256sum_list(tmp_path: Path) -> N
     a, b = tmp_path / "b.safetensors", tmp_path / "a.safetensors"
     a.write_bytes(b"one")
     b.write_bytes(b"two")
-    listing = f"{hashlib.sha256(b'two').hexdigest()}  a.safetensors\n{hashlib.sha256(b'one').hexdigest()}  b.safetensors\n"
+    listing = (f"{hashlib.sha256(b'two').hexdigest()}  a.safetensors\n"
+               f"{hashlib.sha256(b'one').hexdigest()}  b.safetensors\n")
     assert weights_hash([a, b]) == hashlib.sha256(listing.encode()).hexdigest()
     assert weights_hash([a]) == hashlib.sha256(b"one").hexdigest()
     with pytest.raises(ConfigError, match="no weights file"):
@@ -204,8 +206,8 @@ async def test_a_mixed_or_silent_relay_takes_every_label_and_says_so(start_relay
 def test_a_node_learns_the_policy_from_the_welcome_and_labels_its_batches(
     tiny_model_dir: Path, tmp_path: Path, start_relay: StartRelay, setting: str
 ) -> None:
+    from engine.common.paths import Paths
     from engine.exchange import open_swarm
-    from engine.paths import Paths
     from engine.sapo import Node
     from tests.swarm.test_mix import config, parity_reward
 

@@ -9,8 +9,8 @@ import time
 
 import pytest
 
+from bench.harness.servers import RedisServer
 from engine.swarm import protocol as p
-from tests.servers import RedisServer
 from tests.swarm.conftest import StartRelay
 from tests.swarm.doc_client import DocPeer, item
 

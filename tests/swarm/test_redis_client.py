@@ -1,4 +1,5 @@
-"""The relay process's one Redis client (engine/swarm/brokers.py, `redis_client`), shared by its broker, live stats and credit.
+"""The relay process's one Redis client (engine/relay/brokers.py, `redis_client`), shared by its broker, live
+stats and credit.
 
     .venv/bin/python -m pytest -q tests/swarm/test_redis_client.py
 
@@ -24,9 +25,9 @@ import aiohttp
 import pytest
 import redis.asyncio as aioredis
 
-from engine.swarm.brokers import REDIS_MAX_CONNECTIONS
-from engine.swarm.relay import EmbeddedRelay
-from tests.servers import RedisServer
+from bench.harness.servers import RedisServer
+from engine.relay.brokers import REDIS_MAX_CONNECTIONS
+from engine.relay.server import EmbeddedRelay
 from tests.swarm.conftest import StartRelay
 from tests.swarm.doc_client import DocPeer, b64, item
 

@@ -16,8 +16,8 @@ from collections.abc import Callable
 
 import pytest
 
+from bench.harness.servers import RedisServer
 from engine.swarm import protocol as p
-from tests.servers import RedisServer
 from tests.swarm.conftest import StartRelay
 from tests.swarm.doc_client import DocPeer, item
 
@@ -36,7 +36,7 @@ async def _until(what: str, check: Callable[[], bool], timeout: float = 15.0) ->
 
 async def test_relays_ride_out_a_redis_restart_and_say_so(start_relay: StartRelay, redis_server: RedisServer,
                                                           caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, logger="engine.swarm.brokers")
+    caplog.set_level(logging.INFO, logger="engine.relay.brokers")
     one = start_relay(redis=redis_server.url)
     two = start_relay(redis=redis_server.url)
     sender, reader = DocPeer(one.url), DocPeer(two.url)
@@ -45,7 +45,7 @@ async def test_relays_ride_out_a_redis_restart_and_say_so(start_relay: StartRela
     assert (await sender.publish([item("before")]))["type"] == "published"
 
     def messages(text: str) -> list[logging.LogRecord]:
-        return [r for r in caplog.records if r.name == "engine.swarm.brokers" and text in r.getMessage()]
+        return [r for r in caplog.records if r.name == "engine.relay.brokers" and text in r.getMessage()]
 
     redis_server.stop()
     # A publish while Redis is away is refused for now, as `internal`, and the connection stays up.

@@ -6,7 +6,6 @@ import asyncio
 import json
 import logging
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -16,21 +15,13 @@ from pathlib import Path
 
 import pytest
 
+from bench.harness.servers import free_port
 from engine.swarm import protocol as p
-from tests.servers import free_port
 from tests.swarm.conftest import StartRelay
-from tests.swarm.doc_client import DocPeer, b64, item
+from tests.swarm.doc_client import DocPeer, b64, http_text, item, joined
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.integration  # every test here starts a relay
-
-
-async def joined(url: str, **kw: object) -> DocPeer:
-    peer = DocPeer(url, **kw)  # type: ignore[arg-type]
-    welcome = await peer.connect()
-    assert welcome["type"] == "welcome", welcome
-    assert welcome["peer"] == peer.peer_id
-    return peer
 
 
 async def test_publish_then_another_peer_samples_it(start_relay: StartRelay) -> None:
@@ -216,7 +207,7 @@ async def test_sigterm_closes_connections_cleanly_and_exits_zero(tmp_path: Path)
     port = free_port()
     config = tmp_path / "relay.toml"
     config.write_text('name = "toml-relay"\nwindow = 8\n')
-    proc = subprocess.Popen([sys.executable, "-m", "engine.swarm.relay", "--port", str(port), "--config", str(config),
+    proc = subprocess.Popen([sys.executable, "-m", "engine.relay", "--port", str(port), "--config", str(config),
                              "--data-dir", str(tmp_path / "relay")], cwd=ROOT, stderr=subprocess.PIPE, text=True)
     try:
         url = f"ws://127.0.0.1:{port}/ws"
@@ -254,12 +245,12 @@ def test_bad_flags_and_config_exit_2_with_one_line(tmp_path: Path) -> None:
     unknown.write_text("colour = 1\n")
     for args in (["--config", str(bad)], ["--config", str(unknown)], ["--rate", "-1"],
                  ["--ban-keys-file", str(tmp_path / "missing")], ["--redis", "http://x"]):
-        out = subprocess.run([sys.executable, "-m", "engine.swarm.relay", *args], cwd=ROOT, capture_output=True,
+        out = subprocess.run([sys.executable, "-m", "engine.relay", *args], cwd=ROOT, capture_output=True,
                              text=True, timeout=60, env={**os.environ})
         assert out.returncode == 2, (args, out.stderr)
         assert out.stderr.startswith("sapling-relay: "), out.stderr
         assert "Traceback" not in out.stderr
-    help_text = subprocess.run([sys.executable, "-m", "engine.swarm.relay", "--help"], cwd=ROOT, capture_output=True,
+    help_text = subprocess.run([sys.executable, "-m", "engine.relay", "--help"], cwd=ROOT, capture_output=True,
                                text=True, timeout=60).stdout
     for flag in ("--redis", "--join-token", "--allow-keys-file", "--ban-keys-file", "--max-conn-per-ip", "--rate",
                  "--send-queue", "--window", "--name", "--description", "--contact", "--public-url", "--data-dir"):
@@ -268,127 +259,12 @@ def test_bad_flags_and_config_exit_2_with_one_line(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("bad", ["x", "not-a-key", "AAAA", "0123456789abcdef012"])
 def test_key_lists_reject_garbage(bad: str, tmp_path: Path) -> None:
-    from engine.swarm.relay import settings_from_args
+    from engine.relay.settings import settings_from_args
 
     keys = tmp_path / "keys"
     keys.write_text(f"# comment\n\n{bad}\n")
     with pytest.raises(ValueError):
         settings_from_args(["--ban-keys-file", str(keys)])
-
-
-# -- issue 14: the relay against docs/protocol.md, one test per difference found ----------------
-DOC = (ROOT / "docs" / "protocol.md").read_text(encoding="utf-8")
-
-
-def _doc_limits() -> dict[str, float]:
-    """The limits table of docs/protocol.md: `limits` key -> value."""
-    section = DOC[DOC.index("## Limits"):DOC.index("## Errors")]
-    rows = re.findall(r"^\| `([a-z_]+)` \| ([0-9.]+) \|", section, flags=re.MULTILINE)
-    return {key: float(value) for key, value in rows}
-
-
-def _http(relay_url: str, path: str) -> str:
-    return urllib.request.urlopen(relay_url.replace("ws://", "http://").replace("/ws", path)).read().decode()
-
-
-async def test_welcome_limits_repeat_the_pages_table_with_this_relays_flags(start_relay: StartRelay) -> None:
-    documented = _doc_limits()
-    assert len(documented) == 22
-    relay = start_relay()
-    peer = DocPeer(relay.url)
-    welcome = await peer.connect()
-    assert welcome["limits"] == documented  # every key, every default value, nothing else
-    await peer.close()
-    tuned = start_relay(rate=5.0, burst=7.0, max_conn_per_ip=3, send_queue=9, window=11, heartbeat=13.0)
-    peer = DocPeer(tuned.url)
-    limits = (await peer.connect())["limits"]
-    assert {k: limits[k] for k in ("rate_per_s", "burst", "max_conn_per_ip", "send_queue", "window_batches",
-                                   "heartbeat_s")} == {"rate_per_s": 5, "burst": 7, "max_conn_per_ip": 3,
-                                                       "send_queue": 9, "window_batches": 11, "heartbeat_s": 13}
-    await peer.close()
-
-
-@pytest.mark.parametrize("n", [None, "4", 0, 17, 2.5, True])
-async def test_a_bad_sample_gets_bad_schema_with_its_id(start_relay: StartRelay, n: object) -> None:
-    relay = start_relay()
-    peer = await joined(relay.url)
-    message: dict[str, object] = {"type": "sample", "v": 1, "id": 41}
-    if n is not None:
-        message["n"] = n
-    await peer.send(message)
-    assert await peer.recv() == {"type": "error", "v": 1, "code": p.E_BAD_SCHEMA, "message": ANY_TEXT, "id": 41}
-    # a request whose id is itself broken cannot be named: bad_schema without an id
-    await peer.send({"type": "sample", "v": 1, "id": -1, "n": 1})
-    answer = await peer.recv()
-    assert answer["code"] == p.E_BAD_SCHEMA and "id" not in answer
-    await peer.send({"type": "sample", "v": 1, "n": 1})
-    answer = await peer.recv()
-    assert answer["code"] == p.E_BAD_SCHEMA and "id" not in answer
-    await peer.close()
-
-
-async def test_an_error_about_any_message_with_an_id_carries_it(start_relay: StartRelay) -> None:
-    relay = start_relay()
-    peer = await joined(relay.url)
-    payload = peer.batch_payload([item()])
-    await peer.send({"type": "publish", "v": 1, "id": 8, "payload": payload, "sig": b64(b"\0" * 64)})
-    answer = await peer.recv()
-    assert answer["code"] == p.E_BAD_SIGNATURE and answer["id"] == 8
-    await peer.send({"type": "publish", "v": 1, "id": 9, "payload": payload + "x", "sig": peer.sign(payload + "x")})
-    answer = await peer.recv()
-    assert answer["code"] == p.E_BAD_JSON and answer["id"] == 9
-    await peer.close()
-
-
-class _AnyText(str):
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, str) and bool(other)
-
-    __hash__ = str.__hash__
-
-
-ANY_TEXT = _AnyText()
-
-
-async def test_a_model_name_over_128_characters_is_too_large(start_relay: StartRelay) -> None:
-    relay = start_relay()
-    peer = await joined(relay.url)
-    payload = json.loads(peer.batch_payload([item()]))
-    payload["model"] = "m" * 129
-    text = json.dumps(payload)
-    await peer.send({"type": "publish", "v": 1, "payload": text, "sig": peer.sign(text)})
-    assert (await peer.recv())["code"] == p.E_TOO_LARGE
-    payload["model"] = "é" * 128  # 128 characters (256 bytes) is allowed
-    payload["seq"] = peer.seq + 1
-    text = json.dumps(payload, ensure_ascii=False)
-    await peer.send({"type": "publish", "v": 1, "payload": text, "sig": peer.sign(text)})
-    assert (await peer.recv())["type"] == "published"
-    await peer.close()
-
-
-async def test_the_payload_limit_counts_characters_not_bytes(start_relay: StartRelay) -> None:
-    relay = start_relay()
-    peer = await joined(relay.url)
-
-    async def publish(items: list[dict[str, object]]) -> dict[str, object]:
-        peer.seq += 1
-        text = json.dumps({"kind": "batch", "key": b64(peer.public), "seq": peer.seq, "ts": time.time(),
-                           "model": "doc", "items": items}, ensure_ascii=False)
-        frame = json.dumps({"type": "publish", "v": 1, "payload": text, "sig": peer.sign(text)}, ensure_ascii=False)
-        assert len(frame.encode("utf-8")) <= p.MAX_FRAME_BYTES
-        await peer.send_raw(frame)
-        return await peer.recv()
-
-    # 128,000+ characters of "é": 256,000+ UTF-8 bytes, more than MAX_PAYLOAD_CHARS bytes, fewer characters
-    wide = [item(completions=tuple("é" * 8000 for _ in range(16)))]
-    text_len = len(json.dumps(wide, ensure_ascii=False))
-    assert text_len < p.MAX_PAYLOAD_CHARS < len(json.dumps(wide, ensure_ascii=False).encode("utf-8"))
-    assert (await publish(wide))["type"] == "published"
-    # over MAX_PAYLOAD_CHARS characters (ASCII, so the frame still fits): too_large
-    long = [item(completions=tuple("x" * 7700 for _ in range(16)))] * 2
-    assert len(json.dumps(long)) > p.MAX_PAYLOAD_CHARS
-    assert (await publish(long))["code"] == p.E_TOO_LARGE
-    await peer.close()
 
 
 async def test_online_counts_peers_the_moment_they_join_and_leave(start_relay: StartRelay) -> None:
@@ -397,15 +273,15 @@ async def test_online_counts_peers_the_moment_they_join_and_leave(start_relay: S
     await b.send({"type": "stats", "v": 1})
     stats = await b.recv(skip_stats=False)
     assert stats["online"] == 2
-    assert json.loads(_http(relay.url, "/healthz"))["online"] == 2
+    assert json.loads(http_text(relay.url, "/healthz"))["online"] == 2
     await a.close()
     await b.close()
     deadline = time.monotonic() + 10
-    while json.loads(_http(relay.url, "/healthz"))["connections"] and time.monotonic() < deadline:
+    while json.loads(http_text(relay.url, "/healthz"))["connections"] and time.monotonic() < deadline:
         await asyncio.sleep(0.02)
-    health = json.loads(_http(relay.url, "/healthz"))
+    health = json.loads(http_text(relay.url, "/healthz"))
     assert health["connections"] == 0 and health["online"] == 0
-    assert "sapling_relay_peers_online 0" in _http(relay.url, "/metrics")
+    assert "sapling_relay_peers_online 0" in http_text(relay.url, "/metrics")
 
 
 async def test_a_client_silent_for_two_pings_gets_heartbeat_timeout_and_close_1008(start_relay: StartRelay) -> None:
@@ -459,98 +335,6 @@ async def test_a_slow_consumer_that_reads_again_finds_slow_consumer_and_close_10
     await publisher.close()
 
 
-async def test_binary_frames_are_read_as_text_and_invalid_utf8_text_closes_1007(start_relay: StartRelay) -> None:
-    relay = start_relay()
-    peer = await joined(relay.url)
-    await peer.send_binary(json.dumps({"type": "sample", "v": 1, "id": 5, "n": 1}).encode())
-    answer = await peer.recv()
-    assert answer["type"] == "batches" and answer["id"] == 5
-    await peer.send_binary(b"\xff\xfe{}")
-    assert (await peer.recv())["code"] == p.E_BAD_JSON  # binary that is not UTF-8: refused, still open
-    await peer.send({"type": "stats", "v": 1})
-    assert (await peer.recv(skip_stats=False))["type"] == "stats"
-    await peer.close()
-    assert await _raw_invalid_text_frame(relay.url) == 1007
-
-
-async def _raw_invalid_text_frame(url: str) -> int:
-    """Send a text frame whose bytes are not UTF-8 (no websocket library will), return the close code."""
-    host, port = url.removeprefix("ws://").split("/")[0].split(":")
-    reader, writer = await asyncio.open_connection(host, int(port))
-    key = b64(os.urandom(16))
-    writer.write(f"GET /ws HTTP/1.1\r\nHost: {host}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-                 f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n".encode())
-    assert b" 101 " in await reader.readuntil(b"\r\n\r\n")
-    body, mask = b"\xc3\x28", os.urandom(4)
-    writer.write(bytes([0x81, 0x80 | len(body)]) + mask + bytes(c ^ mask[i % 4] for i, c in enumerate(body)))
-    await writer.drain()
-    try:
-        while True:  # the challenge first, then the close frame
-            head = await asyncio.wait_for(reader.readexactly(2), 10)
-            size = head[1] & 0x7F
-            if size == 126:
-                size = int.from_bytes(await reader.readexactly(2), "big")
-            data = await reader.readexactly(size)
-            if head[0] & 0x0F == 0x8:
-                return int.from_bytes(data[:2], "big")
-    finally:
-        writer.close()
-
-
-@pytest.mark.parametrize(("frame", "code"), [
-    ('{"type":"stats","v":1,"x":NaN}', p.E_BAD_JSON),
-    ('{"type":"stats","v":1,"x":Infinity}', p.E_BAD_JSON),
-    ('{"type":"stats","v":1,"x":1e999}', p.E_BAD_JSON),
-])
-async def test_non_finite_numbers_in_a_message_are_bad_json(start_relay: StartRelay, frame: str, code: str) -> None:
-    relay = start_relay()
-    peer = await joined(relay.url)
-    await peer.send_raw(frame)
-    assert (await peer.recv())["code"] == code
-    await peer.close()
-
-
-@pytest.mark.parametrize(("payload_text", "code"), [
-    (lambda d: json.dumps(d).replace('"ts": ', '"ts": NaN, "x": '), p.E_BAD_JSON),
-    (lambda d: json.dumps({**d, "ts": 1e999}).replace("Infinity", "1e999"), p.E_BAD_JSON),
-    (lambda d: json.dumps(d).replace("<answer>2</answer>", "\\ud800"), p.E_BAD_SCHEMA),
-    (lambda d: json.dumps({**d, "items": [{**d["items"][0], "rewards": [1.0]}]}), p.E_BAD_SCHEMA),
-])
-async def test_payload_numbers_surrogates_and_reward_lengths_have_their_codes(
-        start_relay: StartRelay, payload_text: object, code: str) -> None:
-    relay = start_relay()
-    peer = await joined(relay.url)
-    text = payload_text(json.loads(peer.batch_payload([item()])))  # type: ignore[operator]
-    await peer.send({"type": "publish", "v": 1, "payload": text, "sig": peer.sign(text)})
-    assert (await peer.recv())["code"] == code
-    await peer.close()
-
-
-async def test_a_second_hello_is_bad_schema_and_the_connection_stays(start_relay: StartRelay) -> None:
-    relay = start_relay()
-    peer = await joined(relay.url)
-    payload = json.dumps({"kind": "hello", "key": b64(peer.public), "nonce": "ab" * 32, "ts": time.time(),
-                          "token": "", "software": "doc"})
-    await peer.send({"type": "hello", "v": 1, "payload": payload, "sig": peer.sign(payload)})
-    assert (await peer.recv())["code"] == p.E_BAD_SCHEMA
-    assert (await peer.publish([item()]))["type"] == "published"
-    await peer.close()
-
-
-@pytest.mark.parametrize("first", [
-    "{not json", '{"type":"hello","v":1}', '{"type":"hello","v":1,"payload":"{}","sig":"AAAA"}',
-    '{"type":"stats","v":1}', "[1]",
-])
-async def test_a_malformed_hello_is_not_authenticated_and_closed_1008(start_relay: StartRelay, first: str) -> None:
-    relay = start_relay()
-    peer = DocPeer(relay.url)
-    await peer.connect(hello=False)
-    await peer.send_raw(first)
-    assert (await peer.recv())["code"] == p.E_AUTH
-    assert await peer.recv() == {"type": "closed", "code": 1008}
-    await peer.close()
-
-
 async def test_a_join_token_and_an_allow_list_together_need_both(start_relay: StartRelay) -> None:
     allowed = DocPeer("", token="s3cret")
     relay = start_relay(join_token="s3cret", allow_keys=[b64(allowed.public)])
@@ -576,7 +360,8 @@ async def test_refusals_are_summed_per_peer_at_info_level(start_relay: StartRela
     assert (await peer.recv())["code"] == p.E_BAD_SCHEMA
 
     def summaries() -> list[logging.LogRecord]:
-        return [r for r in caplog.records if r.getMessage() == "refused messages" and getattr(r, "peer", "") == peer.peer_id]
+        return [r for r in caplog.records if r.getMessage() == "refused messages"
+                and getattr(r, "peer", "") == peer.peer_id]
 
     deadline = time.monotonic() + 10
     while not summaries() and time.monotonic() < deadline:
@@ -590,8 +375,9 @@ async def test_refusals_are_summed_per_peer_at_info_level(start_relay: StartRela
 
 async def test_a_second_sigterm_during_shutdown_is_ignored_and_the_relay_exits_zero(
         caplog: pytest.LogCaptureFixture) -> None:
-    from engine.swarm.brokers import MemoryBroker
-    from engine.swarm.relay import Relay, RelaySettings, serve
+    from engine.relay.brokers import MemoryBroker
+    from engine.relay.cli import serve
+    from engine.relay.server import Relay, RelaySettings
 
     class HeldBroker(MemoryBroker):
         """Holds the shutdown open until the test lets go, so the second signal lands inside it."""

@@ -13,15 +13,15 @@ from pathlib import Path
 import pytest
 import segno
 
-from engine.rules import Invite, parse_invite
-from engine.swarm import relay_invite
-from engine.swarm.relay_settings import settings_from_args
+from engine.common.rules import Invite, parse_invite
+from engine.relay import invite as relay_invite
+from engine.relay.settings import settings_from_args
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "engine.swarm.relay", *args], cwd=ROOT, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "engine.relay", *args], cwd=ROOT, capture_output=True,
                           text=True, timeout=60)
 
 

@@ -1,4 +1,4 @@
-"""`--trusted-proxy`: behind Caddy the relay counts and logs each node by its own address (engine/swarm/relay_proxy.py).
+"""`--trusted-proxy`: behind Caddy the relay counts and logs each node by its own address (engine/relay/proxy.py).
 
     .venv/bin/python -m pytest -q tests/swarm/test_relay_proxy.py
 
@@ -21,10 +21,10 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from engine.relay.cli import main as relay_main
+from engine.relay.proxy import TrustedProxies, parse_network
+from engine.relay.settings import settings_from_args
 from engine.swarm import protocol as p
-from engine.swarm.relay import main as relay_main
-from engine.swarm.relay_proxy import TrustedProxies, parse_network
-from engine.swarm.relay_settings import settings_from_args
 from tests.swarm.conftest import StartRelay
 from tests.swarm.doc_client import DocPeer
 

@@ -28,7 +28,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,7 +36,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests.servers import RedisServer, free_port, wait_listening
+from bench.harness.servers import RedisServer, free_port, wait_listening
 
 ROOT = Path(__file__).resolve().parents[2]
 KIT = ROOT / "installers" / "relay"
@@ -110,27 +110,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                                            redis.url, "--name", name,
                                            "--data-dir", str(tmp_path / "relay-data"), "--log-level", "info",
                                            "--trusted-proxy", "127.0.0.1", "--reject-log-every", "0.5"], port)
-        https_port, http_port = free_port(), free_port()
-        storage = tmp_path / "caddy"
-        caddyfile = tmp_path / "Caddyfile"
-        caddyfile.write_text(TEST_GLOBALS % {"storage": storage, "http_port": http_port, "https_port": https_port}
-                             + (KIT / "Caddyfile").read_text())
-        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path),
-               "XDG_CONFIG_HOME": str(tmp_path / "xdg-config"), "XDG_DATA_HOME": str(tmp_path / "xdg-data"),
-               "SAPLING_DOMAIN": f"localhost:{https_port}",
-               "SAPLING_UPSTREAMS": " ".join(f"127.0.0.1:{port}" for port in relay_ports)}
-        start("caddy", [CADDY, "run", "--config", str(caddyfile), "--adapter", "caddyfile"], https_port, env)
-        stack = Stack(https_port, relay_ports, storage / "pki" / "authorities" / "local" / "root.crt", logs)
-        deadline = time.monotonic() + 30
-        while True:  # the certificate is issued just after Caddy starts listening
-            try:
-                if stack.ca.exists() and stack.get("/healthz")[0] == 200:
-                    break
-            except (OSError, ssl.SSLError):
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"caddy did not serve https: {(logs / 'caddy.log').read_text()[-2000:]}")
-            time.sleep(0.1)
+        caddy, https_port, ca = start_caddy(tmp_path, logs, relay_ports)
+        procs.append(caddy)
+        stack = Stack(https_port, relay_ports, ca, logs)
         yield stack
     finally:
         for proc in reversed(procs):
@@ -142,6 +124,44 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                 proc.kill()
                 proc.wait(timeout=10)
         redis.stop()
+
+
+def start_caddy(tmp_path: Path, logs: Path, relay_ports: Sequence[int]) -> tuple[subprocess.Popen[bytes], int, Path]:
+    """Caddy serving the kit's Caddyfile on free ports in front of `relay_ports`, once it serves
+    https://localhost:PORT/healthz with its own CA: (the process, the HTTPS port, the CA's root certificate).
+    Its log is logs/caddy.log; its storage and home are under `tmp_path`. Also tests/swarm/test_restarts.py."""
+    assert CADDY is not None
+    https_port, http_port = free_port(), free_port()
+    storage = tmp_path / "caddy"
+    caddyfile = tmp_path / "Caddyfile"
+    caddyfile.write_text(TEST_GLOBALS % {"storage": storage, "http_port": http_port, "https_port": https_port}
+                         + (KIT / "Caddyfile").read_text())
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path),
+           "XDG_CONFIG_HOME": str(tmp_path / "xdg-config"), "XDG_DATA_HOME": str(tmp_path / "xdg-data"),
+           "SAPLING_DOMAIN": f"localhost:{https_port}",
+           "SAPLING_UPSTREAMS": " ".join(f"127.0.0.1:{port}" for port in relay_ports)}
+    log = logs / "caddy.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen([CADDY, "run", "--config", str(caddyfile), "--adapter", "caddyfile"], stdout=out,
+                                stderr=subprocess.STDOUT, env=env, cwd=tmp_path)
+    ca = storage / "pki" / "authorities" / "local" / "root.crt"
+    try:
+        wait_listening(https_port, proc, "caddy", log)
+        probe = Stack(https_port, (0, 0), ca, logs)
+        deadline = time.monotonic() + 30
+        while True:  # the certificate is issued just after Caddy starts listening
+            try:
+                if ca.exists() and probe.get("/healthz")[0] == 200:
+                    return proc, https_port, ca
+            except (OSError, ssl.SSLError):
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"caddy did not serve https: {log.read_text()[-2000:]}")
+            time.sleep(0.1)
+    except BaseException:
+        proc.terminate()
+        proc.wait(timeout=20)
+        raise
 
 
 def smoke(stack: Stack, *args: str) -> tuple[int, dict[str, Any], str]:

@@ -33,13 +33,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from bench.harness.servers import RedisServer, free_port, wait_listening
 from engine import __version__
-from engine.rules import Invite
+from engine.common.rules import Invite
+from engine.relay.info import INFO_FIELDS, LIVE_FIELDS, relay_identity
+from engine.relay.web import DOWNLOAD_URL, SECURITY_HEADERS, wants_json
 from engine.swarm import protocol
 from engine.swarm.identity import Identity
-from engine.swarm.relay_info import INFO_FIELDS, LIVE_FIELDS, relay_identity
-from engine.swarm.relay_web import DOWNLOAD_URL, SECURITY_HEADERS, wants_json
-from tests.servers import RedisServer, free_port, wait_listening
 from tests.swarm.conftest import StartRelay
 from tests.swarm.doc_client import DocPeer, item
 
@@ -401,7 +401,7 @@ def test_fuzz_join_queries_get_a_page_or_a_400(start_relay: StartRelay, pairs: l
 
 def test_the_relay_process_logs_a_malformed_request_in_one_line(tmp_path: Path) -> None:
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "engine.swarm.relay", "--port", str(port), "--data-dir",
+    proc = subprocess.Popen([sys.executable, "-m", "engine.relay", "--port", str(port), "--data-dir",
                              str(tmp_path)], cwd=ROOT, stderr=subprocess.PIPE, text=True)
     try:
         wait_listening(port, proc, "the relay")

@@ -1,0 +1,592 @@
+"""Typed, validated configuration for a Sapling node.
+
+A `NodeConfig` has four sections, the same as the TOML file
+(``config.toml`` in the platformdirs config dir)::
+
+    [model]  source = "bundled"
+    [tasks]  questions_per_round = 8   specialties = { basic_arithmetic = 3.0, ... }
+    [grpo]   learning_rate = 3e-4      eps_low = 0.2   eps_high = 0.28   kl_beta = 0.0
+    [run]    device = "auto"           seed = -1       run_name = "default"
+
+Precedence: defaults < preset < TOML file < ``--set section.key=value`` flags.
+Every value is checked in ``__post_init__``; a bad one raises `ConfigError`
+with one sentence naming the key and what is allowed (the CLI exits 2).
+
+    python -m engine.common.config          # print the effective default config as TOML
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import tomllib
+from dataclasses import MISSING, asdict, dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+import tomlkit
+
+from engine.common.errors import ConfigError
+from engine.common.rules import INVITE_MAX_CHARS, parse_invite
+
+SAPO_SPECIALTIES = (
+    "base_conversion",
+    "basic_arithmetic",
+    "arc_1d",
+    "bf",
+    "propositional_logic",
+    "fraction_simplification",
+    "decimal_arithmetic",
+    "calendar_arithmetic",
+    "binary_matrix",
+)
+
+
+# Tuned for the bundled 135M model on a CPU (docs/results.md). GRPO learns only
+# from groups whose rewards differ: in two 40-round runs the model earned mixed
+# rewards on basic_arithmetic and calendar_arithmetic, rarely on base_conversion
+# and fraction_simplification, never on bf, decimal_arithmetic or arc_1d, and was
+# already near 1.0 on propositional_logic. The weights put the rounds where the
+# signal is; every specialty keeps some weight so all nine stay in the mix. The
+# paper preset uses uniform weights.
+DEFAULT_WEIGHTS: dict[str, float] = {
+    "base_conversion": 1.5,
+    "basic_arithmetic": 3.0,
+    "arc_1d": 0.25,
+    "bf": 0.25,
+    "propositional_logic": 0.5,
+    "fraction_simplification": 1.0,
+    "decimal_arithmetic": 0.25,
+    "calendar_arithmetic": 3.0,
+    "binary_matrix": 0.5,
+}
+
+
+def _help(text: str, default: Any = MISSING, factory: Any = MISSING) -> Any:
+    if factory is not MISSING:
+        return field(default_factory=factory, metadata={"help": text})
+    return field(default=default, metadata={"help": text})
+
+
+def _positive_int(section: str, key: str, value: object, upper: int | None = None) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{section}.{key} must be a whole number of at least 1, got {value!r}.")
+    if upper is not None and value > upper:
+        raise ConfigError(f"{section}.{key} must be at most {upper}, got {value}.")
+
+
+def _number(section: str, key: str, value: object, low: float, high: float, *, open_low: bool = False) -> None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if ok and (value < low or value > high or (open_low and value == low)):  # type: ignore[operator]
+        ok = False
+    if not ok:
+        bound = f"greater than {low}" if open_low else f"at least {low}"
+        raise ConfigError(f"{section}.{key} must be a number {bound} and at most {high}, got {value!r}.")
+
+
+def _peer_reference(text: str) -> bool:
+    """A peer id (20 lowercase hex characters) or a base64 Ed25519 public key (32 bytes)."""
+    import base64
+    import binascii
+
+    if len(text) == 20 and all(c in "0123456789abcdef" for c in text):
+        return True
+    try:
+        return len(base64.b64decode(text, validate=True)) == 32
+    except (binascii.Error, ValueError):
+        return False
+
+
+def _choice(section: str, key: str, value: object, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ConfigError(f"{section}.{key} must be one of {', '.join(allowed)}; got {value!r}.")
+
+
+@dataclass
+class ModelConfig:
+    source: str = _help("'bundled' (SmolLM2-135M-Instruct), a local HF folder, or a HF hub id.", "bundled")
+    revision: str = _help("Hub revision (branch, tag or commit) for a hub id; empty for the default.", "")
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.source, str) or not self.source.strip():
+            raise ConfigError("model.source must be 'bundled', a folder path or a hub id like org/name.")
+        if not isinstance(self.revision, str):
+            raise ConfigError("model.revision must be a string (a branch, tag or commit).")
+
+
+@dataclass
+class TaskConfig:
+    specialties: dict[str, float] = _help(
+        "ReasoningGYM specialties and their relative weights (0 disables one).",
+        factory=lambda: dict(DEFAULT_WEIGHTS),
+    )
+    dataset_configs: dict[str, dict[str, Any]] = _help(
+        "Per-specialty ReasoningGYM config overrides, e.g. {basic_arithmetic = {max_terms = 3}}.",
+        factory=dict,
+    )
+    questions_per_round: int = _help("Questions drawn per round (B).", 8)
+    completions_per_question: int = _help("Completions sampled per question (G).", 8)
+    max_new_tokens: int = _help("Cap on completion length, in tokens.", 48)
+    temperature: float = _help("Sampling temperature for rollouts.", 0.7)
+    eval_every: int = _help("Run the held-out evaluation every N rounds (0: never).", 10)
+    eval_questions: int = _help(
+        "Size of the fixed held-out evaluation set (greedy pass@1), drawn evenly over the specialties; what an "
+        "evaluation costs: docs/results.md 'Rollout speed'.", 108,
+    )
+    difficulty: str = _help(
+        "'fixed': every specialty at its default config, drawn by the weights above. 'adaptive': each specialty "
+        "moves up or down a level of its curriculum to keep its pass rate where answers differ, the weights follow "
+        "where groups are informative (never below a floor), and kinds whose answers all scored the same lately "
+        "are drawn less but never not at all (engine/curriculum.py). A specialty with its own dataset_configs entry "
+        "keeps that config. The held-out set stays at the default level.",
+        "fixed",
+    )
+    eval_harder: bool = _help(
+        "Also measure a second fixed held-out set one level harder than the default (as many questions, about as "
+        "much time again), so progress beyond the default level shows.", False,
+    )
+
+    def __post_init__(self) -> None:
+        s = "tasks"
+        if not isinstance(self.specialties, dict) or not self.specialties:
+            raise ConfigError(f"{s}.specialties must be a table of specialty = weight, e.g. "
+                              "{basic_arithmetic = 1.0}.")
+        for name, weight in self.specialties.items():
+            if name not in SAPO_SPECIALTIES:
+                raise ConfigError(
+                    f"{s}.specialties has unknown specialty {name!r}; allowed: {', '.join(SAPO_SPECIALTIES)}."
+                )
+            _number(s, f"specialties.{name}", weight, 0.0, 1e6)
+        if not any(w > 0 for w in self.specialties.values()):
+            raise ConfigError(f"{s}.specialties must give at least one specialty a weight above 0.")
+        if not isinstance(self.dataset_configs, dict):
+            raise ConfigError(f"{s}.dataset_configs must be a table of specialty = {{option = value}}.")
+        for name, cfg in self.dataset_configs.items():
+            if name not in SAPO_SPECIALTIES or not isinstance(cfg, dict):
+                raise ConfigError(
+                    f"{s}.dataset_configs.{name} must be a table for one of: {', '.join(SAPO_SPECIALTIES)}."
+                )
+        _positive_int(s, "questions_per_round", self.questions_per_round, 1024)
+        _positive_int(s, "completions_per_question", self.completions_per_question, 256)
+        if self.completions_per_question < 2:
+            raise ConfigError(f"{s}.completions_per_question must be at least 2: GRPO compares completions.")
+        _positive_int(s, "max_new_tokens", self.max_new_tokens, 2048)
+        _number(s, "temperature", self.temperature, 0.0, 5.0, open_low=True)
+        if isinstance(self.eval_every, bool) or not isinstance(self.eval_every, int) or self.eval_every < 0:
+            raise ConfigError(f"{s}.eval_every must be a whole number of rounds, 0 to turn evaluation off.")
+        _positive_int(s, "eval_questions", self.eval_questions, 10_000)
+        _choice(s, "difficulty", self.difficulty, ("fixed", "adaptive"))
+        if not isinstance(self.eval_harder, bool):
+            raise ConfigError(f"{s}.eval_harder must be true or false, got {self.eval_harder!r}.")
+
+
+@dataclass
+class GRPOConfig:
+    learning_rate: float = _help(
+        "AdamW learning rate of the trained weights (the LoRA adapters, or every weight with finetune = 'full'); "
+        "how the default was chosen: docs/results.md 'Learning'.", 3e-4,
+    )
+    eps_low: float = _help("Lower clip range of the importance ratio (1 - eps_low).", 0.2)
+    eps_high: float = _help("Upper clip range of the importance ratio (1 + eps_high).", 0.28)
+    kl_beta: float = _help("Weight of the KL penalty to the reference model (0: none, no reference kept).", 0.0)
+    adv_eps: float = _help("Added to the group std in (r - mean) / (std + eps).", 1e-4)
+    pg_steps: int = _help("Policy-gradient steps per round on the same rollouts.", 1)
+    micro_batch: int = _help("Most sequences per forward/backward pass (gradient accumulation).", 8)
+    micro_batch_tokens: int = _help("Most padded tokens per forward/backward pass; bounds activation memory.", 1024)
+    max_grad_norm: float = _help("Gradient clipping norm (0: off).", 1.0)
+    weight_decay: float = _help("AdamW weight decay.", 0.0)
+    finetune: str = _help("'lora' (adapters via peft) or 'full' (all weights).", "lora")
+    lora_rank: int = _help("LoRA rank.", 16)
+    lora_alpha: int = _help("LoRA alpha (scale = alpha / rank).", 32)
+    lora_dropout: float = _help("LoRA dropout.", 0.0)
+    precision: str = _help("'auto' (bf16 autocast where the hardware has bf16), 'bf16' or 'fp32'.", "auto")
+
+    def __post_init__(self) -> None:
+        s = "grpo"
+        _number(s, "learning_rate", self.learning_rate, 0.0, 1.0, open_low=True)
+        _number(s, "eps_low", self.eps_low, 0.0, 1.0)
+        _number(s, "eps_high", self.eps_high, 0.0, 10.0)
+        _number(s, "kl_beta", self.kl_beta, 0.0, 100.0)
+        _number(s, "adv_eps", self.adv_eps, 0.0, 1.0, open_low=True)
+        _positive_int(s, "pg_steps", self.pg_steps, 64)
+        _positive_int(s, "micro_batch", self.micro_batch, 4096)
+        _positive_int(s, "micro_batch_tokens", self.micro_batch_tokens, 1 << 24)
+        _number(s, "max_grad_norm", self.max_grad_norm, 0.0, 1e6)
+        _number(s, "weight_decay", self.weight_decay, 0.0, 1.0)
+        _choice(s, "finetune", self.finetune, ("lora", "full"))
+        _positive_int(s, "lora_rank", self.lora_rank, 1024)
+        _positive_int(s, "lora_alpha", self.lora_alpha, 10_000)
+        _number(s, "lora_dropout", self.lora_dropout, 0.0, 0.9)
+        _choice(s, "precision", self.precision, ("auto", "bf16", "fp32"))
+
+
+PRIORITIES = ("background", "normal")  # run.priority; engine/priority.py applies it
+
+
+@dataclass
+class RunConfig:
+    run_name: str = _help("Name of this training run; checkpoints live under checkpoints/<run_name>.", "default")
+    seed: int = _help(
+        "Node seed: fixes which questions each round draws and the sampling. -1: this install's own seed, drawn at "
+        "random once and kept in the data dir (node-seed), so that no two computers draw the same questions and "
+        "samples; 0 or more: that seed, which reproduces a run exactly. A run keeps the seed it began with.",
+        -1,
+    )
+    device: str = _help("'auto' (CUDA > MLX > CPU), 'cuda', 'mlx' or 'cpu'.", "auto")
+    threads: int = _help(
+        "CPU threads for PyTorch (0: automatic, the cores other programs leave free, re-measured every few seconds).", 0
+    )
+    priority: str = _help(
+        "'background': the lowest OS priority (nice 19; Windows idle class; macOS background QoS), so your own "
+        "programs always come first and training uses what they leave; 'normal': compete equally with them "
+        "(training is faster while the computer is busy, and your programs slower).",
+        "background",
+    )
+    max_rounds: int = _help("Stop after this round number (0: train until stopped).", 0)
+    keep_checkpoints: int = _help("How many recent good checkpoints to keep.", 3)
+    metrics_max_kb: int = _help(
+        "Most kilobytes metrics.jsonl may hold; past it the oldest half of its lines is dropped (a round's line is "
+        "1.5 kB, up to some 8 kB with many peers listed: the default keeps days to weeks of rounds).", 32768)
+
+    def __post_init__(self) -> None:
+        s = "run"
+        name = self.run_name
+        if (not isinstance(name, str) or not name or len(name) > 64 or not all(c.isalnum() or c in "-_." for c in name)
+            or name.startswith(".")):
+            raise ConfigError(f"{s}.run_name must be 1-64 letters, digits, '-', '_' or '.', got {name!r}.")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not -1 <= self.seed < 2**31:
+            raise ConfigError(f"{s}.seed must be -1 (this install's own) or a whole number from 0 to 2147483647, "
+                              f"got {self.seed!r}.")
+        _choice(s, "device", self.device, ("auto", "cuda", "mlx", "cpu"))
+        if isinstance(self.threads, bool) or not isinstance(self.threads, int) or not 0 <= self.threads <= 1024:
+            raise ConfigError(f"{s}.threads must be 0 (automatic) or a number of threads, got {self.threads!r}.")
+        _choice(s, "priority", self.priority, PRIORITIES)
+        if isinstance(self.max_rounds, bool) or not isinstance(self.max_rounds, int) or self.max_rounds < 0:
+            raise ConfigError(f"{s}.max_rounds must be 0 (no limit) or a positive round number.")
+        _positive_int(s, "keep_checkpoints", self.keep_checkpoints, 1000)
+        _positive_int(s, "metrics_max_kb", self.metrics_max_kb, 1 << 22)
+
+
+@dataclass
+class SwarmConfig:
+    mode: str = _help(
+        "'embedded' (start a relay in this process that local nodes can join), 'relay' (join relay_url) or 'solo'.",
+        "embedded",
+    )
+    relay_url: str = _help(
+        "For mode 'relay': an invite link (sapling://join?relay=...&relay=...&token=...&name=..., or the "
+        "https://HOST/join?... page) or a bare relay address (wss://relay.example.org/ws). With several relays "
+        "the node uses the one that last worked and moves to the next when it fails.",
+        "",
+    )
+    join_token: str = _help("Join token of a private swarm, when relay_url does not carry one (an invite does).", "")
+    embedded_host: str = _help("Address the embedded relay listens on ('127.0.0.1': this computer only).", "127.0.0.1")
+    embedded_port: int = _help("Port of the embedded relay (0: pick a free one).", 8765)
+    local_groups: int = _help(
+        "I: own rollouts (a question with its G completions) in each round's training batch; 0 means all of them.",
+        0,
+    )
+    external_groups: int = _help(
+        "J: rollouts sampled from the swarm for each round's training batch (0: solo). What joining gives your "
+        "own node per round and per hour of your computer is measured in docs/results.md 'Swarm'.",
+        4,
+    )
+    train_groups: int = _help(
+        "A cap on each round's training batch, in informative groups (0: none, all your informative groups plus J "
+        "from the swarm). Swarm rollouts only fill the batch up to it after your own informative groups, so a "
+        "round in which your own questions taught enough takes none and trains no more than a round alone "
+        "(docs/results.md 'Swarm' compares the settings per hour). Your own groups are never left out for it.",
+        4,
+    )
+    local_informative_first: bool = _help(
+        "With local_groups below the round's questions: fill the I own slots with informative rollouts first (rewards "
+        "that differ, as the J external ones always are), instead of I picked at random (docs/swarm.md).",
+        False,
+    )
+    plausibility_check: bool = _help(
+        "Refuse answers your model finds implausible (injected text, docs/swarm.md 'Poisoning'); they are counted "
+        "as 'implausible'. The node applies the swarm's model policy, which its relay declares: in a swarm of one "
+        "model (also any relay that declares nothing, and the local one) every answer is tested against this "
+        "node's model; in a swarm of different models an answer labelled with another model is tested against "
+        "its sender's usual answers instead, so honest peers of other models are not refused.",
+        True,
+    )
+    implausible_logprob: float = _help(
+        "The plausibility floor: an external item is 'implausible' when one of its completions has "
+        "plausibility_window consecutive tokens whose mean log-prob under this node's policy is below it "
+        "(lowered below this round's own least likely text; thresholds measured in docs/results.md).",
+        -7.0,
+    )
+    plausibility_window: int = _help("Tokens in the window of the plausibility test (1: single tokens).", 4)
+    probation_items: int = _help(
+        "In a swarm of different models: how many accepted answers of a sender of another model (per sender and "
+        "model label) make its baseline. Until then its answers are trained on with truncated token weights only, "
+        "never refused as implausible, and counted as 'probation' in the peers panel.",
+        8,
+    )
+    sender_spreads: float = _help(
+        "In a swarm of different models: an answer labelled with another model is 'implausible' when its least "
+        "likely plausibility_window tokens lie more than this many spreads (median absolute deviation x 1.4826, "
+        "at least 1 nat) below the median of its sender's accepted answers. Never a ban strike.",
+        4.0,
+    )
+    token_weight_logprob: float = _help(
+        "Tokens of accepted external text below this log-prob under this node's policy get a truncated "
+        "importance weight p / exp(floor) < 1 in the loss, so one odd token cannot dominate a step "
+        "(-100: weigh every token fully).",
+        -6.0,
+    )
+    offpolicy_negative_kl: float = _help(
+        "F-TIS filter (off at 0): leave out of training an external completion with negative advantage when its "
+        "mean per-token log-loss under this node's policy exceeds that of this round's own completions by more "
+        "than this many nats (an estimate of how far off-policy it is; docs/swarm.md). Where it was measured to "
+        "help, and where not: docs/results.md 'Swarm'. A value to try: 0.5.",
+        0.0,
+    )
+    ban_strikes: int = _help(
+        "Ban a peer here when this many of its last ban_window judged items were rejected as forged_reward or "
+        "implausible (0: never ban automatically).",
+        6,
+    )
+    ban_window: int = _help("How many of a peer's most recent judged items the ban rule looks at.", 12)
+    ban_hours: float = _help("How long an automatic ban lasts, in hours (0: until lifted by hand).", 24.0)
+    persist_bans: bool = _help(
+        "Keep automatic bans in the data dir (swarm/bans.json) across restarts; false: for this session only.", True
+    )
+    banned_peers: list[str] = _help(
+        "Peers this node never trains on: peer ids (20 hex characters, as shown in the peers panel) or public "
+        "keys (base64). Bans listed here can only be lifted here.",
+        factory=list,
+    )
+    replay_memory: int = _help(
+        "External items already trained on that are remembered (by content, across restarts, in the data dir) "
+        "and dropped as 'duplicate' when sent again under any sequence number (0: off).",
+        20000,
+    )
+
+    def __post_init__(self) -> None:
+        s = "swarm"
+        for key in ("plausibility_check", "persist_bans", "local_informative_first"):
+            if not isinstance(getattr(self, key), bool):
+                raise ConfigError(f"{s}.{key} must be true or false, got {getattr(self, key)!r}.")
+        _number(s, "implausible_logprob", self.implausible_logprob, -100.0, 0.0)
+        _positive_int(s, "plausibility_window", self.plausibility_window, 256)
+        if (isinstance(self.probation_items, bool) or not isinstance(self.probation_items, int)
+            or not 1 <= self.probation_items <= 10_000):
+            raise ConfigError(f"{s}.probation_items must be a whole number from 1 to 10000, got "
+                              f"{self.probation_items!r}.")
+        _number(s, "sender_spreads", self.sender_spreads, 0.0, 100.0, open_low=True)
+        _number(s, "token_weight_logprob", self.token_weight_logprob, -100.0, 0.0)
+        _number(s, "offpolicy_negative_kl", self.offpolicy_negative_kl, 0.0, 100.0)
+        if (isinstance(self.ban_strikes, bool) or not isinstance(self.ban_strikes, int)
+            or not 0 <= self.ban_strikes <= 10_000):
+            raise ConfigError(f"{s}.ban_strikes must be a whole number from 0 (never ban) to 10000, got "
+                              f"{self.ban_strikes!r}.")
+        _positive_int(s, "ban_window", self.ban_window, 10_000)
+        if self.ban_strikes > self.ban_window:
+            raise ConfigError(f"{s}.ban_strikes ({self.ban_strikes}) must be at most swarm.ban_window "
+                              f"({self.ban_window}).")
+        _number(s, "ban_hours", self.ban_hours, 0.0, 24.0 * 365 * 100)
+        if not isinstance(self.banned_peers, list) or not all(isinstance(p, str) for p in self.banned_peers):
+            raise ConfigError(f"{s}.banned_peers must be a list of peer ids or public keys, e.g. "
+                              "[\"3750d8d5a1b2c3d4e5f6\"].")
+        for peer in self.banned_peers:
+            if not _peer_reference(peer):
+                raise ConfigError(
+                    f"{s}.banned_peers has {peer!r}: use a peer id (20 hex characters) or a public key (base64 of 32 "
+                    "bytes)."
+                )
+        if (isinstance(self.replay_memory, bool) or not isinstance(self.replay_memory, int)
+            or not 0 <= self.replay_memory <= 10_000_000):
+            raise ConfigError(f"{s}.replay_memory must be a whole number from 0 (off) to 10000000, got "
+                              f"{self.replay_memory!r}.")
+        _choice(s, "mode", self.mode, ("embedded", "relay", "solo"))
+        if not isinstance(self.relay_url, str) or len(self.relay_url) > INVITE_MAX_CHARS:
+            raise ConfigError(f"{s}.relay_url must be an invite link or a ws:// or wss:// URL of at most "
+                              f"{INVITE_MAX_CHARS} characters.")
+        if self.mode == "relay" and not self.relay_url.strip():
+            raise ConfigError(f"{s}.relay_url must be set when swarm.mode is 'relay'.")
+        if self.mode == "relay":
+            try:
+                parse_invite(self.relay_url)
+            except ConfigError as exc:
+                raise ConfigError(f"{s}.relay_url: {exc}") from None
+        if not isinstance(self.join_token, str) or len(self.join_token) > 256:
+            raise ConfigError(f"{s}.join_token must be a string of at most 256 characters.")
+        if not isinstance(self.embedded_host, str) or not self.embedded_host:
+            raise ConfigError(f"{s}.embedded_host must be an address such as 127.0.0.1.")
+        if (isinstance(self.embedded_port, bool) or not isinstance(self.embedded_port, int)
+            or not 0 <= self.embedded_port <= 65535):
+            raise ConfigError(f"{s}.embedded_port must be a port number from 0 to 65535, got {self.embedded_port!r}.")
+        if (isinstance(self.local_groups, bool) or not isinstance(self.local_groups, int)
+            or not 0 <= self.local_groups <= 256):
+            raise ConfigError(f"{s}.local_groups must be a whole number from 0 (all of the round's questions) to 256, "
+                              f"got {self.local_groups!r}.")
+        if (isinstance(self.external_groups, bool) or not isinstance(self.external_groups, int)
+            or not 0 <= self.external_groups <= 256):
+            raise ConfigError(f"{s}.external_groups must be a whole number from 0 (solo) to 256, got "
+                              f"{self.external_groups!r}.")
+        if (isinstance(self.train_groups, bool) or not isinstance(self.train_groups, int)
+            or not 0 <= self.train_groups <= 512):
+            raise ConfigError(f"{s}.train_groups must be a whole number from 0 (no cap) to 512, got "
+                              f"{self.train_groups!r}.")
+
+
+SECTIONS: dict[str, type] = {
+    "model": ModelConfig,
+    "tasks": TaskConfig,
+    "grpo": GRPOConfig,
+    "run": RunConfig,
+    "swarm": SwarmConfig,
+}
+
+PRESETS: dict[str, dict[str, dict[str, Any]]] = {
+    # Fits a CPU laptop: about 30 s a round on 2 cores, under 2 GB of memory (docs/results.md).
+    "default": {},
+    # The SAPO paper's settings: 8 questions x 8 completions, eps 0.2/0.28, no KL.
+    "paper": {
+        "tasks": {
+            "questions_per_round": 8,
+            "completions_per_question": 8,
+            "specialties": dict.fromkeys(SAPO_SPECIALTIES, 1.0),
+            "difficulty": "fixed",
+        },
+        "grpo": {"eps_low": 0.2, "eps_high": 0.28, "kl_beta": 0.0},
+        # The paper's best mix: 4 own rollouts and 4 from the swarm per round, uncapped.
+        "swarm": {"local_groups": 4, "external_groups": 4, "train_groups": 0},
+    },
+}
+
+
+@dataclass
+class NodeConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    tasks: TaskConfig = field(default_factory=TaskConfig)
+    grpo: GRPOConfig = field(default_factory=GRPOConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+    swarm: SwarmConfig = field(default_factory=SwarmConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def structure_hash(self) -> str:
+        """What a checkpoint's tensors depend on: model and adapter shape."""
+        g = self.grpo
+        key: dict[str, Any] = {"model": asdict(self.model), "finetune": g.finetune}
+        if g.finetune == "lora":
+            key.update(rank=g.lora_rank, alpha=g.lora_alpha)
+        return _digest(key)
+
+    def config_hash(self) -> str:
+        return _digest(self.to_dict())
+
+    def to_toml(self) -> str:
+        """The whole configuration as TOML, each key under its help text (`sapling-node config`)."""
+        doc = tomlkit.document()
+        for section in SECTIONS:
+            table = tomlkit.table()
+            for f in fields(getattr(self, section)):
+                table.add(tomlkit.comment(str(f.metadata.get("help", ""))))
+                table.add(f.name, _toml_item(getattr(getattr(self, section), f.name)))
+            doc.add(section, table)
+        return tomlkit.dumps(doc)
+
+
+def _digest(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _toml_item(value: Any) -> Any:
+    """A value for tomlkit: dicts become inline tables, so a section reads as one line per key."""
+    if isinstance(value, dict):
+        inline = tomlkit.inline_table()
+        inline.update({k: _toml_item(v) for k, v in value.items()})
+        return inline
+    if isinstance(value, (list, tuple)):
+        return [_toml_item(v) for v in value]
+    return value
+
+
+def edit_config_text(text: str, changes: dict[str, dict[str, Any]], header: tuple[str, ...] = ()) -> str:
+    """`text` (a config.toml, possibly empty) with `changes` set, section by section.
+
+    The one TOML writer the app and the engine share: every other key, and the
+    user's own comments and layout, are kept as they were (tomlkit). A new file
+    starts with the `header` comment lines.
+    """
+    doc = tomlkit.parse(text) if text.strip() else tomlkit.document()
+    if not text.strip():
+        for line in header:
+            doc.add(tomlkit.comment(line))
+        if header:
+            doc.add(tomlkit.nl())
+    for section, values in changes.items():
+        table = doc.get(section)
+        if table is None:
+            table = tomlkit.table()
+            doc.add(section, table)
+        for key, value in values.items():
+            table[key] = _toml_item(value)
+    return tomlkit.dumps(doc)
+
+
+def _merge(base: dict[str, dict[str, Any]], extra: dict[str, Any], origin: str) -> None:
+    for section, values in extra.items():
+        if section not in SECTIONS:
+            raise ConfigError(f"{origin}: unknown section [{section}]; allowed: {', '.join(SECTIONS)}.")
+        if not isinstance(values, dict):
+            raise ConfigError(f"{origin}: [{section}] must be a table of key = value.")
+        known = {f.name for f in fields(SECTIONS[section])}
+        for key, value in values.items():
+            if key not in known:
+                raise ConfigError(f"{origin}: unknown key {section}.{key}; allowed: {', '.join(sorted(known))}.")
+            base.setdefault(section, {})[key] = value
+
+
+def parse_override(text: str) -> tuple[str, str, Any]:
+    """Parse ``section.key=value``; the value is TOML (numbers, strings, tables), else a bare string."""
+    if "=" not in text or "." not in text.split("=", 1)[0]:
+        raise ConfigError(f"--set takes section.key=value (for example grpo.learning_rate=1e-4), got {text!r}.")
+    dotted, raw = text.split("=", 1)
+    section, key = dotted.strip().split(".", 1)
+    try:
+        value = tomllib.loads(f"v = {raw.strip()}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw.strip()
+    return section, key, value
+
+
+def build_config(
+    preset: str = "default",
+    toml_path: Path | None = None,
+    overrides: list[str] | None = None,
+) -> NodeConfig:
+    """Defaults < preset < TOML file < overrides, validated."""
+    if preset not in PRESETS:
+        raise ConfigError(f"--preset must be one of {', '.join(PRESETS)}, got {preset!r}.")
+    merged: dict[str, dict[str, Any]] = {}
+    _merge(merged, PRESETS[preset], f"preset {preset}")
+    if toml_path is not None and Path(toml_path).is_file():
+        try:
+            data = tomllib.loads(Path(toml_path).read_text(encoding="utf-8"))
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"{toml_path} is not valid TOML: {exc}.") from exc
+        _merge(merged, data, str(toml_path))
+    for text in overrides or []:
+        section, key, value = parse_override(text)
+        _merge(merged, {section: {key: value}}, f"--set {text}")
+    try:
+        return NodeConfig(**{name: cls(**merged.get(name, {})) for name, cls in SECTIONS.items()})
+    except TypeError as exc:  # a value of the wrong shape for a dataclass field
+        raise ConfigError(f"Invalid configuration: {exc}.") from exc
+
+
+def with_changes(config: NodeConfig, **sections: dict[str, Any]) -> NodeConfig:
+    """A copy with some fields of some sections changed, validated again."""
+    updated = {name: replace(getattr(config, name), **sections.get(name, {})) for name in SECTIONS}
+    return NodeConfig(**updated)
+
+
+if __name__ == "__main__":
+    print(NodeConfig().to_toml())

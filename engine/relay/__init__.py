@@ -1,0 +1,17 @@
+"""`sapling-relay`: the websocket relay nodes share rollouts through, deployable on its own.
+
+- `server`: the relay (`Relay`, `EmbeddedRelay` for a node's local relay); `cli`: `sapling-relay`'s command line;
+- `settings`: its settings and command line; `proxy`: which address a connection behind Caddy comes from;
+- `brokers`: where the swarm's recent batches are kept (memory, or Redis Streams shared by processes);
+- `limits`: per-peer rate limits and the refusals' summary log; `credit`: usefulness counted from receipts;
+- `info`: the information document and the relay's own key; `stats`: live numbers per minute over a day;
+- `web`: the status page, invite pages, health and metrics, built from the files in `static/`;
+- `invite`: `sapling-relay invite`, the links and QR code that bring people in.
+
+The relay installs without the ML stack (the `relay` extra, `make relay-venv`, installers/relay/):
+its modules import only each other, the node's wire format and identity (engine.swarm.protocol,
+identity, rate, receipts) and engine.common's errors, atomicio, rules and model_policy; never torch,
+transformers, Qt, reasoning-gym or numpy (tests/swarm/test_relay_only.py imports every module here).
+
+    python -m engine.relay --help       # the same as sapling-relay --help
+"""

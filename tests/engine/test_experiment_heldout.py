@@ -1,0 +1,87 @@
+"""Held-out accuracy at equal time: values worked out by hand, and the evaluations a tiny experiment writes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from engine.experiment.heldout import at_time, held_out_at_equal_time, read_evaluations
+from engine.experiment.plan import make_plan
+from engine.experiment.report import compare, stratified_bootstrap
+from tests.engine.test_experiment import fast, run
+from tests.engine.test_experiment_hours import _timed_folder
+
+
+def _evaluated(root: Path, mix: str, seconds: list[list[float]], start: str, evals: dict[int, list[str]]) -> Path:
+    """A timed experiment folder whose mix was evaluated before training (`start`, the base model) and after
+    the rounds in `evals` (node by node, one character a question); the last round's goes to eval.json."""
+    folder = _timed_folder(root, mix, [[0.1] * len(seconds[0])] * len(seconds), seconds)
+    slug = next(folder.glob("mix-*"))
+    record = {"round": 0, "nodes": [{"accuracy": start.count("1") / len(start), "passes": start}]}
+    (folder / "eval-start.json").write_text(json.dumps(record))
+    last = len(seconds)
+    for r, passes in evals.items():
+        line = {"round": r, "nodes": [{"accuracy": p.count("1") / len(p), "passes": p} for p in passes]}
+        if r == last:
+            (slug / "eval.json").write_text(json.dumps(line))
+        else:
+            with (slug / "evals.jsonl").open("a") as f:
+                f.write(json.dumps(line) + "\n")
+    return slug
+
+
+def test_a_question_is_linear_between_the_evaluations_around_the_time() -> None:
+    assert at_time([0.0, 10.0, 30.0], ["00", "10", "11"], 10.0) == [1.0, 0.0]
+    assert at_time([0.0, 10.0, 30.0], ["00", "10", "11"], 25.0) == pytest.approx([1.0, 0.75])
+    assert at_time([0.0, 10.0, 30.0], ["00", "10", "11"], 30.0) == [1.0, 1.0]
+    with pytest.raises(ValueError, match="outside"):
+        at_time([0.0, 10.0], ["0", "1"], 11.0)
+
+
+def test_two_mixes_are_compared_at_the_time_both_cover(tmp_path: Path) -> None:
+    # A: 10 s rounds; B: node 0 20 s rounds, node 1 15 s then 10 s. Each node's horizon is A's 20 s.
+    a = _evaluated(tmp_path / "a", "8/0", [[10.0, 10.0], [10.0, 10.0]], "0000",
+                   {1: ["1000", "1000"], 2: ["1100", "1100"]})
+    b = _evaluated(tmp_path / "b", "8/0", [[20.0, 15.0], [20.0, 10.0]], "0000",
+                   {1: ["1110", "1110"], 2: ["1111", "1111"]})
+    evaluations = read_evaluations(b)
+    assert evaluations is not None and evaluations.rounds == [0, 1, 2]
+    assert evaluations.seconds == [[0.0, 20.0, 40.0], [0.0, 15.0, 25.0]]
+    result = held_out_at_equal_time([(a, b)], None, stratified_bootstrap)
+    assert result is not None
+    # A at 20 s: 0.5 for both nodes. B: node 0 at its round 1 (0.75), node 1 halfway to round 2 (0.875).
+    assert result["pairs"][0]["hours"] == pytest.approx([20 / 3600] * 2)
+    assert result["accuracy_a"] == pytest.approx(0.5) and result["accuracy_b"] == pytest.approx(0.8125)
+    assert result["difference"] == pytest.approx(0.5 - 0.8125)
+    assert result["gain_ratio"] == pytest.approx(0.5 / 0.8125)  # the base model scored 0
+    lo, hi = result["difference_ci95"]
+    assert lo <= result["difference"] <= hi
+    # at the same round (2) both are compared without regard to time: 0.5 against 1.0
+    assert result["same_round"]["difference"] == pytest.approx(-0.5)
+    assert result["pairs"][0]["same_round"] == 2
+
+
+def test_folders_without_question_by_question_answers_give_no_comparison(tmp_path: Path) -> None:
+    a = _evaluated(tmp_path / "a", "8/0", [[10.0]], "0", {1: ["1"]})
+    b = _timed_folder(tmp_path / "b", "8/0", [[0.1]], [[10.0]]) / "mix-8-0"
+    (b / "eval.json").write_text(json.dumps({"round": 1, "nodes": [{"accuracy": 1.0}]}))  # an older folder
+    assert held_out_at_equal_time([(a, b)], None, stratified_bootstrap) is None
+
+
+@pytest.mark.integration  # a real loopback relay
+def test_a_tiny_experiment_evaluates_on_the_way_and_compares_at_equal_time(tiny_model_dir: Path,
+                                                                           tmp_path: Path) -> None:
+    plan = make_plan("default", 2, "2/0", 3, [*fast(tiny_model_dir), "tasks.eval_every=2"])
+    run(plan, tmp_path / "fixed", tmp_path / "home")
+    adaptive = make_plan("default", 2, "2/0", 3, [*fast(tiny_model_dir), "tasks.eval_every=2",
+                                                  "tasks.difficulty='adaptive'"])
+    run(adaptive, tmp_path / "adaptive", tmp_path / "home")
+    lines = (tmp_path / "fixed" / "mix-2-0" / "evals.jsonl").read_text().splitlines()
+    assert [json.loads(line)["round"] for line in lines] == [2]  # round 3, the last, is eval.json's
+    passes = json.loads(lines[0])["nodes"][0]["passes"]
+    assert len(passes) == 9 and set(passes) <= {"0", "1"}
+    result = compare(tmp_path / "adaptive", tmp_path / "fixed", "2/0")["held_out_per_hour"]
+    assert result is not None and len(result["pairs"][0]["hours"]) == 2
+    assert result["pairs"][0]["same_round"] == 3
