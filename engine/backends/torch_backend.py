@@ -32,6 +32,7 @@ import contextlib
 import copy
 import logging
 import random
+import threading
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -49,6 +50,7 @@ from engine.backends.hf_generate import hf_greedy, hf_logprobs, hf_sample, left_
 from engine.backends.memory import freeze_long_lived, release_memory
 from engine.backends.steps import train_steps
 from engine.backends.train_forward import packed_logprobs, train_unsupported_reason
+from engine.backends.train_lanes import lane_count, run_lanes
 from engine.common.atomicio import atomic_dir
 from engine.common.config import GRPOConfig
 from engine.common.device import DeviceInfo
@@ -98,6 +100,7 @@ class TorchBackend(HFTokenizerText):
         # Training through `engine.backends.train_forward` where it covers the model; False: through HF's forward
         # (`batch_logprobs_hf`), the path before issue 36, which bench/train_speed.py measures as the peer.
         self.packed_training = True
+        self.train_lanes = True  # False: a step's micro-batches one after the other on the CPU too (for comparisons)
         self._before_layer: Callable[[], None] | None = None  # the stop and pause check, while `train` runs
         if self._dev.type == "cuda":
             torch.set_float32_matmul_precision("high")  # TF32 where the GPU has it; fp32 elsewhere
@@ -392,13 +395,16 @@ class TorchBackend(HFTokenizerText):
             return
         callback = on_step
         progress = [0, 1]
+        lock = threading.Lock()
 
         def tracked(done: int, total: int) -> None:
-            progress[:] = [done, total]
-            callback(done, total)
+            with lock:
+                progress[:] = [done, total]
+                callback(done, total)
 
         def check() -> None:
-            callback(progress[0], progress[1])
+            with lock:  # the lanes of `engine.backends.train_lanes` call it from their threads
+                callback(progress[0], progress[1])
 
         # The HF forward calls its decoder layers' hooks, the packed forward `_before_layer`.
         hooks = [module.register_forward_pre_hook(lambda _module, _args: check())
@@ -425,45 +431,61 @@ class TorchBackend(HFTokenizerText):
     def _accumulate_step(
         self, chunks: list[list[TrainItem]], total_tokens: float, step: int, on_step: StepCallback | None
     ) -> tuple[None, dict[str, float]]:
-        """Forward and backward over every chunk, gradients summed in the parameters; the step's stats."""
-        g = self.grpo
+        """Forward and backward over every chunk (side by side in lanes where `lane_count` allows,
+        `engine.backends.train_lanes`), gradients summed in the parameters; the step's stats."""
         self.optimizer.zero_grad(set_to_none=True)
         sums = {"loss": 0.0, "clip_fraction": 0.0, "kl": 0.0, "grad_norm": 0.0}
-        for index, chunk in enumerate(chunks):
-            pairs = [(it.prompt_ids, it.completion_ids) for it in chunk]
-            old = torch.zeros((len(chunk), max(len(it.completion_ids) for it in chunk)))
-            for row, it in enumerate(chunk):
-                old[row, : len(it.old_logprobs)] = torch.tensor(it.old_logprobs)
-            adv = torch.tensor([it.advantage for it in chunk], dtype=torch.float32, device=self._dev)
-            weights = None
-            if any(it.weights is not None for it in chunk):
-                weights = torch.ones_like(old)
-                for row, it in enumerate(chunk):
-                    if it.weights is not None:
-                        weights[row, : len(it.weights)] = torch.tensor(it.weights)
-                weights = weights.to(self._dev)
-            ref_logp = None
-            with self.autocast_context():
-                if g.kl_beta > 0:
-                    with torch.no_grad(), self._reference_mode() as ref_model:
-                        saved, self.model = self.model, ref_model
-                        try:
-                            ref_logp, _ = self.batch_logprobs(pairs, self.temperature)
-                        finally:
-                            self.model = saved
-                logp, mask = self.batch_logprobs(pairs, self.temperature)
-                loss, stats = clipped_pg_loss(
-                    logp, old.to(self._dev), adv, mask, g.eps_low, g.eps_high, total_tokens,
-                    ref_logp=ref_logp, kl_beta=g.kl_beta, weights=weights,
-                )
-            loss.backward()
+
+        def done(index: int, stats: Any) -> None:
             weight = stats.tokens / total_tokens
             sums["loss"] += stats.loss
             sums["clip_fraction"] += stats.clip_fraction * weight
             sums["kl"] += stats.kl * weight
             if on_step is not None:
                 on_step(step * len(chunks) + index + 1, g.pg_steps * len(chunks))
+
+        g = self.grpo
+        # Lanes share the model: not with the KL reference (it switches the adapters off) or dropout (its draws).
+        alone = g.finetune == "lora" and g.kl_beta == 0 and g.lora_dropout == 0 and self.train_lanes
+        lanes = lane_count(self._dev, len(chunks), alone)
+        if lanes > 1 and self.packs_training():
+            run_lanes(chunks, lanes, lambda chunk: self._chunk_loss(chunk, total_tokens), self.params, done)
+            return None, sums
+        for index, chunk in enumerate(chunks):
+            loss, stats = self._chunk_loss(chunk, total_tokens)
+            loss.backward()
+            done(index, stats)
         return None, sums
+
+    def _chunk_loss(self, chunk: list[TrainItem], total_tokens: float) -> tuple[torch.Tensor, Any]:
+        """One micro-batch's share of the step's loss, and its stats."""
+        g = self.grpo
+        pairs = [(it.prompt_ids, it.completion_ids) for it in chunk]
+        old = torch.zeros((len(chunk), max(len(it.completion_ids) for it in chunk)))
+        for row, it in enumerate(chunk):
+            old[row, : len(it.old_logprobs)] = torch.tensor(it.old_logprobs)
+        adv = torch.tensor([it.advantage for it in chunk], dtype=torch.float32, device=self._dev)
+        weights = None
+        if any(it.weights is not None for it in chunk):
+            weights = torch.ones_like(old)
+            for row, it in enumerate(chunk):
+                if it.weights is not None:
+                    weights[row, : len(it.weights)] = torch.tensor(it.weights)
+            weights = weights.to(self._dev)
+        ref_logp = None
+        with self.autocast_context():
+            if g.kl_beta > 0:
+                with torch.no_grad(), self._reference_mode() as ref_model:
+                    saved, self.model = self.model, ref_model
+                    try:
+                        ref_logp, _ = self.batch_logprobs(pairs, self.temperature)
+                    finally:
+                        self.model = saved
+            logp, mask = self.batch_logprobs(pairs, self.temperature)
+            return clipped_pg_loss(
+                logp, old.to(self._dev), adv, mask, g.eps_low, g.eps_high, total_tokens,
+                ref_logp=ref_logp, kl_beta=g.kl_beta, weights=weights,
+            )
 
     def reseed(self, seed: int) -> None:
         """Make this round's sampling reproducible (same seed, same round -> same rollouts)."""
