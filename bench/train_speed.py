@@ -14,8 +14,10 @@ round's `train_items` as the round loop does; saved as JSON (default
 items. `--quick` trains the items of the first two questions among them.
 
 **Sides.** One backend: new is `packed_training = True`
-(engine/backends/train_forward.py), old is False (HF's forward,
-`TorchBackend.batch_logprobs_hf`). A timed step is `TorchBackend.train(items)`
+(engine/backends/train_forward.py, and with 2+ threads the micro-batches
+side by side in single-threaded lanes, engine/backends/train_lanes.py), old
+is False (HF's forward, `TorchBackend.batch_logprobs_hf`, one micro-batch
+after the other, every op on all threads). A timed step is `TorchBackend.train(items)`
 whole (micro-batches, forward, backward, clipping, AdamW), each from the same
 fresh adapter slot (`new_adapter_slot(1)`: A random, B zero, new AdamW), old
 and new alternating repeat by repeat so load from other processes falls on both.
@@ -388,7 +390,7 @@ def bad_arguments(args: argparse.Namespace) -> str | None:
 def report_split(timing: dict[str, dict[str, Any]]) -> None:
     """Where each side's step went: its phases timed in the same steps, then one profiled step's op time."""
     print("where the time goes (s, medians; forward = batch_logprobs, which in the new path also makes the LM head's "
-          "input gradient; backward and the rest = the step minus both):")
+          "input gradient, summed over its lanes, which overlap; backward and the rest = the step minus both):")
     for side in SIDES:
         t = timing[side]
         print(f"  {side}: forward {t['forward']:.2f}, backward and the rest {t['backward and the rest']:.2f}, "
