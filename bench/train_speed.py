@@ -294,8 +294,13 @@ def time_sides(backend: Any, items: Sequence[Any], repeats: int, roofline: Roofl
         out[side] = {name: statistics.median(run[name] for run in runs[side]) for name in runs[side][0]}
         out[side]["wall"] = [run["step"] for run in runs[side]]
         out[side]["cpus"] = [run["cpu"] for run in runs[side]]
-        out[side]["profile"] = profile_split(on_side(backend, side, fresh_step(backend, lambda: backend.train(items))),
-                                             config.vocab_size, rank)
+        # The profiler sees this thread's ops only: the new side's profiled step runs its micro-batches here.
+        lanes, backend.train_lanes = backend.train_lanes, False
+        try:
+            step = on_side(backend, side, fresh_step(backend, lambda: backend.train(items)))
+            out[side]["profile"] = profile_split(step, config.vocab_size, rank)
+        finally:
+            backend.train_lanes = lanes
     out["foreign"] = {"cores": foreign}
     return out
 
@@ -393,9 +398,14 @@ def report_split(timing: dict[str, dict[str, Any]]) -> None:
           "input gradient, summed over its lanes, which overlap; backward and the rest = the step minus both):")
     for side in SIDES:
         t = timing[side]
+        if t.get("lanes", 1) > 1:  # forwards and backwards overlap
+            print(f"  {side}: forward and backward in lanes {t['step'] - t['optimizer']:.2f} (forwards summed over "
+                  f"the lanes {t['forward']:.2f}), clipping + AdamW {t['optimizer']:.2f}, step {t['step']:.2f}")
+            continue
         print(f"  {side}: forward {t['forward']:.2f}, backward and the rest {t['backward and the rest']:.2f}, "
               f"clipping + AdamW {t['optimizer']:.2f}, step {t['step']:.2f}")
-    print("  one step under the profiler, op self time (s):")
+    print("  one step under the profiler, op self time (s; the new side's micro-batches one after the other, as the "
+          "profiler sees one thread):")
     print(f"    {'':28s}" + "".join(f"{side:>16s}" for side in SIDES))
     for name in (*SPLIT, "wall"):
         cells = []
@@ -459,6 +469,7 @@ def run(args: argparse.Namespace) -> int:
 
     from bench.bundled import bundled_cpu
     from engine.backends.batching import micro_batches
+    from engine.backends.train_lanes import lane_count
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -491,6 +502,7 @@ def run(args: argparse.Namespace) -> int:
     loss_diff, grad_diff, worst = compare_steps(backend, items)
     peak = Roofline(backend.model.config, rows, dtype)
     timing = time_sides(backend, items, repeats, peak)
+    timing["new"]["lanes"] = lane_count(torch.device("cpu"), len(new_chunks), g.finetune == "lora")
     share = report(items, timing, flops, need, peak)
     rss = rss_sides(args)
     print("RSS, one child per side, one step: " + "; ".join(
