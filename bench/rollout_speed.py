@@ -59,12 +59,13 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
+
+from bench.roofline import gemm_seconds, measured, peak_rss_bytes, timed
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -79,60 +80,6 @@ def unique_prompt_tokens(prompts: list[list[int]]) -> int:
     for before, prompt in itertools.pairwise(ordered):
         total += len(prompt) - min(common_prefix(before, prompt), len(prompt) - 1)
     return total
-
-def peak_rss_bytes() -> int:
-    import resource
-
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return int(peak if sys.platform == "darwin" else peak * 1024)
-
-
-def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
-    start = time.perf_counter()
-    out = fn()
-    return time.perf_counter() - start, out
-
-
-def measured(fn: Callable[[], Any]) -> tuple[float, float, Any]:
-    """Wall seconds, this process's CPU seconds, and the result.
-
-    On a shared machine the wall time of each side depends on what the
-    others run meanwhile; CPU seconds count this process's own work.
-    """
-    wall, cpu = time.perf_counter(), time.process_time()
-    out = fn()
-    return time.perf_counter() - wall, time.process_time() - cpu, out
-
-
-def gemm_seconds(config: Any, rows: int, dtype: Any, repeats: int = 3, packed: bool = False) -> float:
-    """Median time of the model's matmuls for one decode step of `rows` rows, as plain GEMMs.
-
-    packed: with the weights reordered for oneDNN, as the decoder runs them on the CPU in fp32.
-    """
-    import torch
-
-    from engine.backends.decode_model import matmul, pack_weight
-
-    hidden, inter = config.hidden_size, config.intermediate_size
-    head_dim = getattr(config, "head_dim", None) or hidden // config.num_attention_heads
-    q, kv = config.num_attention_heads * head_dim, config.num_key_value_heads * head_dim
-    shapes = [(hidden, q + 2 * kv), (q, hidden), (hidden, 2 * inter), (inter, hidden)]
-    prepare = pack_weight if packed else (lambda w: w)
-    # One weight set per layer, as the model has: one set reused would stay in cache.
-    layers = [[prepare(torch.randn(out, fan_in).to(dtype)) for fan_in, out in shapes]
-              for _ in range(config.num_hidden_layers)]
-    inputs = [torch.randn(rows, fan_in).to(dtype) for fan_in, _ in shapes]
-    head, head_in = prepare(torch.randn(config.vocab_size, hidden).to(dtype)), torch.randn(rows, hidden).to(dtype)
-
-    def step() -> None:
-        for weights in layers:
-            for x, w in zip(inputs, weights, strict=True):
-                matmul(x, w, None)
-        matmul(head_in, head, None)
-
-    step()
-    return statistics.median(timed(step)[0] for _ in range(repeats))
-
 
 def random_adapters(backend: Any, count: int, seed: int) -> list[Any]:
     """`count` LoRA adapters shaped like the node's own (rank, alpha, target layers), random values."""

@@ -2,9 +2,11 @@
 
 A GRPO round trains on G completions of each question, and all G share the
 question's prompt. `TorchBackend.batch_logprobs` runs each distinct prompt
-through the model once and every completion on a copy of its prompt's KV
-cache. The peer here is the plain pass it replaced: each prompt + completion
-as one left-padded row, so every prompt is recomputed G times.
+through the model once (packed with its completions since issue 36,
+engine/backends/train_forward.py; bench/train_speed.py measures that against
+the KV-cache-copy pass before it). The peer here is the plain pass both
+replaced: each prompt + completion as one left-padded row, so every prompt
+is recomputed G times.
 
     .venv/bin/python -m bench.shared_prompt              # bundled model, default round shape
     .venv/bin/python -m bench.shared_prompt --questions 4 --completions 8 --repeats 3

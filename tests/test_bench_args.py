@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from bench import credit_farming, decode_profile, draft_lookup, length_attack, matmul_layout, relay_load
+from bench import credit_farming, decode_profile, draft_lookup, length_attack, matmul_layout, relay_load, train_speed
 
 
 @pytest.mark.parametrize("rows", ["x", "1,,2", "0", "5,-1"])
@@ -64,3 +64,24 @@ def test_the_abuse_benches_refuse_bad_arguments(bench: Any, args: list[str], cap
     assert bench.main(args) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"{bench.__name__.rsplit('.', 1)[1]}: ") and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("args", [["--repeats", "0"], ["--round", "0"], ["--threads", "-1"], ["--items", "/"]])
+def test_train_speed_refuses_bad_counts(args: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert train_speed.main(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("train_speed: ") and err.count("\n") == 1
+
+
+def test_train_speed_counts_each_prompt_once_and_no_padding() -> None:
+    from engine.rollouts import TrainItem
+
+    # One prompt of 4 tokens with completions of 1 and 3 tokens: 4 + 0 + 2 tokens through the layers,
+    # 4 LM-head rows; attention pairs 10 (the prompt, causal) + 0 + (4 + 1) + (4 + 2).
+    items = [TrainItem([1, 2, 3, 4], [5], [], 1.0), TrainItem([1, 2, 3, 4], [6, 7, 8], [], -1.0)]
+    need = train_speed.layout([items], [items])
+    assert (need["tokens"], need["head_rows"], need["pairs"]) == (6, 4, 21)
+    # The last layer past its keys and values: the prompt's last token and the 2 completion inputs, (4 + 5 + 6) pairs.
+    assert (need["kept"], need["kept_pairs"]) == (3, 15)
+    assert (need["old_tokens"], need["old_head_rows"]) == (4 + 2 * 2, 1 + 2 * 2)  # padded to the longer completion
+    assert train_speed.first_questions([*items, TrainItem([9], [5], [], 1.0)], 1) == items

@@ -1,8 +1,8 @@
 """What the training backends share (no torch, no mlx here).
 
 - `micro_batches` cuts a training batch into length-sorted chunks under a row
-  and a padded-token budget (gradients are accumulated over the chunks),
-  keeping the completions of one question together.
+  and a token budget (gradients are accumulated over the chunks), keeping
+  the completions of one question together.
 - `MicroBatchBudget` says what that budget is: the config's `micro_batch` and
   `micro_batch_tokens`, scaled up on an accelerator with memory to spare
   when both are left at their defaults (which are sized for a CPU laptop),
@@ -33,39 +33,46 @@ MAX_SCALE = 32
 
 
 def micro_batches(
-    items: Sequence[TrainItem], max_rows: int, max_tokens: int, *, shared_prompts: bool = False
+    items: Sequence[TrainItem], max_rows: int, max_tokens: int, *, shared_prompts: bool = False, packed: bool = False
 ) -> list[list[TrainItem]]:
-    """Chunks of at most `max_rows` sequences and `max_tokens` padded tokens.
+    """Chunks of at most `max_rows` sequences and `max_tokens` tokens.
 
     Items are ordered by prompt length, then prompt, then completion length,
     so the completions of one question sit together and little is padded.
-    Activation memory grows with padded tokens, so the token budget (not the
-    row count) is what keeps long prompts from blowing the memory target.
-    A chunk costs rows x (prompt + completion width), or, with
-    `shared_prompts` (a backend that runs each distinct prompt once, then
-    every completion on a copy of its cache), distinct prompts x prompt
-    width + rows x completion width. A single sequence longer than the
-    budget still gets a chunk of its own.
+    Activation memory grows with the tokens a pass computes, so the token
+    budget (not the row count) is what keeps long prompts from blowing the
+    memory target. A chunk costs rows x (prompt + completion width), padded;
+    with `shared_prompts` (a backend that runs each distinct prompt once,
+    then every completion on a copy of its cache), distinct prompts x prompt
+    width + rows x completion width; `packed` (prompts once, no padding,
+    `engine.backends.train_forward`), the distinct prompts' lengths plus the
+    completions' lengths. A single sequence longer than the budget still
+    gets a chunk of its own.
     """
     ordered = sorted(items, key=lambda it: (len(it.prompt_ids), it.prompt_ids, len(it.completion_ids)))
     chunks: list[list[TrainItem]] = []
     current: list[TrainItem] = []
     prompts: set[tuple[int, ...]] = set()
-    prompt_w = comp_w = 0
+    prompt_w = comp_w = used = 0
 
-    def cost(rows: int, distinct: int, p: int, c: int) -> int:
+    def cost(rows: int, distinct: int, p: int, c: int, tokens: int) -> int:
+        if packed:
+            return tokens
         return distinct * p + rows * c if shared_prompts else rows * (p + c)
 
     for item in ordered:
         key = tuple(item.prompt_ids)
         p, c = max(prompt_w, len(item.prompt_ids)), max(comp_w, len(item.completion_ids))
+        tokens = used + len(item.completion_ids) + (len(key) if key not in prompts else 0)
         distinct = len(prompts) + (key not in prompts)
-        if current and (len(current) >= max_rows or cost(len(current) + 1, distinct, p, c) > max_tokens):
+        if current and (len(current) >= max_rows or cost(len(current) + 1, distinct, p, c, tokens) > max_tokens):
             chunks.append(current)
-            current, prompts, p, c = [], set(), len(item.prompt_ids), len(item.completion_ids)
+            current, prompts = [], set()
+            p, c = len(item.prompt_ids), len(item.completion_ids)
+            tokens = p + c
         current.append(item)
         prompts.add(key)
-        prompt_w, comp_w = p, c
+        prompt_w, comp_w, used = p, c, tokens
     if current:
         chunks.append(current)
     return chunks

@@ -1,4 +1,4 @@
-"""HF transformers' `generate` as sampler and greedy decoder, and the left padding HF forwards take.
+"""HF transformers' `generate` as sampler and greedy decoder, HF's training pass, and the left padding they take.
 
 The torch backend samples and evaluates with its own decoder
 (`engine.backends.decode`); these run instead for architectures that
@@ -11,6 +11,8 @@ already in inference mode (the backend's `inference()` copy).
   completion stops, recording each sampled token's log-prob under the
   tempered distribution.
 - `hf_greedy`: greedy answers of a chunk of prompts.
+- `hf_logprobs`: the completions' log-probs for training, each prompt once
+  and its completions on copies of its KV cache (the training fallback).
 - `left_pad`, `split_rows`: token lists to padded tensors and back.
 
 Tests: .venv/bin/python -m pytest tests/engine/test_decode.py -q -k falls_back
@@ -136,3 +138,55 @@ def hf_greedy(
         hooks.append(_StepHook(ids.shape[1], on_step, total, offset))
     return model.generate(input_ids=ids, attention_mask=mask, generation_config=config,
                           stopping_criteria=StoppingCriteriaList(hooks))
+
+
+def hf_logprobs(
+    model: Any, pairs: Sequence[tuple[list[int], list[int]]], temperature: float, pad_token_id: int,
+    device: torch.device,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-probs [n, T] of each completion token through HF's forward, and the completion mask (the training pass).
+
+    The G completions of a question share its prompt, so each distinct
+    prompt runs through the model once (left-padded, with its KV cache
+    kept) and every completion then runs on a copy of its prompt's cache.
+    Attention is causal, so this is the same computation, and the same
+    gradient, as running each prompt + completion on its own. The torch
+    backend trains through `engine.backends.train_forward` where it covers
+    the model; this is the fallback, and the peer bench/train_speed.py measures.
+    """
+    prompts: list[list[int]] = []
+    where: dict[tuple[int, ...], int] = {}
+    rows = []
+    for prompt, _ in pairs:
+        key = tuple(prompt)
+        if key not in where:
+            where[key] = len(prompts)
+            prompts.append(list(prompt))
+        rows.append(where[key])
+    n, comp_w = len(pairs), max(len(c) for _, c in pairs)
+    p_ids, p_mask = left_pad(prompts, pad_token_id, device)
+    prompt_w = p_ids.shape[1]
+    c_ids = torch.full((n, comp_w), pad_token_id, dtype=torch.long)
+    comp_mask = torch.zeros((n, comp_w), dtype=torch.float32)
+    for row, (_, comp) in enumerate(pairs):
+        c_ids[row, : len(comp)] = torch.tensor(comp)
+        comp_mask[row, : len(comp)] = 1.0
+    index = torch.tensor(rows, dtype=torch.long)
+    p_ids, p_mask, c_ids, comp_mask, index = (
+        t.to(device) for t in (p_ids, p_mask, c_ids, comp_mask, index)
+    )
+    p_pos = (p_mask.cumsum(-1) - 1).clamp(min=0)
+    head = model(input_ids=p_ids, attention_mask=p_mask, position_ids=p_pos, use_cache=True, logits_to_keep=1)
+    cache = head.cache
+    cache.reorder_cache(index)  # one copy of its prompt's cache per completion (autograd-safe index_select)
+    attn = torch.cat([p_mask.index_select(0, index), torch.ones_like(c_ids)], dim=1)
+    c_pos = p_mask.sum(-1, keepdim=True).index_select(0, index) + torch.arange(comp_w, device=device)
+    logits = head.logits.index_select(0, index)  # predicts each completion's first token
+    if comp_w > 1:
+        tail = model(
+            input_ids=c_ids[:, :-1], attention_mask=attn[:, : prompt_w + comp_w - 1],
+            position_ids=c_pos[:, :-1], cache=cache, use_cache=True,
+        )
+        logits = torch.cat([logits, tail.logits], dim=1)
+    logp = torch.log_softmax(logits.float() / temperature, dim=-1).gather(2, c_ids.unsqueeze(2)).squeeze(2)
+    return logp, comp_mask

@@ -36,6 +36,7 @@ def train_steps(
     budget: MicroBatchBudget,
     *,
     shared_prompts: bool,
+    packed: bool = False,
     accumulate: Accumulate,
     apply: Callable[[Any], float | None],
     is_oom: Callable[[BaseException], bool],
@@ -45,7 +46,8 @@ def train_steps(
     """`grpo.pg_steps` optimiser steps over `items`; the stats averaged over the steps.
 
     `apply(gradients)` clips and steps the optimiser and returns the gradient
-    norm before clipping (None when it was not measured).
+    norm before clipping (None when it was not measured). `shared_prompts`
+    and `packed` say how a micro-batch's tokens are counted (`micro_batches`).
     """
     if not items:
         return empty_stats()
@@ -54,7 +56,7 @@ def train_steps(
     retries = 0
     for step in range(grpo.pg_steps):
         while True:
-            chunks = micro_batches(items, *budget.limits(grpo), shared_prompts=shared_prompts)
+            chunks = micro_batches(items, *budget.limits(grpo), shared_prompts=shared_prompts, packed=packed)
             try:
                 grads, step_sums = accumulate(chunks, total_tokens, step, on_step)
                 break

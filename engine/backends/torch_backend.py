@@ -7,11 +7,14 @@
   at no extra forward pass). Architectures it does not cover fall back to
   HF `generate` (`generate_hf`, `greedy_hf`, engine/backends/hf_generate.py),
   with a log line.
-- Training recomputes log-probs per micro-batch: each distinct prompt once
-  (left-padded, the same position ids as generation), then every completion
-  on a copy of its prompt's KV cache, so the G completions of a question do
-  not recompute their shared prompt G times. Then the loss in `engine.grpo`.
-  bf16 autocast where the device has native bf16.
+- Training recomputes log-probs per micro-batch with
+  `engine.backends.train_forward`: each distinct prompt once and its
+  completions after it, packed into one sequence with no padding, attending
+  to one copy of the prompt, the LM head in chunks. Then the loss in
+  `engine.grpo`. bf16 autocast where the device has native bf16. Models
+  that forward does not cover train through HF's forward
+  (`batch_logprobs_hf`: prompts left-padded, completions on copies of their
+  prompt's KV cache), which `packed_training = False` also selects.
 - LoRA (default) trains adapters on all linear layers; `full` trains every
   weight. With kl_beta > 0 the reference is the base model: the adapters
   switched off for LoRA, a frozen copy for full fine-tuning.
@@ -29,8 +32,9 @@ import contextlib
 import copy
 import logging
 import random
+import threading
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,9 +46,11 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from engine.backends.base import StepCallback
 from engine.backends.batching import HFTokenizerText, MicroBatchBudget, micro_batches
 from engine.backends.decode import DecodedRow, DecodeModel, LoraAdapter, decode_batch, unsupported_reason
-from engine.backends.hf_generate import hf_greedy, hf_sample, left_pad, split_rows
+from engine.backends.hf_generate import hf_greedy, hf_logprobs, hf_sample, left_pad, split_rows
 from engine.backends.memory import freeze_long_lived, release_memory
 from engine.backends.steps import train_steps
+from engine.backends.train_forward import packed_logprobs, train_unsupported_reason
+from engine.backends.train_lanes import lane_count, run_lanes
 from engine.common.atomicio import atomic_dir
 from engine.common.config import GRPOConfig
 from engine.common.device import DeviceInfo
@@ -91,6 +97,11 @@ class TorchBackend(HFTokenizerText):
         # The decoder's matmul weights reordered for oneDNN: None lets it decide (yes on the CPU in fp32,
         # engine.backends.decode.can_pack); bench/rollout_speed.py sets False to measure the plain path.
         self.pack_weights: bool | None = None
+        # Training through `engine.backends.train_forward` where it covers the model; False: through HF's forward
+        # (`batch_logprobs_hf`), the path before issue 36, which bench/train_speed.py measures as the peer.
+        self.packed_training = True
+        self.train_lanes = True  # False: a step's micro-batches one after the other on the CPU too (for comparisons)
+        self._before_layer: Callable[[], None] | None = None  # the stop and pause check, while `train` runs
         if self._dev.type == "cuda":
             torch.set_float32_matmul_precision("high")  # TF32 where the GPU has it; fp32 elsewhere
         torch.manual_seed(seed)
@@ -281,54 +292,36 @@ class TorchBackend(HFTokenizerText):
         return [answers[i] for i in range(len(prompts))]
 
     # -- log-probs and training --------------------------------------------------------
+    def packs_training(self) -> bool:
+        """Whether `batch_logprobs` runs the packed forward (`engine.backends.train_forward`); logged once when
+        it cannot."""
+        if not self.packed_training:
+            return False
+        reason = train_unsupported_reason(self.model)
+        if reason is not None and not getattr(self, "_hf_training_logged", False):
+            self._hf_training_logged = True
+            log.info("Training through HF's forward: the packed forward does not support %s.", reason)
+        return reason is None
+
     def batch_logprobs(self, pairs: Sequence[tuple[list[int], list[int]]], temperature: float) -> tuple[torch.Tensor,
                                                                                                         torch.Tensor]:
         """Log-probs [n, T] of each completion token, and the completion mask.
 
-        The G completions of a question share its prompt, so each distinct
-        prompt runs through the model once (left-padded, with its KV cache
-        kept) and every completion then runs on a copy of its prompt's cache.
-        Attention is causal, so this is the same computation, and the same
-        gradient, as running each prompt + completion on its own; it only
-        skips recomputing the prompt G times, which was most of a round's
-        training time with few-shot prompts (docs/results.md).
+        Each distinct prompt runs once, its completions packed after it in
+        one sequence with no padding (`engine.backends.train_forward`); the
+        same result and gradients as one forward per sequence, within float
+        rounding (tested). Models it does not cover go through `batch_logprobs_hf`.
         """
-        prompts: list[list[int]] = []
-        where: dict[tuple[int, ...], int] = {}
-        rows = []
-        for prompt, _ in pairs:
-            key = tuple(prompt)
-            if key not in where:
-                where[key] = len(prompts)
-                prompts.append(list(prompt))
-            rows.append(where[key])
-        n, comp_w = len(pairs), max(len(c) for _, c in pairs)
-        p_ids, p_mask = left_pad(prompts, self.pad_token_id, self._dev)
-        prompt_w = p_ids.shape[1]
-        c_ids = torch.full((n, comp_w), self.pad_token_id, dtype=torch.long)
-        comp_mask = torch.zeros((n, comp_w), dtype=torch.float32)
-        for row, (_, comp) in enumerate(pairs):
-            c_ids[row, : len(comp)] = torch.tensor(comp)
-            comp_mask[row, : len(comp)] = 1.0
-        index = torch.tensor(rows, dtype=torch.long)
-        p_ids, p_mask, c_ids, comp_mask, index = (
-            t.to(self._dev) for t in (p_ids, p_mask, c_ids, comp_mask, index)
-        )
-        p_pos = (p_mask.cumsum(-1) - 1).clamp(min=0)
-        head = self.model(input_ids=p_ids, attention_mask=p_mask, position_ids=p_pos, use_cache=True, logits_to_keep=1)
-        cache = head.cache
-        cache.reorder_cache(index)  # one copy of its prompt's cache per completion (autograd-safe index_select)
-        attn = torch.cat([p_mask.index_select(0, index), torch.ones_like(c_ids)], dim=1)
-        c_pos = p_mask.sum(-1, keepdim=True).index_select(0, index) + torch.arange(comp_w, device=self._dev)
-        logits = head.logits.index_select(0, index)  # predicts each completion's first token
-        if comp_w > 1:
-            tail = self.model(
-                input_ids=c_ids[:, :-1], attention_mask=attn[:, : prompt_w + comp_w - 1],
-                position_ids=c_pos[:, :-1], cache=cache, use_cache=True,
-            )
-            logits = torch.cat([logits, tail.logits], dim=1)
-        logp = torch.log_softmax(logits.float() / temperature, dim=-1).gather(2, c_ids.unsqueeze(2)).squeeze(2)
-        return logp, comp_mask
+        if not self.packs_training():
+            return self.batch_logprobs_hf(pairs, temperature)
+        return packed_logprobs(self.model, pairs, temperature, self._before_layer)
+
+    def batch_logprobs_hf(
+        self, pairs: Sequence[tuple[list[int], list[int]]], temperature: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`batch_logprobs` through HF's forward (`hf_logprobs`): the fallback, and the peer bench/train_speed.py
+        measures."""
+        return hf_logprobs(self.model, pairs, temperature, self.pad_token_id, self._dev)
 
     def behaviour_logprobs(self, items: Sequence[tuple[list[int], list[int]]], temperature: float) -> list[list[float]]:
         """Log-probs under the current policy for text that this node did not sample (swarm items)."""
@@ -374,13 +367,24 @@ class TorchBackend(HFTokenizerText):
         try:
             with self._layer_checks(on_step) as tracked:
                 return train_steps(
-                    items, self.grpo, self.budget, shared_prompts=True, accumulate=self._accumulate_step,
+                    items, self.grpo, self.budget, shared_prompts=True, packed=self.packs_training(),
+                    accumulate=self._accumulate_step,
                     apply=self._apply_step, is_oom=lambda exc: isinstance(exc, torch.OutOfMemoryError),
                     after_oom=self._after_oom, on_step=tracked,
                 )
         finally:
             self.optimizer.zero_grad(set_to_none=True)
             release_memory()
+
+    def accumulate_gradients(self, items: Sequence[TrainItem]) -> dict[str, float]:
+        """One step's forward and backward over `items`, micro-batched as `train` cuts them, without the
+        optimizer step: the gradients are left in `params`, the step's stats returned.
+
+        What the tests and bench/train_speed.py compare between the packed forward and HF's.
+        """
+        self.model.train()
+        chunks = micro_batches(items, *self.budget.limits(self.grpo), shared_prompts=True, packed=self.packs_training())
+        return self._accumulate_step(chunks, float(sum(len(it.completion_ids) for it in items)), 0, None)[1]
 
     @contextlib.contextmanager
     def _layer_checks(self, on_step: StepCallback | None) -> Iterator[StepCallback | None]:
@@ -391,16 +395,25 @@ class TorchBackend(HFTokenizerText):
             return
         callback = on_step
         progress = [0, 1]
+        lock = threading.Lock()
 
         def tracked(done: int, total: int) -> None:
-            progress[:] = [done, total]
-            callback(done, total)
+            with lock:
+                progress[:] = [done, total]
+                callback(done, total)
 
-        hooks = [module.register_forward_pre_hook(lambda _module, _args: callback(progress[0], progress[1]))
+        def check() -> None:
+            with lock:  # the lanes of `engine.backends.train_lanes` call it from their threads
+                callback(progress[0], progress[1])
+
+        # The HF forward calls its decoder layers' hooks, the packed forward `_before_layer`.
+        hooks = [module.register_forward_pre_hook(lambda _module, _args: check())
                  for module in self.model.modules() if type(module).__name__.endswith("DecoderLayer")]
+        self._before_layer = check
         try:
             yield tracked
         finally:
+            self._before_layer = None
             for hook in hooks:
                 hook.remove()
 
@@ -418,45 +431,61 @@ class TorchBackend(HFTokenizerText):
     def _accumulate_step(
         self, chunks: list[list[TrainItem]], total_tokens: float, step: int, on_step: StepCallback | None
     ) -> tuple[None, dict[str, float]]:
-        """Forward and backward over every chunk, gradients summed in the parameters; the step's stats."""
-        g = self.grpo
+        """Forward and backward over every chunk (side by side in lanes where `lane_count` allows,
+        `engine.backends.train_lanes`), gradients summed in the parameters; the step's stats."""
         self.optimizer.zero_grad(set_to_none=True)
         sums = {"loss": 0.0, "clip_fraction": 0.0, "kl": 0.0, "grad_norm": 0.0}
-        for index, chunk in enumerate(chunks):
-            pairs = [(it.prompt_ids, it.completion_ids) for it in chunk]
-            old = torch.zeros((len(chunk), max(len(it.completion_ids) for it in chunk)))
-            for row, it in enumerate(chunk):
-                old[row, : len(it.old_logprobs)] = torch.tensor(it.old_logprobs)
-            adv = torch.tensor([it.advantage for it in chunk], dtype=torch.float32, device=self._dev)
-            weights = None
-            if any(it.weights is not None for it in chunk):
-                weights = torch.ones_like(old)
-                for row, it in enumerate(chunk):
-                    if it.weights is not None:
-                        weights[row, : len(it.weights)] = torch.tensor(it.weights)
-                weights = weights.to(self._dev)
-            ref_logp = None
-            with self.autocast_context():
-                if g.kl_beta > 0:
-                    with torch.no_grad(), self._reference_mode() as ref_model:
-                        saved, self.model = self.model, ref_model
-                        try:
-                            ref_logp, _ = self.batch_logprobs(pairs, self.temperature)
-                        finally:
-                            self.model = saved
-                logp, mask = self.batch_logprobs(pairs, self.temperature)
-                loss, stats = clipped_pg_loss(
-                    logp, old.to(self._dev), adv, mask, g.eps_low, g.eps_high, total_tokens,
-                    ref_logp=ref_logp, kl_beta=g.kl_beta, weights=weights,
-                )
-            loss.backward()
+
+        def done(index: int, stats: Any) -> None:
             weight = stats.tokens / total_tokens
             sums["loss"] += stats.loss
             sums["clip_fraction"] += stats.clip_fraction * weight
             sums["kl"] += stats.kl * weight
             if on_step is not None:
                 on_step(step * len(chunks) + index + 1, g.pg_steps * len(chunks))
+
+        g = self.grpo
+        # Lanes share the model: not with the KL reference (it switches the adapters off) or dropout (its draws).
+        alone = g.finetune == "lora" and g.kl_beta == 0 and g.lora_dropout == 0 and self.train_lanes
+        lanes = lane_count(self._dev, len(chunks), alone)
+        if lanes > 1 and self.packs_training():
+            run_lanes(chunks, lanes, lambda chunk: self._chunk_loss(chunk, total_tokens), self.params, done)
+            return None, sums
+        for index, chunk in enumerate(chunks):
+            loss, stats = self._chunk_loss(chunk, total_tokens)
+            loss.backward()
+            done(index, stats)
         return None, sums
+
+    def _chunk_loss(self, chunk: list[TrainItem], total_tokens: float) -> tuple[torch.Tensor, Any]:
+        """One micro-batch's share of the step's loss, and its stats."""
+        g = self.grpo
+        pairs = [(it.prompt_ids, it.completion_ids) for it in chunk]
+        old = torch.zeros((len(chunk), max(len(it.completion_ids) for it in chunk)))
+        for row, it in enumerate(chunk):
+            old[row, : len(it.old_logprobs)] = torch.tensor(it.old_logprobs)
+        adv = torch.tensor([it.advantage for it in chunk], dtype=torch.float32, device=self._dev)
+        weights = None
+        if any(it.weights is not None for it in chunk):
+            weights = torch.ones_like(old)
+            for row, it in enumerate(chunk):
+                if it.weights is not None:
+                    weights[row, : len(it.weights)] = torch.tensor(it.weights)
+            weights = weights.to(self._dev)
+        ref_logp = None
+        with self.autocast_context():
+            if g.kl_beta > 0:
+                with torch.no_grad(), self._reference_mode() as ref_model:
+                    saved, self.model = self.model, ref_model
+                    try:
+                        ref_logp, _ = self.batch_logprobs(pairs, self.temperature)
+                    finally:
+                        self.model = saved
+            logp, mask = self.batch_logprobs(pairs, self.temperature)
+            return clipped_pg_loss(
+                logp, old.to(self._dev), adv, mask, g.eps_low, g.eps_high, total_tokens,
+                ref_logp=ref_logp, kl_beta=g.kl_beta, weights=weights,
+            )
 
     def reseed(self, seed: int) -> None:
         """Make this round's sampling reproducible (same seed, same round -> same rollouts)."""

@@ -124,3 +124,20 @@ def test_shared_prompt_micro_batches_keep_a_question_together_and_count_its_prom
     # 300 + 4 x 12 fits 400; one row per sequence (4 x 312) would not.
     plain = micro_batches(items, max_rows=8, max_tokens=400)
     assert max(len(ch) for ch in plain if tuple(ch[0].prompt_ids) == tuple(long_q)) == 1
+
+
+def test_packed_micro_batches_count_each_prompt_once_and_no_padding() -> None:
+    from engine.backends.batching import micro_batches
+    from engine.rollouts import TrainItem
+
+    long_q, short_q = [7] * 300, [8] * 40
+    items = [TrainItem(q, [2] * c, [0.0] * c, 1.0) for c in (5, 9, 3, 40) for q in (long_q, short_q)]
+    # Packed: 40 + 3 + 5 + 9 + 40 = 97 and 300 + 57 = 357 tokens; the long prompt's first item would make 400.
+    packed = micro_batches(items, max_rows=8, max_tokens=399, packed=True)
+    assert [len(ch) for ch in packed] == [4, 4]
+    # Shared prompts pad every completion to the longest (40): 300 + 4 x 40 = 460 does not fit.
+    shared = micro_batches(items, max_rows=8, max_tokens=400, shared_prompts=True)
+    assert len(shared) == 3
+    # With room for both, the packed cost is the sum of real tokens: 454 fits 454, 453 does not.
+    assert len(micro_batches(items, max_rows=8, max_tokens=454, packed=True)) == 1
+    assert len(micro_batches(items, max_rows=8, max_tokens=453, packed=True)) == 2

@@ -51,20 +51,25 @@ def test_the_loaded_model_is_kept_out_of_full_collections_and_later_garbage_is_n
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 @pytest.mark.parametrize("lengths", [(1, 5, 12), (1, 1, 1)])
+@pytest.mark.parametrize("packed", [True, False])
 def test_shared_prompts_give_the_same_logprobs_and_gradients_as_one_forward_per_sequence(
-    tmp_path: Path, arch: str, lengths: tuple[int, ...]
+    tmp_path: Path, arch: str, lengths: tuple[int, ...], packed: bool
 ) -> None:
-    """Training runs each distinct prompt once and its completions on copies of its cache.
+    """Training runs each distinct prompt once: packed with its completions in one sequence
+    (engine/backends/train_forward.py), or through HF with its completions on copies of its cache.
 
     Checked against the plain computation: every prompt + completion on its
-    own, unpadded. Prompts of different lengths are interleaved (left padding
-    and the cache copies both in play); (1, 1, 1) is the batch where no
-    completion needs a second forward.
+    own, unpadded, with full fine-tuning (the embedding and a separate LM
+    head trained too). Prompts of different lengths are interleaved (left
+    padding and the cache copies in play on the HF path); (1, 1, 1) is the
+    batch where no completion needs a second forward.
     """
     import torch
 
     folder = make_sharp_model(tmp_path / arch, arch)
     backend = TorchBackend(folder, pick_device("cpu"), GRPOConfig(precision="fp32", finetune="full"), 0, 0.7)
+    backend.packed_training = packed
+    assert backend.packs_training() == packed
     short = backend.encode_prompt([{"role": "user", "content": "2+2?"}])
     long = backend.encode_prompt([{"role": "user", "content": "What is 12 + 30, and then 7 more?"}])
     gen = torch.Generator().manual_seed(5)
