@@ -127,8 +127,12 @@ typecheck: $(STAMP)
 test-deps:
 	@$(MAKE) --no-print-directory system-deps APT_PACKAGES="$(TEST_APT_PACKAGES)"
 
+# The suite on several workers (pytest-xdist): most of its time is spent waiting on processes, relays and
+# timeouts, so workers overlap it even on 2 cores; at most 4, since each worker loads torch and the bundled model.
+# `make pytest PYTEST_WORKERS=0` runs it in one process.
+PYTEST_WORKERS ?= $(shell $(PYTHON) -c "import os; print(min(4, max(2, os.cpu_count() or 1)))")
 pytest: $(STAMP) test-deps
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist worksteal
 
 test: lint typecheck pytest
 
