@@ -33,9 +33,9 @@ from engine.common.config import POWER_PRESETS
 from engine.common.schedule import DAYS, Schedule
 
 POWER_CHOICES = (
-    ("low", "Low: 1 thread, at most half of each minute, only when idle and plugged in"),
-    ("standard", "Standard: the cores your programs leave free, at background priority (recommended)"),
-    ("maximum", "Maximum: every free core, sharing the computer equally with your programs"),
+    ("low", "Low: 1 thread, half of each minute, when idle and plugged in"),
+    ("standard", "Standard: free cores, at background priority (recommended)"),
+    ("maximum", "Maximum: every free core, equal priority with your programs"),
 )
 DAY_CHOICES = (("daily", "every day"), ("weekdays", "on weekdays"), ("weekends", "at weekends"))
 
