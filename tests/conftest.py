@@ -44,6 +44,23 @@ def _install_seeds_follow_the_test(request: pytest.FixtureRequest, monkeypatch: 
     monkeypatch.setattr(engine.seeds, "secrets", SimpleNamespace(randbelow=draw.randrange))
 
 
+@pytest.fixture(autouse=True)
+def _no_handler_left_on_a_closed_stream() -> Iterator[None]:
+    """A test that runs a CLI's main() in this process (sapling-relay's sets up JSON logging with
+    logging.basicConfig(force=True)) leaves the root logger writing to that test's captured stderr,
+    closed once the test ends; later tests' log lines would fail there ("Logging error")."""
+    import logging
+
+    root = logging.getLogger()
+    before = list(root.handlers)
+    level = root.level
+    yield
+    for handler in list(root.handlers):
+        if type(handler) is logging.StreamHandler and handler not in before:
+            root.removeHandler(handler)
+    root.setLevel(level)
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from bench.harness.tiny import make_tiny_model
