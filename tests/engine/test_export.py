@@ -478,10 +478,10 @@ def test_try_it_exports_the_newest_checkpoint_when_it_opens_and_a_question_waits
     sent: list[dict[str, Any]] = []
     server = ChatServer(config, paths, flags, sent.append, budget=1)
     exports = server.exports  # the GGUF files it answers from (engine/gguf/cache.py)
-    with caplog.at_level(logging.INFO, logger="engine.gguf"):
-        server.prepare()
-        assert exports._background_rounds == (0, 1) and exports._background is not None
-        server.handle({"cmd": "ask", "id": 1, "text": "What is 17 + 25?"})
+    caplog.set_level(logging.INFO, logger="engine.gguf")  # for the whole test: the merge logs from its thread later
+    server.prepare()
+    assert exports._background_rounds == (0, 1) and exports._background is not None
+    server.handle({"cmd": "ask", "id": 1, "text": "What is 17 + 25?"})
     assert not [m for m in sent if m["type"] == "error"], sent
     trained = next(m for m in sent if m["type"] == "answer" and m["side"] == "trained")
     assert trained["round"] == 1
