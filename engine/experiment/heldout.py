@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engine.experiment.hours import read_mix
+from engine.experiment.hours import clock_for, read_mix
 from engine.experiment.plan import EVAL_FILE, START_EVAL_FILE, read_evals, read_json, rounds_done
 
 Bootstrap = Callable[[Sequence[tuple[list[list[float]], list[list[float]]]]], dict[str, Any]]
@@ -59,11 +59,11 @@ def _node_passes(record: dict[str, Any] | None, nodes: int) -> list[str] | None:
     return [str(p) for p in rows]
 
 
-def read_evaluations(folder: Path) -> Evaluations | None:
-    """The evaluations of the mix in `folder` (the experiment folder is its parent); None when the mix has no
-    timed round or an evaluation lacks question-by-question answers."""
+def read_evaluations(folder: Path, clock: str = "wall") -> Evaluations | None:
+    """The evaluations of the mix in `folder` (the experiment folder is its parent), times on `clock`; None when
+    the mix has no timed round or an evaluation lacks question-by-question answers."""
     folder = Path(folder)
-    mix = read_mix(folder)
+    mix = read_mix(folder, clock)
     if mix is None:
         return None
     done = rounds_done(folder)
@@ -100,8 +100,9 @@ def held_out_at_equal_time(strata: Sequence[tuple[Path, Path]], nodes: Sequence[
     same seeds; None when a folder lacks question-by-question evaluations. `bootstrap` is
     engine/experiment/report.py's `stratified_bootstrap`."""
     acc, gains, last, pairs = [], [], [], []
+    clock = clock_for([f for pair in strata for f in pair])
     for a_dir, b_dir in strata:
-        a, b = read_evaluations(a_dir), read_evaluations(b_dir)
+        a, b = read_evaluations(a_dir, clock), read_evaluations(b_dir, clock)
         if a is None or b is None:
             return None
         if a.nodes != b.nodes or len(a.passes[0][0]) != len(b.passes[0][0]):
@@ -125,6 +126,7 @@ def held_out_at_equal_time(strata: Sequence[tuple[Path, Path]], nodes: Sequence[
     at_round = bootstrap(last)
     return {
         "pairs": pairs,
+        "clock": clock,
         "accuracy_a": sum(_accuracy(ta) for ta, _ in acc) / len(acc),
         "accuracy_b": sum(_accuracy(tb) for _, tb in acc) / len(acc),
         "difference": at_t["difference"], "difference_ci95": at_t["difference_ci95"],

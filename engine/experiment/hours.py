@@ -18,6 +18,17 @@ split the round's seconds equally between the nodes. Comparisons here:
    is the same over the last quarter of the slices: where each node stands
    after T_k, not on the way there.
 
+Two clocks. The wall clock (`node_seconds`) is what a node alone on an idle
+computer would wait. It also counts whatever else the machine did: another
+job's load, or the experiment being paused (SIGSTOP) while a benchmark is
+timed, charged to whichever round was running. The CPU clock
+(`node_cpu_seconds`: the process's CPU seconds over the same stretches, all its
+threads) does not advance while the process is stopped and changes little under
+another job's load, so a comparison uses it when every folder in it has it, and
+says which clock it used. CPU seconds are not hours on a wall clock: with two
+busy threads a minute of wall time is about two CPU minutes, the same for every
+setting compared.
+
 Below, the held-out accuracy when each mix ended, with the hours it took;
 held-out accuracy at equal time is engine/experiment/heldout.py's.
 """
@@ -38,31 +49,40 @@ SLICES = 20
 END_SLICES = SLICES // 4  # "at the end": the last quarter of the common time
 
 
+CLOCKS = ("wall", "cpu")
+_CLOCK_KEYS = {"wall": "node_seconds", "cpu": "node_cpu_seconds"}
+
+
 class NodeClock:
-    """Seconds charged to each node of a round: timed alone, or a shared stretch split by weights."""
+    """Seconds charged to each node of a round, on the wall clock and the process's CPU clock: a stretch timed
+    alone, or a shared stretch split by weights."""
 
     def __init__(self, nodes: int) -> None:
         self.seconds = [0.0] * nodes
+        self.cpu = [0.0] * nodes
         self.parts: dict[str, list[float]] = {"generate": [0.0] * nodes, "train": [0.0] * nodes}
 
     @contextmanager
     def timing(self, node: int, part: str = "") -> Iterator[None]:
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         try:
             yield
         finally:
-            self.charge(node, time.perf_counter() - start, part)
+            self.charge(node, time.perf_counter() - start, part, time.process_time() - cpu)
 
-    def charge(self, node: int, seconds: float, part: str = "") -> None:
+    def charge(self, node: int, seconds: float, part: str = "", cpu: float = 0.0) -> None:
         self.seconds[node] += seconds
+        self.cpu[node] += cpu
         if part:
             self.parts[part][node] += seconds
 
-    def share(self, seconds: float, weights: Sequence[float], part: str = "") -> None:
-        """Split `seconds` between the nodes in proportion to `weights` (equally when they sum to 0)."""
+    def share(self, seconds: float, weights: Sequence[float], part: str = "", cpu: float = 0.0) -> None:
+        """Split `seconds` (and `cpu` CPU seconds) between the nodes in proportion to `weights` (equally when
+        they sum to 0)."""
         total = sum(weights)
         for k, weight in enumerate(weights):
-            self.charge(k, seconds * weight / total if total > 0 else seconds / len(weights), part)
+            share = weight / total if total > 0 else 1 / len(weights)
+            self.charge(k, seconds * share, part, cpu * share)
 
     def total(self, node: int) -> float:
         return self.seconds[node]
@@ -82,9 +102,13 @@ def machine_tag(device: str, bf16: bool, threads: int) -> str:
     return f"{where}, {'bf16' if bf16 else 'fp32'}, {threads} threads"
 
 
-def node_seconds(records: Sequence[dict[str, Any]], nodes: int) -> list[list[float]]:
-    """[node][round] seconds charged to each node (older records: the round's seconds split equally)."""
-    return [[float(rec["node_seconds"][k]) if "node_seconds" in rec else float(rec["seconds"]) / nodes
+def node_seconds(records: Sequence[dict[str, Any]], nodes: int, clock: str = "wall") -> list[list[float]]:
+    """[node][round] seconds charged to each node on `clock` (older records, wall clock: the round's seconds
+    split equally)."""
+    key = _CLOCK_KEYS[clock]
+    if clock == "cpu":
+        return [[float(rec[key][k]) for rec in records] for k in range(nodes)]
+    return [[float(rec[key][k]) if key in rec else float(rec["seconds"]) / nodes
              for rec in records] for k in range(nodes)]
 
 
@@ -134,14 +158,34 @@ class MixTimes:
         return len(self.rewards)
 
 
-def read_mix(folder: Path) -> MixTimes | None:
-    """The mix whose records are in `folder`; None when it has no finished round or one is not timed."""
-    records = read_rounds(Path(folder) / ROUNDS_FILE, rounds_done(Path(folder)))
-    if not records or not all("node_seconds" in rec or "seconds" in rec for rec in records):
+def _records(folder: Path) -> list[dict[str, Any]]:
+    return read_rounds(Path(folder) / ROUNDS_FILE, rounds_done(Path(folder)))
+
+
+def has_cpu_clock(folder: Path) -> bool:
+    """Whether every finished round of the mix in `folder` carries CPU seconds (`node_cpu_seconds`)."""
+    records = _records(folder)
+    return bool(records) and all(_CLOCK_KEYS["cpu"] in rec for rec in records)
+
+
+def clock_for(folders: Sequence[Path]) -> str:
+    """The clock a comparison of `folders` uses: CPU when every one has it, else the wall clock."""
+    return "cpu" if folders and all(has_cpu_clock(f) for f in folders) else "wall"
+
+
+def read_mix(folder: Path, clock: str = "wall") -> MixTimes | None:
+    """The mix whose records are in `folder`, its seconds on `clock`; None when it has no finished round or one
+    is not timed on that clock."""
+    records = _records(folder)
+    if not records:
+        return None
+    if clock == "cpu" and not all(_CLOCK_KEYS["cpu"] in rec for rec in records):
+        return None
+    if clock == "wall" and not all("node_seconds" in rec or "seconds" in rec for rec in records):
         return None
     nodes = len(records[0]["rewards"])
     return MixTimes(Path(folder), [[float(rec["rewards"][k]) for rec in records] for k in range(nodes)],
-                    node_seconds(records, nodes),
+                    node_seconds(records, nodes, clock),
                     frozenset(str(rec["machine"]) for rec in records if rec.get("machine")))
 
 
@@ -157,7 +201,8 @@ def per_hour(strata: Sequence[tuple[Path, Path]], nodes: Sequence[int] | None, b
     `bootstrap` is `stratified_bootstrap` (engine/experiment/report.py), passed in so the two modules
     share one bootstrap without importing each other.
     """
-    pairs = [(read_mix(a), read_mix(b)) for a, b in strata]
+    clock = clock_for([f for pair in strata for f in pair])
+    pairs = [(read_mix(a, clock), read_mix(b, clock)) for a, b in strata]
     tables, ends, each = [], [], []
     for a, b in pairs:
         if a is None or b is None:
@@ -175,7 +220,7 @@ def per_hour(strata: Sequence[tuple[Path, Path]], nodes: Sequence[int] | None, b
                      "machines": sorted(a.machines | b.machines), "held_out": _held_out(a, b, rows)})
     overall = bootstrap(tables)
     at_end = bootstrap(ends)
-    return {"slices": SLICES, "pairs": each, **overall,
+    return {"slices": SLICES, "clock": clock, "pairs": each, **overall,
             "at_end": {"ratio": at_end["ratio"], "ratio_ci95": at_end["ratio_ci95"],
                        "difference": at_end["difference"], "difference_ci95": at_end["difference_ci95"]}}
 
@@ -192,9 +237,9 @@ def _held_out(a: MixTimes, b: MixTimes, rows: Sequence[int]) -> dict[str, Any] |
     return out
 
 
-def reward_by_hour(folder: Path, points: int = 60) -> tuple[list[float], list[float]]:
-    """(hours, mean reward over nodes) at `points` times up to the shortest node's total: for a plot."""
-    mix = read_mix(folder)
+def reward_by_hour(folder: Path, points: int = 60, clock: str = "wall") -> tuple[list[float], list[float]]:
+    """(hours on `clock`, mean reward over nodes) at `points` times up to the shortest node's total: for a plot."""
+    mix = read_mix(folder, clock)
     if mix is None:
         raise ValueError(f"{folder} has no finished, timed round to plot.")
     horizon = min(sum(row) for row in mix.seconds)

@@ -23,7 +23,7 @@ from typing import Any
 from engine.common.atomicio import atomic_write_bytes, atomic_write_json, atomic_write_text
 from engine.common.config import NodeConfig
 from engine.experiment.heldout import held_out_at_equal_time
-from engine.experiment.hours import per_hour, reward_by_hour, timed
+from engine.experiment.hours import clock_for, per_hour, reward_by_hour, timed
 from engine.experiment.plan import (
     EVAL_FILE,
     ROUNDS_FILE,
@@ -287,8 +287,9 @@ def report_markdown(report: dict[str, Any]) -> str:
         )
     hourly = {label: m["per_hour"] for label, m in report["mixes"].items() if m.get("per_hour")}
     if hourly:
+        clocks = sorted({h.get("clock", "wall") for h in hourly.values()})
         lines += ["", "Per hour: each node's reward against the seconds it spent (engine/experiment/hours.py), "
-                  "over the time both runs of that node cover.", "",
+                  f"over the time both runs of that node cover; {' and '.join(clocks)} clock.", "",
                   "| mix | hours per node (common) | ratio of time-averaged reward [95% CI] | at the end (last "
                   "quarter) [95% CI] |",
                   "|---|---|---|---|"]
@@ -361,7 +362,7 @@ def plot_rewards(report: dict[str, Any]) -> bytes:
     return buffer.getvalue()
 
 
-def plot_hours(curves: dict[str, tuple[list[float], list[float]]], title: str) -> bytes:
+def plot_hours(curves: dict[str, tuple[list[float], list[float]]], title: str, clock: str = "wall") -> bytes:
     """Reward against hours on the node's own computer, one line per label (engine.experiment.hours.reward_by_hour)."""
     import io
 
@@ -377,7 +378,8 @@ def plot_hours(curves: dict[str, tuple[list[float], list[float]]], title: str) -
         line = ax.plot(hours, rewards, linewidth=0.8, alpha=0.4)[0]
         ax.plot(hours, smooth, color=line.get_color(), linewidth=2.2, label=label)
     ax.set_title(title)
-    ax.set_xlabel("hours on the node's own computer")
+    ax.set_xlabel("hours on the node's own computer" if clock == "wall"
+                  else "CPU hours on the node's own computer (all its threads)")
     ax.set_ylabel("mean reward of own rollouts")
     ax.grid(alpha=0.3)
     ax.legend(title="time-weighted, running mean")
@@ -393,11 +395,14 @@ def write_report(report: dict[str, Any], out: Path) -> None:
     atomic_write_json(out / "report.json", report)
     atomic_write_text(out / "report.md", report_markdown(report))
     atomic_write_bytes(out / "reward.png", plot_rewards(report))
-    curves = {label: reward_by_hour(out / _slug(label)) for label, m in report["mixes"].items()
-              if m["rounds_done"] and timed(out / _slug(label))}
+    folders = {label: out / _slug(label) for label, m in report["mixes"].items()
+               if m["rounds_done"] and timed(out / _slug(label))}
+    clock = clock_for(list(folders.values()))
+    curves = {label: reward_by_hour(folder, clock=clock) for label, folder in folders.items()}
     if curves:
         atomic_write_bytes(out / "reward-hours.png", plot_hours(
-            curves, f"Reward against time, mean of {report['plan']['nodes']} nodes ({report['settings']['model']})"))
+            curves, f"Reward against time, mean of {report['plan']['nodes']} nodes ({report['settings']['model']})",
+            clock))
 
 
 def _mix_rounds(folder: Path, label: str) -> tuple[Any, list[dict[str, Any]]]:
@@ -489,12 +494,14 @@ def _variant(spec: str) -> tuple[str, Path, str]:
 
 def hours_plot(variants: Sequence[str]) -> bytes:
     """Reward against hours of mixes from several folders: each variant is LABEL=DIR:MIX."""
-    curves = {}
+    folders = {}
     for spec in variants:
         label, folder, side = _variant(spec)
         _mix_rounds(folder, side)  # a clear error for a folder without that mix
-        curves[label] = reward_by_hour(folder / _slug(side))
-    return plot_hours(curves, "Reward against time on the node's own computer, mean of its nodes")
+        folders[label] = folder / _slug(side)
+    clock = clock_for(list(folders.values()))
+    curves = {label: reward_by_hour(folder, clock=clock) for label, folder in folders.items()}
+    return plot_hours(curves, "Reward against time on the node's own computer, mean of its nodes", clock)
 
 
 def variants_plot(variants: Sequence[str]) -> bytes:

@@ -455,7 +455,7 @@ class Experiment:
         """
         cfg = self.config
         G = cfg.tasks.completions_per_question
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         drawn = [node.start_round() for node in nodes]
         if any(r != round_index for r, _, _ in drawn):
             raise RuntimeError("nodes out of step")
@@ -466,7 +466,7 @@ class Experiment:
             seeds=[derive_seed(node.config.run.seed, round_index) for node in nodes],
             on_step=lambda done, total: self._progress("generating", done, total),
         )
-        gen_seconds = time.perf_counter() - t0
+        gen_seconds, gen_cpu = time.perf_counter() - t0, time.process_time() - c0
         clock = NodeClock(len(nodes))
         groups: list[list[Group]] = []
         start = 0
@@ -477,7 +477,7 @@ class Experiment:
             tokens.append(sum(map(len, node_prompts)) + sum(len(c.token_ids) for c in rows))
             with clock.timing(k):
                 groups.append(node.score(questions, node_prompts, rows))
-        clock.share(gen_seconds, tokens, "generate")
+        clock.share(gen_seconds, tokens, "generate", gen_cpu)
 
         # Share: everyone publishes round r, the relay has stored it all, then each samples in turn.
         t_share = time.perf_counter()
@@ -487,9 +487,9 @@ class Experiment:
                 assert node.exchange is not None
                 with clock.timing(k):
                     node.exchange.publish(round_index, own)
-            t_wait = time.perf_counter()
+            t_wait, c_wait = time.perf_counter(), time.process_time()
             self._wait_published(relay, before + len(nodes))
-            clock.share(time.perf_counter() - t_wait, [1] * len(nodes))
+            clock.share(time.perf_counter() - t_wait, [1] * len(nodes), cpu=time.process_time() - c_wait)
             _seed_relay_sampling(relay, derive_seed(cfg.run.seed, round_index, 3))
         shared = []
         for k, (node, own) in enumerate(zip(nodes, groups, strict=True)):
@@ -529,6 +529,7 @@ class Experiment:
             "train_seconds": train_seconds,
             "seconds": seconds,
             "node_seconds": [clock.total(k) for k in range(len(nodes))],
+            "node_cpu_seconds": [clock.cpu[k] for k in range(len(nodes))],  # the CPU clock (hours.py)
             "node_generate_seconds": clock.parts["generate"],
             "node_train_seconds": clock.parts["train"],
             "machine": self.machine,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -41,8 +42,10 @@ def test_a_shared_stretch_is_charged_by_weight_and_a_timed_one_to_its_node() -> 
     assert [clock.total(0), clock.total(1)] == pytest.approx([4.0, 8.5])
 
 
-def _timed_folder(root: Path, mix: str, rewards: list[list[float]], seconds: list[list[float]]) -> Path:
-    """An experiment folder holding one mix whose rounds carry `node_seconds`, as the experiment writes them."""
+def _timed_folder(root: Path, mix: str, rewards: list[list[float]], seconds: list[list[float]],
+                  cpu: list[list[float]] | None = None) -> Path:
+    """An experiment folder holding one mix whose rounds carry `node_seconds` (and `node_cpu_seconds` when given),
+    as the experiment writes them."""
     from engine.experiment.plan import parse_mixes
 
     slug = root / parse_mixes(mix)[0].slug
@@ -51,8 +54,8 @@ def _timed_folder(root: Path, mix: str, rewards: list[list[float]], seconds: lis
         {"nodes": len(rewards[0]), "mixes": [mix], "rounds": len(rewards), "preset": "default", "overrides": []}))
     (slug / "progress.json").write_text(json.dumps({"round": len(rewards)}))
     (slug / "rounds.jsonl").write_text("".join(
-        json.dumps({"round": r + 1, "rewards": row, "node_seconds": secs, "seconds": sum(secs), "machine": "test"})
-        + "\n"
+        json.dumps({"round": r + 1, "rewards": row, "node_seconds": secs, "seconds": sum(secs), "machine": "test",
+                    **({"node_cpu_seconds": cpu[r]} if cpu else {})}) + "\n"
         for r, (row, secs) in enumerate(zip(rewards, seconds, strict=True))))
     return root
 
@@ -70,6 +73,34 @@ def test_pooling_per_hour_pairs_each_seeds_nodes_over_their_common_time(tmp_path
     # joined earning only 0.15 per slice would lose per hour, whatever it earns per round
     slow = _timed_folder(tmp_path / "s", "8/4", [[0.15, 0.15]] * 2, [[40.0, 40.0]] * 2)
     assert per_hour([(slow / "mix-8-4", alone / "mix-8-0")], None, stratified_bootstrap)["ratio"] == pytest.approx(0.75)
+
+
+def test_a_pause_counts_on_the_wall_clock_but_not_on_the_cpu_clock(tmp_path: Path) -> None:
+    # The joined run was stopped (SIGSTOP) for 60 s during its first round: its wall clock says that round took
+    # 80 s, its CPU clock the 20 s of work it did. It earns 0.1, then 0.5; alone earns 0.3 a round. Per CPU second
+    # the two are equal; on the wall clock the common 40 s cover only the joined run's paused first round.
+    paused = _timed_folder(tmp_path / "j", "8/4", [[0.1, 0.1], [0.5, 0.5]], [[80.0, 80.0], [20.0, 20.0]],
+                           [[20.0, 20.0]] * 2)
+    alone = _timed_folder(tmp_path / "a", "8/0", [[0.3, 0.3]] * 4, [[10.0, 10.0]] * 4, [[10.0, 10.0]] * 4)
+    hourly = per_hour([(paused / "mix-8-4", alone / "mix-8-0")], None, stratified_bootstrap)
+    assert hourly["clock"] == "cpu" and hourly["ratio"] == pytest.approx(1.0)
+    # without CPU seconds on one side, both sides fall back to the wall clock, where the pause costs the joined run
+    wall_only = _timed_folder(tmp_path / "w", "8/0", [[0.3, 0.3]] * 4, [[10.0, 10.0]] * 4)
+    hourly = per_hour([(paused / "mix-8-4", wall_only / "mix-8-0")], None, stratified_bootstrap)
+    assert hourly["clock"] == "wall" and hourly["ratio"] == pytest.approx(0.1 / 0.3)
+
+
+def test_the_clock_charges_cpu_seconds_of_a_timed_stretch_and_splits_a_shared_one() -> None:
+    clock = NodeClock(2)
+    with clock.timing(0, "train"):
+        deadline = time.process_time() + 0.05
+        while time.process_time() < deadline:  # busy: CPU time passes
+            pass
+    with clock.timing(1):
+        time.sleep(0.05)  # asleep: wall time passes, CPU time hardly
+    assert clock.cpu[0] >= 0.05 and clock.cpu[1] < 0.02 < clock.seconds[1]
+    clock.share(1.0, [1, 3], cpu=2.0)
+    assert clock.cpu[1] == pytest.approx(1.5, abs=0.02)
 
 
 def test_untimed_rounds_give_no_per_hour_comparison(tmp_path: Path) -> None:
@@ -93,8 +124,9 @@ def test_a_tiny_experiment_charges_every_node_and_reports_per_hour(tiny_model_di
             record: dict[str, Any] = json.loads(line)
             charged = sum(record["node_seconds"])
             assert 0 < charged <= record["seconds"] * 1.001  # no second is charged twice
+            assert all(c > 0 for c in record["node_cpu_seconds"])
             assert all(t > 0 for t in record["node_train_seconds"]) and "fp32" in record["machine"]
     hourly = report["mixes"]["1/1"]["per_hour"]
-    assert hourly["ratio"] > 0 and len(hourly["pairs"][0]["hours"]) == 2
+    assert hourly["ratio"] > 0 and len(hourly["pairs"][0]["hours"]) == 2 and hourly["clock"] == "cpu"
     assert "Per hour" in (tmp_path / "out" / "report.md").read_text()
     assert (tmp_path / "out" / "reward-hours.png").read_bytes()[:4] == b"\x89PNG"
