@@ -469,7 +469,7 @@ def run(args: argparse.Namespace) -> int:
 
     from bench.bundled import bundled_cpu
     from engine.backends.batching import micro_batches
-    from engine.backends.train_lanes import lane_count
+    from engine.backends.train_lanes import lane_count, largest_lane
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -502,13 +502,17 @@ def run(args: argparse.Namespace) -> int:
     loss_diff, grad_diff, worst = compare_steps(backend, items)
     peak = Roofline(backend.model.config, rows, dtype)
     timing = time_sides(backend, items, repeats, peak)
-    timing["new"]["lanes"] = lane_count(torch.device("cpu"), len(new_chunks), g.finetune == "lora")
+    per_lane = largest_lane(backend.model.config, new_chunks)
+    timing["new"]["lanes"] = lane_count(torch.device("cpu"), len(new_chunks), g.finetune == "lora", per_lane)
     share = report(items, timing, flops, need, peak)
     rss = rss_sides(args)
     print("RSS, one child per side, one step: " + "; ".join(
         f"{side} peak while training {rss[side]['peak'] / 2**30:.2f} GB "
         f"({(rss[side]['peak'] - rss[side]['loaded']) / 2**20:+.0f} MB "
         f"over the loaded model), the child's peak {rss[side]['process_peak'] / 2**30:.2f} GB" for side in SIDES))
+    print(f"lanes: {timing['new']['lanes']}, each estimated to hold {per_lane / 2**20:.0f} MB for its largest "
+          f"micro-batch (engine/backends/train_lanes.py: lanes take at most half the free memory; compare the "
+          f"peaks of a --threads 1 run, one lane, and this one)")
     whole_tol, matrix_tol = TOLERANCE[str(dtype).replace("torch.", "")]
     same = max(loss_diff, grad_diff) <= whole_tol and worst <= matrix_tol
     print(f"same answer on the bundled model, after one step: loss within {loss_diff:.1e}, the LoRA gradient within "

@@ -50,7 +50,7 @@ from engine.backends.hf_generate import hf_greedy, hf_logprobs, hf_sample, left_
 from engine.backends.memory import freeze_long_lived, release_memory
 from engine.backends.steps import train_steps
 from engine.backends.train_forward import packed_logprobs, train_unsupported_reason
-from engine.backends.train_lanes import lane_count, run_lanes
+from engine.backends.train_lanes import lane_count, largest_lane, run_lanes
 from engine.common.atomicio import atomic_dir
 from engine.common.config import GRPOConfig
 from engine.common.device import DeviceInfo
@@ -447,7 +447,7 @@ class TorchBackend(HFTokenizerText):
         g = self.grpo
         # Lanes share the model: not with the KL reference (it switches the adapters off) or dropout (its draws).
         alone = g.finetune == "lora" and g.kl_beta == 0 and g.lora_dropout == 0 and self.train_lanes
-        lanes = lane_count(self._dev, len(chunks), alone)
+        lanes = lane_count(self._dev, len(chunks), alone, largest_lane(self.model.config, chunks))
         if lanes > 1 and self.packs_training():
             run_lanes(chunks, lanes, lambda chunk: self._chunk_loss(chunk, total_tokens), self.params, done)
             return None, sums

@@ -194,6 +194,34 @@ def test_lanes_give_the_one_after_the_other_step_and_the_same_one_each_run(
         assert float((lanes[name] - grad).norm()) <= 1e-6 * float(grad.norm()), name
 
 
+def test_lanes_take_only_what_half_the_free_memory_holds(
+    tiny_model_dir: Path, two_threads: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every lane holds a micro-batch: with memory for one only, the micro-batches run one after the other."""
+    from engine.backends import train_lanes
+
+    cpu = torch.device("cpu")
+    assert train_lanes.lane_count(cpu, 4, True) == 2  # no estimate: torch's threads
+    assert train_lanes.lane_count(cpu, 4, True, per_lane=100, available=10_000) == 2
+    assert train_lanes.lane_count(cpu, 4, True, per_lane=100, available=300) == 1  # half of 300 holds one
+    assert train_lanes.lane_count(cpu, 4, True, per_lane=100, available=0) == 2  # free memory unknown
+    backend = backend_with_live_adapters(tiny_model_dir, micro_batch=4)
+    items = items_for(backend)
+    config = backend.model.config
+    one = train_lanes.lane_bytes(config, 10, 4)
+    assert one > 0 and train_lanes.lane_bytes(config, 20, 4) > one and train_lanes.lane_bytes(object(), 10, 4) == 0
+    ran: list[int] = []
+    original = torch_backend.run_lanes
+    monkeypatch.setattr(torch_backend, "run_lanes", lambda chunks, lanes, *rest: (ran.append(lanes),
+                                                                                 original(chunks, lanes, *rest))[1])
+    step(backend, items, packed=True)
+    assert ran == [2]
+    chunks = torch_backend.micro_batches(items, *backend.budget.limits(backend.grpo), shared_prompts=True, packed=True)
+    monkeypatch.setattr(train_lanes, "free_memory", lambda: 3 * train_lanes.largest_lane(config, chunks))
+    step(backend, items, packed=True)
+    assert ran == [2]  # 1.5 lanes' worth: one lane, one micro-batch after the other
+
+
 def test_a_stop_raised_in_a_lane_ends_the_step_and_restores_the_threads(
     tiny_model_dir: Path, two_threads: None
 ) -> None:
