@@ -66,14 +66,6 @@ def _error_label() -> QLabel:
     return label
 
 
-def _hint(text: str) -> QLabel:
-    label = QLabel(text)
-    label.setObjectName("muted")
-    label.setWordWrap(True)
-    label.setContentsMargins(24, 0, 0, 4)
-    return label
-
-
 class SettingsForm(QWidget):
     """Model, swarm and resource choices; `values()` validates and returns them."""
 
@@ -143,8 +135,8 @@ class SettingsForm(QWidget):
         self.nearby.setContentsMargins(24, 0, 0, 4)
         self.nearby.chosen.connect(self._pick_nearby)
         swarm.addWidget(self.swarm_embedded)
-        swarm.addWidget(_hint("Sapling runs a small relay here that other Sapling windows on this computer can join. "
-                              "Nothing leaves this computer unless you let this network's computers join."))
+        swarm.addWidget(theme.hint("Sapling runs a small relay here that other Sapling windows on this computer can "
+                                   "join. Nothing leaves this computer unless you let this network's computers join."))
         swarm.addWidget(self.lan)
         swarm.addWidget(self.swarm_relay)
         swarm.addWidget(self.invite)
@@ -273,7 +265,7 @@ class ProtectionForm(QWidget):
         check.setSpacing(2)
         self.check = QCheckBox("Refuse answers your model finds implausible (recommended)")
         check.addWidget(self.check)
-        check.addWidget(_hint("Catches answers that are correct but carry injected text, such as an advert "
+        check.addWidget(theme.hint("Catches answers that are correct but carry injected text, such as an advert "
                               "after the answer, before your model learns from them. Every answer is also "
                               "re-scored here, whatever this says. Sapling follows the swarm's model policy: "
                               "where the relay says its nodes run different models, an answer from another "
@@ -307,13 +299,13 @@ class ProtectionForm(QWidget):
         bans.addLayout(length)
         self.persist = QCheckBox("Remember bans when Sapling restarts")
         bans.addWidget(self.persist)
-        bans.addWidget(_hint("A ban shows in the Swarm panel; double-click the peer there to lift it."))
+        bans.addWidget(theme.hint("A ban shows in the Swarm panel; double-click the peer there to lift it."))
         bans.addWidget(QLabel("Never train on these peers:"))
         self.banned = QPlainTextEdit()
         self.banned.setPlaceholderText("Peer ids (20 characters, as in the Swarm panel) or public keys, one per line")
         self.banned.setMaximumHeight(80)
         bans.addWidget(self.banned)
-        bans.addWidget(_hint("Peers listed here can only be unbanned here."))
+        bans.addWidget(theme.hint("Peers listed here can only be unbanned here."))
         return box
 
     def set_values(self, engine: EngineSettings) -> None:

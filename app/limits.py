@@ -28,6 +28,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app import theme
 from app.settings import AppSettings, EngineSettings
 from engine.common.config import POWER_PRESETS
 from engine.common.schedule import DAYS, Schedule
@@ -38,14 +39,6 @@ POWER_CHOICES = (
     ("maximum", "Maximum: every free core, equal priority with your programs"),
 )
 DAY_CHOICES = (("daily", "every day"), ("weekdays", "on weekdays"), ("weekends", "at weekends"))
-
-
-def _hint(text: str) -> QLabel:
-    label = QLabel(text)
-    label.setObjectName("muted")
-    label.setWordWrap(True)
-    label.setContentsMargins(24, 0, 0, 4)
-    return label
 
 
 def _row(*widgets: QWidget) -> QHBoxLayout:
@@ -123,7 +116,7 @@ class ResourcesBox(QGroupBox):
             if not supported:
                 check.setEnabled(False)
                 check.setToolTip(why)
-                limits.addWidget(_hint(why))
+                limits.addWidget(theme.hint(why))
         limits.addWidget(self.autostart)
         self.duty_cycle = 1.0  # no row of its own: what the power choice (or config.toml) says
         self.loaded_caps = (0.0, 0.0)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from PySide6.QtCore import QPointF, QRectF, Qt
 from PySide6.QtGui import QBrush, QColor, QIcon, QPainter, QPainterPath, QPalette, QPixmap
-from PySide6.QtWidgets import QApplication, QWidget
+from PySide6.QtWidgets import QApplication, QLabel, QWidget
 
 ACCENT = "#2f855a"  # sapling green: own reward, primary buttons
 ACCENT_DARK = "#276749"
@@ -116,6 +116,15 @@ def fit_to_contents(window: QWidget) -> None:
     window.setMinimumHeight(height)
     if window.height() < height:
         window.resize(width, height)
+
+
+def hint(text: str) -> QLabel:
+    """A muted, wrapped line of explanation under the control it explains (indented to the control's text)."""
+    label = QLabel(text)
+    label.setObjectName("muted")
+    label.setWordWrap(True)
+    label.setContentsMargins(24, 0, 0, 4)
+    return label
 
 
 def assets_dir() -> Path:
