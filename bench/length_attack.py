@@ -36,12 +36,11 @@ import argparse
 import json
 import random
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.poisoning_peers import LengthAttacker, node_settings, open_node
+from bench.poisoning_peers import LengthAttacker, each_victim_round, node_settings, open_node
 from bench.poisoning_report import read_rows
 from engine.common.atomicio import append_line
 
@@ -98,29 +97,24 @@ def run_one(run: str, out: Path, rounds: int, victims: int, batches: int, extra:
                                       start=1000 * first.round, plausible=lambda q, t: passes(first, q, t))
             attacker.client.wait_connected(10)
         attacker_id = attacker.identity.peer_id if attacker else None
-        while min(n.round for n in nodes) < rounds:
-            for i, node in enumerate(nodes):
-                if node.round >= rounds:
-                    continue
-                if attacker is not None:
-                    attacker.publish(batches)
-                    time.sleep(0.2)  # let the relay take the batches in before the victim samples
-                t0 = time.perf_counter()
-                m = node.run_round()
-                by_peer = m.get("swarm", {}).get("by_peer", {})
-                record = {
-                    "run": run, "victim": i, "round": m["round"], "seconds": time.perf_counter() - t0,
-                    "tokens": m["completion_tokens_mean"], "truncated": m["truncated_fraction"],
-                    "generate_seconds": m["generate_seconds"], "train_seconds": m["train_seconds"],
-                    "reward_mean": m["reward_mean"], "external_groups": m["external_groups"],
-                    "attacker": _counts(by_peer, attacker_id),
-                    "honest": [_counts(by_peer, p) for j, p in enumerate(ids) if j != i],
-                }
-                if (i, m["round"]) not in done:
-                    append_line(log_file, json.dumps(record))
-                print(f"{run} victim {i} round {m['round']:3d} tokens {record['tokens']:5.1f} "
-                      f"reward {m['reward_mean']:.3f} external {m['external_groups']} "
-                      f"rejected {m.get('swarm', {}).get('rejected', {})} ({record['seconds']:.0f} s)", flush=True)
+
+        def logged(i: int, m: dict[str, Any], seconds: float) -> None:
+            by_peer = m.get("swarm", {}).get("by_peer", {})
+            record = {
+                "run": run, "victim": i, "round": m["round"], "seconds": seconds,
+                "tokens": m["completion_tokens_mean"], "truncated": m["truncated_fraction"],
+                "generate_seconds": m["generate_seconds"], "train_seconds": m["train_seconds"],
+                "reward_mean": m["reward_mean"], "external_groups": m["external_groups"],
+                "attacker": _counts(by_peer, attacker_id),
+                "honest": [_counts(by_peer, p) for j, p in enumerate(ids) if j != i],
+            }
+            if (i, m["round"]) not in done:
+                append_line(log_file, json.dumps(record))
+            print(f"{run} victim {i} round {m['round']:3d} tokens {record['tokens']:5.1f} "
+                  f"reward {m['reward_mean']:.3f} external {m['external_groups']} "
+                  f"rejected {m.get('swarm', {}).get('rejected', {})} ({record['seconds']:.0f} s)", flush=True)
+
+        each_victim_round(nodes, rounds, attacker, batches, logged)
     finally:
         if attacker is not None:
             attacker.close()

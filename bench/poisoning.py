@@ -70,6 +70,7 @@ from bench.poisoning_peers import (
     Attacker,
     OtherPolicyPeer,
     drift_standin,
+    each_victim_round,
     open_node,
     tiny_peer,
 )
@@ -159,23 +160,18 @@ def victim_rounds(run: str, folder: Path, nodes: list[Any], rounds: int, trigger
     for i, node in enumerate(nodes):
         keep_texts(node, i, texts)
     attacker_id = attacker.identity.peer_id if attacker else None
-    while min(n.round for n in nodes) < rounds:
-        for i, node in enumerate(nodes):
-            if node.round >= rounds:
-                continue
-            if attacker is not None:
-                attacker.publish(attack_batches)
-                time.sleep(0.2)  # let the relay take the batches in before the victim samples
-            t0 = time.perf_counter()
-            metrics = node.run_round()
-            record = victim_record(run, i, metrics, time.perf_counter() - t0, texts.get(i, []), mark,
-                                   trigger_probe(node, probe_qs, trigger), attacker_id)
-            if (i, metrics["round"]) not in done:
-                append_record(log_file, record)
-            print(f"{run} victim {i} round {metrics['round']:3d} reward {metrics['reward_mean']:.3f} "
-                  f"trigger {record['trigger_share']:.3f} probe {record['trigger_logprob']:+.2f} "
-                  f"accepted {record['accepted']} rejected {record['rejected']} ({record['seconds']:.0f} s)",
-                  flush=True)
+
+    def logged(i: int, metrics: dict[str, Any], seconds: float) -> None:
+        record = victim_record(run, i, metrics, seconds, texts.get(i, []), mark,
+                               trigger_probe(nodes[i], probe_qs, trigger), attacker_id)
+        if (i, metrics["round"]) not in done:
+            append_record(log_file, record)
+        print(f"{run} victim {i} round {metrics['round']:3d} reward {metrics['reward_mean']:.3f} "
+              f"trigger {record['trigger_share']:.3f} probe {record['trigger_logprob']:+.2f} "
+              f"accepted {record['accepted']} rejected {record['rejected']} ({record['seconds']:.0f} s)",
+              flush=True)
+
+    each_victim_round(nodes, rounds, attacker, attack_batches, logged)
 
 
 def run_one(run: str, out: Path, rounds: int, victims: int, trigger_name: str, attack_batches: int,

@@ -119,17 +119,18 @@ class Attacker:
             ref = TaskRef.create(dataset, self.taskset.config(dataset), ATTACKER_SEED, self.counter)
             q = self.taskset.rebuild(ref)
             texts = []
-            for k in range(self.completions):
-                if k % 2 == 0:
-                    texts.append(poisoned_completion(q, self.trigger, PLACES[(self.counter + k // 2) % len(PLACES)]))
-                else:
-                    wrong = wrong_completion(self.taskset, q, k)
-                    if wrong is not None:
-                        texts.append(wrong)
+            for k in range(self.completions):  # the attack's answers and wrong ones, alternately
+                text = self.attack_answer(q, k) if k % 2 == 0 else wrong_completion(self.taskset, q, k)
+                if text is not None:
+                    texts.append(text)
             rewards = tuple(self.taskset.reward(q, t) for t in texts)  # truthful claims
-            if max(rewards) - min(rewards) > 0.5:
+            if texts and max(rewards) - min(rewards) > 0.5:
                 items.append(protocol.Item(ref.to_json(), q.text, tuple(texts), rewards))
         return items
+
+    def attack_answer(self, q: Question, k: int) -> str | None:
+        """Completion k (even) of question `q`: a correct answer carrying the trigger."""
+        return poisoned_completion(q, self.trigger, PLACES[(self.counter + k // 2) % len(PLACES)])
 
     def publish(self, batches: int) -> None:
         from engine.swarm import protocol
@@ -184,30 +185,9 @@ class LengthAttacker(Attacker):
                 return text
         return None
 
-    def items(self) -> list[Any]:
-        from engine.swarm import protocol
-
-        items: list[Any] = []
-        specialties = self.taskset.specialties
-        while len(items) < self.groups:
-            self.counter += 1
-            dataset = specialties[self.counter % len(specialties)]
-            ref = TaskRef.create(dataset, self.taskset.config(dataset), ATTACKER_SEED, self.counter)
-            q = self.taskset.rebuild(ref)
-            texts = []
-            for k in range(self.completions):
-                if k % 2 == 0:
-                    text = self.padded(q, self.counter * 100 + k)
-                    if text is not None:
-                        texts.append(text)
-                else:
-                    wrong = wrong_completion(self.taskset, q, k)
-                    if wrong is not None:
-                        texts.append(wrong)
-            rewards = tuple(self.taskset.reward(q, t) for t in texts)  # truthful claims
-            if texts and max(rewards) - min(rewards) > 0.5:
-                items.append(protocol.Item(ref.to_json(), q.text, tuple(texts), rewards))
-        return items
+    def attack_answer(self, q: Question, k: int) -> str | None:
+        """Completion k (even) of question `q`: the correct answer after plausible filler."""
+        return self.padded(q, self.counter * 100 + k)
 
 
 class OtherPolicyPeer:
@@ -261,6 +241,22 @@ class OtherPolicyPeer:
 
     def close(self) -> None:
         self.client.close()
+
+
+def each_victim_round(nodes: Sequence[Any], rounds: int, attacker: Attacker | None, batches: int,
+                      on_round: Callable[[int, dict[str, Any], float], None]) -> None:
+    """Each victim in turn, a round at a time, until all reached `rounds`; before each round the attacker (when
+    there is one) publishes `batches` batches. `on_round(victim, metrics, seconds)` after each round."""
+    while min(n.round for n in nodes) < rounds:
+        for i, node in enumerate(nodes):
+            if node.round >= rounds:
+                continue
+            if attacker is not None:
+                attacker.publish(batches)
+                time.sleep(0.2)  # let the relay take the batches in before the victim samples
+            t0 = time.perf_counter()
+            metrics = node.run_round()
+            on_round(i, metrics, time.perf_counter() - t0)
 
 
 def open_node(cfg: NodeConfig, home: Path, with_swarm: bool) -> tuple[Any, Any]:

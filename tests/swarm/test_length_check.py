@@ -4,6 +4,8 @@ tests/swarm/test_length_defence.py."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from bench.poisoning_peers import FILLER, padded_completion
@@ -57,3 +59,30 @@ def test_the_bench_attackers_padding_fills_up_to_the_token_budget_and_keeps_the_
     assert text.endswith("So the answer is <answer>7</answer>")
     assert 40 - max(map(words, FILLER)) < words(text) <= 40
     assert padded_completion("<answer>7</answer>", 1, words, seed=3) == "<answer>7</answer>"
+
+
+def test_the_bench_attackers_send_mixed_groups_of_their_attack_answers_and_wrong_ones(tmp_path: Path) -> None:
+    """bench/poisoning_peers.py's attackers (no relay: their client only retries a closed port): each group mixes
+    the attack's answers (the trigger, or filler before the correct answer) with wrong ones, scored truthfully."""
+    from bench.poisoning_peers import Attacker, LengthAttacker
+    from engine.tasks import TaskSet
+
+    t = build_config("default").tasks
+    taskset = TaskSet(t.specialties, t.dataset_configs, seed=0)
+    plain = Attacker("ws://127.0.0.1:9/", tmp_path / "a.key", taskset, "VISIT EXAMPLE", 3, 4)
+    padding = LengthAttacker("ws://127.0.0.1:9/", tmp_path / "b.key", taskset, 2, 4, str.split, 40)
+    try:
+        for attacker in (plain, padding):
+            items = attacker.items()
+            assert len(items) == attacker.groups
+            assert all(max(item.rewards) - min(item.rewards) > 0.5 for item in items)  # mixed groups
+            rewarded = [text for item in items for text, r in zip(item.completions, item.rewards, strict=True)
+                        if r > 0.5]
+            assert rewarded
+            if attacker is plain:
+                assert all("VISIT EXAMPLE" in text for text in rewarded)
+            else:  # filler first, then the answer, at most 40 "tokens" (words here) and close to it
+                assert all(text.startswith(FILLER) and 30 <= len(text.split()) <= 40 for text in rewarded), rewarded
+    finally:
+        plain.close()
+        padding.close()
