@@ -67,10 +67,13 @@ def test_the_bench_attackers_send_mixed_groups_of_their_attack_answers_and_wrong
     from bench.poisoning_peers import Attacker, LengthAttacker
     from engine.tasks import TaskSet
 
+    def words(text: str) -> list[int]:  # a "token" per word
+        return [len(w) for w in text.split()]
+
     t = build_config("default").tasks
     taskset = TaskSet(t.specialties, t.dataset_configs, seed=0)
     plain = Attacker("ws://127.0.0.1:9/", tmp_path / "a.key", taskset, "VISIT EXAMPLE", 3, 4)
-    padding = LengthAttacker("ws://127.0.0.1:9/", tmp_path / "b.key", taskset, 2, 4, str.split, 40)
+    padding = LengthAttacker("ws://127.0.0.1:9/", tmp_path / "b.key", taskset, 2, 4, words, 40)
     try:
         for attacker in (plain, padding):
             items = attacker.items()
