@@ -526,6 +526,9 @@ class Node:
             "local_groups": len(groups),
             "external_groups": len(external),
             "informative_groups": sum(1 for g in groups + external if g.informative),
+            # each own group's specialty and rewards: what a policy that skips or stops groups early would have
+            # seen (bench/curriculum_replay.py replays rounds offline)
+            "own_group_rewards": [[g.question.ref.dataset, [round(r, 4) for r in g.rewards]] for g in groups],
             "completion_tokens_mean": sum(lengths) / len(lengths),
             "truncated_fraction": sum(1 for g in groups for c in g.completions if not c.finished) / len(lengths),
             "tokens_per_second": sum(lengths) / gen_seconds if gen_seconds > 0 else 0.0,

@@ -53,6 +53,10 @@ def test_a_round_changes_the_weights(tiny_model_dir: Path, home: Path) -> None:
     metrics = node.run_round()
     after = trainable(node)
     assert metrics["round"] == 1 and metrics["informative_groups"] > 0
+    own = metrics["own_group_rewards"]  # each own group's specialty and rewards, as drawn
+    assert len(own) == metrics["local_groups"] and all(len(rewards) == node.config.tasks.completions_per_question
+                                                       for _, rewards in own)
+    assert sum(len(set(rewards)) > 1 for _, rewards in own) == metrics["informative_groups"]  # no swarm here
     assert any(not torch.equal(before[k], after[k]) for k in before)
     kinds = [e["type"] for e in events]
     assert {"status", "progress", "checkpoint", "round"} <= set(kinds)
