@@ -71,6 +71,7 @@ MAX_BUCKETS = 100_000
 # A connection being closed gets this long to take its last messages and the close frame;
 # then its socket is cut, so a client that never reads cannot hold the relay (or its shutdown).
 DROP_GRACE_S = 5.0
+CLOSE_STORES_S = 5.0  # the most a stop waits for the last counts to reach Redis and its connections to close
 # Handshake failures reported under their own code; every other problem with a hello is `not_authenticated`.
 HANDSHAKE_CODES = frozenset({protocol.E_VERSION, protocol.E_BAD_SIGNATURE, protocol.E_STALE})
 SHUTDOWN_MESSAGE = "the relay is restarting; reconnect shortly"
@@ -255,10 +256,20 @@ class Relay:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         await self._log_rejections()
-        with contextlib.suppress(Exception):  # Redis gone at shutdown: the last seconds of counts are lost
-            await self.live.close()
-            await self.credit.close()
-        await self.broker.close()
+
+        async def close_stores() -> None:
+            with contextlib.suppress(Exception):  # Redis gone at shutdown: the last seconds of counts are lost
+                await self.live.close()
+                await self.credit.close()
+            await self.broker.close()
+
+        # A stop request is answered within seconds, whatever Redis does (gone, or not answering: a connection
+        # to it may wait out its timeouts and retries); what was not written by then is lost, as above.
+        try:
+            await asyncio.wait_for(close_stores(), CLOSE_STORES_S)
+        except TimeoutError:
+            log.warning("redis did not answer within %.0f s of the stop; the last counts were not saved",
+                        CLOSE_STORES_S)
 
     @staticmethod
     async def _every(period: float, tick: Callable[[], Awaitable[None]]) -> None:

@@ -120,3 +120,43 @@ def test_a_used_receipt_from_the_senders_address_is_refused_on_the_other_relay_p
         await a.close()
 
     asyncio.run(run())
+
+
+
+def test_a_relay_whose_redis_stopped_answering_still_stops_when_asked(redis_server: RedisServer,
+                                                                      tmp_path: Path) -> None:
+    """Redis frozen (SIGSTOP: connections open, no answers) with counts waiting to be written: SIGTERM still ends
+    the relay, within the bound on closing its stores (engine/relay/server.py CLOSE_STORES_S) and the
+    connections' grace; before that bound a stop waited out every Redis timeout and retry."""
+    import signal
+
+    from engine.relay.server import CLOSE_STORES_S, DROP_GRACE_S
+
+    port = free_port()
+    log = tmp_path / "relay.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "engine.relay", "--port", str(port), "--redis",
+                                 redis_server.url, "--data-dir", str(tmp_path / "relay")],
+                                cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+    assert redis_server.proc is not None
+    try:
+        wait_listening(port, proc, "the relay", log)
+
+        async def publish() -> None:
+            peer = await joined(f"ws://127.0.0.1:{port}/ws")
+            assert (await peer.publish([item()]))["type"] == "published"  # a count for the stats tick to write
+            await peer.close()
+
+        asyncio.run(publish())
+        redis_server.proc.send_signal(signal.SIGSTOP)
+        time.sleep(1.0)
+        proc.terminate()
+        try:
+            proc.wait(timeout=CLOSE_STORES_S + DROP_GRACE_S + 15)
+        except subprocess.TimeoutExpired:
+            pytest.fail("the relay did not stop while Redis was not answering:\n" + log.read_text())
+    finally:
+        redis_server.proc.send_signal(signal.SIGCONT)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
