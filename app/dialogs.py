@@ -49,7 +49,7 @@ WHAT_IT_DOES = (
     "dates, logic, number bases), and learns a little from every answer that worked.</p>"
     "<p><b>What it shares with the swarm:</b> the puzzles and your model's answers to them, as plain text, "
     "signed with a random key made for this app. Other computers learn from your answers, and you from theirs; "
-    "per hour, your own model learns about as much as it would alone, so sharing is mostly a gift to the others.</p>"
+    "per hour, your own model learns a little less than it would alone, so sharing is a gift to the others.</p>"
     "<p><b>What it never shares:</b> your files, your model's weights, or anything about you. "
     "With the local swarm, nothing leaves this computer at all, unless you let this network's computers join.</p>"
     "<p>You can pause or stop at any time; training continues where it left off.</p>"

@@ -203,8 +203,8 @@ class JoinDialog(QDialog):
         layout.addWidget(title)
         intro = QLabel("Your computer would train with the computers in this swarm: it shares its practice answers "
                        "with them and learns from theirs. Your answers help the others most: per hour on your "
-                       "computer, your own model learns about as much as it would alone, not more. You can leave "
-                       "at any time in Settings.")
+                       "computer, your own model learns a little less than it would alone. You can leave at any "
+                       "time in Settings.")
         intro.setWordWrap(True)
         layout.addWidget(intro)
         self.card = SwarmPreview()

@@ -324,8 +324,9 @@ class SwarmConfig:
         0,
     )
     external_groups: int = _help(
-        "J: rollouts sampled from the swarm for each round's training batch (0: solo). What joining gives your "
-        "own node per round and per hour of your computer is measured in docs/results.md 'Swarm'.",
+        "J: rollouts sampled from the swarm for each round's training batch (0: solo). Per hour of your computer, "
+        "a joined node learns a little less than alone (0.90 of it, docs/results.md 'Swarm'): joining mostly helps "
+        "the swarm's other nodes.",
         4,
     )
     train_groups: int = _help(
