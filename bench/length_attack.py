@@ -40,7 +40,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.poisoning_peers import LengthAttacker, each_victim_round, node_settings, open_node
+from bench.poisoning_peers import LengthAttacker, each_victim_round, node_settings, victims_on_a_relay
 from bench.poisoning_report import read_rows
 from engine.common.atomicio import append_line
 
@@ -72,29 +72,21 @@ def _counts(by_peer: dict[str, Any], peer: str | None) -> dict[str, Any] | None:
 
 def run_one(run: str, out: Path, rounds: int, victims: int, batches: int, extra: Sequence[str]) -> None:
     """One run of `RUNS`, resumable: each victim in turn a round at a time; a line per victim round."""
-    from engine.relay.server import EmbeddedRelay, RelaySettings
-
     folder = out / run
-    folder.mkdir(parents=True, exist_ok=True)
     log_file = folder / "rounds.jsonl"
     done = {(r["victim"], r["round"]) for r in read_rows(log_file)}
-    relay = EmbeddedRelay(RelaySettings(host="127.0.0.1", port=0))
-    relay.start()
-    opened: list[tuple[Any, Any]] = []
-    attacker = None
-    try:
-        for i in range(victims):
-            cfg = node_settings(relay.url, i + 1, [*SETTINGS[run], *extra])
-            opened.append(open_node(cfg, folder / f"victim-{i}", with_swarm=True))
-        nodes = [node for node, _ in opened]
-        ids = [session.exchange.identity.peer_id for _, session in opened]
+    configs = [lambda url, i=i: node_settings(url, i + 1, [*SETTINGS[run], *extra]) for i in range(victims)]
+    with victims_on_a_relay(folder, configs) as on:
+        nodes = on.nodes
+        ids = [session.exchange.identity.peer_id for _, session in on.opened]
+        attacker = None
         if run.startswith("attack"):
             first = nodes[0]
-            attacker = LengthAttacker(relay.url, folder / "attacker.key", first.taskset,
-                                      first.config.tasks.questions_per_round,
-                                      first.config.tasks.completions_per_question,
-                                      first.backend.encode_completion, 2 * first.config.tasks.max_new_tokens - 2,
-                                      start=1000 * first.round, plausible=lambda q, t: passes(first, q, t))
+            tasks = first.config.tasks
+            attacker = on.attacker = LengthAttacker(
+                on.url, folder / "attacker.key", first.taskset, tasks.questions_per_round,
+                tasks.completions_per_question, first.backend.encode_completion, 2 * tasks.max_new_tokens - 2,
+                start=1000 * first.round, plausible=lambda q, t: passes(first, q, t))
             attacker.client.wait_connected(10)
         attacker_id = attacker.identity.peer_id if attacker else None
 
@@ -115,12 +107,6 @@ def run_one(run: str, out: Path, rounds: int, victims: int, batches: int, extra:
                   f"rejected {m.get('swarm', {}).get('rejected', {})} ({record['seconds']:.0f} s)", flush=True)
 
         each_victim_round(nodes, rounds, attacker, batches, logged)
-    finally:
-        if attacker is not None:
-            attacker.close()
-        for _, session in opened:
-            session.close()
-        relay.stop()
 
 
 def paired_ratio(pairs: Sequence[tuple[float, float]], draws: int = 2000, seed: int = 0) -> tuple[float, float, float]:

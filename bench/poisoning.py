@@ -73,6 +73,7 @@ from bench.poisoning_peers import (
     each_victim_round,
     open_node,
     tiny_peer,
+    victims_on_a_relay,
 )
 from bench.poisoning_report import mixed_summary, read_rows, summary
 from engine.common.atomicio import append_line, atomic_write_text
@@ -177,30 +178,17 @@ def victim_rounds(run: str, folder: Path, nodes: list[Any], rounds: int, trigger
 def run_one(run: str, out: Path, rounds: int, victims: int, trigger_name: str, attack_batches: int,
             extra: Sequence[str]) -> None:
     """One run of `RUNS`: the victims with the defence off or on, with or without the attacker; resumable."""
-    from engine.relay.server import EmbeddedRelay, RelaySettings
-
     folder = out / run
-    folder.mkdir(parents=True, exist_ok=True)
-    relay = EmbeddedRelay(RelaySettings(host="127.0.0.1", port=0))
-    relay.start()
-    opened: list[tuple[Any, Any]] = []
-    attacker = None
-    try:
-        for i in range(victims):
-            opened.append(open_node(victim_config(run, i, relay.url, extra), folder / f"victim-{i}", with_swarm=True))
-        nodes = [node for node, _ in opened]
+    configs = [lambda url, i=i: victim_config(run, i, url, extra) for i in range(victims)]
+    with victims_on_a_relay(folder, configs) as on:
+        nodes = on.nodes
+        attacker = None
         if run.startswith("attack"):
-            attacker = Attacker(relay.url, folder / "attacker.key", nodes[0].taskset, TRIGGERS[trigger_name],
-                                nodes[0].config.tasks.questions_per_round,
-                                nodes[0].config.tasks.completions_per_question)
+            attacker = on.attacker = Attacker(on.url, folder / "attacker.key", nodes[0].taskset,
+                                              TRIGGERS[trigger_name], nodes[0].config.tasks.questions_per_round,
+                                              nodes[0].config.tasks.completions_per_question)
             attacker.client.wait_connected(10)
         victim_rounds(run, folder, nodes, rounds, trigger_name, attacker, attack_batches)
-    finally:
-        if attacker is not None:
-            attacker.close()
-        for _, session in opened:
-            session.close()
-        relay.stop()
 
 
 def _counts(by_peer: dict[str, Any]) -> dict[str, dict[str, Any]]:

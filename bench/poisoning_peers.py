@@ -11,7 +11,8 @@ from __future__ import annotations
 import hashlib
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -257,6 +258,41 @@ def each_victim_round(nodes: Sequence[Any], rounds: int, attacker: Attacker | No
             t0 = time.perf_counter()
             metrics = node.run_round()
             on_round(i, metrics, time.perf_counter() - t0)
+
+
+class Victims:
+    """Victim nodes on a relay of their own (`victims_on_a_relay`); `attacker`, when set, is closed with them."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.opened: list[tuple[Any, Any]] = []  # (node, swarm session)
+        self.attacker: Any = None
+
+    @property
+    def nodes(self) -> list[Any]:
+        return [node for node, _ in self.opened]
+
+
+@contextmanager
+def victims_on_a_relay(folder: Path, configs: Sequence[Callable[[str], NodeConfig]]) -> Iterator[Victims]:
+    """An embedded loopback relay and a victim node per config (made from the relay's URL) under `folder`, all
+    with their swarm; stopped afterwards, the attacker the caller set first."""
+    from engine.relay.server import EmbeddedRelay, RelaySettings
+
+    folder.mkdir(parents=True, exist_ok=True)
+    relay = EmbeddedRelay(RelaySettings(host="127.0.0.1", port=0))
+    relay.start()
+    victims = Victims(relay.url)
+    try:
+        for i, config in enumerate(configs):
+            victims.opened.append(open_node(config(relay.url), folder / f"victim-{i}", with_swarm=True))
+        yield victims
+    finally:
+        if victims.attacker is not None:
+            victims.attacker.close()
+        for _, session in victims.opened:
+            session.close()
+        relay.stop()
 
 
 def open_node(cfg: NodeConfig, home: Path, with_swarm: bool) -> tuple[Any, Any]:
