@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 from datetime import date
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -13,12 +12,10 @@ from engine.common.config import build_config
 from engine.common.errors import ConfigError
 from engine.common.events import Event
 from engine.common.paths import Paths
-from engine.sapo import Node
 from engine.swarm.datacap import DataMeter
-from engine.swarm_open import open_swarm
 from tests.swarm.conftest import StartRelay
 from tests.swarm.test_fresh_nodes import fresh_node
-from tests.swarm.test_mix import config, parity_reward
+from tests.swarm.test_mix import relay_node
 
 
 class Days:
@@ -59,23 +56,13 @@ def test_an_unreadable_file_counts_from_zero(tmp_path: Path) -> None:
         build_config(overrides=["swarm.daily_upload_mb=-1"])
 
 
-def capped_node(model_dir: Path, home: Path, url: str, events: list[Event]) -> tuple[Node, Any]:
-    cfg = config(model_dir, "swarm.mode='relay'", f"swarm.relay_url='{url}'")
-    paths = Paths.under(home)
-    session = open_swarm(cfg, paths.identity_file, events.append)
-    node = Node(cfg, paths, events.append, exchange=session.exchange)
-    node.taskset.reward = parity_reward  # type: ignore[method-assign]
-    node.setup()
-    return node, session
-
-
 @pytest.mark.integration
 def test_a_node_at_its_caps_trains_on_its_own_groups_and_says_why(tiny_model_dir: Path, tmp_path: Path,
                                                                     start_relay: StartRelay) -> None:
     url = start_relay().url
     giver, giver_session = fresh_node(tiny_model_dir, tmp_path / "giver", url)
     events: list[Event] = []
-    node, session = capped_node(tiny_model_dir, tmp_path / "capped", url, events)
+    node, session = relay_node(tiny_model_dir, tmp_path / "capped", url, events=events)
     try:
         assert giver_session.exchange.client.wait_connected(10) and session.exchange.client.wait_connected(10)
         meter = session.exchange.meter

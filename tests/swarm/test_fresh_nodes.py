@@ -13,27 +13,17 @@ from typing import Any
 
 import pytest
 
-from engine.common.events import Event
-from engine.common.paths import Paths
 from engine.exchange import R_DUPLICATE
 from engine.sapo import Node
-from engine.swarm_open import open_swarm
 from tests.swarm.conftest import StartRelay
-from tests.swarm.test_mix import config, parity_reward
+from tests.swarm.test_mix import relay_node
 
 ROUNDS = 5
 
 
 def fresh_node(model_dir: Path, home: Path, url: str, *seed: str) -> tuple[Node, Any]:
     """A node as a new install starts it: no run.seed unless `seed` gives one, its own data dir."""
-    cfg = config(model_dir, "swarm.mode='relay'", f"swarm.relay_url='{url}'", *seed)
-    paths = Paths.under(home)
-    events: list[Event] = []
-    session = open_swarm(cfg, paths.identity_file, events.append)
-    node = Node(cfg, paths, events.append, exchange=session.exchange)
-    node.taskset.reward = parity_reward  # type: ignore[method-assign]
-    node.setup()
-    return node, session
+    return relay_node(model_dir, home, url, *seed)
 
 
 def duplicate_share(model_dir: Path, tmp_path: Path, url: str, *seed: str) -> tuple[float, int]:

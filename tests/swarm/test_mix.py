@@ -56,14 +56,22 @@ def config(model_dir: Path, *extra: str) -> NodeConfig:
     return build_config("default", None, [*FAST, f"model.source='{model_dir}'", *extra])
 
 
-def swarm_node(model_dir: Path, home: Path, url: str, seed: int, events: list[Event]) -> tuple[Node, Any]:
-    cfg = config(model_dir, "swarm.mode='relay'", f"swarm.relay_url='{url}'", f"run.seed={seed}")
+def relay_node(model_dir: Path, home: Path, url: str, *extra: str,
+               events: list[Event] | None = None) -> tuple[Node, Any]:
+    """A tiny node on the relay at `url` with its own data dir under `home` (and `extra` settings), set up; its
+    swarm session. The parity reward gives mixed groups."""
+    cfg = config(model_dir, "swarm.mode='relay'", f"swarm.relay_url='{url}'", *extra)
     paths = Paths.under(home)
-    session = open_swarm(cfg, paths.identity_file, events.append)
-    node = Node(cfg, paths, events.append, exchange=session.exchange)
+    said: list[Event] = [] if events is None else events
+    session = open_swarm(cfg, paths.identity_file, said.append)
+    node = Node(cfg, paths, said.append, exchange=session.exchange)
     node.taskset.reward = parity_reward  # type: ignore[method-assign]
     node.setup()
     return node, session
+
+
+def swarm_node(model_dir: Path, home: Path, url: str, seed: int, events: list[Event]) -> tuple[Node, Any]:
+    return relay_node(model_dir, home, url, f"run.seed={seed}", events=events)
 
 
 def trainable(node: Node) -> dict[str, torch.Tensor]:
