@@ -10,6 +10,7 @@ newcomers of a veterans experiment):
     python -m bench.experiment_report --pool MIX MIX_B DIR_A,DIR_B ...     # that, pooled over seeds (one pair each)
     python -m bench.experiment_report --plot OUT.png LABEL=DIR:MIX ...     # several folders' mixes in one plot
     python -m bench.experiment_report --plot-hours OUT.png LABEL=DIR:MIX ...  # the same, reward against hours
+    python -m bench.experiment_report --plot-held-out OUT.png LABEL=DIR:MIX ...  # held-out accuracy against hours
     ... --nodes 3[,4]                                                      # only these nodes (e.g. the newcomers)
 
 Every comparison prints JSON: the ratio of cumulative rewards with its 95%
@@ -27,14 +28,23 @@ from pathlib import Path
 
 from engine.common.atomicio import atomic_write_bytes
 from engine.experiment.plan import START_EVAL_FILE, plan_config, read_json, saved_plan
-from engine.experiment.report import build_report, compare, hours_plot, pooled_compare, variants_plot, write_report
+from engine.experiment.report import (
+    build_report,
+    compare,
+    held_out_plot,
+    hours_plot,
+    pooled_compare,
+    variants_plot,
+    write_report,
+)
 
 USAGE = (
     "usage: python -m bench.experiment_report DIR\n"
     "       python -m bench.experiment_report --compare DIR_A DIR_B MIX [MIX_B] [--nodes K,...]\n"
     "       python -m bench.experiment_report --pool MIX MIX_B DIR_A,DIR_B ... [--nodes K,...]\n"
     "       python -m bench.experiment_report --plot OUT.png LABEL=DIR:MIX ...\n"
-    "       python -m bench.experiment_report --plot-hours OUT.png LABEL=DIR:MIX ..."
+    "       python -m bench.experiment_report --plot-hours OUT.png LABEL=DIR:MIX ...\n"
+    "       python -m bench.experiment_report --plot-held-out OUT.png LABEL=DIR:MIX ..."
 )
 
 
@@ -70,8 +80,9 @@ def _run(args: list[str]) -> int:
         return 0
     if nodes is not None:
         raise ValueError("--nodes goes with --compare or --pool.")
-    if len(args) >= 3 and args[0] in ("--plot", "--plot-hours"):
-        atomic_write_bytes(Path(args[1]), (variants_plot if args[0] == "--plot" else hours_plot)(args[2:]))
+    plots = {"--plot": variants_plot, "--plot-hours": hours_plot, "--plot-held-out": held_out_plot}
+    if len(args) >= 3 and args[0] in plots:
+        atomic_write_bytes(Path(args[1]), plots[args[0]](args[2:]))
         print(f"wrote {args[1]}")
         return 0
     if len(args) != 1 or args[0].startswith("--"):

@@ -22,7 +22,7 @@ from typing import Any
 
 from engine.common.atomicio import atomic_write_bytes, atomic_write_json, atomic_write_text
 from engine.common.config import NodeConfig
-from engine.experiment.heldout import held_out_at_equal_time
+from engine.experiment.heldout import held_out_at_equal_time, read_evaluations
 from engine.experiment.hours import clock_for, per_hour, reward_by_hour, timed
 from engine.experiment.plan import (
     EVAL_FILE,
@@ -502,6 +502,57 @@ def hours_plot(variants: Sequence[str]) -> bytes:
     clock = clock_for(list(folders.values()))
     curves = {label: reward_by_hour(folder, clock=clock) for label, folder in folders.items()}
     return plot_hours(curves, "Reward against time on the node's own computer, mean of its nodes", clock)
+
+
+def held_out_curve(folder: Path, clock: str) -> tuple[list[float], list[float], list[int]]:
+    """A mix's held-out accuracy at each evaluation (mean of its nodes) against its nodes' mean hours by then,
+    with the rounds evaluated."""
+    evaluations = read_evaluations(folder, clock)
+    if evaluations is None:
+        raise ValueError(f"{folder} has no held-out evaluations answer by answer (tasks.eval_every was 0, or the "
+                         "folder is older than the per-question records).")
+    hours = [sum(node[i] for node in evaluations.seconds) / evaluations.nodes / 3600
+             for i in range(len(evaluations.rounds))]
+    accuracy = [sum(node[i].count("1") / len(node[i]) for node in evaluations.passes) / evaluations.nodes
+                for i in range(len(evaluations.rounds))]
+    return hours, accuracy, evaluations.rounds
+
+
+def held_out_plot(variants: Sequence[str]) -> bytes:
+    """Held-out accuracy against hours of mixes from several folders (each variant is LABEL=DIR:MIX): a marker at
+    each evaluation, labelled with its round."""
+    import io
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    folders = {}
+    for spec in variants:
+        label, folder, side = _variant(spec)
+        _mix_rounds(folder, side)  # a clear error for a folder without that mix
+        folders[label] = folder / _slug(side)
+    clock = clock_for(list(folders.values()))
+    curves = {label: held_out_curve(folder, clock) for label, folder in folders.items()}
+    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=110)
+    for label, (hours, accuracy, rounds) in curves.items():
+        line = ax.plot(hours, [100 * a for a in accuracy], marker="o", linewidth=1.8, label=label)[0]
+        for h, a, r in zip(hours, accuracy, rounds, strict=True):
+            if r:
+                ax.annotate(str(r), (h, 100 * a), textcoords="offset points", xytext=(0, 6), ha="center",
+                            fontsize=7, color=line.get_color())
+    ax.set_title("Held-out accuracy (greedy pass@1) against time, mean of the nodes; numbers: rounds")
+    ax.set_xlabel("hours on the node's own computer" if clock == "wall"
+                  else "CPU hours on the node's own computer (all its threads)")
+    ax.set_ylabel("held-out accuracy (%)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png")
+    plt.close(fig)
+    return buffer.getvalue()
 
 
 def variants_plot(variants: Sequence[str]) -> bytes:

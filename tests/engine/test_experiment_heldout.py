@@ -9,7 +9,7 @@ import pytest
 
 from engine.experiment.heldout import at_time, held_out_at_equal_time, read_evaluations
 from engine.experiment.plan import make_plan
-from engine.experiment.report import compare, stratified_bootstrap
+from engine.experiment.report import compare, held_out_curve, stratified_bootstrap
 from tests.engine.test_experiment import fast, run
 from tests.engine.test_experiment_hours import _timed_folder
 
@@ -61,6 +61,23 @@ def test_two_mixes_are_compared_at_the_time_both_cover(tmp_path: Path) -> None:
     # at the same round (2) both are compared without regard to time: 0.5 against 1.0
     assert result["same_round"]["difference"] == pytest.approx(-0.5)
     assert result["pairs"][0]["same_round"] == 2
+
+
+def test_the_held_out_plot_puts_each_evaluation_at_its_nodes_mean_hours(tmp_path: Path) -> None:
+    from bench.experiment_report import main
+
+    b = _evaluated(tmp_path / "b", "8/0", [[20.0, 15.0], [20.0, 10.0]], "0000",
+                   {1: ["1110", "1110"], 2: ["1111", "1011"]})
+    hours, accuracy, rounds = held_out_curve(b, "wall")
+    assert rounds == [0, 1, 2]
+    assert hours == pytest.approx([0.0, 17.5 / 3600, 32.5 / 3600])  # node 0: 0, 20, 40 s; node 1: 0, 15, 25 s
+    assert accuracy == pytest.approx([0.0, 0.75, 0.875])
+    out = tmp_path / "held-out.png"
+    assert main(["--plot-held-out", str(out), f"b={b.parent}:8/0"]) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    plain = _timed_folder(tmp_path / "c", "8/0", [[0.1]], [[10.0]])  # never evaluated
+    assert main(["--plot-held-out", str(tmp_path / "x.png"), f"c={plain}:8/0"]) == 2
+    assert not (tmp_path / "x.png").exists()
 
 
 def test_folders_without_question_by_question_answers_give_no_comparison(tmp_path: Path) -> None:
