@@ -285,6 +285,12 @@ def report_markdown(report: dict[str, Any]) -> str:
             f"{_fmt(m['first10_mean_reward'])} | {_fmt(m['last10_mean_reward'])} | "
             f"{_pct(m['eval_start'])} -> {_pct(m['eval_end'])} | {ratio} | {diff} | {paper_text} |"
         )
+    harder = {label: (m["eval_start"]["harder"], (m["eval_end"] or {}).get("harder"))
+              for label, m in report["mixes"].items() if m.get("eval_start") and "harder" in m["eval_start"]}
+    if harder:
+        lines += ["", "Held-out one level harder (tasks.eval_harder; the same questions' seeds, each specialty a level "
+                  "up): " + "; ".join(f"{label} {_pct(start)} -> {_pct(end)}" for label, (start, end) in harder.items())
+                  + "."]
     hourly = {label: m["per_hour"] for label, m in report["mixes"].items() if m.get("per_hour")}
     if hourly:
         clocks = sorted({h.get("clock", "wall") for h in hourly.values()})

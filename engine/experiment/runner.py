@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.checkpoint import checkpoint_name, verify
 from engine.common.atomicio import append_line, atomic_write_json
@@ -40,7 +40,7 @@ from engine.common.config import NodeConfig
 from engine.common.errors import CheckpointError, ConfigError, DeviceError
 from engine.common.events import Event
 from engine.common.paths import Paths
-from engine.curriculum import curriculum_for
+from engine.curriculum import curriculum_for, harder_configs
 from engine.experiment.hours import NodeClock, machine_tag
 from engine.experiment.nodes import NodeBackend, PublishFirst
 from engine.experiment.plan import (
@@ -65,6 +65,9 @@ from engine.experiment.plan import (
 from engine.frontier import frontier_for
 from engine.rollouts import Group
 from engine.sapo import Control, Node, RoundAborted, derive_seed
+
+if TYPE_CHECKING:
+    from engine.tasks import Question
 
 log = logging.getLogger(__name__)
 
@@ -259,9 +262,17 @@ class Experiment:
         return record
 
     def _evaluate(self, views: Sequence[NodeBackend]) -> dict[str, Any]:
-        """Greedy pass@1 of each node on the same held-out set, all nodes in one batch."""
+        """Greedy pass@1 of each node on the same held-out set, all nodes in one batch; with tasks.eval_harder, also
+        on the set one level up ("harder": the same questions' seeds, each specialty a level harder)."""
+        tasks = self.config.tasks
+        result = self._evaluate_set(views, self.taskset.eval_set(tasks.eval_questions))
+        if tasks.eval_harder:
+            harder = harder_configs(tasks, self.taskset.specialties)
+            result["harder"] = self._evaluate_set(views, self.taskset.eval_set(tasks.eval_questions, harder))
+        return result
+
+    def _evaluate_set(self, views: Sequence[NodeBackend], questions: Sequence[Question]) -> dict[str, Any]:
         cfg = self.config
-        questions = self.taskset.eval_set(cfg.tasks.eval_questions)
         messages = self.taskset.eval_messages if self.eval_examples == "per_specialty" else self.taskset.messages
         prompts = [self.shared.encode_prompt(messages(q)) for q in questions]
         adapters = [v.lora() for v in views]

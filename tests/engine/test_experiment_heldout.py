@@ -93,12 +93,23 @@ def test_a_tiny_experiment_evaluates_on_the_way_and_compares_at_equal_time(tiny_
     plan = make_plan("default", 2, "2/0", 3, [*fast(tiny_model_dir), "tasks.eval_every=2"])
     run(plan, tmp_path / "fixed", tmp_path / "home")
     adaptive = make_plan("default", 2, "2/0", 3, [*fast(tiny_model_dir), "tasks.eval_every=2",
-                                                  "tasks.difficulty='adaptive'"])
+                                                  "tasks.difficulty='adaptive'", "tasks.eval_harder=true"])
     run(adaptive, tmp_path / "adaptive", tmp_path / "home")
     lines = (tmp_path / "fixed" / "mix-2-0" / "evals.jsonl").read_text().splitlines()
     assert [json.loads(line)["round"] for line in lines] == [2]  # round 3, the last, is eval.json's
     passes = json.loads(lines[0])["nodes"][0]["passes"]
     assert len(passes) == 9 and set(passes) <= {"0", "1"}
+    assert "harder" not in json.loads(lines[0])
+    # With tasks.eval_harder, every evaluation also has the set one level up, answer by answer, beside the default.
+    records = [json.loads((tmp_path / "adaptive" / "eval-start.json").read_text()),
+               json.loads((tmp_path / "adaptive" / "mix-2-0" / "evals.jsonl").read_text().splitlines()[0]),
+               json.loads((tmp_path / "adaptive" / "mix-2-0" / "eval.json").read_text())]
+    for record in records:
+        harder = record["harder"]
+        assert harder["questions"] == record["questions"] == 9
+        assert [len(n["passes"]) for n in harder["nodes"]] == [9] * len(record["nodes"])
+    assert "Held-out one level harder" in (tmp_path / "adaptive" / "report.md").read_text()
+    assert "Held-out one level harder" not in (tmp_path / "fixed" / "report.md").read_text()
     result = compare(tmp_path / "adaptive", tmp_path / "fixed", "2/0")["held_out_per_hour"]
     assert result is not None and len(result["pairs"][0]["hours"]) == 2
     assert result["pairs"][0]["same_round"] == 3
