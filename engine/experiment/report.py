@@ -498,14 +498,19 @@ def _variant(spec: str) -> tuple[str, Path, str]:
     return label, Path(folder), side
 
 
-def hours_plot(variants: Sequence[str]) -> bytes:
-    """Reward against hours of mixes from several folders: each variant is LABEL=DIR:MIX."""
+def _variant_folders(variants: Sequence[str]) -> tuple[dict[str, Path], str]:
+    """The mix folder of each variant (LABEL=DIR:MIX), and the clock they all have."""
     folders = {}
     for spec in variants:
         label, folder, side = _variant(spec)
         _mix_rounds(folder, side)  # a clear error for a folder without that mix
         folders[label] = folder / _slug(side)
-    clock = clock_for(list(folders.values()))
+    return folders, clock_for(list(folders.values()))
+
+
+def hours_plot(variants: Sequence[str]) -> bytes:
+    """Reward against hours of mixes from several folders: each variant is LABEL=DIR:MIX."""
+    folders, clock = _variant_folders(variants)
     curves = {label: reward_by_hour(folder, clock=clock) for label, folder in folders.items()}
     return plot_hours(curves, "Reward against time on the node's own computer, mean of its nodes", clock)
 
@@ -534,12 +539,7 @@ def held_out_plot(variants: Sequence[str]) -> bytes:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    folders = {}
-    for spec in variants:
-        label, folder, side = _variant(spec)
-        _mix_rounds(folder, side)  # a clear error for a folder without that mix
-        folders[label] = folder / _slug(side)
-    clock = clock_for(list(folders.values()))
+    folders, clock = _variant_folders(variants)
     curves = {label: held_out_curve(folder, clock) for label, folder in folders.items()}
     fig, ax = plt.subplots(figsize=(8, 4.5), dpi=110)
     for label, (hours, accuracy, rounds) in curves.items():
