@@ -42,7 +42,8 @@ PHASE_WORDS = {
     "failed": "Needs your attention",
 }
 STEP_WORDS = {
-    "loading": "Loading the model", "generating": "Writing answers", "scoring": "Checking answers",
+    "loading": "Loading the model", "probing": "Trying each question", "generating": "Writing answers",
+    "scoring": "Checking answers",
     "training": "Learning from them", "evaluating": "Measuring held-out accuracy", "checkpointing": "Saving progress",
 }
 

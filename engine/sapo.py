@@ -56,6 +56,7 @@ from engine.frontier import frontier_for
 from engine.metrics import MetricsLog, held_out_summary
 from engine.models import resolve_model_dir
 from engine.priority import ThreadPolicy
+from engine.probe import PROBE_SEED_SLOT, choose, interleave
 from engine.rollouts import (
     R_IMPLAUSIBLE,
     R_TOO_LONG,
@@ -126,6 +127,7 @@ class Node:
         self.threads: ThreadPolicy | None = None  # CPU threads for torch (cpu and cuda devices)
         self.round = 0  # last completed round
         self.offpolicy_dropped = 0  # external completions the F-TIS filter left out this round
+        self.probe_report: dict[str, int] = {}  # this round's probing (tasks.probe_answers): see choose_probed
         self._state = "starting"
 
     # -- set-up ------------------------------------------------------------------------
@@ -299,9 +301,19 @@ class Node:
         cfg = self.config
         t0 = time.perf_counter()
         round_index, questions, prompt_ids = self.start_round()
-        G = cfg.tasks.completions_per_question
-        completions = backend.generate(prompt_ids, G, cfg.tasks.max_new_tokens, cfg.tasks.temperature,
-                                       self._step("generating"))
+        G, k = cfg.tasks.completions_per_question, cfg.tasks.probe_answers
+        if k:  # tasks.probe_answers: k answers for every drawn question, then the rest for the chosen ones
+            probes = backend.generate(prompt_ids, k, cfg.tasks.max_new_tokens, cfg.tasks.temperature,
+                                      self._step("probing"))
+            chosen = self.choose_probed(questions, probes)
+            questions, prompt_ids = [questions[i] for i in chosen], [prompt_ids[i] for i in chosen]
+            backend.reseed(derive_seed(cfg.run.seed, round_index, PROBE_SEED_SLOT))
+            rest = backend.generate(prompt_ids, G - k, cfg.tasks.max_new_tokens, cfg.tasks.temperature,
+                                    self._step("generating"))
+            completions = interleave([c for i in chosen for c in probes[i * k : (i + 1) * k]], rest, len(chosen))
+        else:
+            completions = backend.generate(prompt_ids, G, cfg.tasks.max_new_tokens, cfg.tasks.temperature,
+                                           self._step("generating"))
         gen_seconds = time.perf_counter() - t0
         groups = self.score(questions, prompt_ids, completions)
         mine = self.own_groups(round_index, groups)
@@ -327,9 +339,19 @@ class Node:
         B = cfg.tasks.questions_per_round  # up to reask_share of them asked again (engine/frontier.py), oldest first
         asked_again = int(round(cfg.tasks.reask_share * B, 6))
         refs = self.frontier.pick(asked_again, self.taskset.specialties) if self.frontier else []
-        questions = [self.taskset.rebuild(r) for r in refs] + self.taskset.draw(round_index, B - len(refs), **plan)
+        drawn = cfg.tasks.probe_questions if cfg.tasks.probe_answers else B  # probing draws more, completes B
+        questions = [self.taskset.rebuild(r) for r in refs] + self.taskset.draw(round_index, drawn - len(refs),
+                                                                               **plan)
+        self.probe_report = {"reasked_first": len(refs)}
         prompt_ids = [backend.encode_prompt(self.taskset.messages(q)) for q in questions]
         return round_index, questions, prompt_ids
+
+    def choose_probed(self, questions: Sequence[Question], probes: Sequence[Completion]) -> list[int]:
+        """With tasks.probe_answers: which questions_per_round of the drawn questions to complete (engine/probe.py)."""
+        tasks = self.config.tasks
+        chosen, self.probe_report = choose(questions, probes, self.taskset.reward, tasks.questions_per_round,
+                                           tasks.completions_per_question, self.probe_report.get("reasked_first", 0))
+        return chosen
 
     def score(self, questions: Sequence[Question], prompt_ids: Sequence[list[int]],
               completions: Sequence[Completion]) -> list[Group]:
@@ -537,6 +559,10 @@ class Node:
             "seconds": seconds,
             "rss_bytes": _rss_bytes(),
             **({"offpolicy_dropped": self.offpolicy_dropped} if self.config.swarm.offpolicy_negative_kl > 0 else {}),
+            # tasks.probe_answers: questions drawn and probed, how many of them had answers that scored differently,
+            # and the answers generated in all (probes of every drawn question, the rest of the chosen ones)
+            **({k: v for k, v in self.probe_report.items() if k != "reasked_first"}
+               if self.config.tasks.probe_answers else {}),
             **{k: v for k, v in stats.items()},
         }
 

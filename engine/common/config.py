@@ -20,12 +20,16 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import tomllib
-from dataclasses import MISSING, asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from engine.common.config_checks import choice as _choice
+from engine.common.config_checks import help_field as _help
+from engine.common.config_checks import number as _number
+from engine.common.config_checks import peer_reference as _peer_reference
+from engine.common.config_checks import positive_int as _positive_int
 from engine.common.errors import ConfigError
 from engine.common.rules import INVITE_MAX_CHARS, parse_invite
 from engine.common.schedule import Schedule
@@ -61,46 +65,6 @@ DEFAULT_WEIGHTS: dict[str, float] = {
     "calendar_arithmetic": 3.0,
     "binary_matrix": 0.5,
 }
-
-
-def _help(text: str, default: Any = MISSING, factory: Any = MISSING) -> Any:
-    if factory is not MISSING:
-        return field(default_factory=factory, metadata={"help": text})
-    return field(default=default, metadata={"help": text})
-
-
-def _positive_int(section: str, key: str, value: object, upper: int | None = None) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"{section}.{key} must be a whole number of at least 1, got {value!r}.")
-    if upper is not None and value > upper:
-        raise ConfigError(f"{section}.{key} must be at most {upper}, got {value}.")
-
-
-def _number(section: str, key: str, value: object, low: float, high: float, *, open_low: bool = False) -> None:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    if ok and (value < low or value > high or (open_low and value == low)):  # type: ignore[operator]
-        ok = False
-    if not ok:
-        bound = f"greater than {low}" if open_low else f"at least {low}"
-        raise ConfigError(f"{section}.{key} must be a number {bound} and at most {high}, got {value!r}.")
-
-
-def _peer_reference(text: str) -> bool:
-    """A peer id (20 lowercase hex characters) or a base64 Ed25519 public key (32 bytes)."""
-    import base64
-    import binascii
-
-    if len(text) == 20 and all(c in "0123456789abcdef" for c in text):
-        return True
-    try:
-        return len(base64.b64decode(text, validate=True)) == 32
-    except (binascii.Error, ValueError):
-        return False
-
-
-def _choice(section: str, key: str, value: object, allowed: tuple[str, ...]) -> None:
-    if value not in allowed:
-        raise ConfigError(f"{section}.{key} must be one of {', '.join(allowed)}; got {value!r}.")
 
 
 @dataclass
@@ -152,6 +116,16 @@ class TaskConfig:
         "scored differently, each up to reask_max times; the rest are drawn fresh. 0: off (engine/frontier.py).", 0.0,
     )
     reask_max: int = _help("Most times one question is asked again (see reask_share).", 3)
+    probe_answers: int = _help(
+        "Answers sampled first for each of probe_questions questions (0: off). The round then completes to G "
+        "answers only questions_per_round of them: first those whose first answers scored differently (their "
+        "group will teach), then the others in the order drawn. A question whose answers all agree costs this "
+        "many answers instead of G (docs/results.md 'Learning').", 0,
+    )
+    probe_questions: int = _help(
+        "With probe_answers above 0: questions drawn and probed each round, re-asked ones included; at least "
+        "questions_per_round.", 24,
+    )
 
     def __post_init__(self) -> None:
         s = "tasks"
@@ -187,6 +161,14 @@ class TaskConfig:
             raise ConfigError(f"{s}.eval_harder must be true or false, got {self.eval_harder!r}.")
         _number(s, "reask_share", self.reask_share, 0.0, 1.0)
         _positive_int(s, "reask_max", self.reask_max, 1000)
+        if (isinstance(self.probe_answers, bool) or not isinstance(self.probe_answers, int)
+                or not 0 <= self.probe_answers < self.completions_per_question):
+            raise ConfigError(f"{s}.probe_answers must be a whole number from 0 (off) to completions_per_question - 1 "
+                              f"({self.completions_per_question - 1}), got {self.probe_answers!r}.")
+        _positive_int(s, "probe_questions", self.probe_questions, 1024)
+        if self.probe_answers and self.probe_questions < self.questions_per_round:
+            raise ConfigError(f"{s}.probe_questions ({self.probe_questions}) must be at least questions_per_round "
+                              f"({self.questions_per_round}): the round completes that many of them.")
 
 
 @dataclass

@@ -14,7 +14,7 @@ Event types and their required fields:
                 (state: starting, loading, training, paused, waiting, stopped; waiting: outside
                 run.schedule's hours, with next_start, local ISO time such as "2026-12-03T22:00")
     progress    phase, done, total, round
-                (phase: generating, scoring, training, evaluating, checkpointing)
+                (phase: probing, generating, scoring, training, evaluating, checkpointing)
     round       round, metrics
     eval        round, accuracy, reward_mean, questions, by_specialty
     peers       online, received, accepted, rejected  (+ connected, not_picked, probation, rejected_by_reason,

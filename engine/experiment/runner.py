@@ -63,10 +63,12 @@ from engine.experiment.plan import (
     widen,
 )
 from engine.frontier import frontier_for
+from engine.probe import PROBE_SEED_SLOT, interleave
 from engine.rollouts import Group
 from engine.sapo import Control, Node, RoundAborted, derive_seed
 
 if TYPE_CHECKING:
+    from engine.rollouts import Completion
     from engine.tasks import Question
 
 log = logging.getLogger(__name__)
@@ -296,6 +298,23 @@ class Experiment:
             "nodes": per_node,
         }
 
+    def _generate(self, drawn: Sequence[tuple[int, list[Question], list[list[int]]]], views: Sequence[NodeBackend],
+                  n: int, seeds: Sequence[int], phase: str) -> list[list[Completion]]:
+        """n answers of each node's prompts, every node's rows in one batch under its own adapter and seed; each
+        node's answers, grouped by prompt."""
+        cfg = self.config
+        prompts = [p for _, _, ps in drawn for p in ps]
+        index = [k for k, (_, _, ps) in enumerate(drawn) for _ in ps]
+        rows = self.shared.generate_with_adapters(
+            prompts, n, cfg.tasks.max_new_tokens, cfg.tasks.temperature, [v.lora() for v in views], index,
+            seeds=seeds, on_step=lambda done, total: self._progress(phase, done, total),
+        )
+        per_node, start = [], 0
+        for _, _, ps in drawn:
+            per_node.append(rows[start : start + len(ps) * n])
+            start += len(ps) * n
+        return per_node
+
     def _progress(self, phase: str, done: int, total: int) -> None:
         if self.control.stopping:
             raise RoundAborted(phase)
@@ -470,22 +489,26 @@ class Experiment:
         drawn = [node.start_round() for node in nodes]
         if any(r != round_index for r, _, _ in drawn):
             raise RuntimeError("nodes out of step")
-        prompts = [p for _, _, ps in drawn for p in ps]
-        index = [k for k, (_, _, ps) in enumerate(drawn) for _ in ps]
-        completions = self.shared.generate_with_adapters(
-            prompts, G, cfg.tasks.max_new_tokens, cfg.tasks.temperature, [v.lora() for v in views], index,
-            seeds=[derive_seed(node.config.run.seed, round_index) for node in nodes],
-            on_step=lambda done, total: self._progress("generating", done, total),
-        )
+        tokens = [sum(map(len, ps)) for _, _, ps in drawn]  # each node's prompts once, then every answer's tokens
+        probe = cfg.tasks.probe_answers
+        if probe:  # tasks.probe_answers: k answers of every drawn question, then each node completes its chosen ones
+            probes = self._generate(drawn, views, probe, [derive_seed(n.config.run.seed, round_index) for n in nodes],
+                                    "probing")
+            for k, (node, (r, questions, node_prompts), rows) in enumerate(zip(nodes, drawn, probes, strict=True)):
+                tokens[k] += sum(len(c.token_ids) for c in rows)
+                chosen = node.choose_probed(questions, rows)
+                drawn[k] = (r, [questions[i] for i in chosen], [node_prompts[i] for i in chosen])
+                probes[k] = [c for i in chosen for c in rows[i * probe : (i + 1) * probe]]
+        rest = self._generate(drawn, views, G - probe,
+                              [derive_seed(n.config.run.seed, round_index, *((PROBE_SEED_SLOT,) if probe else ()))
+                               for n in nodes], "generating")
         gen_seconds, gen_cpu = time.perf_counter() - t0, time.process_time() - c0
         clock = NodeClock(len(nodes))
         groups: list[list[Group]] = []
-        start = 0
-        tokens = []
-        for k, (node, (_, questions, node_prompts)) in enumerate(zip(nodes, drawn, strict=True)):
-            rows = completions[start : start + len(node_prompts) * G]
-            start += len(node_prompts) * G
-            tokens.append(sum(map(len, node_prompts)) + sum(len(c.token_ids) for c in rows))
+        for k, (node, (_, questions, node_prompts), rows) in enumerate(zip(nodes, drawn, rest, strict=True)):
+            tokens[k] += sum(len(c.token_ids) for c in rows)
+            if probe:  # each question's G answers: its probes, then the rest
+                rows = interleave(probes[k], rows, len(questions))
             with clock.timing(k):
                 groups.append(node.score(questions, node_prompts, rows))
         clock.share(gen_seconds, tokens, "generate", gen_cpu)
