@@ -118,9 +118,9 @@ class TaskConfig:
     reask_max: int = _help("Most times one question is asked again (see reask_share).", 3)
     probe_answers: int = _help(
         "Answers sampled first for each of probe_questions questions (0: off). The round then completes to G "
-        "answers only questions_per_round of them: first those whose first answers scored differently (their "
-        "group will teach), then the others in the order drawn. A question whose answers all agree costs this "
-        "many answers instead of G (docs/results.md 'Learning').", 0,
+        "answers only questions_per_round of them: re-asked ones first, then those whose first answers scored "
+        "differently (their group will teach), then the others in the order drawn. A question whose answers all "
+        "agree costs this many answers instead of G (docs/architecture.md, 'Probing').", 0,
     )
     probe_questions: int = _help(
         "With probe_answers above 0: questions drawn and probed each round, re-asked ones included; at least "
