@@ -7,7 +7,7 @@ agree), basic_arithmetic's answers alternate 1, 0, 1, ... (any two answers in a 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,23 +21,12 @@ from engine.experiment.plan import make_plan
 from engine.rollouts import Completion, Group
 from engine.sapo import Node
 from tests.engine.test_experiment import fast, run
+from tests.engine.test_frontier import alternating
 
 PROBE = ["tasks.questions_per_round=2", "tasks.completions_per_question=4", "tasks.max_new_tokens=8",
          "tasks.eval_every=0", "tasks.eval_questions=3", "grpo.micro_batch=4", "run.device='cpu'", "run.seed=5",
          "tasks.specialties={base_conversion=1.0, basic_arithmetic=1.0}", "tasks.probe_answers=2",
          "tasks.probe_questions=6"]
-
-
-def alternating() -> Callable[[Any, str], float]:
-    calls = [0]
-
-    def reward(question: Any, completion: str) -> float:
-        if question.ref.dataset == "base_conversion":
-            return 0.0
-        calls[0] += 1
-        return float(calls[0] % 2)
-
-    return reward
 
 
 def probing_node(model_dir: Path, home: Path) -> tuple[Node, list[tuple[int, list[Completion]]], list[list[Group]]]:
