@@ -40,8 +40,14 @@ log = logging.getLogger("engine")
 EXIT_INTERRUPTED = 130
 
 
+def program() -> str:
+    """What to type for the headless node: `sapling node` in the packaged app (one executable serves the window and
+    the node, app/main.py), `sapling-node` where Sapling was installed with pip."""
+    return "sapling node" if getattr(sys, "frozen", False) else "sapling-node"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="sapling-node", description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser = argparse.ArgumentParser(prog=program(), description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--version", action="version", version=f"sapling {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     run = sub.add_parser("run", help="train in this terminal, with progress bars and one line per round")
@@ -123,7 +129,7 @@ def cmd_discover(args: argparse.Namespace) -> int:
     if not found and not args.json:
         print(f"No swarm announced itself on this network within {args.seconds:g} s.", file=sys.stderr)
     if found and not args.json:
-        print("Join one with: sapling-node run --set swarm.mode=relay --set swarm.relay_url=ADDRESS", file=sys.stderr)
+        print(f"Join one with: {program()} run --set swarm.mode=relay --set swarm.relay_url=ADDRESS", file=sys.stderr)
     return 0
 
 

@@ -125,3 +125,12 @@ def test_the_local_swarm_with_its_switch_on_is_found_on_this_network(tmp_path: P
         assert [s.url for s in found] == [f"ws://{lan_addresses()[0]}:{local._relay.port}/ws"]  # type: ignore[union-attr]
     finally:
         local.stop()
+
+
+def test_the_join_hint_names_the_command_this_install_has(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The packaged app has one executable (`sapling node ...`); a pip install has `sapling-node`."""
+    from engine.cli import build_parser, program
+
+    assert program() == "sapling-node" and build_parser().prog == "sapling-node"
+    monkeypatch.setattr(sys, "frozen", True, raising=False)
+    assert program() == "sapling node" and build_parser().prog == "sapling node"
