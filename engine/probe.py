@@ -36,6 +36,11 @@ def choose(questions: Sequence[Question], probes: Sequence[Completion], reward: 
     return chosen, report
 
 
+def kept(probes: Sequence[Completion], chosen: Sequence[int], k: int) -> list[Completion]:
+    """The k probe answers of each chosen question (probes grouped by question, in the order drawn)."""
+    return [c for i in chosen for c in probes[i * k : (i + 1) * k]]
+
+
 def interleave(probes: Sequence[Completion], rest: Sequence[Completion], groups: int) -> list[Completion]:
     """Each group's answers, its probes then the rest: both lists hold the same groups in the same order."""
     k, m = len(probes) // groups, len(rest) // groups

@@ -56,7 +56,7 @@ from engine.frontier import frontier_for
 from engine.metrics import MetricsLog, held_out_summary
 from engine.models import resolve_model_dir
 from engine.priority import ThreadPolicy
-from engine.probe import PROBE_SEED_SLOT, choose, interleave
+from engine.probe import PROBE_SEED_SLOT, choose, interleave, kept
 from engine.rollouts import (
     R_IMPLAUSIBLE,
     R_TOO_LONG,
@@ -310,7 +310,7 @@ class Node:
             backend.reseed(derive_seed(cfg.run.seed, round_index, PROBE_SEED_SLOT))
             rest = backend.generate(prompt_ids, G - k, cfg.tasks.max_new_tokens, cfg.tasks.temperature,
                                     self._step("generating"))
-            completions = interleave([c for i in chosen for c in probes[i * k : (i + 1) * k]], rest, len(chosen))
+            completions = interleave(kept(probes, chosen, k), rest, len(chosen))
         else:
             completions = backend.generate(prompt_ids, G, cfg.tasks.max_new_tokens, cfg.tasks.temperature,
                                            self._step("generating"))

@@ -63,7 +63,7 @@ from engine.experiment.plan import (
     widen,
 )
 from engine.frontier import frontier_for
-from engine.probe import PROBE_SEED_SLOT, interleave
+from engine.probe import PROBE_SEED_SLOT, interleave, kept
 from engine.rollouts import Group
 from engine.sapo import Control, Node, RoundAborted, derive_seed
 
@@ -498,7 +498,7 @@ class Experiment:
                 tokens[k] += sum(len(c.token_ids) for c in rows)
                 chosen = node.choose_probed(questions, rows)
                 drawn[k] = (r, [questions[i] for i in chosen], [node_prompts[i] for i in chosen])
-                probes[k] = [c for i in chosen for c in rows[i * probe : (i + 1) * probe]]
+                probes[k] = kept(rows, chosen, probe)
         rest = self._generate(drawn, views, G - probe,
                               [derive_seed(n.config.run.seed, round_index, *((PROBE_SEED_SLOT,) if probe else ()))
                                for n in nodes], "generating")
