@@ -53,6 +53,7 @@ from engine.defence import (
     trace_weights,
 )
 from engine.frontier import frontier_for
+from engine.heat import heat_for
 from engine.metrics import MetricsLog, held_out_summary
 from engine.models import resolve_model_dir
 from engine.priority import ThreadPolicy
@@ -122,6 +123,7 @@ class Node:
         self.taskset = self._taskset(self.config)
         self.curriculum = curriculum_for(self.config.tasks, self.taskset.specialties)  # None: fixed difficulty
         self.frontier = frontier_for(self.config.tasks, self.taskset.seed)  # None: no re-asks
+        self.heat = heat_for(self.config.tasks)  # None: a fixed sampling temperature
         self.device: DeviceInfo | None = None
         self.backend: PolicyBackend | None = None
         self.threads: ThreadPolicy | None = None  # CPU threads for torch (cpu and cuda devices)
@@ -190,6 +192,7 @@ class Node:
             self.taskset = self._taskset(self.config)
         self.curriculum = curriculum_for(self.config.tasks, self.taskset.specialties, found.state.get("curriculum"))
         self.frontier = frontier_for(self.config.tasks, self.taskset.seed, found.state.get("frontier"))
+        self.heat = heat_for(self.config.tasks, found.state.get("heat"))
         if found.state.get("config_hash") != self.config.config_hash():
             log.warning("Settings changed since round %d; continuing with the new ones.", found.round)
         metrics = found.state.get("metrics")
@@ -250,8 +253,9 @@ class Node:
         self.curriculum = curriculum_for(new.tasks, self.taskset.specialties,
                                          self.curriculum and self.curriculum.to_state())
         self.frontier = frontier_for(new.tasks, self.taskset.seed, self.frontier and self.frontier.to_state())
+        self.heat = heat_for(new.tasks, self.heat and self.heat.to_state())
         if self.backend is not None:
-            self.backend.apply_settings(new.grpo, new.tasks.temperature)
+            self.backend.apply_settings(new.grpo, self.temperature)
         self.status(self._state, "Settings reloaded.")
 
     def _wait_for_schedule(self, start: datetime, message: str) -> None:
@@ -303,16 +307,16 @@ class Node:
         round_index, questions, prompt_ids = self.start_round()
         G, k = cfg.tasks.completions_per_question, cfg.tasks.probe_answers
         if k:  # tasks.probe_answers: k answers for every drawn question, then the rest for the chosen ones
-            probes = backend.generate(prompt_ids, k, cfg.tasks.max_new_tokens, cfg.tasks.temperature,
+            probes = backend.generate(prompt_ids, k, cfg.tasks.max_new_tokens, self.temperature,
                                       self._step("probing"))
             chosen = self.choose_probed(questions, probes)
             questions, prompt_ids = [questions[i] for i in chosen], [prompt_ids[i] for i in chosen]
             backend.reseed(derive_seed(cfg.run.seed, round_index, PROBE_SEED_SLOT))
-            rest = backend.generate(prompt_ids, G - k, cfg.tasks.max_new_tokens, cfg.tasks.temperature,
+            rest = backend.generate(prompt_ids, G - k, cfg.tasks.max_new_tokens, self.temperature,
                                     self._step("generating"))
             completions = interleave(kept(probes, chosen, k), rest, len(chosen))
         else:
-            completions = backend.generate(prompt_ids, G, cfg.tasks.max_new_tokens, cfg.tasks.temperature,
+            completions = backend.generate(prompt_ids, G, cfg.tasks.max_new_tokens, self.temperature,
                                            self._step("generating"))
         gen_seconds = time.perf_counter() - t0
         groups = self.score(questions, prompt_ids, completions)
@@ -379,9 +383,17 @@ class Node:
             return [groups[i] for i in sorted(pick[: cfg.swarm.local_groups])]
         return groups
 
+    @property
+    def temperature(self) -> float:
+        """This round's sampling temperature: tasks.temperature, or where tasks.adaptive_temperature has moved it."""
+        return self.heat.temperature if self.heat is not None else self.config.tasks.temperature
+
     def learn(self, groups: Sequence[Group]) -> dict[str, float]:
-        """One GRPO update on the informative groups (local and external)."""
-        return self._backend().train(train_items(groups), self._step("training"))
+        """One GRPO update on the informative groups (local and external), of the policy at the round's temperature."""
+        backend = self._backend()
+        if self.heat is not None:
+            backend.apply_settings(self.config.grpo, self.temperature)
+        return backend.train(train_items(groups), self._step("training"))
 
     def finish_round(
         self, round_index: int, groups: list[Group], external: list[Group], stats: dict[str, float],
@@ -399,6 +411,8 @@ class Node:
         if self.curriculum is not None:  # levels move on this round's fresh own groups; its report joins the metrics
             metrics.update(self.curriculum.follow([(g.question.ref.dataset, g.rewards) for g in groups
                                                    if g.question.ref.key() not in asked_again], cfg.tasks.specialties))
+        if self.heat is not None:  # the sampling temperature follows how many own groups collapsed (engine/heat.py)
+            metrics.update(self.heat.follow([g.rewards for g in groups if g.question.ref.key() not in asked_again]))
         if self.frontier is not None:  # re-asks that came back all-same or used up leave, fresh mixed ones join
             metrics.update(self.frontier.follow(round_index, groups))
         state = {
@@ -409,6 +423,7 @@ class Node:
             "device": self.device.to_json() if self.device else None,
             **({"curriculum": self.curriculum.to_state()} if self.curriculum else {}),
             **({"frontier": self.frontier.to_state()} if self.frontier else {}),
+            **({"heat": self.heat.to_state()} if self.heat else {}),
         }
         path = save_checkpoint(self.checkpoint_root, round_index, backend.save, state, cfg.run.keep_checkpoints)
         self.metrics.append(metrics)
@@ -487,7 +502,7 @@ class Node:
                 continue
             kept.append((index, item, backend.encode_prompt(self.taskset.messages(item.question)), token_ids))
         pairs = [(prompt, ids) for _, _, prompt, token_ids in kept for ids in token_ids]
-        logprobs = iter(backend.behaviour_logprobs(pairs, cfg.tasks.temperature) if pairs else [])
+        logprobs = iter(backend.behaviour_logprobs(pairs, self.temperature) if pairs else [])
         test = Plausibility(window=sw.plausibility_window, absolute=sw.implausible_logprob)
         floor = test.floor(own_logprobs)
         own = [lps[:-1] if len(lps) > 1 else lps for lps in own_logprobs]  # like the external text: no EOS

@@ -60,9 +60,10 @@ class DecodedRow:
     finished: bool
 
 
-def choose_tokens(logits: torch.Tensor, temperature: float | None,
+def choose_tokens(logits: torch.Tensor, temperature: float | torch.Tensor | None,
                   uniforms: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Greedy argmax, or a sample of softmax(logits / T) by inverse CDF with its log-prob."""
+    """Greedy argmax, or a sample of softmax(logits / T) by inverse CDF with its log-prob (T: one number, or a
+    [rows, 1] tensor of each row's)."""
     if temperature is None or uniforms is None:
         return logits.argmax(-1), None
     probs = torch.softmax(logits.float() / temperature, dim=-1)
@@ -95,6 +96,7 @@ def decode_batch(
     seeds: Sequence[int] | None = None,
     compact: bool = True,
     cache_bytes: int = CACHE_BYTES,
+    temperatures: Sequence[float] | None = None,
 ) -> list[DecodedRow]:
     """`n` completions of each prompt (prompt-major order), sampled at `temperature` or greedy (None).
 
@@ -104,8 +106,10 @@ def decode_batch(
     rows of adapter a then sample from a generator seeded by seeds[a], so
     they get the same tokens as a call with adapter a alone and the same
     seed. Without seeds, rows draw their generators' seeds from torch's
-    global RNG. compact=False keeps finished rows computing (to test that
-    leaving does not change anything).
+    global RNG. temperatures: one per prompt, in place of `temperature` (each
+    row then samples as a call with its prompt's temperature alone would).
+    compact=False keeps finished rows computing (to test that leaving does
+    not change anything).
     """
     if not prompts:
         return []
@@ -115,6 +119,9 @@ def decode_batch(
         raise ValueError(f"adapter_index must be in 0..{len(adapters) - 1}.")
     if seeds is not None and len(seeds) != max(1, len(adapters)):
         raise ValueError("seeds must give one seed per adapter.")
+    if temperatures is not None and (temperature is None or len(temperatures) != len(prompts)
+                                     or any(not t > 0 for t in temperatures)):
+        raise ValueError("temperatures must give one temperature above 0 per prompt, and only when sampling.")
     row_adapter = [adapter_index[i] if adapter_index is not None else 0 for i in range(len(prompts)) for _ in range(n)]
     generators: list[torch.Generator | None] = [None] * len(row_adapter)
     if temperature is not None:
@@ -151,7 +158,8 @@ def decode_batch(
     with torch.inference_mode():
         for number, chunk in enumerate(chunks):
             out = _decode_chunk(
-                model, [prompts[i] for i in chunk], n, max_new_tokens, eos_token_id, temperature,
+                model, [prompts[i] for i in chunk], n, max_new_tokens, eos_token_id,
+                temperature if temperatures is None else [temperatures[i] for i in chunk],
                 [row_adapter[i * n] for i in chunk], [generators[i * n + j] for i in chunk for j in range(n)],
                 stack, compact, on_step, number * max_new_tokens, total,
             )
@@ -172,9 +180,9 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 
 
 def _decode_chunk(
-    model: DecodeModel, prompts: list[list[int]], n: int, max_new: int, eos: int, temperature: float | None,
-    group_adapter: list[int], generators: list[torch.Generator | None], stack: AdapterStack | None,
-    compact: bool, on_step: StepCallback | None, offset: int, total: int,
+    model: DecodeModel, prompts: list[list[int]], n: int, max_new: int, eos: int,
+    temperature: float | list[float] | None, group_adapter: list[int], generators: list[torch.Generator | None],
+    stack: AdapterStack | None, compact: bool, on_step: StepCallback | None, offset: int, total: int,
 ) -> list[DecodedRow]:
     device = model.device
     # Cache slots in order of prompt length (see KVCache); prompts keep their order for prefix sharing.
@@ -221,7 +229,9 @@ def _decode_chunk(
         if temperature is not None:
             draws = [torch.rand(1, generator=generators[r]) for r in computed]
             uniforms = torch.cat(draws).to(device)
-        chosen, lps = choose_tokens(logits, temperature, uniforms)
+        heat: float | torch.Tensor | None = temperature if not isinstance(temperature, list) else torch.tensor(
+            [temperature[r // n] for r in computed], dtype=torch.float32, device=device)[:, None]
+        chosen, lps = choose_tokens(logits, heat, uniforms)
         chosen_list = chosen.tolist()
         lps_list = lps.tolist() if lps is not None else None
         for k, r in enumerate(computed):

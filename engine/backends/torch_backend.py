@@ -225,6 +225,7 @@ class TorchBackend(HFTokenizerText):
         adapter_index: Sequence[int],
         seeds: Sequence[int] | None = None,
         on_step: StepCallback | None = None,
+        temperatures: Sequence[float] | None = None,
     ) -> list[Completion]:
         """Completions of prompt i under adapters[adapter_index[i]], all in one batch over the frozen base.
 
@@ -232,7 +233,9 @@ class TorchBackend(HFTokenizerText):
         checkpoint's adapter.safetensors) or the name of one of this peft
         model's adapters. temperature None decodes greedily (no log-probs).
         With seeds (one per adapter), each adapter's rows sample exactly as a
-        call with that adapter alone and its seed would. docs/backends.md.
+        call with that adapter alone and its seed would. temperatures: one per
+        prompt, in place of `temperature` (which must then not be None).
+        docs/backends.md.
         """
         if not self._fast_decoder():
             raise ModelError("Per-row adapters need the fast decoder, which does not support "
@@ -240,7 +243,7 @@ class TorchBackend(HFTokenizerText):
         resolved = [LoraAdapter.from_peft(self.model, a) if isinstance(a, str) else a for a in adapters]
         rows = self.decode_rows(
             prompts, n, max_new_tokens, temperature, on_step, adapters=resolved, adapter_index=adapter_index,
-            seeds=seeds,
+            seeds=seeds, temperatures=temperatures,
         )
         return [Completion(self.decode(r.tokens), r.tokens, r.logprobs, r.finished) for r in rows]
 

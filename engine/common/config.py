@@ -92,7 +92,16 @@ class TaskConfig:
     questions_per_round: int = _help("Questions drawn per round (B).", 8)
     completions_per_question: int = _help("Completions sampled per question (G).", 8)
     max_new_tokens: int = _help("Cap on completion length, in tokens.", 48)
-    temperature: float = _help("Sampling temperature for rollouts.", 0.7)
+    temperature: float = _help(
+        "Sampling temperature for rollouts; with adaptive_temperature, where a node starts and the lowest it goes.",
+        0.7,
+    )
+    adaptive_temperature: bool = _help(
+        "Let the sampling temperature follow the model: up a step when, of the last 24 own groups, more than 1 in 8 "
+        "gave every answer the same score above 0 (the policy has sharpened: such a group teaches nothing), down "
+        "a step when almost none did, between temperature and temperature_max (engine/heat.py).", False,
+    )
+    temperature_max: float = _help("With adaptive_temperature: the highest sampling temperature.", 1.4)
     eval_every: int = _help("Run the held-out evaluation every N rounds (0: never).", 10)
     eval_questions: int = _help(
         "Size of the fixed held-out evaluation set (greedy pass@1), drawn evenly over the specialties; what an "
@@ -153,6 +162,12 @@ class TaskConfig:
             raise ConfigError(f"{s}.completions_per_question must be at least 2: GRPO compares completions.")
         _positive_int(s, "max_new_tokens", self.max_new_tokens, 2048)
         _number(s, "temperature", self.temperature, 0.0, 5.0, open_low=True)
+        if not isinstance(self.adaptive_temperature, bool):
+            raise ConfigError(f"{s}.adaptive_temperature must be true or false, got {self.adaptive_temperature!r}.")
+        _number(s, "temperature_max", self.temperature_max, 0.0, 5.0, open_low=True)
+        if self.adaptive_temperature and self.temperature_max < self.temperature:
+            raise ConfigError(f"{s}.temperature_max ({self.temperature_max}) must be at least temperature "
+                              f"({self.temperature}): the adaptive temperature moves between them.")
         if isinstance(self.eval_every, bool) or not isinstance(self.eval_every, int) or self.eval_every < 0:
             raise ConfigError(f"{s}.eval_every must be a whole number of rounds, 0 to turn evaluation off.")
         _positive_int(s, "eval_questions", self.eval_questions, 10_000)

@@ -63,6 +63,7 @@ from engine.experiment.plan import (
     widen,
 )
 from engine.frontier import frontier_for
+from engine.heat import heat_for
 from engine.probe import PROBE_SEED_SLOT, interleave, kept
 from engine.rollouts import Group
 from engine.sapo import Control, Node, RoundAborted, derive_seed
@@ -299,15 +300,17 @@ class Experiment:
         }
 
     def _generate(self, drawn: Sequence[tuple[int, list[Question], list[list[int]]]], views: Sequence[NodeBackend],
-                  n: int, seeds: Sequence[int], phase: str) -> list[list[Completion]]:
-        """n answers of each node's prompts, every node's rows in one batch under its own adapter and seed; each
-        node's answers, grouped by prompt."""
+                  n: int, seeds: Sequence[int], phase: str,
+                  temperatures: Sequence[float] | None) -> list[list[Completion]]:
+        """n answers of each node's prompts, every node's rows in one batch under its own adapter, seed and sampling
+        temperature; each node's answers, grouped by prompt."""
         cfg = self.config
         prompts = [p for _, _, ps in drawn for p in ps]
         index = [k for k, (_, _, ps) in enumerate(drawn) for _ in ps]
         rows = self.shared.generate_with_adapters(
             prompts, n, cfg.tasks.max_new_tokens, cfg.tasks.temperature, [v.lora() for v in views], index,
             seeds=seeds, on_step=lambda done, total: self._progress(phase, done, total),
+            temperatures=[temperatures[k] for k in index] if temperatures is not None else None,
         )
         per_node, start = [], 0
         for _, _, ps in drawn:
@@ -469,6 +472,7 @@ class Experiment:
         # adaptive difficulty: the levels and streaks this checkpoint ended with (None: fixed difficulty)
         node.curriculum = curriculum_for(node.config.tasks, node.taskset.specialties, state.get("curriculum"))
         node.frontier = frontier_for(node.config.tasks, node.taskset.seed, state.get("frontier"))  # re-asks
+        node.heat = heat_for(node.config.tasks, state.get("heat"))  # the adaptive sampling temperature
 
     def _round(self, mix: Mix, round_index: int, nodes: list[Node], views: list[NodeBackend], relay: Any) -> dict[str,
                                                                                                                   Any]:
@@ -491,9 +495,11 @@ class Experiment:
             raise RuntimeError("nodes out of step")
         tokens = [sum(map(len, ps)) for _, _, ps in drawn]  # each node's prompts once, then every answer's tokens
         probe = cfg.tasks.probe_answers
+        # each node's sampling temperature (engine/heat.py); None: every node at tasks.temperature
+        heat = [node.temperature for node in nodes] if any(node.heat for node in nodes) else None
         if probe:  # tasks.probe_answers: k answers of every drawn question, then each node completes its chosen ones
             probes = self._generate(drawn, views, probe, [derive_seed(n.config.run.seed, round_index) for n in nodes],
-                                    "probing")
+                                    "probing", heat)
             for k, (node, (r, questions, node_prompts), rows) in enumerate(zip(nodes, drawn, probes, strict=True)):
                 tokens[k] += sum(len(c.token_ids) for c in rows)
                 chosen = node.choose_probed(questions, rows)
@@ -501,7 +507,7 @@ class Experiment:
                 probes[k] = kept(rows, chosen, probe)
         rest = self._generate(drawn, views, G - probe,
                               [derive_seed(n.config.run.seed, round_index, *((PROBE_SEED_SLOT,) if probe else ()))
-                               for n in nodes], "generating")
+                               for n in nodes], "generating", heat)
         gen_seconds, gen_cpu = time.perf_counter() - t0, time.process_time() - c0
         clock = NodeClock(len(nodes))
         groups: list[list[Group]] = []

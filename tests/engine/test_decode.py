@@ -192,6 +192,26 @@ def test_the_same_seed_gives_the_same_completions_and_another_seed_others(sharp:
     assert [r.tokens for r in first] != [r.tokens for r in other]
 
 
+def test_a_temperature_per_prompt_samples_each_prompt_as_its_own_temperature_would(sharp: Any) -> None:
+    """The experiment samples every node at its own temperature in one batch (engine/heat.py): a prompt's rows,
+    tokens and log-probs, are those of a call at its temperature alone, with the same seeds."""
+    model = DecodeModel(sharp, torch.float32)
+    heats = [0.7, 1.3, 0.7, 2.0, 1.3]
+    mixed = decode_batch(model, PROMPTS, 3, NEW, NO_EOS, 0.7, adapter_index=[0] * len(PROMPTS), seeds=[9],
+                         temperatures=heats)
+    for heat in set(heats):
+        alone = decode_batch(model, PROMPTS, 3, NEW, NO_EOS, heat, adapter_index=[0] * len(PROMPTS), seeds=[9])
+        for i, t in enumerate(heats):
+            if t == heat:
+                assert [r.tokens for r in mixed[i * 3 : i * 3 + 3]] == [r.tokens for r in alone[i * 3 : i * 3 + 3]]
+                for m, a in zip(mixed[i * 3 : i * 3 + 3], alone[i * 3 : i * 3 + 3], strict=True):
+                    assert m.logprobs == pytest.approx(a.logprobs, abs=1e-6)
+    with pytest.raises(ValueError, match="one temperature above 0 per prompt"):
+        decode_batch(model, PROMPTS, 1, 2, NO_EOS, 0.7, temperatures=[0.7])
+    with pytest.raises(ValueError, match="only when sampling"):
+        decode_batch(model, PROMPTS, 1, 2, NO_EOS, None, temperatures=[0.7] * len(PROMPTS))
+
+
 def test_a_stop_raised_by_on_step_ends_decoding(sharp: Any) -> None:
     class Stop(Exception):
         pass

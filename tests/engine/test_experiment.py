@@ -37,7 +37,7 @@ def fast(model_dir: Path) -> list[str]:
 
 def run(plan: Any, out: Path, home: Path, control: Control | None = None, **hooks: Any) -> tuple[Experiment,
                                                                                                  dict[str, Any]]:
-    experiment = Experiment(plan, out, Paths.under(home), Hooks(reward=parity_reward, **hooks), control)
+    experiment = Experiment(plan, out, Paths.under(home), Hooks(**{"reward": parity_reward, **hooks}), control)
     return experiment, experiment.run()
 
 
