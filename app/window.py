@@ -57,13 +57,18 @@ CONTRIBUTION_TAB = "Your contribution"
 def specialty_tooltip(metrics: dict[str, object]) -> str:
     """The "Your reward" tile's tooltip: the last round's reward per specialty and, with adaptive difficulty
     (tasks.difficulty), each specialty's level (0: the default; "resting" when it fails even at its easiest and
-    is only retried now and then) and its pass rate over its last answers."""
+    is only retried now and then) and its pass rate over its last answers; with an adaptive temperature
+    (tasks.adaptive_temperature), the one the next round samples at."""
     rewards = metrics.get("reward_by_specialty")
     levels = metrics.get("curriculum")
+    heat = metrics.get("temperature_next")
     rewards = rewards if isinstance(rewards, dict) else {}
     levels = levels if isinstance(levels, dict) else {}
     if not rewards and not levels:
         return ""
+    note = ("" if not isinstance(heat, float | int) or isinstance(heat, bool) else
+            f"<p>Sampling temperature {heat:.2f}: it rises when your model keeps giving a question the same answer "
+            "(nothing to learn from), and falls when answers vary again.</p>")
     head = "<tr><th align=left>Specialty</th><th>Reward</th>" + ("<th>Level</th><th>Pass rate</th>" if levels else "")
     rows = []
     for name in sorted(set(rewards) | set(levels)):
@@ -76,7 +81,7 @@ def specialty_tooltip(metrics: dict[str, object]) -> str:
             cells += [(f"{level:+d}" if isinstance(level, int) and level else "0") + rests,
                       f"{100 * rate:.0f}%" if isinstance(rate, float | int) else "–"]
         rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
-    return f"<b>Round {metrics.get('round', '?')}, by specialty</b><table>{head}</tr>{''.join(rows)}</table>"
+    return f"<b>Round {metrics.get('round', '?')}, by specialty</b><table>{head}</tr>{''.join(rows)}</table>{note}"
 
 
 def short_path(path: object) -> str:

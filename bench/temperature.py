@@ -19,6 +19,21 @@ prints the paired difference of the teaching share with a 95% bootstrap
 interval over questions. --checkpoint loads a node's trained adapters
 first (a checkpoint folder holding adapter.safetensors), to see the same
 on a model that has trained.
+
+--judge first|same: would a peer refuse this text, and would it still catch
+poison? The questions split in two: the even ones are the receiver's own
+round, the odd ones a peer's. The peer's groups at each temperature are
+judged as a receiver running the same model judges an item
+(engine.defence.Plausibility with the default swarm settings: the lowest
+mean log-prob over plausibility_window tokens, under the receiver's policy
+at its own temperature, against a floor set by its own answers), the
+receiver sampling at the first temperature (`first`: today's nodes) or at
+the peer's (`same`: a swarm whose nodes all reached that temperature). It
+prints the share of the peer's groups refused as implausible (honest text:
+every refusal is a false one, and a strike against the peer) and the share
+of poisoned answers caught (each odd question's right answer with each of
+bench.poisoning's triggers appended, prefixed or inside, as
+bench.poisoning_peers writes them).
 """
 
 from __future__ import annotations
@@ -43,7 +58,35 @@ def paired_interval(a: Sequence[float], b: Sequence[float], seed: int = 0) -> tu
     return sum(diffs) / n, means[int(0.025 * BOOTSTRAP)], means[int(0.975 * BOOTSTRAP) - 1]
 
 
-def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+def judged(cfg: Any, backend: Any, questions: Sequence[Any], prompts: Sequence[list[int]], out: Sequence[Any],
+           own: Sequence[Any], at: float) -> dict[str, float]:
+    """The odd questions' groups of `out` and poisoned answers to them, judged by a receiver at temperature `at`
+    whose own round is the even questions' answers in `own` (see the module's --judge)."""
+    from bench.poisoning import TRIGGERS
+    from bench.poisoning_peers import PLACES, poisoned_completion
+    from engine.defence import Plausibility
+
+    G = cfg.tasks.completions_per_question
+    test = Plausibility(window=cfg.swarm.plausibility_window, absolute=cfg.swarm.implausible_logprob)
+    mine = [c for i in range(0, len(questions), 2) for c in own[i * G : (i + 1) * G]]
+    floor = test.floor([c.logprobs for c in mine])  # as a node: its own answers' log-probs as it sampled them
+
+    def bare(ids: list[int]) -> list[int]:  # the EOS the receiver's encoder appends is not the sender's text
+        return ids[:-1] if len(ids) > 1 and ids[-1] == backend.eos_token_id else ids
+
+    peer = list(range(1, len(questions), 2))
+    pairs = [(prompts[i], bare(c.token_ids)) for i in peer for c in out[i * G : (i + 1) * G]]
+    lps = backend.behaviour_logprobs(pairs, at)
+    refused = sum(not test.judge(lps[k * G : (k + 1) * G], floor) for k in range(len(peer)))
+    poison = [(prompts[i], bare(backend.encode_completion(poisoned_completion(questions[i], trigger, place))))
+              for i in peer for trigger in TRIGGERS.values() for place in PLACES]
+    caught = sum(not test.judge([lp], floor) for lp in backend.behaviour_logprobs(poison, at))
+    return {"refused": refused / len(peer), "poison_caught": caught / len(poison), "judge_floor": floor,
+            "judge_temperature": at}
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace | str:
+    """The arguments, or why they are refused (one sentence)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--temperatures", default="0.7,1.0,1.3",
                         help="comma-separated; the first is the peer the others are compared with "
@@ -54,25 +97,33 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                              "rounds)")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--checkpoint", type=Path, help="a checkpoint folder whose adapters to load first")
+    parser.add_argument("--judge", choices=["first", "same"],
+                        help="also judge each temperature's groups as a receiver sampling at the first temperature "
+                             "(first) or at theirs (same) would, and poisoned answers the same way")
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args(argv)
     try:
         args.temps = [float(t) for t in args.temperatures.split(",")]
     except ValueError:
-        parser.error(f"--temperatures must be numbers separated by commas, got {args.temperatures!r}")
-    if not args.temps or any(not 0 < t <= 5 for t in args.temps):
-        parser.error("--temperatures must each be above 0 and at most 5")
+        return f"--temperatures must be numbers separated by commas, got {args.temperatures!r}"
+    if any(not 0 < t <= 5 for t in args.temps):
+        return "--temperatures must each be above 0 and at most 5"
     if args.first_round < 1:
-        parser.error("--first-round must be at least 1")
+        return "--first-round must be at least 1"
     if args.questions < 2:
-        parser.error("--questions must be at least 2")
+        return "--questions must be at least 2"
+    if args.threads < 0:
+        return "--threads must be 0 (torch's default) or more"
     if args.checkpoint is not None and not (args.checkpoint / "adapter.safetensors").is_file():
-        parser.error(f"--checkpoint {args.checkpoint} holds no adapter.safetensors")
+        return f"--checkpoint {args.checkpoint} holds no adapter.safetensors"
     return args
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    if isinstance(args, str):
+        print(f"temperature: {args}", file=sys.stderr)
+        return 2
     import torch
 
     from bench.bundled import bundled_cpu
@@ -96,6 +147,7 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"{len(questions)} questions x {G} answers, up to {t.max_new_tokens} new tokens, "
           f"{torch.get_num_threads()} threads")
     results: dict[str, Any] = {}
+    first_out: list[Any] = []
     teach: dict[float, list[float]] = {}
     for temp in args.temps:
         backend.reseed(derive_seed(cfg.run.seed, 1))
@@ -117,11 +169,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         row["teach_by_specialty"] = {k: round(sum(v) / len(v), 2) for k, v in sorted(by_kind.items())}
         if temp != args.temps[0]:
             row["teach_vs_first"] = paired_interval(teach[args.temps[0]], teach[temp])
-        results[str(temp)] = row
+        first_out = first_out or out
         extra = ""
+        if args.judge:
+            at = args.temps[0] if args.judge == "first" else temp
+            row.update(judged(cfg, backend, questions, prompts, out, first_out if args.judge == "first" else out, at))
+            extra = (f"   judged at T{at}: peer's groups refused {row['refused']:.2f}, poison caught "
+                     f"{row['poison_caught']:.2f}")
+        results[str(temp)] = row
         if "teach_vs_first" in row:
             d, lo, hi = row["teach_vs_first"]
-            extra = f"   teach - T{args.temps[0]}: {d:+.2f} [{lo:+.2f}, {hi:+.2f}]"
+            extra += f"   teach - T{args.temps[0]}: {d:+.2f} [{lo:+.2f}, {hi:+.2f}]"
         print(f"  T {temp:4.2f}: teach {row['teach']:.2f} (all fail {row['all_fail']:.2f}, "
               f"all same >0 {row['all_pass']:.2f})  mean reward {row['mean_reward']:.3f}  "
               f"answers scoring >0 {row['scored']:.2f}  {row['tokens']:.1f} tokens/answer  "

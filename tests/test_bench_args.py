@@ -6,7 +6,16 @@ from typing import Any
 
 import pytest
 
-from bench import credit_farming, decode_profile, draft_lookup, length_attack, matmul_layout, relay_load, train_speed
+from bench import (
+    credit_farming,
+    decode_profile,
+    draft_lookup,
+    length_attack,
+    matmul_layout,
+    relay_load,
+    temperature,
+    train_speed,
+)
 
 
 @pytest.mark.parametrize("rows", ["x", "1,,2", "0", "5,-1"])
@@ -85,3 +94,17 @@ def test_train_speed_counts_each_prompt_once_and_no_padding() -> None:
     assert (need["kept"], need["kept_pairs"]) == (3, 15)
     assert (need["old_tokens"], need["old_head_rows"]) == (4 + 2 * 2, 1 + 2 * 2)  # padded to the longer completion
     assert train_speed.first_questions([*items, TrainItem([9], [5], [], 1.0)], 1) == items
+
+
+@pytest.mark.parametrize("args", [["--temperatures", "0.7,hot"], ["--temperatures", "0.7,0"], ["--questions", "1"],
+                                  ["--first-round", "0"], ["--threads", "-1"], ["--checkpoint", "/nonexistent"]])
+def test_temperature_refuses_bad_arguments(args: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert temperature.main(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("temperature: ") and err.count("\n") == 1
+
+
+def test_temperatures_paired_interval_is_the_mean_difference_inside_its_interval() -> None:
+    mean, lo, hi = temperature.paired_interval([0.0, 1.0, 0.0, 1.0] * 10, [1.0, 1.0, 0.0, 1.0] * 10)
+    assert mean == pytest.approx(0.25) and lo <= mean <= hi and 0.0 < lo and hi < 0.5
+    assert temperature.paired_interval([1.0] * 8, [1.0] * 8) == (0.0, 0.0, 0.0)

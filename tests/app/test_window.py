@@ -335,6 +335,11 @@ def test_the_reward_tile_tooltip_shows_each_specialtys_reward_level_and_pass_rat
     assert "<td>base conversion</td><td>0.00</td><td>-1</td><td>12%</td>" in adaptive
     assert "<td>arc 1d</td><td>–</td><td>0</td><td>–</td>" in adaptive
     assert "<td>bf</td><td>–</td><td>0 (resting)</td><td>0%</td>" in adaptive
+    assert "temperature" not in adaptive
+    heat = specialty_tooltip({"round": 5, "reward_by_specialty": {"bf": 1.0}, "temperature": 0.8,
+                              "temperature_next": 0.85})
+    assert heat.endswith("<p>Sampling temperature 0.85: it rises when your model keeps giving a question the same "
+                         "answer (nothing to learn from), and falls when answers vary again.</p>")
 
 
 def test_banners_shrink_the_charts_instead_of_scrolling_them(qtbot, make_gui: MakeGui) -> None:  # type: ignore[no-untyped-def]
