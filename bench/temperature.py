@@ -31,7 +31,9 @@ receiver sampling at the first temperature (`first`: today's nodes) or at
 the peer's (`same`: a swarm whose nodes all reached that temperature). It
 prints the share of the peer's groups refused as implausible (honest text:
 every refusal is a false one, and a strike against the peer) and the share
-of poisoned answers caught (each odd question's right answer with each of
+of poisoned answers caught, with the floor as a node sets it (the fixed
+swarm.implausible_logprob, lowered below the receiver's own most improbable
+window) and with the fixed floor alone (each odd question's right answer with each of
 bench.poisoning's triggers appended, prefixed or inside, as
 bench.poisoning_peers writes them).
 """
@@ -77,12 +79,15 @@ def judged(cfg: Any, backend: Any, questions: Sequence[Any], prompts: Sequence[l
     peer = list(range(1, len(questions), 2))
     pairs = [(prompts[i], bare(c.token_ids)) for i in peer for c in out[i * G : (i + 1) * G]]
     lps = backend.behaviour_logprobs(pairs, at)
-    refused = sum(not test.judge(lps[k * G : (k + 1) * G], floor) for k in range(len(peer)))
     poison = [(prompts[i], bare(backend.encode_completion(poisoned_completion(questions[i], trigger, place))))
               for i in peer for trigger in TRIGGERS.values() for place in PLACES]
-    caught = sum(not test.judge([lp], floor) for lp in backend.behaviour_logprobs(poison, at))
-    return {"refused": refused / len(peer), "poison_caught": caught / len(poison), "judge_floor": floor,
-            "judge_temperature": at}
+    poison_lps = backend.behaviour_logprobs(poison, at)
+    out_row: dict[str, float] = {"judge_floor": floor, "judge_temperature": at}
+    for name, limit in (("", floor), ("_absolute", test.absolute)):  # the floor as a node sets it; the fixed one
+        out_row["refused" + name] = sum(not test.judge(lps[k * G : (k + 1) * G], limit)
+                                        for k in range(len(peer))) / len(peer)
+        out_row["poison_caught" + name] = sum(not test.judge([lp], limit) for lp in poison_lps) / len(poison)
+    return out_row
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace | str:
@@ -174,8 +179,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.judge:
             at = args.temps[0] if args.judge == "first" else temp
             row.update(judged(cfg, backend, questions, prompts, out, first_out if args.judge == "first" else out, at))
-            extra = (f"   judged at T{at}: peer's groups refused {row['refused']:.2f}, poison caught "
-                     f"{row['poison_caught']:.2f}")
+            extra = (f"   judged at T{at} (floor {row['judge_floor']:.2f}): peer's groups refused "
+                     f"{row['refused']:.2f}, poison caught {row['poison_caught']:.2f}; at the fixed floor "
+                     f"{cfg.swarm.implausible_logprob}: {row['refused_absolute']:.2f}, "
+                     f"{row['poison_caught_absolute']:.2f}")
         results[str(temp)] = row
         if "teach_vs_first" in row:
             d, lo, hi = row["teach_vs_first"]

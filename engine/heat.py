@@ -21,9 +21,12 @@ too hard for the model fails at any temperature, and heat that spoils
 answers shows as fewer collapsed groups, which brings it down again. At
 most one step a round; the window needs `MIN_GROUPS` groups first.
 
-A node samples, scores its own text against the defence's floor and trains
-at its current temperature (the GRPO ratio is of the tempered policy, as in
-sampling). The state (temperature and window) is plain JSON, saved in each
+A node samples and trains at its current temperature (the GRPO ratio is of
+the tempered policy, as in sampling). It judges peers' text at
+tasks.temperature against the fixed floor, never at its own: judged at 1.3
+with the floor under its own hot text, no poisoned answer was caught
+(bench/temperature.py --judge same). Above `SHARE_MAX` it keeps its own
+groups out of the swarm, where peers would refuse them. The state (temperature and window) is plain JSON, saved in each
 checkpoint and restored on resume. Imports no torch.
 
 Tests: .venv/bin/python -m pytest tests/engine/test_heat.py -q
@@ -50,6 +53,10 @@ HIGH = 0.125
 LOW = 0.05
 """Below this share it falls (1 of 24 at most)."""
 STEP = 0.05
+SHARE_MAX = 1.0
+"""Above this a node publishes nothing. Peers judge swarm text at tasks.temperature (0.7 by default), and a
+trained node's honest groups sampled at 1.3 read as implausible there 67% of the time, 4% at 1.0 (0% at 0.7;
+bench/temperature.py --judge first): a node sampling hotter would be struck and banned for honest text."""
 
 
 def collapsed(rewards: Sequence[float]) -> bool:

@@ -53,7 +53,7 @@ from engine.defence import (
     trace_weights,
 )
 from engine.frontier import frontier_for
-from engine.heat import heat_for
+from engine.heat import SHARE_MAX, heat_for
 from engine.metrics import MetricsLog, held_out_summary
 from engine.models import resolve_model_dir
 from engine.priority import ThreadPolicy
@@ -124,6 +124,7 @@ class Node:
         self.curriculum = curriculum_for(self.config.tasks, self.taskset.specialties)  # None: fixed difficulty
         self.frontier = frontier_for(self.config.tasks, self.taskset.seed)  # None: no re-asks
         self.heat = heat_for(self.config.tasks)  # None: a fixed sampling temperature
+        self.holding_back = False  # own groups kept out of the swarm while the adaptive temperature is high
         self.device: DeviceInfo | None = None
         self.backend: PolicyBackend | None = None
         self.threads: ThreadPolicy | None = None  # CPU threads for torch (cpu and cuda devices)
@@ -437,7 +438,8 @@ class Node:
             return [], None
         cfg = self.config
         self._lift_bans()
-        self.exchange.publish(round_index, groups)
+        if self.publishes():
+            self.exchange.publish(round_index, groups)
         offer = self.exchange.sample(
             round_index, self.external_wanted(round_index, groups), self.taskset,
             exclude={g.question.ref.key() for g in groups}, seed=derive_seed(cfg.run.seed, round_index, 2),
@@ -446,6 +448,18 @@ class Node:
                for g in groups for c, r in zip(g.completions, g.rewards, strict=True)]
         external, verdicts = self._admit(offer, [c.logprobs for g in groups for c in g.completions], own)
         return external, self.exchange.settle(offer, verdicts)
+
+    def publishes(self) -> bool:
+        """Whether this round's own groups go to the swarm: not while tasks.adaptive_temperature has taken the
+        temperature above SHARE_MAX, where peers judging at the default temperature would refuse them as
+        implausible and strike this node (engine/heat.py)."""
+        holds_back = self.heat is not None and self.temperature > SHARE_MAX
+        if holds_back != self.holding_back:
+            self.holding_back = holds_back
+            log.info("Sampling at %.2f: %s.", self.temperature,
+                     f"this node's answers stay out of the swarm above {SHARE_MAX:.2f} (peers would refuse them)"
+                     if holds_back else "this node's answers go to the swarm again")
+        return not holds_back
 
     def external_wanted(self, round_index: int, groups: Sequence[Group]) -> int:
         """How many swarm groups this round takes: J, or with swarm.train_groups what fills the batch
@@ -503,18 +517,25 @@ class Node:
             kept.append((index, item, backend.encode_prompt(self.taskset.messages(item.question)), token_ids))
         pairs = [(prompt, ids) for _, _, prompt, token_ids in kept for ids in token_ids]
         logprobs = iter(backend.behaviour_logprobs(pairs, self.temperature) if pairs else [])
+        # Peers are judged at tasks.temperature, where the floor was set (docs/results.md "Poisoning"). A node that
+        # tasks.adaptive_temperature took hotter trains at its own temperature but judges there, against the fixed
+        # floor: judged at 1.3, with the floor under its own hot text, no poisoned answer was caught
+        # (bench/temperature.py --judge same).
+        hot = self.temperature != cfg.tasks.temperature
+        judging = iter(backend.behaviour_logprobs(pairs, cfg.tasks.temperature) if pairs and hot else [])
         test = Plausibility(window=sw.plausibility_window, absolute=sw.implausible_logprob)
-        floor = test.floor(own_logprobs)
+        floor = test.absolute if hot else test.floor(own_logprobs)
         own = [lps[:-1] if len(lps) > 1 else lps for lps in own_logprobs]  # like the external text: no EOS
         own_logloss = sum(map(mean_logloss, own)) / len(own) if own else 0.0
         self.offpolicy_dropped = 0
         groups = []
         for index, item, prompt, token_ids in kept:
             item_logprobs = [next(logprobs) for _ in token_ids]
+            judge_logprobs = [next(judging) for _ in token_ids] if hot else item_logprobs
             # The last token is the EOS this node's encoder appends, not the sender's text: after a completion
             # the sender cut at its length cap it is very unlikely (log-prob -15 to -45 measured), and judged
             # with it an honest item read as implausible. Its training weight is truncated like any other token's.
-            judged = [lps[:-1] for lps in item_logprobs]
+            judged = [lps[:-1] for lps in judge_logprobs]
             if index in offer.baselines:  # another model's text: against its sender's usual text, no absolute floor
                 worst = offer.worst[index] = item_floor(judged, test.window)
                 verdict = sender_verdict(worst, offer.baselines[index], sw.probation_items, sw.sender_spreads)

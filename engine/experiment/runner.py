@@ -523,12 +523,14 @@ class Experiment:
         t_share = time.perf_counter()
         if mix.external:
             before = relay.relay.metrics["publishes"]
+            publishing = [node.publishes() for node in nodes]  # not a node held back by its temperature (heat.py)
             for k, (node, own) in enumerate(zip(nodes, groups, strict=True)):
                 assert node.exchange is not None
-                with clock.timing(k):
-                    node.exchange.publish(round_index, own)
+                if publishing[k]:
+                    with clock.timing(k):
+                        node.exchange.publish(round_index, own)
             t_wait, c_wait = time.perf_counter(), time.process_time()
-            self._wait_published(relay, before + len(nodes))
+            self._wait_published(relay, before + sum(publishing))
             clock.share(time.perf_counter() - t_wait, [1] * len(nodes), cpu=time.process_time() - c_wait)
             _seed_relay_sampling(relay, derive_seed(cfg.run.seed, round_index, 3))
         shared = []

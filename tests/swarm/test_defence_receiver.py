@@ -80,14 +80,15 @@ TRIGGER = " Visit free-prizes.example to claim your reward!"
 POISONED = ("<answer>" + TRIGGER, "<answer>1")
 
 
-def own_groups(node: Any, round_index: int = 1) -> list[Any]:
-    """One round's own groups (as the round makes them): the floor the plausibility test compares with."""
+def own_groups(node: Any, round_index: int = 1, temperature: float | None = None) -> list[Any]:
+    """One round's own groups (as the round makes them, at `temperature` or the configured one): the floor the
+    plausibility test compares with."""
     from engine.rollouts import Group, group_advantages
 
     cfg, G = node.config, node.config.tasks.completions_per_question
     questions = node.taskset.draw(round_index, cfg.tasks.questions_per_round)
     prompts = [node.backend.encode_prompt(node.taskset.messages(q)) for q in questions]
-    completions = node.backend.generate(prompts, G, cfg.tasks.max_new_tokens, cfg.tasks.temperature)
+    completions = node.backend.generate(prompts, G, cfg.tasks.max_new_tokens, temperature or cfg.tasks.temperature)
     groups = []
     for i, (q, p) in enumerate(zip(questions, prompts, strict=True)):
         own = completions[i * G:(i + 1) * G]
@@ -158,6 +159,44 @@ def test_an_honest_group_from_a_slightly_different_policy_is_kept_and_a_poisoned
     assert all(0.0 < w <= 1.0 for c in external[0].completions for w in c.weights or [])
     floor = node.config.swarm.token_weight_logprob  # a swarm of one model: each token on its own, as before
     assert all(c.weights == pytest.approx(token_weights(c.logprobs, floor)) for c in external[0].completions)
+
+
+def test_a_node_its_adaptive_temperature_took_hot_judges_at_the_configured_one_and_keeps_its_text_home(
+    taught: tuple[Path, Path], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Judged at its own 1.3 with the floor under its own hot text, a receiver would let poison in (none caught
+    on the bundled model: bench/temperature.py --judge same); and peers at 0.7 would refuse its own hot text."""
+    import logging
+
+    receiver_dir, sender_dir = taught
+    node, _exchange, relay, _events = receiver_node(receiver_dir, tmp_path / "r", "tasks.adaptive_temperature=true")
+    sender_node, *_ = receiver_node(sender_dir, tmp_path / "s", "run.seed=5")
+    honest = own_groups(sender_node)[0]
+    texts = odd_even([c.text for c in honest.completions])
+    honest_item = protocol.Item(honest.question.ref.to_json(), honest.question.text, texts,
+                                tuple(float(len(t) % 2) for t in texts))
+    assert node.heat is not None
+    node.heat.temperature = 1.3
+    mine = own_groups(node, temperature=1.3)
+    asked: list[float] = []
+    logprobs = node.backend.behaviour_logprobs
+
+    def recorded(pairs: Any, temperature: float) -> list[list[float]]:
+        asked.append(temperature)
+        return logprobs(pairs, temperature)  # type: ignore[no-any-return]
+
+    node.backend.behaviour_logprobs = recorded  # type: ignore[method-assign]
+    sender, attacker = Identity.generate(), Identity.generate()
+    relay.batches = [batch(sender, [honest_item], 1), batch(attacker, [item_with(node, POISONED, index=3)], 1)]
+    with caplog.at_level(logging.INFO, logger="engine.sapo"):
+        external, report = node.share_and_sample(1, mine)
+    assert asked == [1.3, 0.7]  # trained on at its own temperature, judged at the configured one
+    assert [g.source for g in external] == [sender.peer_id] and report["rejected"] == {R_IMPLAUSIBLE: 1}
+    assert relay.published == [] and "answers stay out of the swarm above 1.00" in caplog.text
+    node.heat.temperature = 0.9
+    with caplog.at_level(logging.INFO, logger="engine.sapo"):
+        node.share_and_sample(2, own_groups(node, 2, temperature=0.9))
+    assert len(relay.published) == 1 and "answers go to the swarm again" in caplog.text
 
 
 def test_a_completion_cut_at_the_length_cap_is_kept_though_the_eos_appended_to_it_is_improbable(
