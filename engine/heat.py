@@ -71,6 +71,7 @@ class Heat:
         self.low, self.high = low, high
         self.temperature = low
         self.window: deque[bool] = deque(maxlen=WINDOW_GROUPS)
+        self.held_back = False  # own groups kept out of the swarm (above SHARE_MAX)
 
     def collapsed_share(self) -> float | None:
         return sum(self.window) / len(self.window) if len(self.window) >= MIN_GROUPS else None
@@ -88,6 +89,16 @@ class Heat:
                      "score above 0.", old, self.temperature, sum(self.window), len(self.window))
         return {"temperature": old, "temperature_next": self.temperature,
                 **({"collapsed_share": round(share, 4)} if share is not None else {})}
+
+    def shares(self) -> bool:
+        """Whether the node's own groups go to the swarm: not above SHARE_MAX (logged when that changes)."""
+        held = self.temperature > SHARE_MAX
+        if held != self.held_back:
+            self.held_back = held
+            log.info("Sampling at %.2f: %s.", self.temperature,
+                     f"this node's answers stay out of the swarm above {SHARE_MAX:.2f} (peers would refuse them)"
+                     if held else "this node's answers go to the swarm again")
+        return not held
 
     def to_state(self) -> dict[str, Any]:
         return {"version": STATE_VERSION, "temperature": self.temperature, "window": [int(x) for x in self.window]}

@@ -17,9 +17,12 @@ import logging
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.common.atomicio import append_line, atomic_write_bytes
+
+if TYPE_CHECKING:
+    from engine.rollouts import Group
 
 log = logging.getLogger(__name__)
 
@@ -91,3 +94,36 @@ def held_out_summary(specialties: Sequence[str], rewards: Sequence[float]) -> di
         "questions": len(rewards),
         "by_specialty": {k: solved[k] / asked[k] for k in sorted(asked)},
     }
+
+
+def round_summary(groups: Sequence[Group], external: Sequence[Group], gen_seconds: float) -> dict[str, Any]:
+    """A round's numbers from its own groups and the swarm's it took: rewards, accuracy, groups, answer lengths."""
+    rewards = [r for g in groups for r in g.rewards]
+    lengths = [len(c.token_ids) for g in groups for c in g.completions]
+    by_specialty: dict[str, list[float]] = {}
+    for g in groups:
+        by_specialty.setdefault(g.question.ref.dataset, []).extend(g.rewards)
+    ext_rewards = [r for g in external for r in g.rewards]
+    return {
+        "reward_mean": sum(rewards) / len(rewards),
+        "accuracy": sum(1 for r in rewards if r >= 1.0) / len(rewards),
+        "swarm_reward_mean": sum(ext_rewards) / len(ext_rewards) if ext_rewards else None,
+        "reward_by_specialty": {k: sum(v) / len(v) for k, v in sorted(by_specialty.items())},
+        "completions": len(rewards),
+        "local_groups": len(groups),
+        "external_groups": len(external),
+        "informative_groups": sum(1 for g in [*groups, *external] if g.informative),
+        # each own group's specialty and rewards: what a policy that skips or stops groups early would have
+        # seen (bench/curriculum_replay.py replays rounds offline)
+        "own_group_rewards": [[g.question.ref.dataset, [round(r, 4) for r in g.rewards]] for g in groups],
+        "completion_tokens_mean": sum(lengths) / len(lengths),
+        "truncated_fraction": sum(1 for g in groups for c in g.completions if not c.finished) / len(lengths),
+        "tokens_per_second": sum(lengths) / gen_seconds if gen_seconds > 0 else 0.0,
+    }
+
+
+def rss_bytes() -> int:
+    """This process's resident memory, reported every round so creeping growth is visible."""
+    import psutil
+
+    return int(psutil.Process().memory_info().rss)

@@ -21,7 +21,6 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from datetime import datetime
@@ -53,8 +52,8 @@ from engine.defence import (
     trace_weights,
 )
 from engine.frontier import frontier_for
-from engine.heat import SHARE_MAX, heat_for
-from engine.metrics import MetricsLog, held_out_summary
+from engine.heat import heat_for
+from engine.metrics import MetricsLog, held_out_summary, round_summary, rss_bytes
 from engine.models import resolve_model_dir
 from engine.priority import ThreadPolicy
 from engine.probe import PROBE_SEED_SLOT, choose, interleave, kept
@@ -81,13 +80,6 @@ log = logging.getLogger(__name__)
 EXTERNAL_LENGTH_SLACK = 2
 
 Emit = Callable[[Event], None]
-
-
-def _rss_bytes() -> int:
-    """This process's resident memory, reported every round so creeping growth is visible."""
-    import psutil
-
-    return int(psutil.Process().memory_info().rss)
 
 
 def derive_seed(*parts: int) -> int:
@@ -124,7 +116,6 @@ class Node:
         self.curriculum = curriculum_for(self.config.tasks, self.taskset.specialties)  # None: fixed difficulty
         self.frontier = frontier_for(self.config.tasks, self.taskset.seed)  # None: no re-asks
         self.heat = heat_for(self.config.tasks)  # None: a fixed sampling temperature
-        self.holding_back = False  # own groups kept out of the swarm while the adaptive temperature is high
         self.device: DeviceInfo | None = None
         self.backend: PolicyBackend | None = None
         self.threads: ThreadPolicy | None = None  # CPU threads for torch (cpu and cuda devices)
@@ -450,16 +441,8 @@ class Node:
         return external, self.exchange.settle(offer, verdicts)
 
     def publishes(self) -> bool:
-        """Whether this round's own groups go to the swarm: not while tasks.adaptive_temperature has taken the
-        temperature above SHARE_MAX, where peers judging at the default temperature would refuse them as
-        implausible and strike this node (engine/heat.py)."""
-        holds_back = self.heat is not None and self.temperature > SHARE_MAX
-        if holds_back != self.holding_back:
-            self.holding_back = holds_back
-            log.info("Sampling at %.2f: %s.", self.temperature,
-                     f"this node's answers stay out of the swarm above {SHARE_MAX:.2f} (peers would refuse them)"
-                     if holds_back else "this node's answers go to the swarm again")
-        return not holds_back
+        """Whether this round's own groups go to the swarm: not while the adaptive temperature is high (heat.py)."""
+        return self.heat is None or self.heat.shares()
 
     def external_wanted(self, round_index: int, groups: Sequence[Group]) -> int:
         """How many swarm groups this round takes: J, or with swarm.train_groups what fills the batch
@@ -517,10 +500,8 @@ class Node:
             kept.append((index, item, backend.encode_prompt(self.taskset.messages(item.question)), token_ids))
         pairs = [(prompt, ids) for _, _, prompt, token_ids in kept for ids in token_ids]
         logprobs = iter(backend.behaviour_logprobs(pairs, self.temperature) if pairs else [])
-        # Peers are judged at tasks.temperature, where the floor was set (docs/results.md "Poisoning"). A node that
-        # tasks.adaptive_temperature took hotter trains at its own temperature but judges there, against the fixed
-        # floor: judged at 1.3, with the floor under its own hot text, no poisoned answer was caught
-        # (bench/temperature.py --judge same).
+        # Peers are judged at tasks.temperature (a node the adaptive temperature took hotter, against the fixed
+        # floor: judged at its own 1.3 it caught no poison; docs/swarm.md), and trained on at the node's own.
         hot = self.temperature != cfg.tasks.temperature
         judging = iter(backend.behaviour_logprobs(pairs, cfg.tasks.temperature) if pairs and hot else [])
         test = Plausibility(window=sw.plausibility_window, absolute=sw.implausible_logprob)
@@ -565,35 +546,16 @@ class Node:
         self, groups: list[Group], external: list[Group], stats: dict[str, float],
         gen_seconds: float, train_seconds: float, seconds: float,
     ) -> dict[str, Any]:
-        rewards = [r for g in groups for r in g.rewards]
-        lengths = [len(c.token_ids) for g in groups for c in g.completions]
-        by_specialty: dict[str, list[float]] = defaultdict(list)
-        for g in groups:
-            by_specialty[g.question.ref.dataset].extend(g.rewards)
-        ext_rewards = [r for g in external for r in g.rewards]
         return {
             "kind": "round",
             "run": self.config.run.run_name,
             "round": self.round,
             "ts": time.time(),
-            "reward_mean": sum(rewards) / len(rewards),
-            "accuracy": sum(1 for r in rewards if r >= 1.0) / len(rewards),
-            "swarm_reward_mean": sum(ext_rewards) / len(ext_rewards) if ext_rewards else None,
-            "reward_by_specialty": {k: sum(v) / len(v) for k, v in sorted(by_specialty.items())},
-            "completions": len(rewards),
-            "local_groups": len(groups),
-            "external_groups": len(external),
-            "informative_groups": sum(1 for g in groups + external if g.informative),
-            # each own group's specialty and rewards: what a policy that skips or stops groups early would have
-            # seen (bench/curriculum_replay.py replays rounds offline)
-            "own_group_rewards": [[g.question.ref.dataset, [round(r, 4) for r in g.rewards]] for g in groups],
-            "completion_tokens_mean": sum(lengths) / len(lengths),
-            "truncated_fraction": sum(1 for g in groups for c in g.completions if not c.finished) / len(lengths),
-            "tokens_per_second": sum(lengths) / gen_seconds if gen_seconds > 0 else 0.0,
+            **round_summary(groups, external, gen_seconds),
             "generate_seconds": gen_seconds,
             "train_seconds": train_seconds,
             "seconds": seconds,
-            "rss_bytes": _rss_bytes(),
+            "rss_bytes": rss_bytes(),
             **({"offpolicy_dropped": self.offpolicy_dropped} if self.config.swarm.offpolicy_negative_kl > 0 else {}),
             # tasks.probe_answers: questions drawn and probed, how many of them had answers that scored differently,
             # and the answers generated in all (probes of every drawn question, the rest of the chosen ones)

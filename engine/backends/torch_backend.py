@@ -229,13 +229,10 @@ class TorchBackend(HFTokenizerText):
     ) -> list[Completion]:
         """Completions of prompt i under adapters[adapter_index[i]], all in one batch over the frozen base.
 
-        An adapter is a `LoraAdapter` (e.g. `LoraAdapter.from_state_dict` of a
-        checkpoint's adapter.safetensors) or the name of one of this peft
-        model's adapters. temperature None decodes greedily (no log-probs).
-        With seeds (one per adapter), each adapter's rows sample exactly as a
-        call with that adapter alone and its seed would. temperatures: one per
-        prompt, in place of `temperature` (which must then not be None).
-        docs/backends.md.
+        An adapter is a `LoraAdapter` (e.g. `LoraAdapter.from_state_dict` of a checkpoint's adapter.safetensors)
+        or the name of one of this peft model's adapters. temperature None decodes greedily (no log-probs).
+        With seeds (one per adapter), each adapter's rows sample exactly as a call with that adapter alone and its
+        seed would; `temperatures` (one per prompt) stand in for `temperature`. docs/backends.md.
         """
         if not self._fast_decoder():
             raise ModelError("Per-row adapters need the fast decoder, which does not support "

@@ -300,17 +300,16 @@ class Experiment:
         }
 
     def _generate(self, drawn: Sequence[tuple[int, list[Question], list[list[int]]]], views: Sequence[NodeBackend],
-                  n: int, seeds: Sequence[int], phase: str,
-                  temperatures: Sequence[float] | None) -> list[list[Completion]]:
+                  n: int, seeds: Sequence[int], phase: str, heats: Sequence[float] | None) -> list[list[Completion]]:
         """n answers of each node's prompts, every node's rows in one batch under its own adapter, seed and sampling
-        temperature; each node's answers, grouped by prompt."""
+        temperature (heats; None: tasks.temperature for all); each node's answers, grouped by prompt."""
         cfg = self.config
         prompts = [p for _, _, ps in drawn for p in ps]
         index = [k for k, (_, _, ps) in enumerate(drawn) for _ in ps]
         rows = self.shared.generate_with_adapters(
             prompts, n, cfg.tasks.max_new_tokens, cfg.tasks.temperature, [v.lora() for v in views], index,
             seeds=seeds, on_step=lambda done, total: self._progress(phase, done, total),
-            temperatures=[temperatures[k] for k in index] if temperatures is not None else None,
+            temperatures=[heats[k] for k in index] if heats is not None else None,
         )
         per_node, start = [], 0
         for _, _, ps in drawn:
@@ -469,10 +468,10 @@ class Experiment:
         state = verify(path)
         assert node.backend is not None
         node.backend.load(path)
-        # adaptive difficulty: the levels and streaks this checkpoint ended with (None: fixed difficulty)
+        # the adaptive levels and streaks this checkpoint ended with, its re-asks and its sampling temperature
         node.curriculum = curriculum_for(node.config.tasks, node.taskset.specialties, state.get("curriculum"))
-        node.frontier = frontier_for(node.config.tasks, node.taskset.seed, state.get("frontier"))  # re-asks
-        node.heat = heat_for(node.config.tasks, state.get("heat"))  # the adaptive sampling temperature
+        node.frontier = frontier_for(node.config.tasks, node.taskset.seed, state.get("frontier"))
+        node.heat = heat_for(node.config.tasks, state.get("heat"))
 
     def _round(self, mix: Mix, round_index: int, nodes: list[Node], views: list[NodeBackend], relay: Any) -> dict[str,
                                                                                                                   Any]:
@@ -495,8 +494,7 @@ class Experiment:
             raise RuntimeError("nodes out of step")
         tokens = [sum(map(len, ps)) for _, _, ps in drawn]  # each node's prompts once, then every answer's tokens
         probe = cfg.tasks.probe_answers
-        # each node's sampling temperature (engine/heat.py); None: every node at tasks.temperature
-        heat = [node.temperature for node in nodes] if any(node.heat for node in nodes) else None
+        heat = [node.temperature for node in nodes] if any(node.heat for node in nodes) else None  # engine/heat.py
         if probe:  # tasks.probe_answers: k answers of every drawn question, then each node completes its chosen ones
             probes = self._generate(drawn, views, probe, [derive_seed(n.config.run.seed, round_index) for n in nodes],
                                     "probing", heat)
@@ -525,9 +523,8 @@ class Experiment:
             before = relay.relay.metrics["publishes"]
             publishing = [node.publishes() for node in nodes]  # not a node held back by its temperature (heat.py)
             for k, (node, own) in enumerate(zip(nodes, groups, strict=True)):
-                assert node.exchange is not None
-                if publishing[k]:
-                    with clock.timing(k):
+                with clock.timing(k):
+                    if publishing[k] and node.exchange is not None:
                         node.exchange.publish(round_index, own)
             t_wait, c_wait = time.perf_counter(), time.process_time()
             self._wait_published(relay, before + sum(publishing))

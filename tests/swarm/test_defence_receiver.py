@@ -188,13 +188,13 @@ def test_a_node_its_adaptive_temperature_took_hot_judges_at_the_configured_one_a
     node.backend.behaviour_logprobs = recorded  # type: ignore[method-assign]
     sender, attacker = Identity.generate(), Identity.generate()
     relay.batches = [batch(sender, [honest_item], 1), batch(attacker, [item_with(node, POISONED, index=3)], 1)]
-    with caplog.at_level(logging.INFO, logger="engine.sapo"):
+    with caplog.at_level(logging.INFO, logger="engine.heat"):
         external, report = node.share_and_sample(1, mine)
     assert asked == [1.3, 0.7]  # trained on at its own temperature, judged at the configured one
     assert [g.source for g in external] == [sender.peer_id] and report["rejected"] == {R_IMPLAUSIBLE: 1}
     assert relay.published == [] and "answers stay out of the swarm above 1.00" in caplog.text
     node.heat.temperature = 0.9
-    with caplog.at_level(logging.INFO, logger="engine.sapo"):
+    with caplog.at_level(logging.INFO, logger="engine.heat"):
         node.share_and_sample(2, own_groups(node, 2, temperature=0.9))
     assert len(relay.published) == 1 and "answers go to the swarm again" in caplog.text
 
