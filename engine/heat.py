@@ -91,8 +91,9 @@ class Heat:
                 **({"collapsed_share": round(share, 4)} if share is not None else {})}
 
     def shares(self) -> bool:
-        """Whether the node's own groups go to the swarm: not above SHARE_MAX (logged when that changes)."""
-        held = self.temperature > SHARE_MAX
+        """Whether the node's own groups go to the swarm: not when heat took the temperature above SHARE_MAX
+        (logged when that changes). A node configured to start hotter shares at its start, as without heat."""
+        held = self.temperature > max(SHARE_MAX, self.low)
         if held != self.held_back:
             self.held_back = held
             log.info("Sampling at %.2f: %s.", self.temperature,

@@ -19,7 +19,7 @@ from engine.common.errors import CheckpointError, ConfigError
 from engine.common.paths import Paths
 from engine.control import Control
 from engine.experiment.plan import Mix, make_plan
-from engine.heat import HIGH, LOW, MIN_GROUPS, STEP, WINDOW_GROUPS, Heat, collapsed, heat_for
+from engine.heat import HIGH, LOW, MIN_GROUPS, SHARE_MAX, STEP, WINDOW_GROUPS, Heat, collapsed, heat_for
 from engine.rollouts import Completion
 from engine.sapo import Node
 from tests.engine.test_experiment import adapters, fast, run
@@ -76,6 +76,17 @@ def test_the_state_round_trips_and_a_damaged_one_starts_again_with_a_warning(cap
     with caplog.at_level(logging.WARNING, logger="engine.heat"):
         fresh = heat_for(tasks, {"version": 9})
     assert fresh is not None and fresh.temperature == 0.7 and "starts again at 0.70" in caplog.text
+
+
+def test_a_node_shares_up_to_share_max_or_its_configured_start() -> None:
+    heat = Heat(0.7, 1.4)
+    assert heat.shares()
+    heat.temperature = SHARE_MAX + STEP
+    assert not heat.shares()
+    hot_start = Heat(1.2, 1.4)  # configured hotter than SHARE_MAX: shares where it starts, not once heat adds to it
+    assert hot_start.shares()
+    hot_start.temperature = 1.25
+    assert not hot_start.shares()
 
 
 def test_it_is_off_by_default_and_bad_values_are_one_sentence_naming_the_key() -> None:
