@@ -41,23 +41,21 @@ bench.poisoning_peers writes them).
 from __future__ import annotations
 
 import argparse
-import random
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-BOOTSTRAP = 2000
 
+def paired_interval(a: Sequence[float], b: Sequence[float]) -> tuple[float, float, float]:
+    """mean(b - a) over paired questions with its 95% interval: the experiment report's paired bootstrap
+    (`engine.experiment.report.two_way_bootstrap`) with one row of questions."""
+    from engine.experiment.report import two_way_bootstrap
 
-def paired_interval(a: Sequence[float], b: Sequence[float], seed: int = 0) -> tuple[float, float, float]:
-    """mean(b - a) with a 95% percentile bootstrap interval, resampling the pairs."""
-    diffs = [y - x for x, y in zip(a, b, strict=True)]
-    rng = random.Random(seed)
-    n = len(diffs)
-    means = sorted(sum(diffs[rng.randrange(n)] for _ in range(n)) / n for _ in range(BOOTSTRAP))
-    return sum(diffs) / n, means[int(0.025 * BOOTSTRAP)], means[int(0.975 * BOOTSTRAP) - 1]
+    out = two_way_bootstrap([list(b)], [list(a)])
+    lo, hi = out["difference_ci95"]
+    return out["difference"], lo, hi
 
 
 def judged(cfg: Any, backend: Any, questions: Sequence[Any], prompts: Sequence[list[int]], out: Sequence[Any],
