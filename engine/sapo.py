@@ -27,7 +27,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from engine.backends import PolicyBackend, load_backend
+from engine.backends import PolicyBackend, PromptCache, load_backend
 from engine.checkpoint import latest_good, save_checkpoint
 from engine.clock import Clock, Pacing
 from engine.common.config import NodeConfig
@@ -299,13 +299,14 @@ class Node:
         round_index, questions, prompt_ids = self.start_round()
         G, k = cfg.tasks.completions_per_question, cfg.tasks.probe_answers
         if k:  # tasks.probe_answers: k answers for every drawn question, then the rest for the chosen ones
+            read = PromptCache()  # the chosen prompts are not read again for the rest of their answers
             probes = backend.generate(prompt_ids, k, cfg.tasks.max_new_tokens, self.temperature,
-                                      self._step("probing"))
+                                      self._step("probing"), read)
             chosen = self.choose_probed(questions, probes)
             questions, prompt_ids = [questions[i] for i in chosen], [prompt_ids[i] for i in chosen]
             backend.reseed(derive_seed(cfg.run.seed, round_index, PROBE_SEED_SLOT))
             rest = backend.generate(prompt_ids, G - k, cfg.tasks.max_new_tokens, self.temperature,
-                                    self._step("generating"))
+                                    self._step("generating"), read)
             completions = interleave(kept(probes, chosen, k), rest, len(chosen))
         else:
             completions = backend.generate(prompt_ids, G, cfg.tasks.max_new_tokens, self.temperature,

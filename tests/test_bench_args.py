@@ -12,6 +12,7 @@ from bench import (
     draft_lookup,
     length_attack,
     matmul_layout,
+    probe_cost,
     relay_load,
     temperature,
     train_speed,
@@ -108,3 +109,10 @@ def test_temperatures_paired_interval_is_the_mean_difference_inside_its_interval
     mean, lo, hi = temperature.paired_interval([0.0, 1.0, 0.0, 1.0] * 10, [1.0, 1.0, 0.0, 1.0] * 10)
     assert mean == pytest.approx(0.25) and lo <= mean <= hi and 0.0 < lo and hi < 0.5
     assert temperature.paired_interval([1.0] * 8, [1.0] * 8) == (0.0, 0.0, 0.0)
+
+
+@pytest.mark.parametrize("args", [["--pools", "16,x"], ["--pools", "4"], ["--answers", "8"], ["--repeats", "0"]])
+def test_probe_cost_refuses_bad_arguments(args: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert probe_cost.main(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("probe_cost: ") and err.count("\n") == 1

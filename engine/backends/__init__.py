@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from engine.backends.base import PolicyBackend, StepCallback
+from engine.backends.base import PolicyBackend, PromptCache, StepCallback
 from engine.common.config import GRPOConfig
 from engine.common.device import MLX_INSTALL_HINT, DeviceInfo
 from engine.common.errors import DeviceError
 
-__all__ = ["PolicyBackend", "StepCallback", "load_backend"]
+__all__ = ["PolicyBackend", "PromptCache", "StepCallback", "load_backend"]
 
 
 def load_backend(model_dir: Path, device: DeviceInfo, grpo: GRPOConfig, seed: int, temperature: float) -> PolicyBackend:

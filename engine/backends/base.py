@@ -21,6 +21,33 @@ from engine.rollouts import Completion, TrainItem
 StepCallback = Callable[[int, int], None]
 
 
+class PromptCache:
+    """Prompts already read by the model, kept from one `generate` call for the next under the same weights.
+
+    Probing (engine/probe.py) answers a question k times, then G - k times
+    more: with one of these passed to both calls, the second one does not
+    read the prompt again. Keys are (adapter index, prompt tokens); a value
+    is whatever the backend keeps (the torch decoder: each layer's keys and
+    values and the last position's logits). A backend that cannot reuse a
+    prompt's state ignores it. Drop it once the weights change.
+    """
+
+    def __init__(self) -> None:
+        self._states: dict[tuple[int, tuple[int, ...]], Any] = {}
+        self.hits = 0  # prompts a call found here instead of reading them
+
+    def get(self, adapter: int, prompt: Sequence[int]) -> Any:
+        state = self._states.get((adapter, tuple(prompt)))
+        self.hits += state is not None
+        return state
+
+    def put(self, adapter: int, prompt: Sequence[int], state: Any) -> None:
+        self._states[(adapter, tuple(prompt))] = state
+
+    def __len__(self) -> int:
+        return len(self._states)
+
+
 class PolicyBackend(Protocol):
     """What the round loop needs from a model: sample, score text, learn, persist."""
 
@@ -40,6 +67,7 @@ class PolicyBackend(Protocol):
         max_new_tokens: int,
         temperature: float,
         on_step: StepCallback | None = None,
+        prompt_cache: PromptCache | None = None,
     ) -> list[Completion]: ...
 
     def greedy(self, prompts: Sequence[list[int]], max_new_tokens: int,

@@ -19,6 +19,8 @@ stays as the fallback for architectures it does not cover
   still running nor on the batch's split into cache-sized chunks.
 - Rows may use different LoRA adapters over one frozen base
   (`engine.backends.lora`).
+- With a `PromptCache`, a prompt read in one call is not read again in the
+  next (probing's second call): its keys and values are copied back.
 
 The forward itself is `engine.backends.decode_model.DecodeModel`.
 Behaviour log-probs are log p(token) of the tempered distribution.
@@ -34,12 +36,12 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from engine.backends.base import StepCallback
+from engine.backends.base import PromptCache, StepCallback
 from engine.backends.decode_model import DecodeModel, can_pack, unsupported_reason
 from engine.backends.kv_cache import KVCache
 from engine.backends.lora import AdapterStack, LoraAdapter, LoraStep
 
-__all__ = ["DecodeModel", "DecodedRow", "LoraAdapter", "can_pack", "choose_tokens", "decode_batch",
+__all__ = ["DecodeModel", "DecodedRow", "LoraAdapter", "PromptState", "can_pack", "choose_tokens", "decode_batch",
            "unsupported_reason"]
 
 # KV cache per chunk of prompts: a default round (8 prompts x 8 completions, 48 tokens) is one chunk in
@@ -49,6 +51,16 @@ CACHE_BYTES = 1024 * 2**20
 MAX_ROWS = 256
 PREFILL_TOKENS = 2048  # prompt tokens per packed prefill forward (activations stay in the tens of MB)
 SAMPLING_BLOCK = 256  # inverse-CDF sampling picks a block of the vocabulary, then a token in it
+
+
+@dataclass(frozen=True)
+class PromptState:
+    """A prompt as the model read it: each layer's keys and values [kv_heads, length, head_dim], and the logits of
+    its last position (what a `PromptCache` holds for this decoder)."""
+
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+    logits: torch.Tensor
 
 
 @dataclass(frozen=True)
@@ -97,6 +109,7 @@ def decode_batch(
     compact: bool = True,
     cache_bytes: int = CACHE_BYTES,
     temperatures: Sequence[float] | None = None,
+    prompt_cache: PromptCache | None = None,
 ) -> list[DecodedRow]:
     """`n` completions of each prompt (prompt-major order), sampled at `temperature` or greedy (None).
 
@@ -108,6 +121,9 @@ def decode_batch(
     seed. Without seeds, rows draw their generators' seeds from torch's
     global RNG. temperatures: one per prompt, in place of `temperature` (each
     row then samples as a call with its prompt's temperature alone would).
+    prompt_cache: prompts found there (under the same adapter index) are not
+    read again, and those read are added to it; it must come from calls
+    with the same weights and adapters.
     compact=False keeps finished rows computing (to test that leaving does
     not change anything).
     """
@@ -161,7 +177,7 @@ def decode_batch(
                 model, [prompts[i] for i in chunk], n, max_new_tokens, eos_token_id,
                 temperature if temperatures is None else [temperatures[i] for i in chunk],
                 [row_adapter[i * n] for i in chunk], [generators[i * n + j] for i in chunk for j in range(n)],
-                stack, compact, on_step, number * max_new_tokens, total,
+                stack, compact, on_step, number * max_new_tokens, total, prompt_cache,
             )
             for k, i in enumerate(chunk):
                 for j in range(n):
@@ -183,6 +199,7 @@ def _decode_chunk(
     model: DecodeModel, prompts: list[list[int]], n: int, max_new: int, eos: int,
     temperature: float | list[float] | None, group_adapter: list[int], generators: list[torch.Generator | None],
     stack: AdapterStack | None, compact: bool, on_step: StepCallback | None, offset: int, total: int,
+    prompt_cache: PromptCache | None = None,
 ) -> list[DecodedRow]:
     device = model.device
     # Cache slots in order of prompt length (see KVCache); prompts keep their order for prefix sharing.
@@ -191,16 +208,27 @@ def _decode_chunk(
     for slot, b in enumerate(by_length):
         slot_of[b] = slot
     cache = KVCache(model, [len(prompts[b]) for b in by_length], n, max_new)
+    start_logits: list[torch.Tensor | None] = [None] * len(prompts)
+    if prompt_cache is not None:  # prompts read by an earlier call: their keys and values go back in place
+        for b, prompt in enumerate(prompts):
+            state: PromptState | None = prompt_cache.get(group_adapter[b], prompt)
+            if state is not None:
+                group, length = slot_of[b], len(prompt)
+                at = cache.offset_list[group]
+                for layer, (keys, values) in enumerate(zip(state.keys, state.values, strict=True)):
+                    cache.keys[layer][group, :, at : at + length] = keys
+                    cache.values[layer][group, :, at : at + length] = values
+                start_logits[b] = state.logits
+    read = [b for b in range(len(prompts)) if start_logits[b] is None]
     # Prompts come sorted by (adapter, tokens): the earlier prompt sharing the longest prefix is the one before.
     shared = [(0, 0)]
     for b in range(1, len(prompts)):
         common = common_prefix(prompts[b - 1], prompts[b]) if group_adapter[b] == group_adapter[b - 1] else 0
         shared.append((b - 1, min(common, len(prompts[b]) - 1)))  # the last token is always run: its logits are needed
-    first = []
     packs: list[list[int]] = []  # prompts packed up to PREFILL_TOKENS computed tokens a forward
-    for b, prompt in enumerate(prompts):
+    for b in read:
         if (packs and sum(len(prompts[i]) - shared[i][1] for i in packs[-1])
-            + len(prompt) - shared[b][1] <= PREFILL_TOKENS):
+            + len(prompts[b]) - shared[b][1] <= PREFILL_TOKENS):
             packs[-1].append(b)
         else:
             packs.append([b])
@@ -210,8 +238,18 @@ def _decode_chunk(
         lora = None
         if stack is not None:
             lora = LoraStep(stack, [group_adapter[b] for b in pack for _ in prompts[b][shared[b][1] :]])
-        first.append(model.prefill([prompts[b] for b in pack], [slot_of[b] for b in pack],
-                                   [(slot_of[shared[b][0]], shared[b][1]) for b in pack], cache, lora))
+        last = model.prefill([prompts[b] for b in pack], [slot_of[b] for b in pack],
+                             [(slot_of[shared[b][0]], shared[b][1]) for b in pack], cache, lora)
+        for row, b in enumerate(pack):
+            start_logits[b] = last[row]
+    if prompt_cache is not None:
+        for b in read:
+            group, length, last_logits = slot_of[b], len(prompts[b]), start_logits[b]
+            assert last_logits is not None
+            at = cache.offset_list[group]
+            prompt_cache.put(group_adapter[b], prompts[b], PromptState(
+                [k[group, :, at : at + length].clone() for k in cache.keys],
+                [v[group, :, at : at + length].clone() for v in cache.values], last_logits.clone()))
     rows = len(prompts) * n
     tokens: list[list[int]] = [[] for _ in range(rows)]
     logprobs: list[list[float]] = [[] for _ in range(rows)]
@@ -219,7 +257,7 @@ def _decode_chunk(
     # Row ids (group * n + j in the original layout) that run this step, in the cache's order.
     computed = [b * n + j for b in by_length for j in range(n)]
     group_slot = list(slot_of)  # original group -> its index in the cache, -1 once dropped
-    logits = torch.cat(first).repeat_interleave(n, dim=0)
+    logits = torch.stack([x for x in start_logits if x is not None]).repeat_interleave(n, dim=0)
     if by_length != sorted(by_length):
         logits = logits.index_select(0, torch.tensor(computed, device=device))
     for step in range(max_new):

@@ -59,7 +59,7 @@ from mlx_lm.tuner.utils import linear_to_lora_layers
 from mlx_lm.utils import load_model
 from transformers import AutoTokenizer
 
-from engine.backends.base import StepCallback
+from engine.backends.base import PromptCache, StepCallback
 from engine.backends.batching import HFTokenizerText, MicroBatchBudget
 from engine.backends.steps import train_steps
 from engine.common.atomicio import atomic_dir
@@ -265,8 +265,10 @@ class MLXBackend(HFTokenizerText):
         max_new_tokens: int,
         temperature: float,
         on_step: StepCallback | None = None,
+        prompt_cache: PromptCache | None = None,
     ) -> list[Completion]:
-        """`n` sampled completions of each prompt, grouped by prompt, with behaviour log-probs."""
+        """`n` sampled completions of each prompt, grouped by prompt, with behaviour log-probs (reads every prompt:
+        `prompt_cache` is not used here)."""
 
         def sample(logits: mx.array) -> tuple[mx.array, mx.array]:
             logp = logits / temperature

@@ -43,7 +43,7 @@ import torch
 from safetensors.torch import load_file, load_model, save_file, save_model
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from engine.backends.base import StepCallback
+from engine.backends.base import PromptCache, StepCallback
 from engine.backends.batching import HFTokenizerText, MicroBatchBudget, micro_batches
 from engine.backends.decode import DecodedRow, DecodeModel, LoraAdapter, decode_batch, unsupported_reason
 from engine.backends.hf_generate import hf_greedy, hf_logprobs, hf_sample, left_pad, split_rows
@@ -204,15 +204,16 @@ class TorchBackend(HFTokenizerText):
         max_new_tokens: int,
         temperature: float,
         on_step: StepCallback | None = None,
+        prompt_cache: PromptCache | None = None,
     ) -> list[Completion]:
         """`n` sampled completions of each prompt, grouped by prompt, with behaviour log-probs.
 
-        Each prompt runs through the model once and its KV cache serves all
+        Each prompt runs through the model once (not at all when in `prompt_cache`), its KV cache serving all
         n completions; rows that reach EOS leave the batch (engine.backends.decode).
         """
         if not self._fast_decoder():
             return self.generate_hf(prompts, n, max_new_tokens, temperature, on_step)
-        rows = self.decode_rows(prompts, n, max_new_tokens, temperature, on_step)
+        rows = self.decode_rows(prompts, n, max_new_tokens, temperature, on_step, prompt_cache=prompt_cache)
         return [Completion(self.decode(r.tokens), r.tokens, r.logprobs, r.finished) for r in rows]
 
     def generate_with_adapters(
@@ -226,13 +227,14 @@ class TorchBackend(HFTokenizerText):
         seeds: Sequence[int] | None = None,
         on_step: StepCallback | None = None,
         temperatures: Sequence[float] | None = None,
+        prompt_cache: PromptCache | None = None,
     ) -> list[Completion]:
         """Completions of prompt i under adapters[adapter_index[i]], all in one batch over the frozen base.
 
         An adapter is a `LoraAdapter` (e.g. `LoraAdapter.from_state_dict` of a checkpoint's adapter.safetensors)
         or the name of one of this peft model's adapters. temperature None decodes greedily (no log-probs).
         With seeds (one per adapter), each adapter's rows sample exactly as a call with that adapter alone and its
-        seed would; `temperatures` (one per prompt) stand in for `temperature`. docs/backends.md.
+        seed would; `temperatures` (one per prompt) stand in for `temperature`; `prompt_cache`: `generate`'s.
         """
         if not self._fast_decoder():
             raise ModelError("Per-row adapters need the fast decoder, which does not support "
@@ -240,18 +242,12 @@ class TorchBackend(HFTokenizerText):
         resolved = [LoraAdapter.from_peft(self.model, a) if isinstance(a, str) else a for a in adapters]
         rows = self.decode_rows(
             prompts, n, max_new_tokens, temperature, on_step, adapters=resolved, adapter_index=adapter_index,
-            seeds=seeds, temperatures=temperatures,
+            seeds=seeds, temperatures=temperatures, prompt_cache=prompt_cache,
         )
         return [Completion(self.decode(r.tokens), r.tokens, r.logprobs, r.finished) for r in rows]
 
-    def generate_hf(
-        self,
-        prompts: Sequence[list[int]],
-        n: int,
-        max_new_tokens: int,
-        temperature: float,
-        on_step: StepCallback | None = None,
-    ) -> list[Completion]:
+    def generate_hf(self, prompts: Sequence[list[int]], n: int, max_new_tokens: int, temperature: float,
+                    on_step: StepCallback | None = None) -> list[Completion]:
         """The HF `generate` path: the fallback, and the peer that bench/rollout_speed.py measures against.
 
         Each prompt is run through the model once (its KV cache is then

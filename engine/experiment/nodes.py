@@ -44,8 +44,8 @@ class NodeBackend:
         return list(self.shared.encode_completion(text))
 
     def generate(self, prompts: Sequence[list[int]], n: int, max_new_tokens: int, temperature: float,
-                 on_step: Callable[[int, int], None] | None = None) -> list[Completion]:
-        return list(self._on().generate(prompts, n, max_new_tokens, temperature, on_step))
+                 on_step: Callable[[int, int], None] | None = None, prompt_cache: Any = None) -> list[Completion]:
+        return list(self._on().generate(prompts, n, max_new_tokens, temperature, on_step, prompt_cache))
 
     def greedy(self, prompts: Sequence[list[int]], max_new_tokens: int,
                on_step: Callable[[int, int], None] | None = None) -> list[str]:

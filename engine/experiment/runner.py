@@ -4,15 +4,12 @@
     sapling-node experiment --nodes 2 --mixes 2/0,1/1 --rounds 2 --out /tmp/exp
     sapling-node experiment --out /tmp/exp --resume           # carry on where it stopped
 
-What is real (docs/swarm.md, "The experiment"): every node has its own
-Ed25519 identity, its own LoRA adapter, its own AdamW state and its own
-seeds; they all sit over one copy of the frozen base model
-(`TorchBackend.new_adapter_slot`). Nodes exchange through a real relay on
-loopback (`EmbeddedRelay` on a free port) with `SwarmExchange`, signatures
-and every receiver-side check, and admit external groups with the loop's
-own `Node.share_and_sample`. Each round's generation for all nodes is one
-batch in which each row uses its own node's adapter
-(`TorchBackend.generate_with_adapters`).
+What is real (docs/swarm.md, "The experiment"): every node has its own Ed25519 identity, its own LoRA
+adapter, its own AdamW state and its own seeds; they all sit over one copy of the frozen base model
+(`TorchBackend.new_adapter_slot`). Nodes exchange through a real relay on loopback (`EmbeddedRelay` on a
+free port) with `SwarmExchange`, signatures and every receiver-side check, and admit external groups with
+the loop's own `Node.share_and_sample`. Each round's generation for all nodes is one batch in which each
+row uses its own node's adapter (`TorchBackend.generate_with_adapters`).
 
 A round of mix I/J, for every node: draw B questions (the same stream in
 every mix), write G completions each, score them, publish all B groups,
@@ -34,6 +31,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from engine.backends import PromptCache
 from engine.checkpoint import checkpoint_name, verify
 from engine.common.atomicio import append_line, atomic_write_json
 from engine.common.config import NodeConfig
@@ -300,16 +298,17 @@ class Experiment:
         }
 
     def _generate(self, drawn: Sequence[tuple[int, list[Question], list[list[int]]]], views: Sequence[NodeBackend],
-                  n: int, seeds: Sequence[int], phase: str, heats: Sequence[float] | None) -> list[list[Completion]]:
-        """n answers of each node's prompts, every node's rows in one batch under its own adapter, seed and sampling
-        temperature (heats; None: tasks.temperature for all); each node's answers, grouped by prompt."""
+                  n: int, seeds: Sequence[int], phase: str, heats: Sequence[float] | None,
+                  read: PromptCache) -> list[list[Completion]]:
+        """n answers of each node's prompts, in one batch with each node's adapter, seed and temperature (heats; None:
+        tasks.temperature), prompts in `read` not read again; each node's answers, grouped by prompt."""
         cfg = self.config
         prompts = [p for _, _, ps in drawn for p in ps]
         index = [k for k, (_, _, ps) in enumerate(drawn) for _ in ps]
         rows = self.shared.generate_with_adapters(
             prompts, n, cfg.tasks.max_new_tokens, cfg.tasks.temperature, [v.lora() for v in views], index,
             seeds=seeds, on_step=lambda done, total: self._progress(phase, done, total),
-            temperatures=[heats[k] for k in index] if heats is not None else None,
+            temperatures=[heats[k] for k in index] if heats is not None else None, prompt_cache=read,
         )
         per_node, start = [], 0
         for _, _, ps in drawn:
@@ -495,9 +494,10 @@ class Experiment:
         tokens = [sum(map(len, ps)) for _, _, ps in drawn]  # each node's prompts once, then every answer's tokens
         probe = cfg.tasks.probe_answers
         heat = [node.temperature for node in nodes] if any(node.heat for node in nodes) else None  # engine/heat.py
+        read = PromptCache()  # with probing, a chosen prompt is not read again for the rest of its answers
         if probe:  # tasks.probe_answers: k answers of every drawn question, then each node completes its chosen ones
             probes = self._generate(drawn, views, probe, [derive_seed(n.config.run.seed, round_index) for n in nodes],
-                                    "probing", heat)
+                                    "probing", heat, read)
             for k, (node, (r, questions, node_prompts), rows) in enumerate(zip(nodes, drawn, probes, strict=True)):
                 tokens[k] += sum(len(c.token_ids) for c in rows)
                 chosen = node.choose_probed(questions, rows)
@@ -505,7 +505,7 @@ class Experiment:
                 probes[k] = kept(rows, chosen, probe)
         rest = self._generate(drawn, views, G - probe,
                               [derive_seed(n.config.run.seed, round_index, *((PROBE_SEED_SLOT,) if probe else ()))
-                               for n in nodes], "generating", heat)
+                               for n in nodes], "generating", heat, read)
         gen_seconds, gen_cpu = time.perf_counter() - t0, time.process_time() - c0
         clock = NodeClock(len(nodes))
         groups: list[list[Group]] = []

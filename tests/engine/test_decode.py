@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from bench.harness.tiny import make_byte_tokenizer, make_sharp_model
-from engine.backends import decode_model, kv_cache
+from engine.backends import PromptCache, decode_model, kv_cache
 from engine.backends.decode import DecodedRow, DecodeModel, LoraAdapter, can_pack, decode_batch, unsupported_reason
 from engine.backends.kv_cache import partition
 from engine.backends.torch_backend import TorchBackend
@@ -212,6 +212,31 @@ def test_a_temperature_per_prompt_samples_each_prompt_as_its_own_temperature_wou
         decode_batch(model, PROMPTS, 1, 2, NO_EOS, None, temperatures=[0.7] * len(PROMPTS))
 
 
+def test_a_prompt_cache_lets_the_next_call_answer_without_reading_its_prompts_again(sharp: Any) -> None:
+    """Probing's second call (engine/probe.py): the chosen prompts' keys, values and last logits come from the
+    first call, no prefill runs, and the rows are those of a call that reads the prompts itself."""
+    model = DecodeModel(sharp, torch.float32)
+    read = PromptCache()
+    decode_batch(model, PROMPTS, 2, NEW, NO_EOS, 0.7, adapter_index=[0] * len(PROMPTS), seeds=[3], prompt_cache=read)
+    assert (len(read), read.hits) == (4, 0)  # [20, 21, 22] twice: one state
+    chosen = [PROMPTS[2], PROMPTS[4], PROMPTS[1]]  # a subset, in another order, so other chunks and packs
+    expected = decode_batch(model, chosen, 3, NEW, NO_EOS, 0.7, adapter_index=[0] * 3, seeds=[4])
+    prefills: list[int] = []
+    prefill = model.prefill
+    model.prefill = lambda *a, **k: prefills.append(1) or prefill(*a, **k)  # type: ignore[method-assign]
+    again = decode_batch(model, chosen, 3, NEW, NO_EOS, 0.7, adapter_index=[0] * 3, seeds=[4], prompt_cache=read)
+    assert (prefills, read.hits) == ([], 3)
+    assert [r.tokens for r in again] == [r.tokens for r in expected]
+    for a, e in zip(again, expected, strict=True):
+        assert a.logprobs == pytest.approx(e.logprobs, abs=1e-5)
+    # A prompt not read before is read, beside one that was; both then sample as without the cache.
+    mixed = [PROMPTS[0], [40, 41, 42, 43]]
+    expected = decode_batch(model, mixed, 2, NEW, NO_EOS, None)
+    assert [r.tokens for r in decode_batch(model, mixed, 2, NEW, NO_EOS, None, prompt_cache=read)] == \
+        [r.tokens for r in expected]
+    assert (len(prefills), read.hits, len(read)) == (2, 4, 5)
+
+
 def test_a_stop_raised_by_on_step_ends_decoding(sharp: Any) -> None:
     class Stop(Exception):
         pass
@@ -246,6 +271,22 @@ def three_adapters(tmp_path_factory: pytest.TempPathFactory) -> Any:
             if "lora_" in name:  # lora_B starts at zero: give every adapter a real effect
                 param.copy_(torch.randn(param.shape, generator=generator) * 0.15)
     return model.eval()
+
+
+def test_a_prompt_cache_keeps_each_adapters_reading_of_a_prompt_apart(three_adapters: Any) -> None:
+    """The experiment's probing: one cache for every node's rows, the same prompt read under each node's adapter."""
+    adapters = [LoraAdapter.from_peft(three_adapters, name) for name in ("a0", "a1")]
+    base = DecodeModel(three_adapters, torch.float32)
+    prompts, index = [PROMPTS[0], PROMPTS[0], PROMPTS[1]], [0, 1, 1]
+    read = PromptCache()
+    decode_batch(base, prompts, 1, NEW, NO_EOS, 0.7, adapters=adapters, adapter_index=index, seeds=[1, 2],
+                 prompt_cache=read)
+    assert len(read) == 3
+    expected = decode_batch(base, prompts, 2, NEW, NO_EOS, 0.7, adapters=adapters, adapter_index=index, seeds=[3, 4])
+    again = decode_batch(base, prompts, 2, NEW, NO_EOS, 0.7, adapters=adapters, adapter_index=index, seeds=[3, 4],
+                         prompt_cache=read)
+    assert read.hits == 3 and [r.tokens for r in again] == [r.tokens for r in expected]
+    assert expected[0].tokens != expected[2].tokens or expected[1].tokens != expected[3].tokens  # adapters differ
 
 
 def test_rows_with_different_adapters_get_what_each_adapter_alone_gets(three_adapters: Any) -> None:

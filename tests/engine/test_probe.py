@@ -40,9 +40,11 @@ def probing_node(model_dir: Path, home: Path) -> tuple[Node, list[tuple[int, lis
     calls: list[tuple[int, list[Completion]]] = []
     seen: list[list[Group]] = []
     generate, score = node.backend.generate, node.score
+    caches = node.prompt_caches = []  # type: ignore[attr-defined]
 
     def recorded(prompts: Sequence[list[int]], n: int, *args: Any, **kwargs: Any) -> list[Completion]:
         calls.append((n, generate(prompts, n, *args, **kwargs)))
+        caches.append(args[3] if len(args) > 3 else kwargs.get("prompt_cache"))
         return calls[-1][1]
 
     def scored(*args: Any) -> list[Group]:
@@ -73,6 +75,8 @@ def test_a_probing_round_completes_the_questions_whose_first_answers_differ(tiny
     assert (metrics["probed"], metrics["probe_differ"], metrics["answers"]) == (6, len(differ), 6 * 2 + 2 * 2)
     assert metrics["local_groups"] == 2 and metrics["completions"] == 8
     assert metrics["informative_groups"] == min(2, len(differ))
+    first, second = node.prompt_caches  # type: ignore[attr-defined]
+    assert first is second and second.hits == 2  # the chosen prompts were not read again
 
     # The same seed draws, probes, chooses and completes the same again.
     again, again_calls, again_seen = probing_node(tiny_model_dir, tmp_path / "b")
