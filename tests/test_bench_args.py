@@ -116,3 +116,29 @@ def test_probe_cost_refuses_bad_arguments(args: list[str], capsys: pytest.Captur
     assert probe_cost.main(args) == 2
     err = capsys.readouterr().err
     assert err.startswith("probe_cost: ") and err.count("\n") == 1
+
+
+def test_selection_bound_is_the_oracles_teaching_groups_per_second_against_todays(tmp_path: Any,
+                                                                                  capsys: pytest.CaptureFixture[str]
+                                                                                  ) -> None:
+    """One node, B = 8, 2 of 8 groups teach: 6 s generating, 3 s training, 1 s the rest. The oracle pays 6/8 + 1/8
+    of generation and the rest per teaching group and 3/2 of training: 10 / (0.25 * 7 + 3) = 2.105x."""
+    import json
+
+    from bench import selection_bound
+
+    record = {"node_generate_seconds": [6.0], "node_train_seconds": [3.0], "node_seconds": [10.0],
+              "informative_groups": [2], "node_cpu_seconds": [20.0]}
+    result = selection_bound.bound([record, record], 8)
+    assert result["oracle_per_hour"] == pytest.approx(10 / (0.25 * 7 + 3))
+    assert result["teaching_per_cpu_hour"] == pytest.approx(4 / 40 * 3600)
+    mix = tmp_path / "exp" / "mix-8-0"
+    mix.mkdir(parents=True)
+    (tmp_path / "exp" / "experiment.json").write_text(json.dumps({"settings": {"tasks": {"questions_per_round": 8}}}))
+    (mix / "rounds.jsonl").write_text(json.dumps(record) + "\n")
+    assert selection_bound.main([str(mix)]) == 0
+    assert "at most 2.11x the teaching groups per hour" in capsys.readouterr().out
+    for args in ([], ["--help"], [str(tmp_path)]):
+        assert selection_bound.main(args) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("selection_bound: ") and err.count("\n") == 1

@@ -1,0 +1,81 @@
+"""The most that choosing questions could buy a recorded run: teaching groups per hour with a free, perfect oracle.
+
+    python -m bench.selection_bound MIX_FOLDER ...      # e.g. ~/sapling-experiments/fixed-s0/mix-8-0
+
+GRPO learns only from groups whose answers score differently, and a node
+trains only on those, so the groups that do not teach cost their
+generation and nothing else. Every question-selection lever (levels,
+skipping, re-asks, probing, temperature) tries to spend less of a round on
+them. Their ceiling is an oracle that knows, for free, which questions will
+teach and generates only those. From each finished round of an experiment
+(`rounds.jsonl`: every node's generation, training and total seconds, and
+its groups that teach), for B questions a round of which T teach:
+
+- today: T teaching groups for g + t + o seconds (generate, train, the rest);
+- the oracle: each teaching group costs its generation, g / B, its
+  training, t / T, and its share of the rest, o / B;
+- the bound is the ratio of teaching groups per second, summed over all
+  node-rounds: (g + t + o) / (s (g + o) + t), with s = T / B.
+
+It also prints the teaching groups a node's CPU hour gave (`node_cpu_seconds`),
+to set runs of different levers side by side.
+
+That bound holds only if the time to generate a group does not depend on
+whether it teaches, and it counts teaching groups, not what they teach: a
+lever that adds groups which teach little (heat's all-same-above-0 groups)
+buys less held-out accuracy than this says.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+
+def bound(records: Sequence[dict[str, Any]], questions: int) -> dict[str, float]:
+    """The shares of node time and the oracle's teaching groups per hour against today's, over all node-rounds."""
+    g = sum(sum(r["node_generate_seconds"]) for r in records)
+    t = sum(sum(r["node_train_seconds"]) for r in records)
+    total = sum(sum(r["node_seconds"]) for r in records)
+    other = max(0.0, total - g - t)
+    groups = sum(len(r["informative_groups"]) for r in records) * questions
+    teach = sum(sum(r["informative_groups"]) for r in records) / groups
+    cpu = sum(sum(r.get("node_cpu_seconds", [0.0])) for r in records)
+    return {"generate_share": g / total, "train_share": t / total, "other_share": other / total,
+            "teach_share": teach, "oracle_per_hour": total / (teach * (g + other) + t),
+            "teaching_per_cpu_hour": teach * groups / cpu * 3600 if cpu > 0 else 0.0}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or any(a.startswith("-") for a in args):
+        print("selection_bound: give one or more experiment mix folders (each holding rounds.jsonl), like "
+              "~/sapling-experiments/fixed-s0/mix-8-0", file=sys.stderr)
+        return 2
+    for folder in map(Path, args):
+        path = folder / "rounds.jsonl"
+        try:
+            records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+            mix = json.loads((folder.parent / "experiment.json").read_text(encoding="utf-8"))
+            questions = int(mix["settings"]["tasks"]["questions_per_round"])
+            result = bound(records, questions) if records else None
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            print(f"selection_bound: {folder} is not a finished experiment mix ({exc})", file=sys.stderr)
+            return 2
+        if result is None:
+            print(f"selection_bound: {path} holds no finished round", file=sys.stderr)
+            return 2
+        print(f"{folder}: {len(records)} rounds; node time {result['generate_share']:.0%} generating, "
+              f"{result['train_share']:.0%} training, {result['other_share']:.0%} the rest; "
+              f"{result['teach_share']:.0%} of own groups teach; a free, perfect oracle: at most "
+              f"{result['oracle_per_hour']:.2f}x the teaching groups per hour"
+              + (f"; today {result['teaching_per_cpu_hour']:.0f} a node's CPU hour"
+                 if result["teaching_per_cpu_hour"] else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
