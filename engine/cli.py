@@ -72,7 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
                               "(docs/swarm.md)")
     exp.add_argument("--nodes", type=int, help="simulated nodes (default 4; paper 8)")
     exp.add_argument("--mixes", help="I/J mixes to compare, e.g. 8/0,4/4 (default 8/0,4/4; paper 8/0,6/2,4/4,2/6)")
-    exp.add_argument("--rounds", type=int, help="rounds per mix (default 25, about two hours on a 2-core CPU)")
+    exp.add_argument("--rounds", type=int, help="rounds per mix (default 25, about two hours on a 2-core CPU); with "
+                     "--resume, or the same settings again, more rounds than planned carry the experiment on")
     exp.add_argument("--out", type=Path, required=True,
                      help="folder for checkpoints, rounds and report.json / report.md / reward.png")
     exp.add_argument("--resume", action="store_true", help="carry on the experiment in --out with its saved settings")
@@ -156,7 +157,7 @@ def cmd_export(args: argparse.Namespace, paths: Paths, config: NodeConfig) -> in
 
 
 def cmd_experiment(args: argparse.Namespace, paths: Paths) -> int:
-    from engine.experiment.plan import make_plan, plan_config
+    from engine.experiment.plan import lengthen, make_plan, plan_config
     from engine.experiment.runner import Experiment
     from engine.experiment.terminal import ExperimentTerminal
     from engine.launch import quote_toml
@@ -172,6 +173,8 @@ def cmd_experiment(args: argparse.Namespace, paths: Paths) -> int:
     if args.resume and plan is None:
         print(f"sapling-node: error: {args.out} holds no experiment to resume.", file=sys.stderr)
         return 2
+    if plan is not None and args.rounds is not None:  # --resume --rounds N: the same experiment, run longer
+        plan = lengthen(plan, args.rounds, args.out)
     if plan is None:
         plan = Experiment.widened_plan(args.out, make_plan(args.preset, args.nodes, args.mixes, args.rounds, overrides,
                                                             args.veterans, args.veteran_rounds))

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from engine import __version__
+from engine.common.atomicio import append_line
 from engine.common.config import PRESETS, SECTIONS, NodeConfig, build_config
 from engine.common.errors import ConfigError
 from engine.seeds import AUTO_SEED
@@ -219,16 +220,37 @@ def check_plan(plan: Plan, config: NodeConfig) -> None:
 
 
 def same_experiment(saved: Plan, plan: Plan) -> bool:
-    """Whether `plan` is the experiment `saved` began (other mixes allowed: they pair exactly)."""
-    return replace(saved, mixes=plan.mixes) == plan
+    """Whether `plan` is the experiment `saved` began: other mixes allowed (they pair exactly), and more rounds (a
+    longer plan runs the same rounds first, so the rounds already run are its own)."""
+    return plan.rounds >= saved.rounds and replace(saved, mixes=plan.mixes, rounds=plan.rounds) == plan
 
 
 def widen(saved: Plan | None, plan: Plan) -> Plan:
-    """`plan`, or the saved plan (settings included) with its mixes and then `plan`'s new ones when only the mixes
-    differ."""
+    """`plan`, or the saved plan (settings included) with its mixes and then `plan`'s new ones, and `plan`'s rounds,
+    when only the mixes differ or the rounds grew."""
     if saved is None or not same_experiment(saved, plan):
         return plan
-    return replace(saved, mixes=saved.mixes + tuple(m for m in plan.mixes if m not in saved.mixes)).frozen()
+    mixes = saved.mixes + tuple(m for m in plan.mixes if m not in saved.mixes)
+    return replace(saved, mixes=mixes, rounds=plan.rounds).frozen()
+
+
+def lengthen(saved: Plan, rounds: int, out: Path) -> Plan:
+    """The saved plan run to `rounds` rounds (--resume --rounds N); fewer than it planned is refused."""
+    if rounds < saved.rounds:
+        raise ConfigError(f"{out} planned {saved.rounds} rounds; an experiment can grow (--rounds {saved.rounds} or "
+                          f"more), not shrink, got --rounds {rounds}.")
+    return replace(saved, rounds=rounds)
+
+
+def reopen_end_evaluation(folder: Path, rounds: int) -> None:
+    """When a mix's plan grew past the round its end evaluation (EVAL_FILE) was taken at, that evaluation becomes
+    one on the way (EVALS_FILE), and the end one is taken again at the new last round."""
+    ended = read_json(Path(folder) / EVAL_FILE)
+    if ended is None or not isinstance(ended.get("round"), int) or ended["round"] >= rounds:
+        return
+    if ended["round"] not in read_evals(folder):
+        append_line(Path(folder) / EVALS_FILE, json.dumps(ended, sort_keys=True))
+    (Path(folder) / EVAL_FILE).unlink()
 
 
 def read_json(path: Path) -> dict[str, Any] | None:

@@ -56,6 +56,7 @@ from engine.experiment.plan import (
     plan_config,
     read_evals,
     read_json,
+    reopen_end_evaluation,
     same_experiment,
     saved_plan,
     widen,
@@ -170,11 +171,8 @@ class Experiment:
 
     @classmethod
     def widened_plan(cls, out: Path, plan: Plan) -> Plan:
-        """`plan`, or, where `out` holds the same experiment with other mixes, its mixes and then `plan`'s new ones.
-
-        The nodes, seeds, rounds and settings are the same, so a mix added later pairs with
-        the earlier ones exactly, as if it had been in the list from the start.
-        """
+        """`plan`, or, where `out` holds the same experiment with other mixes or fewer rounds, its mixes, then `plan`'s
+        new ones, run to `plan`'s rounds: the same nodes, seeds and settings, so all pair exactly (`widen`)."""
         return widen(saved_plan(out), plan)
 
     def _claim_out(self) -> None:
@@ -346,6 +344,7 @@ class Experiment:
     def _run_stage(self, stage: Stage, number: int) -> None:
         """Run a mix (number >= 1) or the veterans' training (number 0) from its last finished round."""
         mix, folder = stage.mix, stage.folder
+        reopen_end_evaluation(folder, stage.rounds)  # the plan grew: its last end evaluation is one on the way
         done = int((read_json(folder / PROGRESS_FILE) or {}).get("round", 0))
         if done >= stage.rounds and (not self._eval_enabled() or (folder / EVAL_FILE).is_file()):
             return

@@ -15,7 +15,7 @@ from engine.common.config import build_config
 from engine.common.errors import ConfigError
 from engine.common.paths import Paths
 from engine.experiment.nodes import NodeBackend
-from engine.experiment.plan import Mix, make_plan, parse_mixes
+from engine.experiment.plan import Mix, lengthen, make_plan, parse_mixes
 from engine.experiment.report import baseline_of, compare, pooled_compare, stratified_bootstrap, two_way_bootstrap
 from engine.experiment.runner import Experiment, Hooks
 from engine.sapo import Control
@@ -180,6 +180,35 @@ def test_an_out_folder_holding_other_settings_is_not_reused(tiny_model_dir: Path
     with pytest.raises(ConfigError, match="--resume or choose another --out"):
         Experiment(other, tmp_path / "out", Paths.under(tmp_path / "home")).run()
     assert Experiment.saved_plan(tmp_path / "out") == first
+
+
+def test_a_finished_experiment_run_to_more_rounds_ends_as_one_planned_that_long(tiny_model_dir: Path,
+                                                                                tmp_path: Path) -> None:
+    """--resume --rounds N (or the same settings with more rounds): the rounds run carry on from the last checkpoint,
+    the old end evaluation becomes one on the way, and the numbers are those of a run planned that long."""
+    options = [*fast(tiny_model_dir), "tasks.eval_every=2"]
+    _, straight = run(make_plan("default", 2, "2/0", 3, options), tmp_path / "straight", tmp_path / "home")
+    run(make_plan("default", 2, "2/0", 1, options), tmp_path / "grown", tmp_path / "home")
+    assert json.loads((tmp_path / "grown" / "mix-2-0" / "eval.json").read_text())["round"] == 1
+    started: list[str] = []
+    grown_plan = lengthen(Experiment.saved_plan(tmp_path / "grown"), 3, tmp_path / "grown")  # type: ignore[arg-type]
+    _, grown = run(grown_plan, tmp_path / "grown", tmp_path / "home",
+                   mix_started=lambda mix, number, done, rounds: started.append(f"{done}/{rounds}"))
+    assert started == ["1/3"] and Experiment.saved_plan(tmp_path / "grown").rounds == 3  # type: ignore[union-attr]
+    a, b = straight["mixes"]["2/0"], grown["mixes"]["2/0"]
+    for key in ("cumulative_reward", "reward_by_round", "reward_by_node", "informative_groups_per_node_round"):
+        assert a[key] == b[key], key
+    assert a["eval_end"]["nodes"] == b["eval_end"]["nodes"]
+    evals = [json.loads(line)["round"] for line in (tmp_path / "grown" / "mix-2-0" / "evals.jsonl").read_text()
+             .splitlines()]
+    assert evals == [1, 2]  # round 1's end evaluation, kept; round 2's on the way
+    assert json.loads((tmp_path / "grown" / "mix-2-0" / "eval.json").read_text())["round"] == 3
+    # The same settings with more rounds grow it too; fewer are refused, as a sentence naming the rounds.
+    assert Experiment.widened_plan(tmp_path / "grown", make_plan("default", 2, "2/0", 5, options)).rounds == 5
+    with pytest.raises(ConfigError, match="planned 3 rounds; an experiment can grow"):
+        lengthen(grown_plan, 2, tmp_path / "grown")
+    assert main(["experiment", "--out", str(tmp_path / "grown"), "--home", str(tmp_path / "home"), "--resume",
+                 "--rounds", "2"]) == 2
 
 
 @pytest.mark.integration  # a real loopback relay
