@@ -17,8 +17,9 @@ its groups that teach), for B questions a round of which T teach:
 - the bound is the ratio of teaching groups per second, summed over all
   node-rounds: (g + t + o) / (s (g + o) + t), with s = T / B.
 
-It also prints the teaching groups a node's CPU hour gave (`node_cpu_seconds`),
-to set runs of different levers side by side.
+It also prints the teaching groups a node-hour gave (`node_seconds`, the
+node's share of the experiment's wall time) and a CPU hour (`node_cpu_seconds`;
+on a GPU that is the host's), to set runs of different levers side by side.
 
 That bound holds only if the time to generate a group does not depend on
 whether it teaches, and it counts teaching groups, not what they teach: a
@@ -46,6 +47,7 @@ def bound(records: Sequence[dict[str, Any]], questions: int) -> dict[str, float]
     cpu = sum(sum(r.get("node_cpu_seconds", [0.0])) for r in records)
     return {"generate_share": g / total, "train_share": t / total, "other_share": other / total,
             "teach_share": teach, "oracle_per_hour": total / (teach * (g + other) + t),
+            "teaching_per_node_hour": teach * groups / total * 3600,
             "teaching_per_cpu_hour": teach * groups / cpu * 3600 if cpu > 0 else 0.0}
 
 
@@ -72,8 +74,8 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"{result['train_share']:.0%} training, {result['other_share']:.0%} the rest; "
               f"{result['teach_share']:.0%} of own groups teach; a free, perfect oracle: at most "
               f"{result['oracle_per_hour']:.2f}x the teaching groups per hour"
-              + (f"; today {result['teaching_per_cpu_hour']:.0f} a node's CPU hour"
-                 if result["teaching_per_cpu_hour"] else ""))
+              + f"; today {result['teaching_per_node_hour']:.0f} a node-hour"
+              + (f" ({result['teaching_per_cpu_hour']:.0f} a CPU hour)" if result["teaching_per_cpu_hour"] else ""))
     return 0
 
 
