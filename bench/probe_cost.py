@@ -33,6 +33,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from bench.harness.args import comma_numbers
+
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace | str:
     """The arguments, or why they are refused (one sentence)."""
@@ -43,10 +45,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace | str:
     parser.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args(argv)
-    try:
-        args.pool_sizes = [int(p) for p in args.pools.split(",")]
-    except ValueError:
-        return f"--pools must be whole numbers separated by commas, got {args.pools!r}"
+    args.pool_sizes = comma_numbers(args.pools, int, "--pools")
+    if isinstance(args.pool_sizes, str):
+        return args.pool_sizes
     if any(p < 8 for p in args.pool_sizes):
         return "--pools must each be at least questions_per_round (8)"
     if not 1 <= args.answers < 8:

@@ -47,6 +47,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from bench.harness.args import comma_numbers
+
 
 def paired_interval(a: Sequence[float], b: Sequence[float]) -> tuple[float, float, float]:
     """mean(b - a) over paired questions with its 95% interval: the experiment report's paired bootstrap
@@ -105,10 +107,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace | str:
                              "(first) or at theirs (same) would, and poisoned answers the same way")
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args(argv)
-    try:
-        args.temps = [float(t) for t in args.temperatures.split(",")]
-    except ValueError:
-        return f"--temperatures must be numbers separated by commas, got {args.temperatures!r}"
+    args.temps = comma_numbers(args.temperatures, float, "--temperatures")
+    if isinstance(args.temps, str):
+        return args.temps
     if any(not 0 < t <= 5 for t in args.temps):
         return "--temperatures must each be above 0 and at most 5"
     if args.first_round < 1:
