@@ -297,7 +297,7 @@ class Experiment:
 
     def _generate(self, drawn: Sequence[tuple[int, list[Question], list[list[int]]]], views: Sequence[NodeBackend],
                   n: int, seeds: Sequence[int], phase: str, heats: Sequence[float] | None,
-                  read: PromptCache) -> list[list[Completion]]:
+                  read: PromptCache | None) -> list[list[Completion]]:
         """n answers of each node's prompts, in one batch with each node's adapter, seed and temperature (heats; None:
         tasks.temperature), prompts in `read` not read again; each node's answers, grouped by prompt."""
         cfg = self.config
@@ -493,7 +493,7 @@ class Experiment:
         tokens = [sum(map(len, ps)) for _, _, ps in drawn]  # each node's prompts once, then every answer's tokens
         probe = cfg.tasks.probe_answers
         heat = [node.temperature for node in nodes] if any(node.heat for node in nodes) else None  # engine/heat.py
-        read = PromptCache()  # with probing, a chosen prompt is not read again for the rest of its answers
+        read = PromptCache() if probe else None  # probing: a kept prompt is not read again for its other answers
         if probe:  # tasks.probe_answers: k answers of every drawn question, then each node completes its chosen ones
             probes = self._generate(drawn, views, probe, [derive_seed(n.config.run.seed, round_index) for n in nodes],
                                     "probing", heat, read)
