@@ -307,6 +307,7 @@ class Node:
             backend.reseed(derive_seed(cfg.run.seed, round_index, PROBE_SEED_SLOT))
             rest = backend.generate(prompt_ids, G - k, cfg.tasks.max_new_tokens, self.temperature,
                                     self._step("generating"), read)
+            del read  # the prompts' keys and values (on the model's device) are not kept through training
             completions = interleave(kept(probes, chosen, k), rest, len(chosen))
         else:
             completions = backend.generate(prompt_ids, G, cfg.tasks.max_new_tokens, self.temperature,

@@ -505,6 +505,7 @@ class Experiment:
         rest = self._generate(drawn, views, G - probe,
                               [derive_seed(n.config.run.seed, round_index, *((PROBE_SEED_SLOT,) if probe else ()))
                                for n in nodes], "generating", heat, read)
+        del read  # the prompts' keys and values (on the model's device) are not kept through training
         gen_seconds, gen_cpu = time.perf_counter() - t0, time.process_time() - c0
         clock = NodeClock(len(nodes))
         groups: list[list[Group]] = []

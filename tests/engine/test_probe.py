@@ -7,6 +7,7 @@ agree), basic_arithmetic's answers alternate 1, 0, 1, ... (any two answers in a 
 from __future__ import annotations
 
 import json
+import weakref
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -40,19 +41,28 @@ def probing_node(model_dir: Path, home: Path) -> tuple[Node, list[tuple[int, lis
     calls: list[tuple[int, list[Completion]]] = []
     seen: list[list[Group]] = []
     generate, score = node.backend.generate, node.score
-    caches = node.prompt_caches = []  # type: ignore[attr-defined]
+    caches = node.prompt_caches = []  # type: ignore[attr-defined]  # (its id, hits after the call, a weak reference)
 
     def recorded(prompts: Sequence[list[int]], n: int, *args: Any, **kwargs: Any) -> list[Completion]:
         calls.append((n, generate(prompts, n, *args, **kwargs)))
-        caches.append(args[3] if len(args) > 3 else kwargs.get("prompt_cache"))
+        cache: Any = args[3] if len(args) > 3 else kwargs.get("prompt_cache")
+        caches.append((id(cache), cache.hits, weakref.ref(cache)))
         return calls[-1][1]
 
     def scored(*args: Any) -> list[Group]:
         seen.append(score(*args))
         return seen[-1]
 
+    learn = node.learn
+    gone = node.caches_gone_in_training = []  # type: ignore[attr-defined]
+
+    def learned(*args: Any) -> Any:
+        gone.append([ref() is None for _, _, ref in caches])
+        return learn(*args)
+
     node.backend.generate = recorded  # type: ignore[method-assign]
     node.score = scored  # type: ignore[method-assign, assignment]
+    node.learn = learned  # type: ignore[method-assign, assignment]
     return node, calls, seen
 
 
@@ -76,7 +86,8 @@ def test_a_probing_round_completes_the_questions_whose_first_answers_differ(tiny
     assert metrics["local_groups"] == 2 and metrics["completions"] == 8
     assert metrics["informative_groups"] == min(2, len(differ))
     first, second = node.prompt_caches  # type: ignore[attr-defined]
-    assert first is second and second.hits == 2  # the chosen prompts were not read again
+    assert first[0] == second[0] and second[1] == 2  # one cache; the chosen prompts were not read again
+    assert node.caches_gone_in_training == [[True, True]]  # type: ignore[attr-defined]  # not kept through training
 
     # The same seed draws, probes, chooses and completes the same again.
     again, again_calls, again_seen = probing_node(tiny_model_dir, tmp_path / "b")
