@@ -57,7 +57,7 @@ from typing import Any
 
 from engine.common.config import TaskConfig
 from engine.common.errors import CheckpointError
-from engine.rollouts import rewards_differ
+from engine.rollouts import PASS_REWARD, rewards_differ
 from engine.task_configs import DEFAULT_DATASET_CONFIGS
 
 log = logging.getLogger(__name__)
@@ -89,7 +89,6 @@ retried about once in 11 rounds, and any group of it that does not all fail brin
 KEEP_DECAY = 0.5
 KEEP_MIN = 0.125
 """A kind all-same for `streak` rounds keeps max(KEEP_MIN, KEEP_DECAY ** streak) of its weight."""
-PASS_REWARD = 1.0
 
 
 def _rungs(*rungs: Mapping[str, Any]) -> tuple[Mapping[str, Any], ...]:

@@ -141,6 +141,19 @@ def group_advantages(rewards: Sequence[float], eps: float) -> list[float]:
     return [(r - mean) / (std + eps) for r in rewards]
 
 
+PASS_REWARD = 1.0  # an answer scored at least this passed: full marks (held-out accuracy counts the same)
+TRAIN_ON = ("informative", "passed")  # grpo.train_on
+
+
+def trained_groups(groups: Sequence[Group], train_on: str = "informative") -> list[Group]:
+    """The groups a round trains on (grpo.train_on): every informative one, or with 'passed' only those in which
+    an answer passed; a group whose scores differ by partial credit alone (a well-formed wrong answer beside a
+    malformed one) gets advantages as large as one with the right answer in it, and is left out."""
+    if train_on not in TRAIN_ON:
+        raise ValueError(f"train_on must be one of {', '.join(TRAIN_ON)}, got {train_on!r}")
+    return [g for g in groups if g.informative and (train_on == "informative" or max(g.rewards) >= PASS_REWARD)]
+
+
 def train_items(groups: Sequence[Group]) -> list[TrainItem]:
     """Flatten informative groups into sequences; zero-advantage completions add nothing."""
     items: list[TrainItem] = []

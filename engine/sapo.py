@@ -66,6 +66,7 @@ from engine.rollouts import (
     Offer,
     group_advantages,
     train_items,
+    trained_groups,
 )
 from engine.seeds import node_seed, run_seed
 from engine.tasks import Question, TaskSet
@@ -387,7 +388,8 @@ class Node:
         backend = self._backend()
         if self.heat is not None:
             backend.apply_settings(self.config.grpo, self.temperature)
-        return backend.train(train_items(groups), self._step("training"))
+        kept = trained_groups(groups, self.config.grpo.train_on)
+        return {**backend.train(train_items(kept), self._step("training")), "trained_groups": len(kept)}
 
     def finish_round(
         self, round_index: int, groups: list[Group], external: list[Group], stats: dict[str, float],

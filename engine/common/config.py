@@ -196,6 +196,10 @@ class GRPOConfig:
     eps_high: float = _help("Upper clip range of the importance ratio (1 + eps_high).", 0.28)
     kl_beta: float = _help("Weight of the KL penalty to the reference model (0: none, no reference kept).", 0.0)
     adv_eps: float = _help("Added to the group std in (r - mean) / (std + eps).", 1e-4)
+    train_on: str = _help(
+        "Which groups a round trains on: 'informative' (every group whose answers scored differently) or 'passed' "
+        "(only those in which an answer scored full marks; a group that differs by partial credit alone is left "
+        "out, and training takes less time; measured in docs/results.md 'Learning').", "informative")
     pg_steps: int = _help("Policy-gradient steps per round on the same rollouts.", 1)
     micro_batch: int = _help("Most sequences per forward/backward pass (gradient accumulation).", 8)
     micro_batch_tokens: int = _help("Most padded tokens per forward/backward pass; bounds activation memory.", 1024)
@@ -224,6 +228,7 @@ class GRPOConfig:
         _positive_int(s, "lora_alpha", self.lora_alpha, 10_000)
         _number(s, "lora_dropout", self.lora_dropout, 0.0, 0.9)
         _choice(s, "precision", self.precision, ("auto", "bf16", "fp32"))
+        _choice(s, "train_on", self.train_on, ("informative", "passed"))
 
 
 PRIORITIES = ("background", "normal")  # run.priority; engine/priority.py applies it

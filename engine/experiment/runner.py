@@ -64,7 +64,7 @@ from engine.experiment.plan import (
 from engine.frontier import frontier_for
 from engine.heat import heat_for
 from engine.probe import PROBE_SEED_SLOT, interleave, kept
-from engine.rollouts import Group
+from engine.rollouts import Group, trained_groups
 from engine.sapo import Control, Node, RoundAborted, derive_seed
 
 if TYPE_CHECKING:
@@ -555,7 +555,7 @@ class Experiment:
             "accuracy": [m["accuracy"] for m in metrics],
             "external_groups": [m["external_groups"] for m in metrics],
             "informative_groups": [m["informative_groups"] for m in metrics],
-            "trained_own_informative": [sum(1 for g in node.own_groups(round_index, own) if g.informative)
+            "trained_own_informative": [len(trained_groups(node.own_groups(round_index, own), cfg.grpo.train_on))
                                         for node, own in zip(nodes, groups, strict=True)],
             "reasked": [m.get("reasked", 0) for m in metrics],  # own questions asked again (tasks.reask_share)
             "reasked_informative": [m.get("reasked_informative", 0) for m in metrics],

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from engine.grpo import clipped_pg_loss
-from engine.rollouts import Completion, Group, group_advantages, train_items
+from engine.rollouts import Completion, Group, group_advantages, train_items, trained_groups
 
 
 def test_advantages_hand_computed() -> None:
@@ -40,6 +40,20 @@ def test_train_items_skip_zero_advantage() -> None:
     assert not flat.informative and live.informative
     items = train_items([flat, live])
     assert [it.advantage for it in items] == [1.0, -1.0]
+
+
+def test_train_on_passed_leaves_out_groups_that_differ_by_partial_credit_alone() -> None:
+    c = Completion("x", [5, 6], [-1.0, -1.0], True)
+
+    def group(rewards: list[float]) -> Group:
+        return Group(None, [1], [c] * len(rewards), rewards, group_advantages(rewards, 1e-4))  # type: ignore[arg-type]
+
+    partial, passed, flat, all_pass = group([0.05, 0.0, 0.0]), group([1.0, 0.05, 0.0]), group([0.0] * 3), group([1.0] * 3)
+    assert max(abs(a) for a in partial.advantages) > 1.0  # the std makes a partial credit weigh like a right answer
+    assert trained_groups([partial, flat, passed, all_pass]) == [partial, passed]
+    assert trained_groups([partial, flat, passed, all_pass], "passed") == [passed]
+    with pytest.raises(ValueError, match="train_on must be one of"):
+        trained_groups([passed], "all")
 
 
 def _loss(ratios: list[float], adv: float, eps_low: float = 0.2, eps_high: float = 0.28) -> tuple[float, float]:

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from engine.common.config import NodeConfig, build_config
+from engine.common.errors import ConfigError
 from engine.common.events import Event
 from engine.common.paths import Paths
 from engine.sapo import Node, RoundAborted
@@ -62,6 +63,21 @@ def test_a_round_changes_the_weights(tiny_model_dir: Path, home: Path) -> None:
     assert {"status", "progress", "checkpoint", "round"} <= set(kinds)
     phases = {e["phase"] for e in events if e["type"] == "progress"}
     assert {"generating", "scoring", "training"} <= phases
+
+
+def test_train_on_passed_trains_only_on_groups_with_full_marks(tiny_model_dir: Path, home: Path) -> None:
+    node = make_node(tiny_model_dir, home, "grpo.train_on='passed'", "tasks.completions_per_question=6")
+    node.taskset.reward = lambda q, text: 0.5 * (len(text) % 2)  # type: ignore[method-assign]  # partial only
+    before = trainable(node)
+    metrics = node.run_round()
+    assert metrics["informative_groups"] > 0 and metrics["trained_groups"] == 0
+    assert all(torch.equal(before[k], v) for k, v in trainable(node).items())  # nothing trained: no step
+    node.taskset.reward = parity_reward  # type: ignore[method-assign]  # now the odd answers pass
+    metrics = node.run_round()
+    assert metrics["trained_groups"] == metrics["informative_groups"] > 0
+    assert any(not torch.equal(before[k], v) for k, v in trainable(node).items())
+    with pytest.raises(ConfigError, match="train_on"):
+        fast_config(tiny_model_dir, "grpo.train_on='all'")
 
 
 def test_full_finetuning_changes_base_weights(tiny_model_dir: Path, home: Path) -> None:
