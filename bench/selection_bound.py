@@ -20,6 +20,10 @@ its groups that teach), for B questions a round of which T teach:
 It also prints the teaching groups a node-hour gave (`node_seconds`, the
 node's share of the experiment's wall time) and a CPU hour (`node_cpu_seconds`;
 on a GPU that is the host's), to set runs of different levers side by side.
+Where the nodes' metrics.jsonl record each own group's rewards, it prints
+what share of the teaching groups held an answer that passed (scored 1.0,
+as held-out accuracy counts), and how many such groups a CPU hour gave: the
+others differ by partial credit alone (`grpo.train_on`).
 
 That bound holds only if the time to generate a group does not depend on
 whether it teaches, and it counts teaching groups, not what they teach: a
@@ -34,6 +38,15 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from bench.probe_replay import recorded_groups
+from engine.rollouts import PASS_REWARD, rewards_differ
+
+
+def passing_share(groups: Sequence[Sequence[float]]) -> float | None:
+    """Of the groups whose rewards differ, the share with an answer that passed (None: no such group)."""
+    teaching = [g for g in groups if rewards_differ(g)]
+    return sum(1 for g in teaching if max(g) >= PASS_REWARD) / len(teaching) if teaching else None
 
 
 def bound(records: Sequence[dict[str, Any]], questions: int) -> dict[str, float]:
@@ -64,6 +77,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             mix = json.loads((folder.parent / "experiment.json").read_text(encoding="utf-8"))
             questions = int(mix["settings"]["tasks"]["questions_per_round"])
             result = bound(records, questions) if records else None
+            passing = passing_share(recorded_groups(sorted(folder.glob("node-*/metrics.jsonl"))))
         except (OSError, ValueError, KeyError, TypeError) as exc:
             print(f"selection_bound: {folder} is not a finished experiment mix ({exc})", file=sys.stderr)
             return 2
@@ -75,7 +89,10 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"{result['teach_share']:.0%} of own groups teach; a free, perfect oracle: at most "
               f"{result['oracle_per_hour']:.2f}x the teaching groups per hour"
               + f"; today {result['teaching_per_node_hour']:.0f} a node-hour"
-              + (f" ({result['teaching_per_cpu_hour']:.0f} a CPU hour)" if result["teaching_per_cpu_hour"] else ""))
+              + (f" ({result['teaching_per_cpu_hour']:.0f} a CPU hour)" if result["teaching_per_cpu_hour"] else "")
+              + ("" if passing is None else f"; {passing:.0%} of them hold an answer that passed"
+                 + (f" ({passing * result['teaching_per_cpu_hour']:.0f} a CPU hour)"
+                    if result["teaching_per_cpu_hour"] else "")))
     return 0
 
 

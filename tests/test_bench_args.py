@@ -137,7 +137,13 @@ def test_selection_bound_is_the_oracles_teaching_groups_per_second_against_today
     (tmp_path / "exp" / "experiment.json").write_text(json.dumps({"settings": {"tasks": {"questions_per_round": 8}}}))
     (mix / "rounds.jsonl").write_text(json.dumps(record) + "\n")
     assert selection_bound.main([str(mix)]) == 0
-    assert "at most 2.11x the teaching groups per hour" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "at most 2.11x the teaching groups per hour" in out and "passed" not in out
+    (mix / "node-0").mkdir()  # 2 groups teach, 1 of them with a pass: half of the 360 teaching groups a CPU hour
+    groups = [["x", [1.0, 0.0]], ["y", [0.5, 0.0]], ["z", [1.0, 1.0]], ["w", [0.0, 0.0]]]
+    (mix / "node-0" / "metrics.jsonl").write_text(json.dumps({"kind": "round", "own_group_rewards": groups}) + "\n")
+    assert selection_bound.main([str(mix)]) == 0
+    assert "50% of them hold an answer that passed (180 a CPU hour)" in capsys.readouterr().out
     for args in ([], ["--help"], [str(tmp_path)]):
         assert selection_bound.main(args) == 2
         err = capsys.readouterr().err
