@@ -450,11 +450,11 @@ class Node:
 
     def external_wanted(self, round_index: int, groups: Sequence[Group]) -> int:
         """How many swarm groups this round takes: J, or with swarm.train_groups what fills the batch
-        up to that cap after this round's own informative groups."""
+        up to that cap after this round's own groups that it trains on (grpo.train_on)."""
         sw = self.config.swarm
         if not sw.train_groups:
             return sw.external_groups
-        own = sum(1 for g in self.own_groups(round_index, list(groups)) if g.informative)
+        own = len(trained_groups(self.own_groups(round_index, list(groups)), self.config.grpo.train_on))
         return max(0, min(sw.external_groups, sw.train_groups - own))
 
     def _lift_bans(self) -> None:

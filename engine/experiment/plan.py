@@ -179,8 +179,10 @@ def plan_config(plan: Plan) -> NodeConfig:
 
 
 # Keys added with a default that changes what a folder begun before them measured: such a folder keeps
-# the value the key stands for there (no cap on the training batch; fixed difficulty).
-BEFORE_THE_KEY: dict[str, dict[str, Any]] = {"swarm": {"train_groups": 0}, "tasks": {"difficulty": "fixed"}}
+# the value the key stands for there (no cap on the training batch; fixed difficulty; training on every group
+# whose answers scored differently).
+BEFORE_THE_KEY: dict[str, dict[str, Any]] = {"swarm": {"train_groups": 0}, "tasks": {"difficulty": "fixed"},
+                                             "grpo": {"train_on": "informative"}}
 
 
 def check_plan(plan: Plan, config: NodeConfig) -> None:

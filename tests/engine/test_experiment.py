@@ -419,6 +419,11 @@ def test_a_folder_keeps_the_settings_it_began_with_when_a_default_changes(tiny_m
     grown = Experiment.widened_plan(out, make_plan("default", 2, "1/1", 1, fast(tiny_model_dir)))
     assert plan_config(grown).swarm.offpolicy_negative_kl == 0.25
     assert [m.label for m in grown.mixes] == ["2/0", "1/1"]
+    # A folder begun before grpo.train_on existed trained on every informative group, whatever today's default.
+    del data["settings"]["grpo"]["train_on"]
+    (out / "experiment.json").write_text(json.dumps(data))
+    assert plan_config(Experiment.widened_plan(out, make_plan("default", 2, "2/0", 1, fast(tiny_model_dir)))
+                       ).grpo.train_on == "informative"
 
 
 @pytest.mark.parametrize(("argv", "message"), [

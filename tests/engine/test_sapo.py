@@ -165,3 +165,14 @@ def test_train_groups_fills_the_batch_with_swarm_groups_up_to_the_cap(
     question = node.taskset.draw(1, 1)[0]
     groups = [Group(question, [], [], [0.0, 1.0], [-1.0, 1.0] if i < informative else [0.0, 0.0]) for i in range(6)]
     assert node.external_wanted(1, groups) == wanted
+
+
+def test_with_train_on_passed_the_cap_counts_only_own_groups_it_trains_on(tiny_model_dir: Path, home: Path) -> None:
+    from engine.rollouts import Group
+
+    node = Node(fast_config(tiny_model_dir, "swarm.external_groups=4", "swarm.train_groups=4",
+                            "grpo.train_on='passed'"), Paths.under(home), [].append)
+    question = node.taskset.draw(1, 1)[0]
+    passed = [Group(question, [], [], [0.0, 1.0], [-1.0, 1.0]) for _ in range(2)]
+    partial = [Group(question, [], [], [0.0, 0.1], [-1.0, 1.0]) for _ in range(2)]
+    assert node.external_wanted(1, passed + partial) == 2  # the partial-credit pair leaves room for two
