@@ -16,6 +16,9 @@ question by question ("passes", one character a question). Paired here:
    model (accuracy at T minus accuracy before training).
 
 "At the same round" compares the last round both mixes evaluated, ignoring time.
+"By specialty" repeats the comparison at equal time on each specialty's
+questions alone (question i is the i % k-th enabled specialty), to show which
+kinds a setting helps and which it hurts.
 Folders measured before answers were kept question by question have no such
 comparison (None).
 """
@@ -27,8 +30,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from engine.common.config import SAPO_SPECIALTIES
 from engine.experiment.hours import clock_for, read_mix
-from engine.experiment.plan import EVAL_FILE, START_EVAL_FILE, read_evals, read_json, rounds_done
+from engine.experiment.plan import EVAL_FILE, PLAN_FILE, START_EVAL_FILE, read_evals, read_json, rounds_done
 
 Bootstrap = Callable[[Sequence[tuple[list[list[float]], list[list[float]]]]], dict[str, Any]]
 
@@ -90,6 +94,18 @@ def at_time(seconds: Sequence[float], passes: Sequence[str], horizon: float) -> 
     return [(1 - w) * (a == "1") + w * (b == "1") for a, b in zip(passes[i], passes[i + 1], strict=True)]
 
 
+def kinds(folder: Path) -> tuple[str, ...]:
+    """The enabled specialties of the experiment that holds mix `folder`, in the held-out set's order (none when
+    its plan is unreadable)."""
+    plan = read_json(Path(folder).parent / PLAN_FILE) or {}
+    weights = plan.get("settings", {}).get("tasks", {}).get("specialties", {})
+    return tuple(n for n in SAPO_SPECIALTIES if isinstance(weights, dict) and (weights.get(n) or 0) > 0)
+
+
+def _columns(table: Sequence[Sequence[float]], keep: Sequence[int]) -> list[list[float]]:
+    return [[row[i] for i in keep] for row in table]
+
+
 def _accuracy(table: Sequence[Sequence[float]]) -> float:
     return sum(map(sum, table)) / (len(table) * len(table[0]))
 
@@ -124,6 +140,16 @@ def held_out_at_equal_time(strata: Sequence[tuple[Path, Path]], nodes: Sequence[
                       "same_round": shared})
     at_t, gain = bootstrap(acc), bootstrap(gains)
     at_round = bootstrap(last)
+    by_kind = {}
+    names = {kinds(f) for pair in strata for f in pair}
+    if len(names) == 1 and (k := len(order := names.pop())):
+        for j, name in enumerate(order):
+            keep = [i for i in range(len(acc[0][0][0])) if i % k == j]
+            tables = [(_columns(ta, keep), _columns(tb, keep)) for ta, tb in acc]
+            d = bootstrap(tables)
+            by_kind[name] = {"accuracy_a": sum(_accuracy(ta) for ta, _ in tables) / len(tables),
+                             "accuracy_b": sum(_accuracy(tb) for _, tb in tables) / len(tables),
+                             "difference": d["difference"], "difference_ci95": d["difference_ci95"]}
     return {
         "pairs": pairs,
         "clock": clock,
@@ -134,4 +160,5 @@ def held_out_at_equal_time(strata: Sequence[tuple[Path, Path]], nodes: Sequence[
         "gain_b": sum(_accuracy(gb) for _, gb in gains) / len(gains),
         "gain_ratio": gain["ratio"], "gain_ratio_ci95": gain["ratio_ci95"],
         "same_round": {"difference": at_round["difference"], "difference_ci95": at_round["difference_ci95"]},
+        "by_specialty": by_kind,
     }

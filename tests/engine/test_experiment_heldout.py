@@ -61,6 +61,19 @@ def test_two_mixes_are_compared_at_the_time_both_cover(tmp_path: Path) -> None:
     # at the same round (2) both are compared without regard to time: 0.5 against 1.0
     assert result["same_round"]["difference"] == pytest.approx(-0.5)
     assert result["pairs"][0]["same_round"] == 2
+    assert result["by_specialty"] == {}  # the folders' plans name no specialties
+    # Two specialties enabled: questions 0 and 2 are base_conversion, 1 and 3 basic_arithmetic. A: 0.5 and 0.5;
+    # B: node 0 "1110" gives 1.0 and 0.5, node 1 halfway to "1111" gives 1.0 and 0.75.
+    for folder in (a, b):
+        plan = json.loads((folder.parent / "experiment.json").read_text())
+        plan["settings"] = {"tasks": {"specialties": {"base_conversion": 1.0, "basic_arithmetic": 2.0, "bf": 0}}}
+        (folder.parent / "experiment.json").write_text(json.dumps(plan))
+    kinds = held_out_at_equal_time([(a, b)], None, stratified_bootstrap)["by_specialty"]  # type: ignore[index]
+    assert list(kinds) == ["base_conversion", "basic_arithmetic"]
+    assert kinds["base_conversion"]["accuracy_b"] == pytest.approx(1.0)
+    assert kinds["base_conversion"]["difference"] == pytest.approx(-0.5)
+    assert kinds["basic_arithmetic"]["accuracy_b"] == pytest.approx(0.625)
+    assert kinds["basic_arithmetic"]["difference"] == pytest.approx(-0.125)
 
 
 def test_the_held_out_plot_puts_each_evaluation_at_its_nodes_mean_hours(tmp_path: Path) -> None:
