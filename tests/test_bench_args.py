@@ -148,3 +148,24 @@ def test_selection_bound_is_the_oracles_teaching_groups_per_second_against_today
         assert selection_bound.main(args) == 2
         err = capsys.readouterr().err
         assert err.startswith("selection_bound: ") and err.count("\n") == 1
+
+
+def test_score_shares_counts_a_kinds_answers_by_score_in_blocks_of_rounds(tmp_path: Any,
+                                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from bench import score_shares
+
+    node = tmp_path / "mix-8-0" / "node-0"
+    node.mkdir(parents=True)
+    rounds = [{"kind": "round", "round": r, "own_group_rewards": [["fraction_simplification", rewards],
+                                                                   ["bf", [1.0, 1.0]]]}
+              for r, rewards in ((1, [0.1, 0.05]), (2, [1.0, 0.1]), (3, [0.1, 0.1]))]
+    (node / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [*rounds, {"kind": "eval"}]))
+    assert score_shares.shares([node / "metrics.jsonl"], "fraction_simplification", 2) == [
+        (1, 4, {1.0: 0.25, 0.1: 0.5, 0.05: 0.25}), (3, 2, {0.1: 1.0})]
+    assert score_shares.main([str(tmp_path / "mix-8-0"), "--every", "2"]) == 0
+    assert "rounds 1-2 (4 answers): 1: 0.25, 0.1: 0.50, 0.05: 0.25" in capsys.readouterr().out
+    assert score_shares.main([str(tmp_path / "mix-8-0"), "--kind", "arc_1d"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("score_shares: ") and err.count("\n") == 1
