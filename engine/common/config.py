@@ -197,9 +197,10 @@ class GRPOConfig:
     kl_beta: float = _help("Weight of the KL penalty to the reference model (0: none, no reference kept).", 0.0)
     adv_eps: float = _help("Added to the group std in (r - mean) / (std + eps).", 1e-4)
     train_on: str = _help(
-        "Which groups a round trains on: 'informative' (every group whose answers scored differently) or 'passed' "
-        "(only those in which an answer scored full marks; a group that differs by partial credit alone is left "
-        "out, and training takes less time; measured in docs/results.md 'Learning').", "informative")
+        "Which groups a round trains on: 'passed' (those in which an answer scored full marks) or 'informative' "
+        "(every group whose answers scored differently, as in the SAPO paper). Normalised by the group's spread, "
+        "a difference of partial credit alone weighs like a right answer: trained on, the model learned to repeat "
+        "the question's fraction, which scores 0.1 (docs/results.md 'Learning').", "passed")
     pg_steps: int = _help("Policy-gradient steps per round on the same rollouts.", 1)
     micro_batch: int = _help("Most sequences per forward/backward pass (gradient accumulation).", 8)
     micro_batch_tokens: int = _help("Most padded tokens per forward/backward pass; bounds activation memory.", 1024)
@@ -332,8 +333,8 @@ class SwarmConfig:
         4,
     )
     train_groups: int = _help(
-        "A cap on each round's training batch, in informative groups (0: none, all your informative groups plus J "
-        "from the swarm). Swarm rollouts only fill the batch up to it after your own informative groups, so a "
+        "A cap on each round's training batch, in groups trained on (0: none, all yours that grpo.train_on keeps "
+        "plus J from the swarm). Swarm rollouts only fill the batch up to it after your own, so a "
         "round in which your own questions taught enough takes none and trains no more than a round alone "
         "(docs/results.md 'Swarm' compares the settings per hour). Your own groups are never left out for it.",
         4,
@@ -502,7 +503,7 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
             "specialties": dict.fromkeys(SAPO_SPECIALTIES, 1.0),
             "difficulty": "fixed",
         },
-        "grpo": {"eps_low": 0.2, "eps_high": 0.28, "kl_beta": 0.0},
+        "grpo": {"eps_low": 0.2, "eps_high": 0.28, "kl_beta": 0.0, "train_on": "informative"},
         # The paper's best mix: 4 own rollouts and 4 from the swarm per round, uncapped.
         "swarm": {"local_groups": 4, "external_groups": 4, "train_groups": 0},
     },

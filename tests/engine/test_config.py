@@ -27,6 +27,7 @@ def test_paper_preset() -> None:
     cfg = build_config("paper")
     assert (cfg.tasks.questions_per_round, cfg.tasks.completions_per_question) == (8, 8)
     assert (cfg.grpo.eps_low, cfg.grpo.eps_high, cfg.grpo.kl_beta) == (0.2, 0.28, 0.0)
+    assert cfg.grpo.train_on == "informative" and build_config("default").grpo.train_on == "passed"
 
 
 def test_precedence_defaults_preset_file_flags(tmp_path: Path) -> None:
