@@ -48,7 +48,8 @@ def test_train_on_passed_leaves_out_groups_that_differ_by_partial_credit_alone()
     def group(rewards: list[float]) -> Group:
         return Group(None, [1], [c] * len(rewards), rewards, group_advantages(rewards, 1e-4))  # type: ignore[arg-type]
 
-    partial, passed, flat, all_pass = group([0.05, 0.0, 0.0]), group([1.0, 0.05, 0.0]), group([0.0] * 3), group([1.0] * 3)
+    partial, passed = group([0.05, 0.0, 0.0]), group([1.0, 0.05, 0.0])
+    flat, all_pass = group([0.0] * 3), group([1.0] * 3)
     assert max(abs(a) for a in partial.advantages) > 1.0  # the std makes a partial credit weigh like a right answer
     assert trained_groups([partial, flat, passed, all_pass]) == [partial, passed]
     assert trained_groups([partial, flat, passed, all_pass], "passed") == [passed]
