@@ -371,8 +371,9 @@ class Node:
         cfg = self.config
         if 0 < cfg.swarm.local_groups < len(groups):
             rng = random.Random(derive_seed(cfg.run.seed, round_index, 1))
-            if cfg.swarm.local_informative_first:  # a stable sort: informative ones first, each kind in a random order
-                pick = sorted(rng.sample(range(len(groups)), len(groups)), key=lambda i: not groups[i].informative)
+            if cfg.swarm.local_informative_first:  # a stable sort: those trained on first, each kind in a random order
+                kept = {id(g) for g in trained_groups(groups, cfg.grpo.train_on)}
+                pick = sorted(rng.sample(range(len(groups)), len(groups)), key=lambda i: id(groups[i]) not in kept)
             else:
                 pick = rng.sample(range(len(groups)), cfg.swarm.local_groups)
             return [groups[i] for i in sorted(pick[: cfg.swarm.local_groups])]

@@ -340,8 +340,8 @@ class SwarmConfig:
         4,
     )
     local_informative_first: bool = _help(
-        "With local_groups below the round's questions: fill the I own slots with informative rollouts first (rewards "
-        "that differ, as the J external ones always are), instead of I picked at random (docs/swarm.md).",
+        "With local_groups below the round's questions: fill the I own slots first with rollouts that are trained "
+        "on (rewards that differ; with grpo.train_on 'passed', one answer passed), not I at random (docs/swarm.md).",
         False,
     )
     plausibility_check: bool = _help(

@@ -431,9 +431,10 @@ def test_the_i_own_groups_are_random_or_informative_first(tiny_model_dir: Path, 
                  f"swarm.local_informative_first={'true' if informative_first else 'false'}")
     node = Node(cfg, Paths.under(tmp_path / "n"), lambda event: None)
     questions = node.taskset.draw(1, 8)
-    # Groups 2 and 6 are the round's only informative ones.
-    groups = [Group(q, [i], [], [0.0, 1.0], [-1.0, 1.0] if i in (2, 6) else [0.0, 0.0]) for i,
-              q in enumerate(questions)]
+    # Groups 2 and 6 are the round's only ones trained on (grpo.train_on: an answer passed); 0, 1 and 3 differ by
+    # partial credit alone, so they teach nothing that is trained and come after them.
+    groups = [Group(q, [i], [], [0.0, 1.0] if i in (2, 6) else [0.0, 0.1] if i in (0, 1, 3) else [0.0, 0.0],
+                    [-1.0, 1.0] if i in (0, 1, 2, 3, 6) else [0.0, 0.0]) for i, q in enumerate(questions)]
     picks = [[groups.index(g) for g in node.own_groups(r, groups)] for r in range(1, 41)]
     assert all(len(p) == 3 and p == sorted(p) for p in picks)
     assert node.own_groups(7, groups) == node.own_groups(7, groups)  # a function of the seed and round
