@@ -97,9 +97,12 @@ def at_time(seconds: Sequence[float], passes: Sequence[str], horizon: float) -> 
 def kinds(folder: Path) -> tuple[str, ...]:
     """The enabled specialties of the experiment that holds mix `folder`, in the held-out set's order (none when
     its plan is unreadable)."""
-    plan = read_json(Path(folder).parent / PLAN_FILE) or {}
-    weights = plan.get("settings", {}).get("tasks", {}).get("specialties", {})
-    return tuple(n for n in SAPO_SPECIALTIES if isinstance(weights, dict) and (weights.get(n) or 0) > 0)
+    weights: Any = read_json(Path(folder).parent / PLAN_FILE) or {}
+    for key in ("settings", "tasks", "specialties"):
+        weights = weights.get(key) if isinstance(weights, dict) else None
+    if not isinstance(weights, dict):
+        return ()
+    return tuple(n for n in SAPO_SPECIALTIES if isinstance(w := weights.get(n), int | float) and w > 0)
 
 
 def _columns(table: Sequence[Sequence[float]], keep: Sequence[int]) -> list[list[float]]:
