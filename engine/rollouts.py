@@ -13,6 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from engine.common.config import TRAIN_ON
+
 if TYPE_CHECKING:
     from engine.tasks import Question
 
@@ -142,7 +144,6 @@ def group_advantages(rewards: Sequence[float], eps: float) -> list[float]:
 
 
 PASS_REWARD = 1.0  # an answer scored at least this passed: full marks (held-out accuracy counts the same)
-TRAIN_ON = ("informative", "passed")  # grpo.train_on
 
 
 def trained_groups(groups: Sequence[Group], train_on: str = "informative") -> list[Group]:

@@ -229,10 +229,11 @@ class GRPOConfig:
         _positive_int(s, "lora_alpha", self.lora_alpha, 10_000)
         _number(s, "lora_dropout", self.lora_dropout, 0.0, 0.9)
         _choice(s, "precision", self.precision, ("auto", "bf16", "fp32"))
-        _choice(s, "train_on", self.train_on, ("informative", "passed"))
+        _choice(s, "train_on", self.train_on, TRAIN_ON)
 
 
 PRIORITIES = ("background", "normal")  # run.priority; engine/priority.py applies it
+TRAIN_ON = ("informative", "passed")  # grpo.train_on; engine/rollouts.py trained_groups applies it
 # run.power: one choice for people who will not read twenty settings. Each bundle gives the keys it names
 # unless the user set them (config.toml or --set); idle_only and ac_only are the desktop app's pause rules
 # (app/power.py), which it takes from the same table. "standard" is what a node did before power existed.

@@ -74,6 +74,9 @@ def test_two_mixes_are_compared_at_the_time_both_cover(tmp_path: Path) -> None:
     assert kinds["base_conversion"]["difference"] == pytest.approx(-0.5)
     assert kinds["basic_arithmetic"]["accuracy_b"] == pytest.approx(0.625)
     assert kinds["basic_arithmetic"]["difference"] == pytest.approx(-0.125)
+    (b.parent / "experiment.json").write_text(json.dumps({"settings": {"tasks": ["not", "a", "table"]}}))
+    result = held_out_at_equal_time([(a, b)], None, stratified_bootstrap)  # plans that disagree: no breakdown
+    assert result is not None and result["by_specialty"] == {} and result["difference"] == pytest.approx(-0.3125)
 
 
 def test_the_held_out_plot_puts_each_evaluation_at_its_nodes_mean_hours(tmp_path: Path) -> None:
