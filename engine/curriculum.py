@@ -26,6 +26,12 @@ consecutive rounds keeps `keep_probability(streak)` of its weight, which
 halves with each such round and never reaches zero, and one informative
 group resets it.
 
+"Informative", "all failed" and "taught" follow `grpo.train_on`: with
+`passed` (the default) a group teaches only when its answers differ and one
+of them is a pass, so a specialty whose groups differ by partial credit
+alone (a fraction that echoes the question) counts as failing: its level
+goes down and its weight does not grow on groups the node never trains on.
+
 Level 0 of every ladder is today's default config (`DEFAULT_DATASET_CONFIGS`),
 so the held-out set (`TaskSet.eval_set`) stays at level 0 and `harder_configs`
 gives the fixed set one level up. The levels above 0 follow reasoning-gym's
@@ -55,7 +61,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
-from engine.common.config import TaskConfig
+from engine.common.config import NodeConfig, TaskConfig
 from engine.common.errors import CheckpointError
 from engine.rollouts import PASS_REWARD, rewards_differ
 from engine.task_configs import DEFAULT_DATASET_CONFIGS
@@ -206,18 +212,19 @@ def harder_configs(tasks: TaskConfig, specialties: Iterable[str]) -> dict[str, d
     return {name: level_config(name, 1) for name in specialties if name not in pinned}
 
 
-def curriculum_for(tasks: TaskConfig, specialties: Sequence[str], state: object = None) -> Curriculum | None:
-    """The node's curriculum with tasks.difficulty = 'adaptive' (None: 'fixed'), from a checkpoint's `state`
-    when it has one. A state that cannot be read is a warning, and every level starts again at 0."""
-    if tasks.difficulty != "adaptive":
+def curriculum_for(config: NodeConfig, specialties: Sequence[str], state: object = None) -> Curriculum | None:
+    """The node's curriculum with tasks.difficulty = 'adaptive' (None: 'fixed'), judging groups by
+    grpo.train_on, from a checkpoint's `state` when it has one. A state that cannot be read is a warning, and
+    every level starts again at 0."""
+    if config.tasks.difficulty != "adaptive":
         return None
-    pinned = pinned_specialties(tasks)
+    pinned, train_on = pinned_specialties(config.tasks), config.grpo.train_on
     if state is not None:
         try:
-            return Curriculum.from_state(state, specialties, pinned)
+            return Curriculum.from_state(state, specialties, pinned, train_on)
         except CheckpointError as exc:
             log.warning("%s Every specialty starts again at level 0.", exc)
-    return Curriculum(specialties, pinned)
+    return Curriculum(specialties, pinned, train_on)
 
 
 def keep_probability(streak: int) -> float:
@@ -255,10 +262,13 @@ class GroupStats:
     def all_pass(self) -> bool:
         return self.passes == self.answers
 
-    @property
-    def all_fail(self) -> bool:
-        """No answer passed and none scored differently (a partial credit that varies still teaches)."""
-        return self.passes == 0 and not self.informative
+    def teaches(self, train_on: str) -> bool:
+        """Trained on under grpo.train_on: answers that differ, and with 'passed' one of them a pass."""
+        return self.informative and (train_on == "informative" or self.passes > 0)
+
+    def all_fail(self, train_on: str) -> bool:
+        """No answer passed, and none taught: a partial credit that varies teaches only with 'informative'."""
+        return self.passes == 0 and not self.teaches(train_on)
 
     def to_json(self) -> list[int]:
         return [self.passes, self.answers, int(self.informative)]
@@ -289,8 +299,10 @@ class Curriculum:
     keep level 0, which is that config; their weight still follows the signal.
     """
 
-    def __init__(self, specialties: Sequence[str], pinned: Set[str] = frozenset()) -> None:
+    def __init__(self, specialties: Sequence[str], pinned: Set[str] = frozenset(),
+                 train_on: str = "informative") -> None:
         self.specialties = tuple(specialties)
+        self.train_on = train_on  # grpo.train_on: which groups count as teaching (a window keeps both facts)
         self.pinned = frozenset(pinned) & set(self.specialties)
         self.levels = dict.fromkeys(self.specialties, 0)
         self.windows: dict[str, deque[GroupStats]] = {name: deque(maxlen=WINDOW_GROUPS) for name in self.specialties}
@@ -308,9 +320,9 @@ class Curriculum:
         return {name: level_config(name, self.levels[name]) for name in self.specialties if name not in self.pinned}
 
     def signal(self, specialty: str) -> float:
-        """The posterior mean share of informative groups at the current level (Beta(1, 1) prior)."""
+        """The posterior mean share of teaching groups at the current level (Beta(1, 1) prior)."""
         window = self.windows[specialty]
-        return (sum(1 for g in window if g.informative) + 1) / (len(window) + 2)
+        return (sum(1 for g in window if g.teaches(self.train_on)) + 1) / (len(window) + 2)
 
     def excluded(self, specialty: str) -> bool:
         """All-fail for EXCLUDE_AFTER groups in a row at its lowest level: drawn only to retry it."""
@@ -370,7 +382,7 @@ class Curriculum:
 
     def _count_streak(self, specialty: str, stats: Sequence[GroupStats]) -> None:
         kind = (specialty, self.levels[specialty])
-        if any(g.informative for g in stats):
+        if any(g.teaches(self.train_on) for g in stats):
             self.streaks.pop(kind, None)
         else:
             self.streaks[kind] = self.streaks.get(kind, 0) + 1
@@ -378,7 +390,7 @@ class Curriculum:
     def _count_failing(self, specialty: str, stats: Sequence[GroupStats]) -> None:
         """Count a round's groups when all of them all failed at the lowest level; any other round resets."""
         lowest = specialty in self.pinned or self.levels[specialty] == LADDERS[specialty].lowest
-        if lowest and all(g.all_fail for g in stats):
+        if lowest and all(g.all_fail(self.train_on) for g in stats):
             self.failing[specialty] = self.failing.get(specialty, 0) + len(stats)
         else:
             self.failing.pop(specialty, None)
@@ -392,7 +404,7 @@ class Curriculum:
         if specialty in self.pinned or len(window) < MIN_GROUPS:
             return None
         ladder, old = LADDERS[specialty], self.levels[specialty]
-        fails, passes = sum(g.all_fail for g in window), sum(g.all_pass for g in window)
+        fails, passes = sum(g.all_fail(self.train_on) for g in window), sum(g.all_pass for g in window)
         if fails > MOVE_SHARE * len(window) and fails - passes >= MIN_GROUPS and old > ladder.lowest:
             new = old - 1
             self.left_down[(specialty, old)] = self.left_down.get((specialty, old), 0) + 1
@@ -428,11 +440,12 @@ class Curriculum:
         }
 
     @classmethod
-    def from_state(cls, state: object, specialties: Sequence[str], pinned: Set[str] = frozenset()) -> Curriculum:
+    def from_state(cls, state: object, specialties: Sequence[str], pinned: Set[str] = frozenset(),
+                   train_on: str = "informative") -> Curriculum:
         """The curriculum a checkpoint saved (version 1 or 2; version 1 has no exclusions and no levels left
         downward); specialties it does not know start fresh, ones it knows and that are no longer enabled are
         dropped. Anything malformed raises CheckpointError."""
-        curriculum = cls(specialties, pinned)
+        curriculum = cls(specialties, pinned, train_on)
         if not isinstance(state, dict) or state.get("version") not in (1, STATE_VERSION):
             raise CheckpointError("The checkpoint's curriculum state is missing or of another version.")
         try:

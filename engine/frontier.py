@@ -40,9 +40,9 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from engine.common.config import TaskConfig
+from engine.common.config import NodeConfig
 from engine.common.errors import CheckpointError, TaskError
-from engine.rollouts import Group
+from engine.rollouts import Group, trained_groups
 from engine.tasks import EVAL_SEED_OFFSET, TaskRef
 
 log = logging.getLogger(__name__)
@@ -62,9 +62,10 @@ class Entry:
 class Frontier:
     """A node's recent own questions whose groups were informative, oldest first."""
 
-    def __init__(self, seed: int, reask_max: int) -> None:
+    def __init__(self, seed: int, reask_max: int, train_on: str = "informative") -> None:
         self.seed = seed  # the training seed: the only one a kept ref may carry
         self.reask_max = reask_max
+        self.train_on = train_on  # grpo.train_on: a group that is not trained on did not teach
         self.entries: list[Entry] = []
 
     def __len__(self) -> int:
@@ -84,16 +85,16 @@ class Frontier:
         kept = {e.ref.key(): e for e in self.entries}
         reasked = informative = 0
         for group in groups:
-            ref = group.question.ref
+            ref, taught = group.question.ref, bool(trained_groups([group], self.train_on))
             entry = kept.get(ref.key())
             if entry is not None:
                 reasked += 1
                 entry.asks += 1
-                if group.informative:
+                if taught:
                     informative += 1
-                if not group.informative or entry.asks >= self.reask_max:
+                if not taught or entry.asks >= self.reask_max:
                     del kept[ref.key()]
-            elif group.informative and self.admissible(ref):
+            elif taught and self.admissible(ref):
                 kept[ref.key()] = Entry(ref, round_index)
         self.entries = sorted(kept.values(), key=lambda e: e.first_round)[-FRONTIER_SIZE:]
         return {"reasked": reasked, "reasked_informative": informative, "frontier": len(self.entries)}
@@ -108,9 +109,9 @@ class Frontier:
                             for e in self.entries]}
 
     @classmethod
-    def from_state(cls, state: object, seed: int, reask_max: int) -> Frontier:
+    def from_state(cls, state: object, seed: int, reask_max: int, train_on: str = "informative") -> Frontier:
         """The frontier a checkpoint saved; anything malformed, or a ref of another seed, raises CheckpointError."""
-        frontier = cls(seed, reask_max)
+        frontier = cls(seed, reask_max, train_on)
         if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
             raise CheckpointError("The checkpoint's re-ask frontier is missing or of another version.")
         try:
@@ -124,17 +125,19 @@ class Frontier:
         return frontier
 
 
-def frontier_for(tasks: TaskConfig, seed: int, state: object = None) -> Frontier | None:
-    """The node's frontier when tasks.reask_share is above 0 (None: off), from a checkpoint's `state` when it has
-    one. A state that cannot be read is a warning, and the frontier starts empty."""
+def frontier_for(config: NodeConfig, seed: int, state: object = None) -> Frontier | None:
+    """The node's frontier when tasks.reask_share is above 0 (None: off), keeping the groups grpo.train_on
+    trains on, from a checkpoint's `state` when it has one. A state that cannot be read is a warning, and the
+    frontier starts empty."""
+    tasks, train_on = config.tasks, config.grpo.train_on
     if tasks.reask_share <= 0:
         return None
     if state is not None:
         try:
-            return Frontier.from_state(state, seed, tasks.reask_max)
+            return Frontier.from_state(state, seed, tasks.reask_max, train_on)
         except CheckpointError as exc:
             log.warning("%s Re-asks start again from an empty frontier.", exc)
-    return Frontier(seed, tasks.reask_max)
+    return Frontier(seed, tasks.reask_max, train_on)
 
 
 def _whole(value: object) -> int:

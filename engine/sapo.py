@@ -114,8 +114,8 @@ class Node:
         self.pacing = Pacing(self.config.run.schedule, self.config.run.duty_cycle, clock)  # engine/clock.py
         self.metrics = MetricsLog(paths.metrics_file, self.config.run.metrics_max_kb * 1024)
         self.taskset = self._taskset(self.config)
-        self.curriculum = curriculum_for(self.config.tasks, self.taskset.specialties)  # None: fixed difficulty
-        self.frontier = frontier_for(self.config.tasks, self.taskset.seed)  # None: no re-asks
+        self.curriculum = curriculum_for(self.config, self.taskset.specialties)  # None: fixed difficulty
+        self.frontier = frontier_for(self.config, self.taskset.seed)  # None: no re-asks
         self.heat = heat_for(self.config.tasks)  # None: a fixed sampling temperature
         self.device: DeviceInfo | None = None
         self.backend: PolicyBackend | None = None
@@ -183,8 +183,8 @@ class Node:
         if seed != self.config.run.seed:
             self.config = _with_seed(self.config, seed)
             self.taskset = self._taskset(self.config)
-        self.curriculum = curriculum_for(self.config.tasks, self.taskset.specialties, found.state.get("curriculum"))
-        self.frontier = frontier_for(self.config.tasks, self.taskset.seed, found.state.get("frontier"))
+        self.curriculum = curriculum_for(self.config, self.taskset.specialties, found.state.get("curriculum"))
+        self.frontier = frontier_for(self.config, self.taskset.seed, found.state.get("frontier"))
         self.heat = heat_for(self.config.tasks, found.state.get("heat"))
         if found.state.get("config_hash") != self.config.config_hash():
             log.warning("Settings changed since round %d; continuing with the new ones.", found.round)
@@ -243,9 +243,9 @@ class Node:
         self.pacing.reconfigure(new.run.schedule, new.run.duty_cycle)
         self.config = new
         self.taskset = self._taskset(new)
-        self.curriculum = curriculum_for(new.tasks, self.taskset.specialties,
+        self.curriculum = curriculum_for(new, self.taskset.specialties,
                                          self.curriculum and self.curriculum.to_state())
-        self.frontier = frontier_for(new.tasks, self.taskset.seed, self.frontier and self.frontier.to_state())
+        self.frontier = frontier_for(new, self.taskset.seed, self.frontier and self.frontier.to_state())
         self.heat = heat_for(new.tasks, self.heat and self.heat.to_state())
         if self.backend is not None:
             self.backend.apply_settings(new.grpo, self.temperature)

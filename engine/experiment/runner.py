@@ -467,8 +467,8 @@ class Experiment:
         assert node.backend is not None
         node.backend.load(path)
         # the adaptive levels and streaks this checkpoint ended with, its re-asks and its sampling temperature
-        node.curriculum = curriculum_for(node.config.tasks, node.taskset.specialties, state.get("curriculum"))
-        node.frontier = frontier_for(node.config.tasks, node.taskset.seed, state.get("frontier"))
+        node.curriculum = curriculum_for(node.config, node.taskset.specialties, state.get("curriculum"))
+        node.frontier = frontier_for(node.config, node.taskset.seed, state.get("frontier"))
         node.heat = heat_for(node.config.tasks, state.get("heat"))
 
     def _round(self, mix: Mix, round_index: int, nodes: list[Node], views: list[NodeBackend], relay: Any) -> dict[str,

@@ -115,6 +115,26 @@ def test_a_level_moves_on_a_majority_of_all_same_groups_not_on_the_pass_rate() -
     assert curriculum.levels["binary_matrix"] == 0
 
 
+def test_with_train_on_passed_partial_credit_alone_is_failing_and_no_signal() -> None:
+    config = build_config(overrides=["tasks.difficulty='adaptive'", "grpo.train_on='passed'"])
+    curriculum = curriculum_for(config, ["fraction_simplification", "basic_arithmetic", "bf"])
+    assert curriculum is not None and curriculum.train_on == "passed"
+    echo = [0.1, 0.05, 0.1, 0.05, 0.1, 0.1, 0.05, 0.1]  # a fraction that repeats the question's numbers
+    rounds(curriculum, "fraction_simplification", echo, MIN_GROUPS)
+    assert curriculum.levels["fraction_simplification"] == -1  # no pass: the level goes down
+    assert curriculum.streaks == {("fraction_simplification", 0): MIN_GROUPS}  # and it was all-same for skipping
+    rounds(curriculum, "basic_arithmetic", [1.0, 0.0] * 4, MIN_GROUPS)
+    assert curriculum.signal("basic_arithmetic") > 0.5 and curriculum.levels["basic_arithmetic"] == 0
+    rounds(curriculum, "bf", echo, 1)
+    assert curriculum.signal("bf") < 0.5  # a group the node does not train on is no signal
+    back = Curriculum.from_state(json.loads(json.dumps(curriculum.to_state())), curriculum.specialties,
+                                 train_on="passed")
+    assert back.to_state() == curriculum.to_state() and back.signal("bf") == curriculum.signal("bf")
+    old = Curriculum(["fraction_simplification"])  # 'informative': the same groups teach, as before the setting
+    rounds(old, "fraction_simplification", echo, MIN_GROUPS)
+    assert old.levels["fraction_simplification"] == 0 and old.streaks == {}
+
+
 def test_a_level_does_not_flap_on_an_alternating_signal() -> None:
     curriculum = Curriculum(["propositional_logic"])
     for outcome in itertools.islice(itertools.cycle([PASS, FAIL]), 40):  # one group a round, all-pass then all-fail
@@ -145,8 +165,9 @@ def test_going_back_up_to_a_level_left_downward_needs_a_longer_window() -> None:
 
 
 def test_a_pinned_specialty_keeps_its_config_and_level() -> None:
-    tasks = build_config(overrides=["tasks.difficulty='adaptive'", "tasks.dataset_configs={bf={difficulty=2}}"]).tasks
-    curriculum = curriculum_for(tasks, ["bf", "arc_1d"])
+    config = build_config(overrides=["tasks.difficulty='adaptive'", "tasks.dataset_configs={bf={difficulty=2}}"])
+    tasks = config.tasks
+    curriculum = curriculum_for(config, ["bf", "arc_1d"])
     assert curriculum is not None
     rounds(curriculum, "bf", FAIL, 5)
     assert curriculum.levels["bf"] == 0 and "bf" not in curriculum.configs()
@@ -279,11 +300,11 @@ def test_a_malformed_state_is_a_checkpoint_error(state: Any) -> None:
 def test_a_malformed_state_in_a_checkpoint_starts_the_levels_afresh_with_a_warning(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    tasks = build_config(overrides=["tasks.difficulty='adaptive'"]).tasks
-    curriculum = curriculum_for(tasks, SAPO_SPECIALTIES, {"version": 1})
+    config = build_config(overrides=["tasks.difficulty='adaptive'"])
+    curriculum = curriculum_for(config, SAPO_SPECIALTIES, {"version": 1})
     assert curriculum is not None and set(curriculum.levels.values()) == {0}
     assert "starts again at level 0" in caplog.text
-    assert curriculum_for(NodeConfig().tasks, SAPO_SPECIALTIES, curriculum.to_state()) is None
+    assert curriculum_for(NodeConfig(), SAPO_SPECIALTIES, curriculum.to_state()) is None
 
 
 # -- configuration -----------------------------------------------------------------------

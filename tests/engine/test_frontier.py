@@ -74,8 +74,8 @@ def test_held_out_and_other_seeds_questions_never_join_nor_come_back_from_a_chec
     state = {"version": 1, "entries": [{"ref": held_out[0].ref.to_json(), "first_round": 1, "asks": 0}]}
     with pytest.raises(CheckpointError, match="not this node's training seed"):
         Frontier.from_state(state, SEED, 3)
-    tasks = build_config(overrides=["tasks.reask_share=0.5"]).tasks
-    restored = frontier_for(tasks, SEED, state)
+    config = build_config(overrides=["tasks.reask_share=0.5"])
+    restored = frontier_for(config, SEED, state)
     assert restored is not None and len(restored) == 0 and "empty frontier" in caplog.text
 
 
@@ -88,6 +88,18 @@ def test_a_malformed_state_is_a_checkpoint_error(state: Any) -> None:
         Frontier.from_state(state, SEED, 3)
 
 
+def test_with_train_on_passed_a_group_of_partial_credits_alone_does_not_join_or_keep_a_question() -> None:
+    partial, passing = [0.0, 0.1, 0.1, 0.0], [1.0, 0.1, 0.0, 0.0]
+    frontier = frontier_for(build_config(overrides=["tasks.reask_share=0.5", "grpo.train_on='passed'"]), SEED)
+    assert frontier is not None and frontier.train_on == "passed"
+    assert frontier.follow(1, [group(ref(1), partial), group(ref(2), passing)])["frontier"] == 1
+    assert frontier.pick(4) == [ref(2)]
+    report = frontier.follow(2, [group(ref(2), partial)])  # asked again, it differed by partial credit alone
+    assert report == {"reasked": 1, "reasked_informative": 0, "frontier": 0}
+    old = Frontier(SEED, reask_max=3)  # 'informative' keeps both, as before the setting
+    assert old.follow(1, [group(ref(1), partial), group(ref(2), passing)])["frontier"] == 2
+
+
 def test_the_state_round_trips_through_json() -> None:
     frontier = Frontier(SEED, reask_max=3)
     frontier.follow(1, [group(ref(1), MIXED), group(ref(2), MIXED)])
@@ -97,7 +109,7 @@ def test_the_state_round_trips_through_json() -> None:
 
 
 def test_re_asks_are_off_by_default_and_bad_values_are_one_sentence_naming_the_key() -> None:
-    assert NodeConfig().tasks.reask_share == 0 and frontier_for(NodeConfig().tasks, SEED) is None
+    assert NodeConfig().tasks.reask_share == 0 and frontier_for(NodeConfig(), SEED) is None
     for override, needle in [("tasks.reask_share=1.5", "tasks.reask_share must be a number at least 0.0"),
                              ("tasks.reask_share='half'", "tasks.reask_share must be a number"),
                              ("tasks.reask_max=0", "tasks.reask_max must be a whole number of at least 1")]:
