@@ -91,6 +91,10 @@ class Broker(Protocol):
 
     async def add(self, entry: Entry) -> None: ...
 
+    def holds(self, peer: str, seq: int, payload: str) -> bool:
+        """True when the window (this process's copy) holds exactly this batch of peer's."""
+        ...
+
     async def sample(self, n: int, exclude_peer: str, after: str | None = None) -> tuple[list[Entry], str]:
         """Up to n entries not from exclude_peer, newer than the cursor `after` if it is this broker's; and the new
         cursor."""
@@ -129,6 +133,15 @@ class Window:
         self._marks[self._next] = mark
         self._next = (self._next + 1) % self.size
         self._count = min(self._count + 1, self.size)
+
+    def holds(self, peer: str, seq: int, payload: str) -> bool:
+        """True when an entry of peer's with this seq and this very payload is in the window (newest first: a
+        batch sent again is a recent one)."""
+        for i in range(self._count - 1, -1, -1):
+            e = self._ring[self._slot(i)]
+            if e is not None and e.peer == peer and e.seq == seq and e.payload == payload:
+                return True
+        return False
 
     def _slot(self, i: int) -> int:
         """Ring index of the i-th oldest entry."""
@@ -198,6 +211,9 @@ class MemoryBroker:
 
     async def sample(self, n: int, exclude_peer: str, after: str | None = None) -> tuple[list[Entry], str]:
         return self.window.sample(n, exclude_peer, after)
+
+    def holds(self, peer: str, seq: int, payload: str) -> bool:
+        return self.window.holds(peer, seq, payload)
 
     async def report_online(self, count: int) -> int:
         return count
@@ -358,6 +374,11 @@ class RedisBroker:
 
     async def sample(self, n: int, exclude_peer: str, after: str | None = None) -> tuple[list[Entry], str]:
         return self.window.sample(n, exclude_peer, after)
+
+    def holds(self, peer: str, seq: int, payload: str) -> bool:
+        # the tail's copy of the stream: a batch another relay stored and this one has not read yet is not found,
+        # and its resend is refused as a replay, which the client also takes as "already stored"
+        return self.window.holds(peer, seq, payload)
 
     async def report_online(self, count: int) -> int:
         now = time.time()

@@ -484,6 +484,10 @@ class Relay:
                                          f"the batch is labelled {batch.model[:80]!r}")
         assert conn.peer is not None
         if not await self.broker.claim_seq(conn.peer, batch.seq):
+            if self.broker.holds(conn.peer, batch.seq, signed.payload):  # sent again after a lost acknowledgement
+                self.metrics["resends_acknowledged"] += 1
+                conn.send(protocol.msg_published(batch.seq))
+                return
             raise protocol.ProtocolError(protocol.E_REPLAY, f"sequence {batch.seq} is not above this peer's last one")
         await self.broker.add(Entry(conn.peer, signed.payload, protocol.b64encode(signed.sig), batch.seq,
                                     len(batch.items)))

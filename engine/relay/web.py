@@ -378,6 +378,8 @@ class RelayPages:
         ]
         for name, help_text in (
             ("publishes", "Batches accepted."),
+            ("resends_acknowledged", "Batches sent again after a lost acknowledgement, already held: acknowledged, "
+             "not stored twice."),
             ("samples", "Sample requests answered."),
             ("batches_served", "Batches sent in sample replies."),
             ("handshakes", "Completed handshakes."),

@@ -38,6 +38,31 @@ async def test_publish_then_another_peer_samples_it(start_relay: StartRelay) -> 
     await b.close()
 
 
+async def test_a_batch_sent_again_after_a_lost_acknowledgement_is_acknowledged_and_stored_once(
+    start_relay: StartRelay,
+) -> None:
+    relay = start_relay()
+    a, b = await joined(relay.url), await joined(relay.url)
+    payload = a.batch_payload([item()])
+    message = {"type": "publish", "v": 1, "payload": payload, "sig": a.sign(payload)}
+    await a.send(message)
+    assert (await a.recv())["type"] == "published"
+    await a.close()  # the acknowledgement is "lost": the link goes, and the client sends the batch again
+    again = await joined(relay.url, key=a.key)
+    await again.send(message)
+    assert await again.recv() == {"type": "published", "v": 1, "seq": a.seq}
+    changed = again.batch_payload([item()], seq=a.seq)  # the same number on other content is still a replay
+    await again.send({"type": "publish", "v": 1, "payload": changed, "sig": again.sign(changed)})
+    assert (await again.recv())["code"] == p.E_REPLAY
+    got = await b.sample(16)
+    assert [json.loads(x["payload"])["seq"] for x in got["batches"]] == [a.seq]  # stored once
+    metrics = http_text(relay.url, "/metrics")
+    assert "sapling_relay_resends_acknowledged_total 1" in metrics and "sapling_relay_publishes_total 1" in metrics
+    assert f'sapling_relay_rejections_total{{code="{p.E_REPLAY}"}} 1' in metrics
+    await again.close()
+    await b.close()
+
+
 async def test_handshake_refuses_bad_signature_wrong_nonce_and_stale_time(start_relay: StartRelay) -> None:
     relay = start_relay()
     for kw, code in (({"bad_sig": True}, p.E_BAD_SIGNATURE), ({"nonce": "ab" * 32}, p.E_AUTH),
