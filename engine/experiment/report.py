@@ -529,6 +529,19 @@ def held_out_curve(folder: Path, clock: str) -> tuple[list[float], list[float], 
     return hours, accuracy, evaluations.rounds
 
 
+def curve_styles(labels: Sequence[str]) -> dict[str, tuple[int, str, str]]:
+    """(colour index, line style, marker) per label: labels that differ only in their last word ("passed s0",
+    "passed s1") are one arm and share a colour, and the last word (the seed) picks the style, so arms read apart;
+    labels of one word each get a colour of their own."""
+    arms = [label.rsplit(" ", 1)[0] if " " in label else label for label in labels]
+    tails = [label.rsplit(" ", 1)[1] if " " in label else "" for label in labels]
+    arm_index = {a: i for i, a in enumerate(dict.fromkeys(arms))}
+    tail_index = {t: i for i, t in enumerate(dict.fromkeys(tails))}
+    dashes, markers = ("-", "--", ":", "-."), ("o", "s", "^", "D", "v", "P")
+    return {label: (arm_index[arm] % 10, dashes[tail_index[tail] % 4], markers[tail_index[tail] % 6])
+            for label, arm, tail in zip(labels, arms, tails, strict=True)}
+
+
 def held_out_plot(variants: Sequence[str]) -> bytes:
     """Held-out accuracy against hours of mixes from several folders (each variant is LABEL=DIR:MIX): a marker at
     each evaluation, labelled with its round."""
@@ -542,8 +555,11 @@ def held_out_plot(variants: Sequence[str]) -> bytes:
     folders, clock = _variant_folders(variants)
     curves = {label: held_out_curve(folder, clock) for label, folder in folders.items()}
     fig, ax = plt.subplots(figsize=(8, 4.5), dpi=110)
+    styles = curve_styles(list(curves))
     for label, (hours, accuracy, rounds) in curves.items():
-        line = ax.plot(hours, [100 * a for a in accuracy], marker="o", linewidth=1.8, label=label)[0]
+        colour, dashes, marker = styles[label]
+        line = ax.plot(hours, [100 * a for a in accuracy], marker=marker, linewidth=1.8, label=label,
+                       color=f"C{colour}", linestyle=dashes)[0]
         for h, a, r in zip(hours, accuracy, rounds, strict=True):
             if r:
                 ax.annotate(str(r), (h, 100 * a), textcoords="offset points", xytext=(0, 6), ha="center",

@@ -96,6 +96,15 @@ def test_the_held_out_plot_puts_each_evaluation_at_its_nodes_mean_hours(tmp_path
     assert not (tmp_path / "x.png").exists()
 
 
+def test_the_held_out_plot_gives_an_arm_one_colour_and_a_seed_one_style() -> None:
+    from engine.experiment.report import curve_styles
+
+    styles = curve_styles(["passed s0", "fixed s0", "passed s1", "fixed s1", "alone"])
+    assert styles["passed s0"][0] == styles["passed s1"][0] != styles["fixed s0"][0] == styles["fixed s1"][0]
+    assert styles["passed s0"][1:] == styles["fixed s0"][1:] != styles["passed s1"][1:] == styles["fixed s1"][1:]
+    assert styles["alone"][0] not in {styles["passed s0"][0], styles["fixed s0"][0]}
+
+
 def test_folders_without_question_by_question_answers_give_no_comparison(tmp_path: Path) -> None:
     a = _evaluated(tmp_path / "a", "8/0", [[10.0]], "0", {1: ["1"]})
     b = _timed_folder(tmp_path / "b", "8/0", [[0.1]], [[10.0]]) / "mix-8-0"
