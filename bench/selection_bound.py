@@ -23,7 +23,12 @@ on a GPU that is the host's), to set runs of different levers side by side.
 Where the nodes' metrics.jsonl record each own group's rewards, it prints
 what share of the teaching groups held an answer that passed (scored 1.0,
 as held-out accuracy counts), and how many such groups a CPU hour gave: the
-others differ by partial credit alone (`grpo.train_on`).
+others differ by partial credit alone (`grpo.train_on`). And it prints the
+most that choosing specialties alone could give the share of own groups
+that teach, at the levels the run used: every question of the specialty
+whose groups taught most often, and weights in proportion to each
+specialty's teaching share (sum of t^2 over sum of t, each specialty's
+share t counted over its recorded groups).
 
 That bound holds only if the time to generate a group does not depend on
 whether it teaches, and it counts teaching groups, not what they teach: a
@@ -47,6 +52,34 @@ def passing_share(groups: Sequence[Sequence[float]]) -> float | None:
     """Of the groups whose rewards differ, the share with an answer that passed (None: no such group)."""
     teaching = [g for g in groups if rewards_differ(g)]
     return sum(1 for g in teaching if max(g) >= PASS_REWARD) / len(teaching) if teaching else None
+
+
+def specialty_ceiling(groups: Sequence[tuple[str, Sequence[float]]]) -> dict[str, Any] | None:
+    """From (specialty, rewards) own groups: each specialty's teaching share, the best one's, and the share that
+    weights in proportion to those shares would give (None: no groups)."""
+    counts: dict[str, list[int]] = {}
+    for kind, rewards in groups:
+        seen = counts.setdefault(kind, [0, 0])
+        seen[0] += 1
+        seen[1] += rewards_differ(rewards)
+    if not counts:
+        return None
+    shares = {kind: taught / n for kind, (n, taught) in counts.items()}
+    best = max(shares, key=lambda kind: shares[kind])
+    total = sum(shares.values())
+    return {"shares": shares, "best": best, "best_share": shares[best],
+            "proportional_share": sum(t * t for t in shares.values()) / total if total else 0.0}
+
+
+def recorded_kinds(paths: Sequence[Path]) -> list[tuple[str, list[float]]]:
+    """Every own group as (specialty, rewards), from node metrics files."""
+    groups = []
+    for path in paths:
+        for line in Path(path).read_text(encoding="utf-8").splitlines():
+            record = json.loads(line)
+            if record.get("kind") == "round":
+                groups += [(str(kind), list(rewards)) for kind, rewards in record.get("own_group_rewards", [])]
+    return groups
 
 
 def bound(records: Sequence[dict[str, Any]], questions: int) -> dict[str, float]:
@@ -77,7 +110,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             mix = json.loads((folder.parent / "experiment.json").read_text(encoding="utf-8"))
             questions = int(mix["settings"]["tasks"]["questions_per_round"])
             result = bound(records, questions) if records else None
-            passing = passing_share(recorded_groups(sorted(folder.glob("node-*/metrics.jsonl"))))
+            metrics = sorted(folder.glob("node-*/metrics.jsonl"))
+            passing = passing_share(recorded_groups(metrics))
+            ceiling = specialty_ceiling(recorded_kinds(metrics))
         except (OSError, ValueError, KeyError, TypeError) as exc:
             print(f"selection_bound: {folder} is not a finished experiment mix ({exc})", file=sys.stderr)
             return 2
@@ -93,6 +128,11 @@ def main(argv: Sequence[str] | None = None) -> int:
               + ("" if passing is None else f"; {passing:.0%} of them hold an answer that passed"
                  + (f" ({passing * result['teaching_per_cpu_hour']:.0f} a CPU hour)"
                     if result["teaching_per_cpu_hour"] else "")))
+        if ceiling is not None:
+            print(f"  by specialty: {ceiling['best']} alone would teach {ceiling['best_share']:.0%} of its groups; "
+                  f"weights in proportion to each specialty's share, {ceiling['proportional_share']:.0%} ("
+                  + ", ".join(f"{kind} {share:.0%}" for kind, share in sorted(ceiling["shares"].items(),
+                                                                              key=lambda kv: -kv[1])) + ")")
     return 0
 
 

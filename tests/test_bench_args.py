@@ -143,7 +143,14 @@ def test_selection_bound_is_the_oracles_teaching_groups_per_second_against_today
     groups = [["x", [1.0, 0.0]], ["y", [0.5, 0.0]], ["z", [1.0, 1.0]], ["w", [0.0, 0.0]]]
     (mix / "node-0" / "metrics.jsonl").write_text(json.dumps({"kind": "round", "own_group_rewards": groups}) + "\n")
     assert selection_bound.main([str(mix)]) == 0
-    assert "50% of them hold an answer that passed (180 a CPU hour)" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "50% of them hold an answer that passed (180 a CPU hour)" in out
+    assert "x alone would teach 100% of its groups" in out  # x and y 1.0, z and w 0.0: (1 + 1) / 2
+    assert "weights in proportion to each specialty's share, 100%" in out
+    ceiling = selection_bound.specialty_ceiling([("a", [1.0, 0.0]), ("a", [0.0, 0.0]), ("b", [1.0, 0.0])])
+    assert ceiling is not None and ceiling["shares"] == {"a": 0.5, "b": 1.0} and ceiling["best"] == "b"
+    assert ceiling["proportional_share"] == pytest.approx((0.25 + 1.0) / 1.5)
+    assert selection_bound.specialty_ceiling([]) is None
     for args in ([], ["--help"], [str(tmp_path)]):
         assert selection_bound.main(args) == 2
         err = capsys.readouterr().err
