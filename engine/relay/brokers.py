@@ -120,6 +120,7 @@ class Window:
         self._next = 0
         self._count = 0
         self._rng = random.Random()
+        self._held: dict[tuple[str, int], Entry] = {}  # (peer, seq) of each entry in the ring, for `holds`
 
     def __len__(self) -> int:
         return self._count
@@ -129,19 +130,19 @@ class Window:
         if self._count and mark <= self._marks[(self._next - 1) % self.size]:
             log.warning("ignoring an entry whose mark %s is not above the newest", mark)
             return
+        old = self._ring[self._next]
+        if old is not None and self._held.get((old.peer, old.seq)) is old:
+            del self._held[(old.peer, old.seq)]
         self._ring[self._next] = entry
+        self._held[(entry.peer, entry.seq)] = entry
         self._marks[self._next] = mark
         self._next = (self._next + 1) % self.size
         self._count = min(self._count + 1, self.size)
 
     def holds(self, peer: str, seq: int, payload: str) -> bool:
-        """True when an entry of peer's with this seq and this very payload is in the window (newest first: a
-        batch sent again is a recent one)."""
-        for i in range(self._count - 1, -1, -1):
-            e = self._ring[self._slot(i)]
-            if e is not None and e.peer == peer and e.seq == seq and e.payload == payload:
-                return True
-        return False
+        """True when an entry of peer's with this seq and this very payload is in the window."""
+        entry = self._held.get((peer, seq))
+        return entry is not None and entry.payload == payload
 
     def _slot(self, i: int) -> int:
         """Ring index of the i-th oldest entry."""

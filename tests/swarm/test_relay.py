@@ -63,6 +63,21 @@ async def test_a_batch_sent_again_after_a_lost_acknowledgement_is_acknowledged_a
     await b.close()
 
 
+def test_the_window_knows_a_batch_it_holds_until_the_batch_leaves_it() -> None:
+    from engine.relay.brokers import Entry, Window
+
+    window = Window(2, epoch="t")
+    window.add(Entry("a", "one", "s", 1), (1, 0))
+    window.add(Entry("b", "two", "s", 1), (2, 0))
+    assert window.holds("a", 1, "one") and window.holds("b", 1, "two")
+    assert not window.holds("a", 1, "other") and not window.holds("a", 2, "one") and not window.holds("c", 1, "one")
+    window.add(Entry("a", "three", "s", 2), (3, 0))  # the first batch leaves the ring of two
+    assert not window.holds("a", 1, "one") and window.holds("b", 1, "two") and window.holds("a", 2, "three")
+    window.add(Entry("a", "three", "s", 2), (4, 0))  # the same batch twice in the ring (a stream read again)
+    window.add(Entry("c", "four", "s", 1), (5, 0))  # the older copy leaves; the newer one is still held
+    assert window.holds("a", 2, "three") and not window.holds("b", 1, "two") and len(window) == 2
+
+
 async def test_handshake_refuses_bad_signature_wrong_nonce_and_stale_time(start_relay: StartRelay) -> None:
     relay = start_relay()
     for kw, code in (({"bad_sig": True}, p.E_BAD_SIGNATURE), ({"nonce": "ab" * 32}, p.E_AUTH),
