@@ -26,15 +26,20 @@ from pathlib import Path
 from typing import Any
 
 
-def recorded_groups(paths: Sequence[Path]) -> list[list[float]]:
-    """Every own group's rewards, from node metrics files."""
+def recorded_kinds(paths: Sequence[Path]) -> list[tuple[str, list[float]]]:
+    """Every own group as (specialty, rewards), from node metrics files."""
     groups = []
     for path in paths:
         for line in Path(path).read_text(encoding="utf-8").splitlines():
             record = json.loads(line)
             if record.get("kind") == "round":
-                groups += [list(rewards) for _, rewards in record.get("own_group_rewards", [])]
+                groups += [(str(kind), list(rewards)) for kind, rewards in record.get("own_group_rewards", [])]
     return groups
+
+
+def recorded_groups(paths: Sequence[Path]) -> list[list[float]]:
+    """Every own group's rewards, from node metrics files."""
+    return [rewards for _, rewards in recorded_kinds(paths)]
 
 
 def estimate(groups: Sequence[Sequence[float]], k: int, pool: int, questions: int) -> dict[str, Any]:

@@ -44,7 +44,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.probe_replay import recorded_groups
+from bench.probe_replay import recorded_kinds
 from engine.rollouts import PASS_REWARD, rewards_differ
 
 
@@ -69,17 +69,6 @@ def specialty_ceiling(groups: Sequence[tuple[str, Sequence[float]]]) -> dict[str
     total = sum(shares.values())
     return {"shares": shares, "best": best, "best_share": shares[best],
             "proportional_share": sum(t * t for t in shares.values()) / total if total else 0.0}
-
-
-def recorded_kinds(paths: Sequence[Path]) -> list[tuple[str, list[float]]]:
-    """Every own group as (specialty, rewards), from node metrics files."""
-    groups = []
-    for path in paths:
-        for line in Path(path).read_text(encoding="utf-8").splitlines():
-            record = json.loads(line)
-            if record.get("kind") == "round":
-                groups += [(str(kind), list(rewards)) for kind, rewards in record.get("own_group_rewards", [])]
-    return groups
 
 
 def bound(records: Sequence[dict[str, Any]], questions: int) -> dict[str, float]:
@@ -111,8 +100,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             questions = int(mix["settings"]["tasks"]["questions_per_round"])
             result = bound(records, questions) if records else None
             metrics = sorted(folder.glob("node-*/metrics.jsonl"))
-            passing = passing_share(recorded_groups(metrics))
-            ceiling = specialty_ceiling(recorded_kinds(metrics))
+            kinds = recorded_kinds(metrics)  # the files are read once
+            passing = passing_share([rewards for _, rewards in kinds])
+            ceiling = specialty_ceiling(kinds)
         except (OSError, ValueError, KeyError, TypeError) as exc:
             print(f"selection_bound: {folder} is not a finished experiment mix ({exc})", file=sys.stderr)
             return 2

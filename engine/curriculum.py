@@ -63,7 +63,7 @@ from typing import Any
 
 from engine.common.config import NodeConfig, TaskConfig
 from engine.common.errors import CheckpointError
-from engine.rollouts import PASS_REWARD, rewards_differ
+from engine.rollouts import PASS_REWARD, rewards_differ, teaches
 from engine.task_configs import DEFAULT_DATASET_CONFIGS
 
 log = logging.getLogger(__name__)
@@ -264,7 +264,7 @@ class GroupStats:
 
     def teaches(self, train_on: str) -> bool:
         """Trained on under grpo.train_on: answers that differ, and with 'passed' one of them a pass."""
-        return self.informative and (train_on == "informative" or self.passes > 0)
+        return teaches(self.informative, self.passes > 0, train_on)
 
     def all_fail(self, train_on: str) -> bool:
         """No answer passed, and none taught: a partial credit that varies teaches only with 'informative'."""

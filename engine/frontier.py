@@ -42,7 +42,7 @@ from typing import Any
 
 from engine.common.config import NodeConfig
 from engine.common.errors import CheckpointError, TaskError
-from engine.rollouts import Group, trained_groups
+from engine.rollouts import PASS_REWARD, Group, teaches
 from engine.tasks import EVAL_SEED_OFFSET, TaskRef
 
 log = logging.getLogger(__name__)
@@ -85,7 +85,8 @@ class Frontier:
         kept = {e.ref.key(): e for e in self.entries}
         reasked = informative = 0
         for group in groups:
-            ref, taught = group.question.ref, bool(trained_groups([group], self.train_on))
+            ref, taught = group.question.ref, teaches(group.informative, max(group.rewards) >= PASS_REWARD,
+                                                      self.train_on)
             entry = kept.get(ref.key())
             if entry is not None:
                 reasked += 1

@@ -146,13 +146,19 @@ def group_advantages(rewards: Sequence[float], eps: float) -> list[float]:
 PASS_REWARD = 1.0  # an answer scored at least this passed: full marks (held-out accuracy counts the same)
 
 
+def teaches(informative: bool, passed: bool, train_on: str) -> bool:
+    """Whether a group is trained on under grpo.train_on: its answers differ, and with 'passed' one of them passed.
+    The one rule for the round, the curriculum's windows and the re-ask frontier."""
+    return informative and (train_on == "informative" or passed)
+
+
 def trained_groups(groups: Sequence[Group], train_on: str = "informative") -> list[Group]:
     """The groups a round trains on (grpo.train_on): every informative one, or with 'passed' only those in which
     an answer passed; a group whose scores differ by partial credit alone (a well-formed wrong answer beside a
     malformed one) gets advantages as large as one with the right answer in it, and is left out."""
     if train_on not in TRAIN_ON:
         raise ValueError(f"train_on must be one of {', '.join(TRAIN_ON)}, got {train_on!r}")
-    return [g for g in groups if g.informative and (train_on == "informative" or max(g.rewards) >= PASS_REWARD)]
+    return [g for g in groups if teaches(g.informative, max(g.rewards) >= PASS_REWARD, train_on)]
 
 
 def train_items(groups: Sequence[Group]) -> list[TrainItem]:
