@@ -28,7 +28,14 @@ most that choosing specialties alone could give the share of own groups
 that teach, at the levels the run used: every question of the specialty
 whose groups taught most often, and weights in proportion to each
 specialty's teaching share (sum of t^2 over sum of t, each specialty's
-share t counted over its recorded groups).
+share t counted over its recorded groups). Last, the share of own groups
+that more or fewer answers a question would have trained on
+(`grpo.train_on='passed'`: an answer passed and one did not): fewer by
+drawing answers from each recorded group without replacement, exactly;
+more by fitting, per specialty, a beta-binomial to the groups' pass counts
+(maximum likelihood; a question's pass rate varies from question to
+question, and a group's passes are that rate's binomial draw). A specialty
+with no recorded pass projects to 0 at any size: there is nothing to fit.
 
 That bound holds only if the time to generate a group does not depend on
 whether it teaches, and it counts teaching groups, not what they teach: a
@@ -39,6 +46,7 @@ buys less held-out accuracy than this says.
 from __future__ import annotations
 
 import json
+import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -69,6 +77,62 @@ def specialty_ceiling(groups: Sequence[tuple[str, Sequence[float]]]) -> dict[str
     total = sum(shares.values())
     return {"shares": shares, "best": best, "best_share": shares[best],
             "proportional_share": sum(t * t for t in shares.values()) / total if total else 0.0}
+
+
+def _log_beta(a: float, b: float) -> float:
+    return math.lgamma(a) + math.lgamma(b) - math.lgamma(a + b)
+
+
+def _beta_binomial_log(k: int, n: int, a: float, b: float) -> float:
+    return (math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1)
+            + _log_beta(k + a, n - k + b) - _log_beta(a, b))
+
+
+def fit_beta_binomial(counts: Sequence[tuple[int, int]]) -> tuple[float, float]:
+    """The maximum-likelihood (a, b) of a beta-binomial for (passes, answers) groups: a grid over log a and log b
+    from 0.005 to 200, then a grid ten times finer around the best point."""
+    tally: dict[tuple[int, int], int] = {}
+    for pair in counts:
+        tally[pair] = tally.get(pair, 0) + 1
+
+    def loglik(la: float, lb: float) -> float:
+        a, b = math.exp(la), math.exp(lb)
+        return sum(m * _beta_binomial_log(k, n, a, b) for (k, n), m in tally.items())
+
+    step = math.log(1.25)
+    grid = [math.log(0.005) + i * step for i in range(int(math.log(200 / 0.005) / step) + 1)]
+    best = max(((la, lb) for la in grid for lb in grid), key=lambda p: loglik(*p))
+    fine = [i * step / 10 for i in range(-10, 11)]
+    best = max(((best[0] + da, best[1] + db) for da in fine for db in fine), key=lambda p: loglik(*p))
+    return math.exp(best[0]), math.exp(best[1])
+
+
+def answers_projection(groups: Sequence[tuple[str, Sequence[float]]],
+                       sizes: Sequence[int]) -> dict[int, float] | None:
+    """The share of own groups with a pass and a non-pass (trained on under grpo.train_on='passed') had each
+    question got `size` answers, for each size: exact below the recorded size, a beta-binomial fit per specialty
+    above it (None: no groups)."""
+    by_kind: dict[str, list[tuple[int, int]]] = {}
+    for kind, rewards in groups:
+        if rewards:
+            by_kind.setdefault(kind, []).append((sum(1 for r in rewards if r >= PASS_REWARD), len(rewards)))
+    total = sum(len(c) for c in by_kind.values())
+    if not total:
+        return None
+    shares = {size: 0.0 for size in sizes}
+    for counts in by_kind.values():
+        fitted = (fit_beta_binomial(counts) if any(0 < k for k, _ in counts) and any(k < n for k, n in counts)
+                  else None)
+        for size in sizes:
+            for k, n in counts:
+                if size <= n:  # drawing `size` of the n answers: neither all passes nor all misses
+                    none = math.comb(n - k, size) + math.comb(k, size)
+                    shares[size] += 1 - none / math.comb(n, size)
+                elif fitted is not None:
+                    a, b = fitted
+                    shares[size] += (1 - math.exp(_beta_binomial_log(0, size, a, b))
+                                     - math.exp(_beta_binomial_log(size, size, a, b)))
+    return {size: share / total for size, share in shares.items()}
 
 
 def bound(records: Sequence[dict[str, Any]], questions: int) -> dict[str, float]:
@@ -103,6 +167,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             kinds = recorded_kinds(metrics)  # the files are read once
             passing = passing_share([rewards for _, rewards in kinds])
             ceiling = specialty_ceiling(kinds)
+            recorded = max((len(rewards) for _, rewards in kinds), default=0)
+            sizes = sorted({max(2, recorded // 2), recorded, recorded * 2, recorded * 4} - {0})
+            projection = answers_projection(kinds, sizes)
         except (OSError, ValueError, KeyError, TypeError) as exc:
             print(f"selection_bound: {folder} is not a finished experiment mix ({exc})", file=sys.stderr)
             return 2
@@ -123,6 +190,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                   f"weights in proportion to each specialty's share, {ceiling['proportional_share']:.0%} ("
                   + ", ".join(f"{kind} {share:.0%}" for kind, share in sorted(ceiling["shares"].items(),
                                                                               key=lambda kv: -kv[1])) + ")")
+        if projection is not None:
+            print("  answers a question (G), the share of own groups with a pass and a miss (trained on under "
+                  "grpo.train_on='passed'): " + ", ".join(
+                      f"{size} {share:.0%}" + (" (recorded)" if size == recorded else "")
+                      for size, share in projection.items())
+                  + " (above the recorded G: a beta-binomial fit per specialty)")
     return 0
 
 

@@ -147,6 +147,7 @@ def test_selection_bound_is_the_oracles_teaching_groups_per_second_against_today
     assert "50% of them hold an answer that passed (180 a CPU hour)" in out
     assert "x alone would teach 100% of its groups" in out  # x and y 1.0, z and w 0.0: (1 + 1) / 2
     assert "weights in proportion to each specialty's share, 100%" in out
+    assert "answers a question (G)" in out and "2 25% (recorded)" in out  # only x has a pass and a miss
     ceiling = selection_bound.specialty_ceiling([("a", [1.0, 0.0]), ("a", [0.0, 0.0]), ("b", [1.0, 0.0])])
     assert ceiling is not None and ceiling["shares"] == {"a": 0.5, "b": 1.0} and ceiling["best"] == "b"
     assert ceiling["proportional_share"] == pytest.approx((0.25 + 1.0) / 1.5)
@@ -155,6 +156,33 @@ def test_selection_bound_is_the_oracles_teaching_groups_per_second_against_today
         assert selection_bound.main(args) == 2
         err = capsys.readouterr().err
         assert err.startswith("selection_bound: ") and err.count("\n") == 1
+
+
+def test_answers_projection_draws_fewer_answers_exactly_and_fits_more() -> None:
+    """Fewer answers: from [1, 0, 0, 0], two drawn hold the pass with odds 3 / 6. More: groups whose pass counts are
+    a beta-binomial's expectation (a = 0.2, b = 0.3, 8 answers) give back that law's share at 16 and 32 answers. A
+    specialty with no pass projects to 0."""
+    import math
+
+    from bench import selection_bound
+
+    assert selection_bound.answers_projection([("x", [1.0, 0.0, 0.0, 0.0])], [2, 4]) == {2: 0.5, 4: 1.0}
+    assert selection_bound.answers_projection([], [4]) is None
+
+    def law(k: int, n: int, a: float = 0.2, b: float = 0.3) -> float:
+        return math.exp(selection_bound._beta_binomial_log(k, n, a, b))
+
+    groups = [("x", [1.0] * k + [0.0] * (8 - k)) for k in range(9) for _ in range(round(20000 * law(k, 8)))]
+    groups += [("dead", [0.0] * 8)] * 5000
+    n = len(groups)
+    projection = selection_bound.answers_projection(groups, [8, 16, 32])
+    assert projection is not None
+    for size in (8, 16, 32):
+        expected = (n - 5000) / n * (1 - law(0, size) - law(size, size))
+        assert projection[size] == pytest.approx(expected, abs=0.005)
+    assert projection[8] < projection[16] < projection[32]
+    a, b = selection_bound.fit_beta_binomial([(k, 8) for _, g in groups[:-5000] for k in [int(sum(g))]])
+    assert a == pytest.approx(0.2, rel=0.1) and b == pytest.approx(0.3, rel=0.1)
 
 
 def test_score_shares_counts_a_kinds_answers_by_score_in_blocks_of_rounds(tmp_path: Any,
