@@ -9,6 +9,14 @@ removed. `InviteEvents` catches the open-URL event macOS sends when a
 
 `install_excepthook` routes uncaught exceptions to the app log (rotating,
 in the platformdirs log dir) and to an error dialog with the traceback.
+
+`QuitSignals` turns SIGINT (Ctrl+C in the terminal that ran `make run`) and
+SIGTERM (a logout, `kill`) into a Qt signal: Python runs its signal
+handlers only between bytecodes, and Qt's event loop runs none while it
+waits, so the C handler writes the signal's number to a socket
+(`signal.set_wakeup_fd`) that a QSocketNotifier watches. Without it, Ctrl+C
+raised KeyboardInterrupt inside whatever Qt callback ran next, printed a
+traceback and left the app running.
 """
 
 from __future__ import annotations
@@ -17,13 +25,15 @@ import getpass
 import hashlib
 import logging
 import logging.handlers
+import signal
+import socket
 import sys
 import traceback
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
-from PySide6.QtCore import QEvent, QObject, Signal
+from PySide6.QtCore import QEvent, QObject, QSocketNotifier, Signal
 from PySide6.QtGui import QFileOpenEvent
 from PySide6.QtNetwork import QLocalServer, QLocalSocket
 
@@ -115,6 +125,52 @@ class InviteEvents(QObject):
                 self.inviteOpened.emit(bytes(url.toEncoded().data()).decode("ascii", errors="replace"))
                 return True
         return super().eventFilter(watched, event)
+
+
+class QuitSignals(QObject):
+    """SIGINT and SIGTERM as `received(count)`: how many have arrived so far (the first asks to quit at a safe point,
+    another to quit now). `install()` from the main thread; `uninstall()` puts back what was there before."""
+
+    received = Signal(int)
+
+    def __init__(self, parent: QObject | None = None) -> None:
+        super().__init__(parent)
+        self.count = 0
+        self._read, self._write = socket.socketpair()
+        for end in (self._read, self._write):
+            end.setblocking(False)
+        self._notifier = QSocketNotifier(self._read.fileno(), QSocketNotifier.Type.Read, self)
+        self._notifier.activated.connect(self._drain)
+        self._before: dict[int, object] = {}
+        self._wakeup_before: int | None = None
+        self.signals = [s for s in (signal.SIGINT, getattr(signal, "SIGTERM", None)) if s is not None]
+
+    def install(self) -> None:
+        self._wakeup_before = signal.set_wakeup_fd(self._write.fileno(), warn_on_full_buffer=False)
+        for number in self.signals:
+            # A Python handler must be set for the C handler to write the wakeup byte; the work happens in _drain.
+            self._before[number] = signal.signal(number, lambda *_: None)
+
+    def uninstall(self) -> None:
+        for number, handler in self._before.items():
+            signal.signal(number, handler)  # type: ignore[arg-type]
+        self._before.clear()
+        if self._wakeup_before is not None:
+            signal.set_wakeup_fd(self._wakeup_before)
+            self._wakeup_before = None
+        self._notifier.setEnabled(False)
+        self._read.close()
+        self._write.close()
+
+    def _drain(self) -> None:
+        try:
+            data = self._read.recv(256)
+        except OSError:  # nothing left to read (BlockingIOError) or the socket closed
+            return
+        for number in data:
+            if number in self.signals:
+                self.count += 1
+                self.received.emit(self.count)
 
 
 def setup_app_logging(log_dir: Path) -> Path | None:

@@ -8,6 +8,7 @@ tests all assemble the app the same way.
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -67,6 +68,18 @@ class Gui:
         if wanted != self.window.app_settings.resume_training:
             self.window.app_settings.resume_training = wanted
             self.window.save_app_settings()
+
+    def quit_on_signal(self, count: int) -> None:
+        """SIGINT or SIGTERM: the first quits as the tray's Quit does (training stops at its next safe point, the
+        last checkpoint is kept); another stops the engine now."""
+        if count == 1:
+            log.info("quit signal: stopping at the next safe point")
+            print("Sapling: quitting; training stops at its next safe point (the last checkpoint is kept). "
+                  "Press Ctrl+C again to stop now.", file=sys.stderr, flush=True)
+            self.quit()
+        elif self.engine.is_running():
+            log.info("second quit signal: stopping the engine now")
+            self.engine.kill()
 
     def quit(self, grace_ms: int = QUIT_GRACE_MS) -> None:
         """Stop the engine at a safe point (at most `grace_ms`, then kill), then leave the event loop."""

@@ -15,6 +15,8 @@ window and the engine it starts as a child (`sapling node serve`).
 from __future__ import annotations
 
 import argparse
+import logging
+import os
 import sys
 import traceback
 from collections.abc import Sequence
@@ -50,6 +52,7 @@ def run_gui(args: argparse.Namespace) -> int:
     from app.engine_flags import EngineFlags
     from app.guards import (
         InviteEvents,
+        QuitSignals,
         SingleInstance,
         error_dialog,
         install_excepthook,
@@ -84,6 +87,12 @@ def run_gui(args: argparse.Namespace) -> int:
     route_qt_messages()
 
     gui = build_gui(flags)
+    quit_signals = QuitSignals(app)  # Ctrl+C in the terminal, or a logout's SIGTERM: quit as the tray's Quit does
+    quit_signals.received.connect(gui.quit_on_signal)
+    quit_signals.install()
+    from engine import __version__
+
+    logging.getLogger("app").info("Sapling %s started (pid %d)", __version__, os.getpid())
     guard.raiseRequested.connect(gui.window.bring_to_front)
     guard.inviteReceived.connect(gui.window.open_invite)
     invites.inviteOpened.connect(gui.window.open_invite)
@@ -98,6 +107,7 @@ def run_gui(args: argparse.Namespace) -> int:
         gui.window.show()
         QTimer.singleShot(0, lambda: gui.after_show(args.invite))
     code = app.exec()
+    quit_signals.uninstall()
     guard.close()
     return int(code)
 

@@ -65,3 +65,32 @@ def test_the_join_dialog_loads_no_network_or_crypto_library() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == ""
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+@pytest.mark.parametrize("number", [2, 15])  # SIGINT (Ctrl+C in the terminal of `make run`), SIGTERM (a logout)
+def test_a_quit_signal_closes_the_app_without_a_traceback(tmp_path: Path, number: int) -> None:
+    """Before, Ctrl+C raised KeyboardInterrupt inside the next Qt callback: a traceback, and the app kept running."""
+    import signal
+    import time
+
+    env = dict(os.environ, QT_QPA_PLATFORM="offscreen")
+    proc = subprocess.Popen([sys.executable, "-m", "app.main", "--home", str(tmp_path)], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        logs = tmp_path / "logs" / "sapling-app.log"
+        while not (logs.exists() and "started (pid" in logs.read_text(encoding="utf-8")):
+            assert proc.poll() is None and time.monotonic() < deadline, "the app did not start"
+            time.sleep(0.2)
+        proc.send_signal(signal.Signals(number))
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err
+    assert "quitting; training stops at its next safe point" in err
+    assert "quit signal" in logs.read_text(encoding="utf-8")

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from app.autostart import Autostart, desktop_exec, launch_command
-from app.guards import SingleInstance, install_excepthook, setup_app_logging
+from app.guards import QuitSignals, SingleInstance, install_excepthook, setup_app_logging
 from tests.app.conftest import MakeGui, fake_command, read_commands
 
 
@@ -95,6 +95,43 @@ def test_second_launch_raises_the_first(qtbot, tmp_path: Path) -> None:  # type:
     with qtbot.waitSignal(first.raiseRequested, timeout=5_000):
         assert second.notify_running()
     first.close()
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+def test_quit_signals_count_each_signal_and_put_back_the_handlers(qtbot) -> None:  # type: ignore[no-untyped-def]
+    import os
+    import signal
+
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    signals = QuitSignals()
+    seen: list[int] = []
+    signals.received.connect(seen.append)
+    signals.install()
+    try:
+        os.kill(os.getpid(), signal.SIGINT)  # no KeyboardInterrupt: the event loop hears of it
+        qtbot.waitUntil(lambda: seen == [1], timeout=5_000)
+        os.kill(os.getpid(), signal.SIGTERM)  # and the process is not ended
+        qtbot.waitUntil(lambda: seen == [1, 2], timeout=5_000)
+    finally:
+        signals.uninstall()
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
+
+
+@pytest.mark.integration
+def test_a_quit_signal_stops_at_a_safe_point_and_a_second_stops_now(qtbot, make_gui: MakeGui,  # type: ignore[no-untyped-def]
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    gui = make_gui(fake_command("--hold", "--ignore-stop"))
+    gui.window.show()
+    gui.controller.start()
+    qtbot.waitUntil(lambda: gui.controller.phase == "training", timeout=20_000)
+    quits: list[bool] = []
+    gui.on_quit = lambda: quits.append(True)
+    gui.quit_on_signal(1)
+    assert gui.controller.phase == "stopping" and gui.engine.is_running() and not quits
+    assert "Press Ctrl+C again to stop now" in capsys.readouterr().err
+    with qtbot.waitSignal(gui.engine.exited, timeout=10_000):
+        gui.quit_on_signal(2)  # the engine ignores stop: killed
+    assert quits == [True]
 
 
 def test_excepthook_logs_and_shows_a_dialog(tmp_path: Path) -> None:
