@@ -75,7 +75,8 @@ class Gui:
         if count == 1:
             log.info("quit signal: stopping at the next safe point")
             print("Sapling: quitting; training stops at its next safe point (the last checkpoint is kept). "
-                  "Press Ctrl+C again to stop now.", file=sys.stderr, flush=True)
+                  "Press Ctrl+C again to stop now." if self.engine.is_running() else "Sapling: quitting.",
+                  file=sys.stderr, flush=True)
             self.quit()
         elif self.engine.is_running():
             log.info("second quit signal: stopping the engine now")
