@@ -569,10 +569,13 @@ def held_out_plot(variants: Sequence[str]) -> bytes:
                   else "CPU hours on the node's own computer (all its threads)")
     ax.set_ylabel("held-out accuracy (%)")
     ax.grid(alpha=0.3)
-    ax.legend()
+    if len(curves) > 4:  # beside the axes: inside, a dozen entries cover the curves' last evaluations
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
+    else:
+        ax.legend()
     fig.tight_layout()
     buffer = io.BytesIO()
-    fig.savefig(buffer, format="png")
+    fig.savefig(buffer, format="png", bbox_inches="tight")
     plt.close(fig)
     return buffer.getvalue()
 
