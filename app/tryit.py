@@ -49,6 +49,7 @@ from PySide6.QtWidgets import (
 from app.engine_process import engine_environment
 from engine.common.config import SAPO_SPECIALTIES
 from engine.common.events import CHAT_MESSAGE_FIELDS, encode
+from engine.gguf.export import EXPORT_MARKER
 
 log = logging.getLogger(__name__)
 
@@ -374,6 +375,14 @@ class TryItPanel(QWidget):
         self._done()
 
 
+def export_folder_in(where: Path, name: str) -> Path:
+    """The folder a Hugging Face export writes when the user picks `where`: `where` itself when it is empty or an
+    earlier export, else a new `name` folder inside it (an export replaces its folder whole)."""
+    if where.is_dir() and (not any(where.iterdir()) or (where / EXPORT_MARKER).is_file()):
+        return where
+    return where / (name or "sapling-model")
+
+
 class ExportDialog(QDialog):
     """Choose a format and a place; `sapling-node export` runs as a child and reports its steps."""
 
@@ -439,7 +448,9 @@ class ExportDialog(QDialog):
     def choose(self) -> None:
         label, fmt, _quant, suffix = self.choice()
         if fmt == "hf":
-            chosen = QFileDialog.getExistingDirectory(self, "Export to a folder", str(Path(self.path.text()).parent))
+            where = QFileDialog.getExistingDirectory(self, "Choose where to put the model's folder",
+                                                     str(Path(self.path.text()).parent))
+            chosen = str(export_folder_in(Path(where), Path(self.path.text()).name)) if where else ""
         else:
             chosen, _ = QFileDialog.getSaveFileName(self, "Export model", self.path.text(), f"{label} (*{suffix})")
         if chosen:

@@ -31,6 +31,7 @@ from engine.common.paths import Paths
 from engine.gguf.export import DEFAULT_QUANT, export_model
 from engine.gguf.export import FORMATS as EXPORT_FORMATS
 from engine.gguf.export import QUANTS as EXPORT_QUANTS
+from engine.gguf.export import format_for as export_format_for
 from engine.launch import add_settings_flags, config_from_args, run_node, setup_logging, stop_on_signals
 from engine.swarm import identity_backup, node_stats
 from engine.terminal import ConsoleHandler, TerminalView
@@ -59,10 +60,12 @@ def build_parser() -> argparse.ArgumentParser:
                                  "(docs/exporting.md)")
     add_settings_flags(export)
     export.add_argument("--out", type=Path, required=True,
-                        help="folder (hf) or file (gguf, gguf-lora) to write, replaced atomically")
-    export.add_argument("--format", default="hf", choices=EXPORT_FORMATS,
+                        help="folder (hf) or file (gguf, gguf-lora) to write; it replaces only an earlier export or an "
+                             "empty folder, atomically")
+    export.add_argument("--format", choices=EXPORT_FORMATS,
                         help="hf: merged Hugging Face folder; gguf: merged GGUF file for llama.cpp, Ollama, LM Studio; "
-                             "gguf-lora: the adapter alone, for llama.cpp's --lora")
+                             "gguf-lora: the adapter alone, for llama.cpp's --lora (default: gguf when --out ends in "
+                             ".gguf, else hf)")
     export.add_argument("--quant", default=DEFAULT_QUANT, choices=EXPORT_QUANTS,
                         help=f"GGUF weight type (default {DEFAULT_QUANT})")
     export.add_argument("--round", dest="export_round", type=int, metavar="N",
@@ -146,7 +149,8 @@ def cmd_run(args: argparse.Namespace, paths: Paths, config: NodeConfig) -> int:
 
 
 def cmd_export(args: argparse.Namespace, paths: Paths, config: NodeConfig) -> int:
-    result = export_model(config, paths, args.out, args.format, args.quant, args.export_round,
+    fmt = args.format or export_format_for(args.out)
+    result = export_model(config, paths, args.out, fmt, args.quant, args.export_round,
                           report=lambda message: print(message, flush=True))
     what = "the base model" if result.round == 0 else f"round {result.round}"
     kind = (f"GGUF {result.quant}" if result.format == "gguf" else "GGUF LoRA" if result.format == "gguf-lora"

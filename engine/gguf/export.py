@@ -25,7 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from engine import __version__
 from engine.checkpoint import Checkpoint, _listed, checkpoint_name, verify
+from engine.common.atomicio import atomic_dir, atomic_write_json
 from engine.common.errors import CheckpointError, ConfigError
 from engine.gguf.convert import CONVERT_LORA, atomic_file, converter_dir, hf_to_gguf, run_converter
 from engine.seeds import fixed_seed
@@ -41,6 +43,8 @@ QUANTS = ("f16", "bf16", "q8_0", "f32")  # f32: the exact weights, twice f16's s
 # f16 by default: bf16's size with 3 more mantissa bits. With llama.cpp's KV cache in f32 (as Try it runs
 # it) its greedy answers equalled torch fp32's on 10 of 10 prompts, bf16's on 9 (docs/exporting.md).
 DEFAULT_QUANT = "f16"
+GGUF_MAGIC = b"GGUF"
+EXPORT_MARKER = "sapling-export.json"  # what a Hugging Face export writes beside the weights: run, round, version
 ADAPTER_FILE = "adapter.safetensors"  # what both backends write into a LoRA checkpoint, in peft's names
 
 Report = Callable[[str], None]
@@ -111,6 +115,7 @@ def export_model(
     if round_index is not None and round_index < 0:
         raise ConfigError("--round must be 0 (the base model) or a checkpoint's round number.")
     out = Path(out).expanduser()
+    check_target(out, fmt)  # before minutes of loading, and before anything is written
     if fmt != "hf":
         converter_dir()  # fail before minutes of loading when it is missing
     from engine.models import BASE_GGUF_QUANT, base_gguf, resolve_model_dir
@@ -138,15 +143,55 @@ def export_model(
         else:
             report(f"Converting the base model to GGUF ({quant})…")
             hf_to_gguf(model_dir, out, quant, name)
+    elif fmt == "hf":
+        with atomic_dir(out) as folder:
+            _merged_hf(config, model_dir, checkpoint, folder, report)
+            atomic_write_json(folder / EXPORT_MARKER, {
+                "sapling": __version__, "run": config.run.run_name, "round": found_round, "base_model": model_dir.name,
+            })
+            folder.chmod(0o755)  # a folder for other tools, not a private temporary one
     else:
         with tempfile.TemporaryDirectory(prefix="sapling-export-", dir=_scratch_dir(out)) as scratch:
-            target = out if fmt == "hf" else Path(scratch) / "merged"
+            target = Path(scratch) / "merged"
             _merged_hf(config, model_dir, checkpoint, target, report)
-            if fmt == "gguf":
-                report(f"Converting to GGUF ({quant})…")
-                hf_to_gguf(target, out, quant, name)
+            report(f"Converting to GGUF ({quant})…")
+            hf_to_gguf(target, out, quant, name)
     size = sum(f.stat().st_size for f in out.rglob("*") if f.is_file()) if out.is_dir() else out.stat().st_size
     return ExportResult(found_round, out, fmt, None if fmt == "hf" else quant, size)
+
+
+def check_target(out: Path, fmt: str) -> None:
+    """Refuse an output that would replace something that is not an earlier export: a user's folder or file.
+
+    An export replaces its target whole (atomically), so `--out ~/Documents` must not be taken as "inside
+    ~/Documents". A Hugging Face export may replace an empty folder or one that an export wrote (it holds
+    `EXPORT_MARKER`); a GGUF export may replace a GGUF file.
+    """
+    if fmt == "hf":
+        if out.suffix.lower() == ".gguf":
+            raise ConfigError(f"{out.name} is a GGUF file name, but the Hugging Face format writes a folder: "
+                              "use --format gguf, or a folder name without .gguf.")
+        if out.is_dir():
+            if any(out.iterdir()) and not (out / EXPORT_MARKER).is_file():
+                raise ConfigError(f"{out} already holds files that an export did not write; nothing was changed. "
+                                  "Give a new folder name (the export creates it) or an empty folder.")
+        elif out.exists():
+            raise ConfigError(f"{out} is a file, and the Hugging Face format writes a folder: give a folder name "
+                              "that does not exist yet.")
+        return
+    if out.is_dir():
+        raise ConfigError(f"{out} is a folder, and a GGUF export is one file: give a file name, for example "
+                          f"{out / 'sapling-model.gguf'}.")
+    if out.exists():
+        with open(out, "rb") as handle:
+            if handle.read(4) != GGUF_MAGIC:
+                raise ConfigError(f"{out} exists and is not a GGUF file; nothing was changed. Give another name, "
+                                  "or delete it first.")
+
+
+def format_for(out: Path) -> str:
+    """The format `--out` implies when --format is not given: a .gguf name is a GGUF file."""
+    return "gguf" if Path(out).suffix.lower() == ".gguf" else "hf"
 
 
 def _scratch_dir(out: Path) -> Path:

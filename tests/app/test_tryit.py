@@ -23,9 +23,11 @@ from app.tryit import (
     ExportDialog,
     TryItPanel,
     exit_sentence,
+    export_folder_in,
     parse_chat_line,
 )
 from engine.common.events import node_command
+from engine.gguf.export import EXPORT_MARKER
 from tests.app.conftest import MakeGui
 
 HERE = Path(__file__).resolve().parent
@@ -222,6 +224,32 @@ def test_export_dialog_runs_the_command_shows_its_steps_and_where_the_file_went(
     assert dialog.step.text() == "Converting to GGUF (f16)…" and dialog.export_button.isEnabled()
     dialog.format.setCurrentIndex(3)
     assert dialog.path.text() == str(tmp_path / "model")
+
+
+def test_choosing_a_folder_for_a_hugging_face_export_never_means_replacing_it(qtbot, tmp_path: Path,  # type: ignore[no-untyped-def]
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """An export replaces its folder whole, so a picked folder that holds the user's files gets a new one inside."""
+    documents = tmp_path / "Documents"
+    documents.mkdir()
+    (documents / "thesis.odt").write_text("years of work")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    earlier = tmp_path / "earlier-export"
+    earlier.mkdir()
+    (earlier / EXPORT_MARKER).write_text("{}")
+    dialog = ExportDialog(lambda flags: [], training=False)
+    qtbot.addWidget(dialog)
+    dialog.format.setCurrentIndex(3)  # Hugging Face folder
+    assert dialog.path.text().endswith("sapling-model")
+    for picked, expected in ((documents, documents / "sapling-model"), (empty, empty), (earlier, earlier)):
+        monkeypatch.setattr("app.tryit.QFileDialog.getExistingDirectory", lambda *a, p=picked: str(p))
+        dialog.path.setText(str(tmp_path / "sapling-model"))
+        dialog.choose()
+        assert dialog.path.text() == str(expected)
+    assert export_folder_in(documents, "") == documents / "sapling-model"
+    monkeypatch.setattr("app.tryit.QFileDialog.getExistingDirectory", lambda *a: "")  # cancelled: unchanged
+    dialog.choose()
+    assert dialog.path.text() == str(earlier)
 
 
 @pytest.mark.integration

@@ -8,6 +8,7 @@ byte-level test tokenizer cannot be converted (that refusal is tested too).
 
 from __future__ import annotations
 
+import json
 import shutil
 import sys
 from pathlib import Path
@@ -20,7 +21,7 @@ from engine.common.config import NodeConfig, build_config
 from engine.common.errors import CheckpointError, ConfigError, ModelError
 from engine.common.paths import Paths
 from engine.gguf.convert import CONVERTER_ENV
-from engine.gguf.export import export_model, find_checkpoint
+from engine.gguf.export import EXPORT_MARKER, export_model, find_checkpoint
 from engine.gguf.merge import merge_lora, tensor_table
 
 # Every test here converts the bundled model (the `smol_dir` fixture) or starts `sapling-node export`.
@@ -308,6 +309,45 @@ def test_export_names_the_checkpoint_or_says_what_is_missing(tiny_smol_dir: Path
         find_checkpoint(other, paths, None)
 
 
+def test_an_export_replaces_only_an_earlier_export_never_a_users_folder_or_file(
+        tiny_smol_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    paths = Paths.under(tmp_path / "home")
+    config = _config(tiny_smol_dir)
+    _make_checkpoint(config, paths, 1)
+    documents = tmp_path / "Documents"
+    documents.mkdir()
+    (documents / "thesis.odt").write_text("years of work")
+    notes = tmp_path / "notes.txt"
+    notes.write_text("mine")
+    refused = [
+        (documents, "hf", "already holds files that an export did not write"),
+        (notes, "hf", "is a file"),
+        (tmp_path / "model.gguf", "hf", "GGUF file name"),
+        (documents, "gguf", "is a folder"),
+        (notes, "gguf", "not a GGUF file"),
+        (notes, "gguf-lora", "not a GGUF file"),
+    ]
+    with monkeypatch.context() as patch:  # refused at once, before the model is even looked for
+        patch.setattr("engine.models.resolve_model_dir", lambda *a, **k: pytest.fail("resolved the model first"))
+        for out, fmt, sentence in refused:
+            with pytest.raises(ConfigError, match=sentence):
+                export_model(config, paths, out, fmt)
+    assert (documents / "thesis.odt").read_text() == "years of work" and notes.read_text() == "mine"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["Documents", "home", "notes.txt"]
+
+    out = tmp_path / "exported"
+    first = export_model(config, paths, out, "hf")
+    marker = json.loads((out / EXPORT_MARKER).read_text())
+    assert first.round == marker["round"] == 1 and marker["run"] == "default"
+    assert (out / "model.safetensors").is_file() and out.stat().st_mode & 0o777 == 0o755
+    _make_checkpoint(config, paths, 2, seed=2)
+    assert export_model(config, paths, out, "hf").round == 2  # an earlier export is replaced whole
+    assert json.loads((out / EXPORT_MARKER).read_text())["round"] == 2
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert export_model(config, paths, empty, "hf").path == empty and (empty / EXPORT_MARKER).is_file()
+
+
 def test_a_tokenizer_llama_cpp_does_not_know_is_one_sentence(tiny_model_dir: Path, tmp_path: Path) -> None:
     paths = Paths.under(tmp_path / "home")
     with pytest.raises(ModelError, match=r"does not support this model.*--format hf"):
@@ -339,6 +379,15 @@ def test_cli_exports_gguf_and_reports_what_it_wrote(tiny_smol_dir: Path, tmp_pat
                  "--round", "9", "--format", "gguf", "--out", str(out)])
     assert code == 4
     assert "no checkpoint for round 9" in capsys.readouterr().err
+    inferred = tmp_path / "inferred.GGUF"  # no --format: a .gguf name is a GGUF file, not a folder of that name
+    code = main(["export", "--home", str(home), "--model", str(tiny_smol_dir), "--device", "cpu", "--set",
+                 "grpo.precision='fp32'", "--out", str(inferred)])
+    assert code == 0 and inferred.is_file() and inferred.read_bytes()[:4] == b"GGUF"
+    assert "(GGUF f16," in capsys.readouterr().out
+    code = main(["export", "--home", str(home), "--model", str(tiny_smol_dir), "--format", "hf", "--out",
+                 str(tmp_path)])
+    assert code != 0 and "already holds files that an export did not write" in capsys.readouterr().err
+    assert inferred.is_file() and out.is_file()
 
 
 @pytest.mark.slow
