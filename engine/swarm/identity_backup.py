@@ -93,6 +93,8 @@ def export_identity(paths: Paths, dest: Path) -> Identity:
         raise IdentityError(f"{dest} is the identity file itself; choose a file somewhere else for the backup.")
     if dest.is_dir():
         raise IdentityError(f"{dest} is a folder; give the name of the backup file to write.")
+    if dest.exists():
+        _may_replace(dest, identity)
     pem = _pem(read_key(paths.identity_file, "The key file"))
     note = NOTE.format(name=identity.name, peer_id=identity.peer_id).encode("utf-8")
     try:
@@ -100,6 +102,18 @@ def export_identity(paths: Paths, dest: Path) -> Identity:
     except OSError as exc:
         raise IdentityError(f"The backup cannot be written to {dest} ({exc.strerror or exc}).") from None
     return identity
+
+
+def _may_replace(dest: Path, identity: Identity) -> None:
+    """A backup replaces only an earlier backup of the same identity: not a user's file, nor another node's key."""
+    try:
+        there = Identity(read_key(dest, "The file"))
+    except IdentityError:
+        raise IdentityError(f"{dest} exists and is not a Sapling identity backup; nothing was changed. Give another "
+                            "name, or delete it first.") from None
+    if there.peer_id != identity.peer_id:
+        raise IdentityError(f"{dest} holds the backup of another identity, {there.name} (peer id {there.peer_id}); "
+                            "nothing was changed. Give another name, so that both are kept.")
 
 
 def import_identity(paths: Paths, source: Path, now: float | None = None) -> tuple[Identity, Path | None, bool]:

@@ -145,3 +145,19 @@ def test_show_and_export_both_make_the_identity_when_there_is_none_and_agree(tmp
     assert code == 2 and "the identity file itself" in err
     if os.name == "posix":
         assert mode(tmp_path / "b.key") == 0o600
+
+
+def test_a_backup_replaces_only_an_earlier_backup_of_the_same_identity(tmp_path: Path,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    home, other_home = tmp_path / "home", tmp_path / "other"
+    backup, theirs, notes = tmp_path / "mine.key", tmp_path / "theirs.key", tmp_path / "notes.txt"
+    assert run(capsys, "identity", "export", str(backup), "--home", str(home))[0] == 0
+    assert run(capsys, "identity", "export", str(backup), "--home", str(home))[0] == 0  # the same key again
+    assert run(capsys, "identity", "export", str(theirs), "--home", str(other_home))[0] == 0
+    kept = theirs.read_bytes()
+    notes.write_text("mine")
+    code, _out, err = run(capsys, "identity", "export", str(theirs), "--home", str(home))
+    assert code == 2 and f"another identity, {node(other_home).name}" in err and theirs.read_bytes() == kept
+    code, _out, err = run(capsys, "identity", "export", str(notes), "--home", str(home))
+    assert code == 2 and "not a Sapling identity backup; nothing was changed" in err and notes.read_text() == "mine"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["home", "mine.key", "notes.txt", "other", "theirs.key"]
