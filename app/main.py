@@ -73,6 +73,14 @@ def run_gui(args: argparse.Namespace) -> int:
     app.setQuitOnLastWindowClosed(False)
     theme.apply(app)
     app.setWindowIcon(theme.icon())
+    problem = paths.problem()  # --home (or SAPLING_HOME) names a file, or a folder nobody may write in
+    if problem:
+        from PySide6.QtWidgets import QMessageBox
+
+        print(f"sapling: error: {problem}", file=sys.stderr)
+        if app.platformName() not in ("offscreen", "minimal"):
+            QMessageBox.critical(None, "Sapling cannot start", problem)
+        return 2
 
     guard = SingleInstance(instance_name(paths.config_dir))
     if guard.notify_running(invite=args.invite):

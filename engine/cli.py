@@ -211,6 +211,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "discover":
         return cmd_discover(args)
     paths = Paths.under(args.home) if args.home else Paths.default()
+    problem = paths.problem()
+    if problem:
+        print(f"sapling-node: error: {problem}", file=sys.stderr)
+        return 2
     if args.command == "serve":
         from engine.serve import serve
 

@@ -42,6 +42,21 @@ class Paths:
         root = Path(root).expanduser()
         return cls(root / "config", root / "data", root / "cache", root / "logs")
 
+    def problem(self) -> str | None:
+        """One sentence when a folder cannot be made or written (a file is in the way, no permission), else None.
+
+        Nothing is created: commands that only read (`identity show`, `stats`) make no folders.
+        """
+        for folder in (self.config_dir, self.data_dir, self.cache_dir, self.log_dir):
+            existing = folder
+            while not existing.exists() and existing.parent != existing:
+                existing = existing.parent
+            if not existing.is_dir():
+                return f"{existing} is a file, so the folder {folder} cannot be made there; give another folder."
+            if not os.access(existing, os.W_OK | os.X_OK):
+                return f"Sapling cannot write in {existing} (no permission); give a folder that you can write in."
+        return None
+
     @property
     def config_file(self) -> Path:
         return self.config_dir / "config.toml"

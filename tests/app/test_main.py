@@ -57,6 +57,20 @@ def test_node_subcommand_runs_without_qt(tmp_path: Path) -> None:
 
 
 @pytest.mark.integration
+def test_a_home_that_is_a_file_is_one_sentence_for_the_app_and_the_node(tmp_path: Path) -> None:
+    afile = tmp_path / "afile"
+    afile.write_text("mine")
+    env = {**os.environ, "QT_QPA_PLATFORM": "offscreen"}
+    for argv in (["--home", str(afile)], ["node", "identity", "show", "--home", str(afile / "sub")],
+                 ["node", "run", "--home", str(afile)]):
+        out = subprocess.run([sys.executable, "-c", "import sys, app.main; sys.exit(app.main.main(sys.argv[1:]))",
+                              *argv], capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
+        assert out.returncode == 2, out.stderr
+        assert f"{afile} is a file, so the folder" in out.stderr and "Traceback" not in out.stderr
+    assert afile.read_text() == "mine"
+
+
+@pytest.mark.integration
 def test_the_join_dialog_loads_no_network_or_crypto_library() -> None:
     """engine.common.joining (the relay information fetcher the app imports) is standard library only."""
     code = ("import sys, app.join, app.doctor, engine.common.joining, engine.common.model_policy; "
