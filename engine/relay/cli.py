@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import os
 import signal
+import socket
 import sys
 
 from aiohttp import web
@@ -43,8 +45,14 @@ async def serve(relay: Relay) -> int:
         await runner.setup()  # the relay's on_startup: Redis is asked here (RelayStartError)
         try:
             await web.TCPSite(runner, settings.host, settings.port).start()
+        except socket.gaierror:
+            raise RelayStartError(f"cannot listen on {settings.host}: no such address; correct --host (0.0.0.0 "
+                                  "listens on all of this computer's addresses)") from None
         except OSError as exc:
             reason = os.strerror(exc.errno).lower() if exc.errno else str(exc)
+            if exc.errno == errno.EADDRNOTAVAIL:
+                raise RelayStartError(f"cannot listen on {settings.host}:{settings.port} ({reason}); correct "
+                                      "--host (0.0.0.0 listens on all of this computer's addresses)") from None
             raise RelayStartError(f"cannot listen on {settings.host}:{settings.port} ({reason}); stop what uses "
                                   "that port, or choose another with --port") from None
     except RelayStartError:

@@ -59,6 +59,16 @@ def test_a_port_in_use_is_one_sentence(tmp_path: Path) -> None:
     assert "--port" in record["msg"]
 
 
+@pytest.mark.parametrize(("host", "words"), [
+    ("999.1.1.1", "cannot listen on 999.1.1.1: no such address; correct --host"),
+    ("192.0.2.7", "(cannot assign requested address); correct --host"),  # TEST-NET-1: on no computer
+])
+def test_a_host_that_is_not_this_computers_is_said_so_not_blamed_on_the_port(host: str, words: str,
+                                                                              tmp_path: Path) -> None:
+    record = start_failure("--host", host, "--port", "0", "--data-dir", str(tmp_path))
+    assert words in record["msg"] and "--port" not in record["msg"]
+
+
 @pytest.mark.parametrize(("args", "words"), [
     (["--port", "70000"], "port must be 0-65535"),
     (["--redis", "http://127.0.0.1:6379"], "redis must be a redis://"),
