@@ -211,6 +211,9 @@ class ChatServer:
         for side in SIDES:
             llm = self.load(side, sources[side][0], threads, sources[side][1])
             prompt = prompt_tokens(llm, messages)
+            if len(prompt) + limit > CONTEXT_TOKENS:  # llama.cpp would fail mid-answer (llama_decode returns 1)
+                raise SaplingError(f"That question is too long for Try it: {len(prompt):,} tokens, and the model "
+                                   f"reads at most {CONTEXT_TOKENS - limit:,}. Shorten it and ask again.")
             streams.append(_Stream(side, greedy_tokens(llm, prompt), llm, llm.token_eos(), limit, started))
         self.cancelled.clear()
         self._interleave(ask_id, streams)

@@ -451,6 +451,12 @@ def test_try_it_answers_with_the_cached_checkpoint_while_the_newest_is_exported_
     assert exports._background is not None
     exports._background.join(timeout=300)
     assert ask(4)["round"] == 2
+    server.handle({"cmd": "ask", "id": 5, "text": "hello " * 3000})  # a long paste: one sentence, then on as before
+    assert [m["message"] for m in sent if m["id"] == 5] == [
+        "That question is too long for Try it: 3,030 tokens, and the model reads at most 1,792. Shorten it and ask "
+        "again."]
+    sent.clear()
+    assert ask(6)["round"] == 2
 
 
 def test_try_it_recovers_when_the_cached_export_vanishes_or_a_background_export_fails(
