@@ -49,7 +49,7 @@ from PySide6.QtWidgets import (
 from app.engine_process import engine_environment
 from engine.common.config import SAPO_SPECIALTIES
 from engine.common.events import CHAT_MESSAGE_FIELDS, encode
-from engine.gguf.export import EXPORT_MARKER
+from engine.common.paths import EXPORT_MARKER
 
 log = logging.getLogger(__name__)
 

@@ -153,19 +153,21 @@ def run_node(
     `before_run` is called once the swarm is open, just before training starts
     (serve starts reading commands there).
     """
+    from engine.common.node_lock import node_lock
     from engine.priority import apply_priority
     from engine.sapo import Node
     from engine.swarm_open import open_swarm
 
-    node = Node(config, paths, emit, control, reload_config=reload_config)
-    node.status("starting", "Engine started.")
-    # Before any worker thread exists (the relay link, torch's pool), so every thread inherits it.
-    log.info("Running at %s (run.priority = %s).", apply_priority(config.run.priority), config.run.priority)
-    swarm = open_swarm(config, paths.identity_file, emit)
-    try:
-        node.exchange = swarm.exchange
-        if before_run is not None:
-            before_run()
-        return node.run()
-    finally:
-        swarm.close()
+    with node_lock(paths.data_dir):  # one node per data folder: its identity, checkpoints and metrics
+        node = Node(config, paths, emit, control, reload_config=reload_config)
+        node.status("starting", "Engine started.")
+        # Before any worker thread exists (the relay link, torch's pool), so every thread inherits it.
+        log.info("Running at %s (run.priority = %s).", apply_priority(config.run.priority), config.run.priority)
+        swarm = open_swarm(config, paths.identity_file, emit)
+        try:
+            node.exchange = swarm.exchange
+            if before_run is not None:
+                before_run()
+            return node.run()
+        finally:
+            swarm.close()

@@ -12,6 +12,8 @@ from pathlib import Path
 
 APP_NAME = "sapling"
 HOME_ENV = "SAPLING_HOME"
+# Written into every Hugging Face export (run, round, version): the mark of a folder an export may replace.
+EXPORT_MARKER = "sapling-export.json"
 
 
 @dataclass(frozen=True)

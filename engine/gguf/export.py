@@ -29,6 +29,7 @@ from engine import __version__
 from engine.checkpoint import Checkpoint, _listed, checkpoint_name, verify
 from engine.common.atomicio import atomic_dir, atomic_write_json
 from engine.common.errors import CheckpointError, ConfigError
+from engine.common.paths import EXPORT_MARKER
 from engine.gguf.convert import CONVERT_LORA, atomic_file, converter_dir, hf_to_gguf, run_converter
 from engine.seeds import fixed_seed
 
@@ -44,7 +45,6 @@ QUANTS = ("f16", "bf16", "q8_0", "f32")  # f32: the exact weights, twice f16's s
 # it) its greedy answers equalled torch fp32's on 10 of 10 prompts, bf16's on 9 (docs/exporting.md).
 DEFAULT_QUANT = "f16"
 GGUF_MAGIC = b"GGUF"
-EXPORT_MARKER = "sapling-export.json"  # what a Hugging Face export writes beside the weights: run, round, version
 ADAPTER_FILE = "adapter.safetensors"  # what both backends write into a LoRA checkpoint, in peft's names
 
 Report = Callable[[str], None]

@@ -27,7 +27,7 @@ from app.tryit import (
     parse_chat_line,
 )
 from engine.common.events import node_command
-from engine.gguf.export import EXPORT_MARKER
+from engine.common.paths import EXPORT_MARKER
 from tests.app.conftest import MakeGui
 
 HERE = Path(__file__).resolve().parent

@@ -19,9 +19,9 @@ import pytest
 from engine.checkpoint import save_checkpoint
 from engine.common.config import NodeConfig, build_config
 from engine.common.errors import CheckpointError, ConfigError, ModelError
-from engine.common.paths import Paths
+from engine.common.paths import EXPORT_MARKER, Paths
 from engine.gguf.convert import CONVERTER_ENV
-from engine.gguf.export import EXPORT_MARKER, export_model, find_checkpoint
+from engine.gguf.export import export_model, find_checkpoint
 from engine.gguf.merge import merge_lora, tensor_table
 
 # Every test here converts the bundled model (the `smol_dir` fixture) or starts `sapling-node export`.
