@@ -275,6 +275,12 @@ class Controller(QObject):
                 self.problem.emit(Problem("The training engine stopped with an error", text, tail, False, None))
             self._refresh()
             return
+        if kind == "NodeBusyError":  # another node trains with this data folder: nothing in Settings changes that
+            self.failed = True
+            self.session.state = "stopped"
+            self.problem.emit(Problem("Sapling is already training on this computer", message, tail, False, None))
+            self._refresh()
+            return
         if kind in USER_ERRORS or code in USER_EXIT_CODES:
             self.failed = True
             self.session.state = "stopped"

@@ -65,6 +65,12 @@ class IdentityError(SaplingError, ValueError):
     exit_code = 2
 
 
+class NodeBusyError(SaplingError):
+    """Another node trains with the same data folder, and so with the same identity and checkpoints."""
+
+    exit_code = 2
+
+
 class EventError(SaplingError, ValueError):
     """A line on the engine<->app channel is not a valid event or command."""
 

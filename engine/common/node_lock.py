@@ -19,16 +19,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
-from engine.common.errors import SaplingError
+from engine.common.errors import NodeBusyError
 
 LOCK_FILE = "node.lock"
 PID_OFFSET = 16  # Windows locks byte 0 only, so another process can still read the holder's id from here
-
-
-class NodeBusyError(SaplingError):
-    """Another node trains with the same data folder (and so the same identity and checkpoints)."""
-
-    exit_code = 2
 
 
 def _try_lock(handle: IO[str]) -> bool:
@@ -69,7 +63,8 @@ def node_lock(data_dir: Path) -> Iterator[None]:
         if not _try_lock(handle):
             raise NodeBusyError(
                 f"Another Sapling node is already training with {data_dir}{_holder(path)}: stop it first (Stop in "
-                "the app, or Ctrl-C in its terminal), or give this one a folder of its own with --home.")
+                "its window, or Ctrl-C in its terminal). A second node on this computer needs a folder of its own "
+                "(--home).")
         handle.seek(PID_OFFSET)
         handle.truncate()
         handle.write(f"{os.getpid()}\n")

@@ -111,6 +111,23 @@ def test_a_settings_problem_is_not_restarted(qtbot, make_gui: MakeGui, tmp_path:
     assert gui.window.problem_dialog.settings_button.isVisibleTo(gui.window.problem_dialog)
 
 
+@pytest.mark.integration
+def test_another_node_on_the_same_folder_is_said_plainly_with_no_settings_to_change(  # type: ignore[no-untyped-def]
+        qtbot, make_gui: MakeGui, tmp_path: Path) -> None:
+    fixture = tmp_path / "busy.jsonl"
+    fixture.write_text(json.dumps({"type": "error", "v": 1, "ts": 0, "kind": "NodeBusyError", "fatal": True,
+                                   "message": "Another Sapling node is already training with /x/data."}) + "\n")
+    gui = make_gui(fake_command("--exit-code", "2", fixture=fixture))
+    gui.window.show()
+    with qtbot.waitSignal(gui.controller.problem, timeout=10_000) as problem:
+        gui.controller.start()
+    p = problem.args[0]
+    assert p.title == "Sapling is already training on this computer" and "already training with /x/data" in p.text
+    assert not p.needs_settings and p.restart_in is None
+    assert gui.controller.phase == "failed" and not gui.controller.restart_timer.isActive()
+    assert not gui.window.problem_dialog.settings_button.isVisibleTo(gui.window.problem_dialog)
+
+
 def test_reopening_shows_the_earlier_history(qtbot, make_gui: MakeGui, paths: Paths) -> None:  # type: ignore[no-untyped-def]
     paths.data_dir.mkdir(parents=True)
     shutil.copy(HISTORY, paths.metrics_file)

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.common.node_lock import LOCK_FILE, NodeBusyError, node_lock
+from engine.common.errors import NodeBusyError
+from engine.common.node_lock import LOCK_FILE, node_lock
 
 ROOT = Path(__file__).resolve().parents[2]
 HOLD = ("import sys, time; from pathlib import Path; from engine.common.node_lock import node_lock\n"
