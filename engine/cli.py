@@ -27,6 +27,7 @@ from pathlib import Path
 from engine import __version__
 from engine.common.config import NodeConfig
 from engine.common.errors import SaplingError
+from engine.common.node_lock import node_lock
 from engine.common.paths import Paths
 from engine.gguf.export import DEFAULT_QUANT, export_model
 from engine.gguf.export import FORMATS as EXPORT_FORMATS
@@ -189,7 +190,8 @@ def cmd_experiment(args: argparse.Namespace, paths: Paths) -> int:
     signals = stop_on_signals(control.stop, lambda text: print(f"\n{text}", file=sys.stderr))
     view = ExperimentTerminal(len(plan.mixes))
     try:
-        Experiment(plan, args.out, paths, view.hooks(), control).run()
+        with node_lock(args.out, "A second experiment needs a folder of its own (--out)."):
+            Experiment(plan, args.out, paths, view.hooks(), control).run()
     finally:
         view.close()
     if control.stopping:

@@ -54,8 +54,10 @@ def _holder(path: Path) -> str:
 
 
 @contextlib.contextmanager
-def node_lock(data_dir: Path) -> Iterator[None]:
-    """Hold the data folder's node lock while the block runs; NodeBusyError when another process holds it."""
+def node_lock(data_dir: Path, second: str = "A second node on this computer needs a folder of its own (--home)."
+              ) -> Iterator[None]:
+    """Hold the data folder's node lock while the block runs; NodeBusyError, ending with `second`, when another
+    process holds it."""
     data_dir.mkdir(parents=True, exist_ok=True)
     path = data_dir / LOCK_FILE
     handle = open(path, "a+", encoding="ascii")  # held open for the whole block: closing it releases the lock
@@ -63,8 +65,7 @@ def node_lock(data_dir: Path) -> Iterator[None]:
         if not _try_lock(handle):
             raise NodeBusyError(
                 f"Another Sapling node is already training with {data_dir}{_holder(path)}: stop it first (Stop in "
-                "its window, or Ctrl-C in its terminal). A second node on this computer needs a folder of its own "
-                "(--home).")
+                f"its window, or Ctrl-C in its terminal). {second}")
         handle.seek(PID_OFFSET)
         handle.truncate()
         handle.write(f"{os.getpid()}\n")

@@ -54,3 +54,20 @@ def test_sapling_node_run_on_a_busy_folder_is_one_sentence_and_exit_code_2(tmp_p
     assert out.returncode == 2, out.stderr
     assert f"sapling-node: error: Another Sapling node is already training with {home / 'data'}" in out.stderr
     assert "Traceback" not in out.stderr and "Engine started" not in out.stdout
+
+
+@pytest.mark.integration
+def test_an_experiment_on_a_busy_folder_is_one_sentence_naming_out(tmp_path: Path) -> None:
+    out_dir = tmp_path / "exp"
+    holder = hold(out_dir)
+    try:
+        out = subprocess.run([sys.executable, "-m", "engine.cli", "experiment", "--out", str(out_dir), "--home",
+                              str(tmp_path / "home"), "--nodes", "2", "--mixes", "8/0", "--rounds", "1"],
+                             cwd=ROOT, capture_output=True, text=True, timeout=120)
+    finally:
+        holder.kill()
+        holder.wait(timeout=30)
+    assert out.returncode == 2, out.stderr
+    assert f"already training with {out_dir}, process {holder.pid}" in out.stderr
+    assert "A second experiment needs a folder of its own (--out)." in out.stderr and "Traceback" not in out.stderr
+    assert sorted(p.name for p in out_dir.iterdir()) == ["node.lock"]
