@@ -16,7 +16,8 @@ train solo for good. `LocalSwarm` keeps it alive:
    finds the new host. Nodes only ever know the URL, never who hosts it.
 
 A node that cannot reach the relay and cannot bind the port (another program
-holds it) keeps trying both, every `TAKEOVER_RETRY_S`. With port 0 the relay
+holds it) keeps trying both, every `TAKEOVER_RETRY_S`, and after
+`FOREIGN_PORT_WATCHES` such tries says so once, naming the port. With port 0 the relay
 gets a free port nobody else knows, so there is nothing to share or take over.
 
     local = LocalSwarm("127.0.0.1", 8765, identity, on_message=print)
@@ -47,6 +48,9 @@ log = logging.getLogger(__name__)
 TAKEOVER_JITTER_S = 1.0
 # While the link is down and the port is not ours, look again this often.
 TAKEOVER_RETRY_S = 5.0
+# Watches in a row (each TAKEOVER_RETRY_S apart) that find the port taken and no relay to join there before the
+# node says that another program holds it: more than a handover between Sapling nodes ever takes.
+FOREIGN_PORT_WATCHES = 3
 # What the clients of a stopping local relay are told.
 LOCAL_RELAY_CLOSING = "this computer's local relay is closing: the node that hosted it stopped"
 # An embedded relay calls itself this, then the hosting node's readable name, in its challenge.
@@ -84,6 +88,7 @@ class LocalSwarm:
         self._lost = threading.Event()  # the link dropped: the watcher looks at once
         self._lock = threading.Lock()  # one bind attempt at a time (start vs watcher)
         self._host_name = ""  # the relay name of the host this node was last connected to
+        self._blocked = 0  # watches in a row that found the port taken and the link still down
         self._watcher = threading.Thread(target=self._watch, name="local-relay-watch", daemon=True)
 
     # -- what the node calls --------------------------------------------------------------
@@ -195,6 +200,7 @@ class LocalSwarm:
                 return
             if client.state.connected:
                 self._lost.clear()
+                self._blocked = 0
                 continue
             if self._stopping.wait(self._rng.uniform(0.0, TAKEOVER_JITTER_S)):
                 return
@@ -205,4 +211,9 @@ class LocalSwarm:
                 self._say(f"The computer's local relay closed; this node now hosts it at {self.url}.")
                 client.wake()
                 return
+            self._blocked += 1
+            if self._blocked == FOREIGN_PORT_WATCHES:  # once: a Sapling relay there would have let this node in
+                self._say(f"Port {self.port} on this computer is held by a program that is not a Sapling relay "
+                          f"({client.state.last_error or 'no answer'}), so this node trains alone until it is free. "
+                          "To use another port, set swarm.embedded_port on every node of this computer.")
             client.wake()  # someone holds the port: reconnect to it now

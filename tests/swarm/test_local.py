@@ -183,3 +183,34 @@ def test_a_host_killed_without_a_word_is_replaced_too() -> None:
             host.wait(timeout=10)
         for node in (b, c):
             node.local.stop()
+
+
+@pytest.mark.integration
+def test_a_port_held_by_another_program_is_named_once_and_taken_when_it_is_freed(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from http.server import HTTPServer, SimpleHTTPRequestHandler
+
+    monkeypatch.setattr("engine.swarm.local.TAKEOVER_RETRY_S", 0.2)
+    foreign = HTTPServer(("127.0.0.1", 0), SimpleHTTPRequestHandler)  # answers /ws with a plain 404 page
+    port = foreign.server_address[1]
+    serving = threading.Thread(target=foreign.serve_forever, daemon=True)
+    serving.start()
+    took_over = threading.Event()
+    node = Node(port, took_over)
+    try:
+        node.local.start()
+        assert not node.local.hosting
+        deadline = time.monotonic() + HANDOVER_TIMEOUT_S
+        while not any("not a Sapling relay" in m for m in node.messages):
+            assert time.monotonic() < deadline, node.messages
+            time.sleep(0.05)
+        said = [m for m in node.messages if "not a Sapling relay" in m]
+        assert said[0].startswith(f"Port {port} on this computer is held by a program that is not a Sapling relay (")
+        assert "swarm.embedded_port" in said[0]
+        foreign.shutdown()
+        foreign.server_close()
+        assert took_over.wait(HANDOVER_TIMEOUT_S) and node.local.client.wait_connected(HANDOVER_TIMEOUT_S)
+        assert node.local.hosting and len([m for m in node.messages if "not a Sapling relay" in m]) == 1
+    finally:
+        node.local.stop()
+        foreign.server_close()
