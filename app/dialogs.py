@@ -332,6 +332,10 @@ class ProtectionForm(QWidget):
         return chosen
 
 
+# Height a settings dialog needs besides its scrolling part: title bar, margins, the row of buttons.
+DIALOG_LEAVE = 130
+
+
 class _SettingsDialogBase(QDialog):
     def __init__(self, engine: EngineSettings, app: AppSettings, idle_supported: bool, ac_supported: bool,
                  parent: QWidget | None = None) -> None:
@@ -383,15 +387,20 @@ class FirstRunDialog(_SettingsDialogBase):
         super().__init__(engine, app, idle_supported, ac_supported, parent)
         self.setWindowTitle("Welcome to Sapling")
         self.setWindowIcon(theme.icon())
-        layout = QHBoxLayout(self)
-        layout.setContentsMargins(20, 20, 20, 16)
-        layout.setSpacing(20)
-        layout.addLayout(self._welcome())
+        body = QWidget()
+        columns = QHBoxLayout(body)
+        columns.setContentsMargins(0, 0, 0, 0)
+        columns.setSpacing(20)
+        columns.addLayout(self._welcome())
         right = QVBoxLayout()
         right.addWidget(self.form)
         right.addStretch(1)
-        right.addLayout(self._buttons([("Save, start later", False, False), ("Start training", True, True)]))
-        layout.addLayout(right, 1)
+        columns.addLayout(right, 1)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(20, 20, 20, 16)
+        layout.setSpacing(12)
+        layout.addWidget(theme.FitScroll(body, leave=DIALOG_LEAVE), 1)  # scrolls on a short screen, not the buttons
+        layout.addLayout(self._buttons([("Save, start later", False, False), ("Start training", True, True)]))
 
     def _welcome(self) -> QVBoxLayout:
         left = QVBoxLayout()
@@ -411,12 +420,12 @@ class FirstRunDialog(_SettingsDialogBase):
 
 
 def _tab(widget: QWidget) -> QWidget:
-    """`widget` with the margins a tab page needs."""
+    """`widget` with the margins a tab page needs, scrolling when the screen is too short for it."""
     page = QWidget()
     layout = QVBoxLayout(page)
     layout.setContentsMargins(8, 8, 8, 8)
     layout.addWidget(widget)
-    return page
+    return theme.FitScroll(page, leave=DIALOG_LEAVE + 60)  # and the tabs, the title
 
 
 class SettingsDialog(_SettingsDialogBase):

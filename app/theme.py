@@ -10,9 +10,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from PySide6.QtCore import QPointF, QRectF, Qt
+from PySide6.QtCore import QEvent, QPointF, QRectF, QSize, Qt
 from PySide6.QtGui import QBrush, QColor, QIcon, QPainter, QPainterPath, QPalette, QPixmap
-from PySide6.QtWidgets import QApplication, QLabel, QWidget
+from PySide6.QtWidgets import QApplication, QFrame, QLabel, QScrollArea, QWidget
 
 ACCENT = "#2f855a"  # sapling green: own reward, primary buttons
 ACCENT_DARK = "#276749"
@@ -116,6 +116,69 @@ def fit_to_contents(window: QWidget) -> None:
     window.setMinimumHeight(height)
     if window.height() < height:
         window.resize(width, height)
+
+
+class FitScroll(QScrollArea):
+    """A frameless, vertical-only scroll area: its content gets what it would get without it, and scrolls only
+    when the window is shorter than the content's minimum.
+
+    A 1366x768 laptop at 125% scaling gives the app 614 logical pixels, less than the welcome dialog's or the
+    main window's minimum height: without this the window would reach past the bottom of the screen, with the
+    dialog's buttons out of reach. The content is sized here (not by `widgetResizable`, which for content with
+    wrapped labels asks for its preferred height and so scrolls where nothing needs to): as tall as the view,
+    and never shorter than its minimum.
+    """
+
+    SMALLEST_HEIGHT = 160
+
+    def __init__(self, content: QWidget, leave: int, parent: QWidget | None = None) -> None:
+        """`leave`: the height the rest of the window needs; while the screen has that and the content's whole
+        minimum, the area asks for the content's minimum (nothing scrolls), as the content would without it."""
+        super().__init__(parent)
+        self.content = content
+        self.leave = leave
+        self.setWidget(content)
+        self.setWidgetResizable(False)
+        self.setFrameShape(QFrame.Shape.NoFrame)
+        self.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+
+    def _bar(self) -> int:
+        return self.verticalScrollBar().sizeHint().width()
+
+    def _fit(self) -> None:
+        view = self.viewport().size()
+        layout = self.content.layout()
+        least = self.content.minimumSizeHint().height()
+        if layout is not None and layout.hasHeightForWidth():  # wrapped labels need more height when narrower
+            least = max(least, layout.totalMinimumHeightForWidth(view.width()))
+        self.content.resize(view.width(), max(view.height(), least))
+
+    def viewportEvent(self, event: QEvent) -> bool:
+        if event.type() == QEvent.Type.Resize:
+            self._fit()
+        return super().viewportEvent(event)
+
+    def sizeHint(self) -> QSize:
+        content = self.content
+        width = content.sizeHint().width()
+        height = content.heightForWidth(width) if content.hasHeightForWidth() else -1
+        return QSize(width + self._bar(), height if height > 0 else content.sizeHint().height())
+
+    def minimumSizeHint(self) -> QSize:
+        content = self.content.minimumSizeHint()
+        screen = self.screen()
+        room = screen.availableGeometry().height() - self.leave if screen is not None else content.height()
+        height = content.height() if content.height() <= room else min(self.SMALLEST_HEIGHT, content.height())
+        return QSize(content.width() + self._bar(), height)
+
+
+def fit_screen(window: QWidget, width: int, height: int) -> None:
+    """A window's minimum size, at most its screen's available size (less room for the title bar)."""
+    screen = window.screen()
+    if screen is not None:
+        room = screen.availableGeometry()
+        width, height = min(width, room.width()), min(height, room.height() - 40)
+    window.setMinimumSize(width, height)
 
 
 def hint(text: str) -> QLabel:

@@ -90,6 +90,12 @@ def short_path(path: object) -> str:
     return "~" + text[len(home):] if home not in ("", "/") and text.startswith(home + os.sep) else text
 
 
+# Height the window needs besides the swarm panel: title bar, menu, header card, tiles, the log's least, status bar.
+SIDE_LEAVE = 560
+# Height the window needs besides its central widget: title bar, menu and status bar.
+WINDOW_LEAVE = 80
+
+
 class MainWindow(QMainWindow):
     quitRequested = Signal()
 
@@ -129,7 +135,7 @@ class MainWindow(QMainWindow):
     def _frame(self) -> None:
         self.setWindowTitle("Sapling")
         self.setWindowIcon(theme.icon())
-        self.setMinimumSize(980, 660)
+        theme.fit_screen(self, 980, 660)  # a 1366x768 laptop at 125% has 1093x614 to give
         screen = self.screen().availableGeometry()
         self.resize(min(1280, int(screen.width() * 0.92)) or 1280, min(860, int(screen.height() * 0.92)) or 860)
 
@@ -143,7 +149,7 @@ class MainWindow(QMainWindow):
         self.banners.setSpacing(6)
         outer.addLayout(self.banners)
         outer.addWidget(self._body(), 1)
-        return central
+        return theme.FitScroll(central, leave=WINDOW_LEAVE)  # a screen shorter than the window: it scrolls
 
     def _header(self) -> HeaderCard:
         self.header = HeaderCard(self.controller, lambda: self.engine_settings, lambda: self.app_settings)
@@ -221,7 +227,7 @@ class MainWindow(QMainWindow):
         log_layout.setContentsMargins(12, 8, 12, 10)
         log_layout.addWidget(self.log_view)
         side = QSplitter(Qt.Orientation.Vertical)
-        side.addWidget(self.peers)
+        side.addWidget(theme.FitScroll(self.peers, leave=SIDE_LEAVE))  # a short screen: it scrolls, never overlaps
         side.addWidget(log_card)
         side.setStretchFactor(0, 1)
         side.setStretchFactor(1, 1)
