@@ -18,6 +18,7 @@ about a second, training included); a second one stops at once.
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import signal
 import sys
@@ -151,8 +152,17 @@ def cmd_run(args: argparse.Namespace, paths: Paths, config: NodeConfig) -> int:
 
 def cmd_export(args: argparse.Namespace, paths: Paths, config: NodeConfig) -> int:
     fmt = args.format or export_format_for(args.out)
-    result = export_model(config, paths, args.out, fmt, args.quant, args.export_round,
-                          report=lambda message: print(message, flush=True))
+    try:
+        result = export_model(config, paths, args.out, fmt, args.quant, args.export_round,
+                              report=lambda message: print(message, flush=True))
+    except Exception as exc:  # a folder nobody may write in, a full disk: the partial files are already removed
+        full = getattr(exc, "errno", None) == errno.ENOSPC or "No space left on device" in str(exc)
+        if not (full or isinstance(exc, OSError)):
+            raise
+        why = "the disk is full" if full else (getattr(exc, "strerror", None) or str(exc))
+        print(f"sapling-node: error: {args.out} cannot be written ({why}); nothing was left half-written.",
+              file=sys.stderr)
+        return 2
     what = "the base model" if result.round == 0 else f"round {result.round}"
     kind = (f"GGUF {result.quant}" if result.format == "gguf" else "GGUF LoRA" if result.format == "gguf-lora"
             else "HF folder")

@@ -167,6 +167,11 @@ def check_target(out: Path, fmt: str) -> None:
     ~/Documents". A Hugging Face export may replace an empty folder or one that an export wrote (it holds
     `EXPORT_MARKER`); a GGUF export may replace a GGUF file.
     """
+    above = out.parent
+    while not above.exists() and above.parent != above:
+        above = above.parent
+    if not above.is_dir():
+        raise ConfigError(f"{above} is a file, so {out} cannot be made there; give another place.")
     if fmt == "hf":
         if out.suffix.lower() == ".gguf":
             raise ConfigError(f"{out.name} is a GGUF file name, but the Hugging Face format writes a folder: "

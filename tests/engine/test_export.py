@@ -348,6 +348,35 @@ def test_an_export_replaces_only_an_earlier_export_never_a_users_folder_or_file(
     assert export_model(config, paths, empty, "hf").path == empty and (empty / EXPORT_MARKER).is_file()
 
 
+def test_a_full_disk_or_a_folder_that_cannot_be_made_is_one_sentence_and_leaves_nothing(
+        tiny_smol_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from engine.cli import main
+
+    home = tmp_path / "home"
+    _make_checkpoint(_config(tiny_smol_dir), Paths.under(home), 1)
+    flags = ["export", "--home", str(home), "--model", str(tiny_smol_dir), "--device", "cpu", "--set",
+             "grpo.precision='fp32'"]
+    (tmp_path / "afile").write_text("mine")
+    assert main([*flags, "--out", str(tmp_path / "afile" / "model")]) == 2
+    assert f"{tmp_path / 'afile'} is a file, so {tmp_path / 'afile' / 'model'} cannot be made there" in (
+        capsys.readouterr().err)
+    if sys.platform == "linux":  # /proc: a folder nobody may write in, as root too
+        assert main([*flags, "--out", "/proc/sapling-model"]) == 2
+        assert "/proc/sapling-model cannot be written (" in capsys.readouterr().err
+
+    def full(*_args: object) -> None:  # what safetensors raises when the disk fills under it
+        raise RuntimeError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    exports = tmp_path / "exports"
+    exports.mkdir()
+    monkeypatch.setattr("engine.gguf.export._merged_hf", full)
+    for out in (exports / "model", exports / "model.gguf"):
+        assert main([*flags, "--out", str(out)]) == 2
+        assert f"{out} cannot be written (the disk is full); nothing was left half-written." in capsys.readouterr().err
+    assert list(exports.iterdir()) == [] and (tmp_path / "afile").read_text() == "mine"
+
+
 def test_a_tokenizer_llama_cpp_does_not_know_is_one_sentence(tiny_model_dir: Path, tmp_path: Path) -> None:
     paths = Paths.under(tmp_path / "home")
     with pytest.raises(ModelError, match=r"does not support this model.*--format hf"):
