@@ -97,35 +97,27 @@ def test_traceback_of_a_crash_reaches_the_dialog_and_backoff_grows(qtbot, make_g
 
 
 @pytest.mark.integration
-def test_a_settings_problem_is_not_restarted(qtbot, make_gui: MakeGui, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    fixture = tmp_path / "bad-model.jsonl"
-    fixture.write_text(json.dumps({"type": "error", "v": 1, "ts": 0, "kind": "ModelError", "fatal": True,
-                                   "message": "Model folder /nowhere does not exist."}) + "\n")
-    gui = make_gui(fake_command("--exit-code", "3", fixture=fixture))
-    gui.window.show()
-    with qtbot.waitSignal(gui.controller.problem, timeout=10_000) as problem:
-        gui.controller.start()
-    assert problem.args[0].needs_settings and problem.args[0].restart_in is None
-    assert "does not exist" in problem.args[0].text
-    assert gui.controller.phase == "failed" and not gui.controller.restart_timer.isActive()
-    assert gui.window.problem_dialog.settings_button.isVisibleTo(gui.window.problem_dialog)
-
-
-@pytest.mark.integration
-def test_another_node_on_the_same_folder_is_said_plainly_with_no_settings_to_change(  # type: ignore[no-untyped-def]
-        qtbot, make_gui: MakeGui, tmp_path: Path) -> None:
-    fixture = tmp_path / "busy.jsonl"
-    fixture.write_text(json.dumps({"type": "error", "v": 1, "ts": 0, "kind": "NodeBusyError", "fatal": True,
-                                   "message": "Another Sapling node is already training with /x/data."}) + "\n")
-    gui = make_gui(fake_command("--exit-code", "2", fixture=fixture))
+@pytest.mark.parametrize(("kind", "code", "message", "title", "needs_settings"), [
+    ("ModelError", 3, "Model folder /nowhere does not exist.", "Sapling cannot train with these settings", True),
+    # another node holds the data folder: nothing in Settings can change that
+    ("NodeBusyError", 2, "Another Sapling node is already training with /x/data.",
+     "Sapling is already training on this computer", False),
+])
+def test_a_problem_the_user_must_fix_is_not_restarted(  # type: ignore[no-untyped-def]
+        qtbot, make_gui: MakeGui, tmp_path: Path, kind: str, code: int, message: str, title: str,
+        needs_settings: bool) -> None:
+    fixture = tmp_path / "fatal.jsonl"
+    fixture.write_text(json.dumps({"type": "error", "v": 1, "ts": 0, "kind": kind, "fatal": True,
+                                   "message": message}) + "\n")
+    gui = make_gui(fake_command("--exit-code", str(code), fixture=fixture))
     gui.window.show()
     with qtbot.waitSignal(gui.controller.problem, timeout=10_000) as problem:
         gui.controller.start()
     p = problem.args[0]
-    assert p.title == "Sapling is already training on this computer" and "already training with /x/data" in p.text
-    assert not p.needs_settings and p.restart_in is None
+    assert p.title == title and p.text == message
+    assert p.needs_settings == needs_settings and p.restart_in is None
     assert gui.controller.phase == "failed" and not gui.controller.restart_timer.isActive()
-    assert not gui.window.problem_dialog.settings_button.isVisibleTo(gui.window.problem_dialog)
+    assert gui.window.problem_dialog.settings_button.isVisibleTo(gui.window.problem_dialog) == needs_settings
 
 
 def test_reopening_shows_the_earlier_history(qtbot, make_gui: MakeGui, paths: Paths) -> None:  # type: ignore[no-untyped-def]
