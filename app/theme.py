@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from PySide6.QtCore import QEvent, QPointF, QRectF, QSize, Qt
+from PySide6.QtCore import QEvent, QObject, QPointF, QRectF, QSize, Qt, QTimer
 from PySide6.QtGui import QBrush, QColor, QIcon, QPainter, QPainterPath, QPalette, QPixmap
 from PySide6.QtWidgets import QApplication, QFrame, QLabel, QScrollArea, QWidget
 
@@ -141,6 +141,12 @@ class FitScroll(QScrollArea):
         self.setWidgetResizable(False)
         self.setFrameShape(QFrame.Shape.NoFrame)
         self.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        content.installEventFilter(self)  # its minimum grows (a banner, a longer text): fit it again
+
+    def eventFilter(self, watched: QObject, event: QEvent) -> bool:
+        if watched is self.content and event.type() == QEvent.Type.LayoutRequest:
+            QTimer.singleShot(0, self._fit)
+        return super().eventFilter(watched, event)
 
     def _bar(self) -> int:
         return self.verticalScrollBar().sizeHint().width()
