@@ -285,7 +285,8 @@ def settings_from_namespace(args: argparse.Namespace) -> RelaySettings:
             if not isinstance(value, bool):
                 raise ValueError(f"{flag} must be true or false, got {value!r}")
         elif isinstance(value, bool) or not isinstance(value, want):
-            raise ValueError(f"{flag} must be a {want.__name__}, got {value!r}")
+            kind = {int: "a whole number", str: "text in quotes"}.get(want, f"a {want.__name__}")
+            raise ValueError(f"{flag} must be {kind}, got {value!r}")
     settings = RelaySettings(**values)
     settings.check()
     return settings

@@ -82,6 +82,8 @@ def test_a_bad_config_file_is_one_sentence(tmp_path: Path) -> None:
     config = tmp_path / "relay.toml"
     config.write_text("colour = 'green'\n")
     assert "unknown setting 'colour'" in start_failure("--config", str(config))["msg"]
+    config.write_text("port = 'abc'\n")
+    assert "port must be a whole number, got 'abc'" in start_failure("--config", str(config))["msg"]
 
 
 def test_a_key_folder_that_cannot_be_made_is_one_sentence(tmp_path: Path) -> None:
