@@ -28,7 +28,7 @@ from app.engine_process import EngineProcess
 from app.power import PowerPolicy
 from app.session import Session
 from engine.common.errors import user_error_kinds, user_exit_codes
-from engine.common.paths import Paths
+from engine.common.paths import Paths, nearest_existing
 
 log = logging.getLogger(__name__)
 
@@ -355,10 +355,7 @@ class Controller(QObject):
 
 def free_bytes(folder: Path) -> int | None:
     """Free space on the disk holding `folder` (its nearest existing parent)."""
-    path = Path(folder)
-    while not path.exists() and path != path.parent:
-        path = path.parent
     try:
-        return shutil.disk_usage(path).free
+        return shutil.disk_usage(nearest_existing(Path(folder))).free
     except OSError:
         return None

@@ -16,6 +16,14 @@ HOME_ENV = "SAPLING_HOME"
 EXPORT_MARKER = "sapling-export.json"
 
 
+def nearest_existing(path: Path) -> Path:
+    """`path`, or its nearest parent that exists (the root at worst): where a missing folder would be made."""
+    path = Path(path)
+    while not path.exists() and path.parent != path:
+        path = path.parent
+    return path
+
+
 @dataclass(frozen=True)
 class Paths:
     config_dir: Path
@@ -50,9 +58,7 @@ class Paths:
         Nothing is created: commands that only read (`identity show`, `stats`) make no folders.
         """
         for folder in (self.config_dir, self.data_dir, self.cache_dir, self.log_dir):
-            existing = folder
-            while not existing.exists() and existing.parent != existing:
-                existing = existing.parent
+            existing = nearest_existing(folder)
             if not existing.is_dir():
                 return f"{existing} is a file, so the folder {folder} cannot be made there; give another folder."
             if not os.access(existing, os.W_OK | os.X_OK):

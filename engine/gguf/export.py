@@ -29,7 +29,7 @@ from engine import __version__
 from engine.checkpoint import Checkpoint, _listed, checkpoint_name, verify
 from engine.common.atomicio import atomic_dir, atomic_write_json
 from engine.common.errors import CheckpointError, ConfigError
-from engine.common.paths import EXPORT_MARKER
+from engine.common.paths import EXPORT_MARKER, nearest_existing
 from engine.gguf.convert import CONVERT_LORA, atomic_file, converter_dir, hf_to_gguf, run_converter
 from engine.seeds import fixed_seed
 
@@ -167,9 +167,7 @@ def check_target(out: Path, fmt: str) -> None:
     ~/Documents". A Hugging Face export may replace an empty folder or one that an export wrote (it holds
     `EXPORT_MARKER`); a GGUF export may replace a GGUF file.
     """
-    above = out.parent
-    while not above.exists() and above.parent != above:
-        above = above.parent
+    above = nearest_existing(out.parent)
     if not above.is_dir():
         raise ConfigError(f"{above} is a file, so {out} cannot be made there; give another place.")
     if fmt == "hf":
