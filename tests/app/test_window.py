@@ -284,8 +284,11 @@ def test_a_long_status_message_wraps_instead_of_being_cut_off(qtbot, make_gui: M
     qtbot.waitUntil(lambda: gui.controller.phase == "training", timeout=20_000)
     long = "Loading bundled on Intel(R) Xeon(R) Processor (2 threads), 24 GiB, bf16 yes (no CUDA device: CPU)"
     gui.session.handle({"type": "status", "state": "training", "message": long})
-    QApplication.processEvents()
     label = w.state_message
+    # The label's new height reaches the window through one posted layout request per level of nesting, and
+    # how many of those one pass of the event loop delivers depends on the platform's event dispatcher (glib or
+    # not): wait for the layouts to settle, as a user's next frame does, rather than count passes.
+    qtbot.waitUntil(lambda: label.height() >= label.heightForWidth(label.width()), timeout=5_000)
     assert label.text() == long and label.fontMetrics().horizontalAdvance(long) > label.width()
     needed = label.heightForWidth(label.width())
     assert needed > label.fontMetrics().height() and label.height() >= needed
