@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from engine.common.device import cpu_bf16_supported
 from engine.experiment.hours import NodeClock, hour_tables, per_hour, time_slices
 from engine.experiment.plan import make_plan
 from engine.experiment.report import pooled_compare, stratified_bootstrap
@@ -119,13 +120,14 @@ def test_untimed_rounds_give_no_per_hour_comparison(tmp_path: Path) -> None:
 def test_a_tiny_experiment_charges_every_node_and_reports_per_hour(tiny_model_dir: Path, tmp_path: Path) -> None:
     plan = make_plan("default", 2, "2/0,1/1", 2, [*fast(tiny_model_dir), "tasks.eval_every=0"])
     _, report = run(plan, tmp_path / "out", tmp_path / "home")
+    precision = "bf16" if cpu_bf16_supported() else "fp32"  # `auto`: bf16 on a CPU with AVX512-BF16 or AMX
     for slug in ("mix-2-0", "mix-1-1"):
         for line in (tmp_path / "out" / slug / "rounds.jsonl").read_text().splitlines():
             record: dict[str, Any] = json.loads(line)
             charged = sum(record["node_seconds"])
             assert 0 < charged <= record["seconds"] * 1.001  # no second is charged twice
             assert all(c > 0 for c in record["node_cpu_seconds"])
-            assert all(t > 0 for t in record["node_train_seconds"]) and "fp32" in record["machine"]
+            assert all(t > 0 for t in record["node_train_seconds"]) and f", {precision}, " in record["machine"]
     hourly = report["mixes"]["1/1"]["per_hour"]
     assert hourly["ratio"] > 0 and len(hourly["pairs"][0]["hours"]) == 2 and hourly["clock"] == "cpu"
     assert "Per hour" in (tmp_path / "out" / "report.md").read_text()
