@@ -18,7 +18,15 @@ from collections.abc import Callable
 from typing import Any
 
 from PySide6.QtCore import Qt, QTimer, QUrl, Signal
-from PySide6.QtGui import QColor, QDesktopServices, QFont, QFontDatabase, QTextCharFormat, QTextCursor
+from PySide6.QtGui import (
+    QColor,
+    QDesktopServices,
+    QFont,
+    QFontDatabase,
+    QResizeEvent,
+    QTextCharFormat,
+    QTextCursor,
+)
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QApplication,
@@ -100,13 +108,13 @@ class Tile(QFrame):
         super().__init__(parent)
         self.setObjectName("card")
         layout = QVBoxLayout(self)
-        layout.setContentsMargins(12, 8, 12, 8)
+        layout.setContentsMargins(10, 8, 10, 8)
         layout.setSpacing(0)
-        self.name = QLabel(name)
+        self.name = theme.ElidedLabel(name)  # a small screen shortens the name and the note with "…", never the value
         self.name.setObjectName("kpiName")
         self.value = QLabel("–")
         self.value.setObjectName("kpiValue")
-        self.note = QLabel(" ")
+        self.note = theme.ElidedLabel(" ")
         self.note.setObjectName("muted")
         for label in (self.name, self.value, self.note):
             layout.addWidget(label)
@@ -114,6 +122,48 @@ class Tile(QFrame):
     def set(self, value: str, note: str = " ") -> None:
         self.value.setText(value)
         self.note.setText(note or " ")
+
+
+def share_width(wants: list[int], room: int) -> list[int]:
+    """Widths for items that want `wants` in a row of `room`: what each wants where the row has it all;
+    otherwise the widest give way first (every item gets min(want, level), the level as high as `room`
+    allows), so short texts stay whole and only the longest are shortened."""
+    if sum(wants) <= room or not wants:
+        return list(wants)
+    level, left = 0, max(room, 0)
+    for count, want in enumerate(sorted(wants)):
+        others = len(wants) - count
+        if want * others > left:
+            level = left // others
+            break
+        left -= want
+    return [min(want, level) for want in wants]
+
+
+class TileRow(QWidget):
+    """The headline tiles side by side. Each is as wide as its text where the window has room, the rest of the
+    row shared in proportion; on a narrower window the widest tiles give way first (share_width), their notes
+    ending in "…", so a short name such as "Speed" is never cut to make room beside it."""
+
+    def __init__(self, tiles: list[Tile], spacing: int = 8, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.tiles = tiles
+        self.row = QHBoxLayout(self)
+        self.row.setContentsMargins(0, 0, 0, 0)
+        self.row.setSpacing(spacing)
+        for tile in tiles:
+            self.row.addWidget(tile)
+
+    def refit(self) -> None:
+        """Call after a tile's text changes (the window does, after each refresh)."""
+        wants = [tile.sizeHint().width() for tile in self.tiles]
+        room = self.width() - self.row.spacing() * (len(self.tiles) - 1)
+        for index, width in enumerate(share_width(wants, room)):
+            self.row.setStretch(index, max(1, width))  # the layout shares the whole row in these proportions
+
+    def resizeEvent(self, event: QResizeEvent) -> None:
+        super().resizeEvent(event)
+        self.refit()
 
 
 # How long the swarm panel says the link is back after it was lost.

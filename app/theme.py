@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from PySide6.QtCore import QEvent, QObject, QPointF, QRectF, QSize, Qt, QTimer
-from PySide6.QtGui import QBrush, QColor, QIcon, QPainter, QPainterPath, QPalette, QPixmap
+from PySide6.QtGui import QBrush, QColor, QIcon, QPainter, QPainterPath, QPaintEvent, QPalette, QPixmap
 from PySide6.QtWidgets import QApplication, QFrame, QLabel, QScrollArea, QWidget
 
 ACCENT = "#2f855a"  # sapling green: own reward, primary buttons
@@ -176,6 +176,64 @@ class FitScroll(QScrollArea):
         room = screen.availableGeometry().height() - self.leave if screen is not None else content.height()
         height = content.height() if content.height() <= room else min(self.SMALLEST_HEIGHT, content.height())
         return QSize(content.width() + self._bar(), height)
+
+
+class ElidedLabel(QLabel):
+    """One line of text that a narrow window shortens with "…" instead of cutting it off mid-letter; while it
+    is shortened, the whole text is its tooltip (otherwise it has none, so its parent's tooltip shows).
+
+    Its minimum width is a few letters', so a row of these on a small screen (the main window's tiles at
+    1366x768 scaled 125%) gives up the ends of its words, not its layout; at full width it is a plain label.
+    """
+
+    LEAST = "Abc…"
+
+    def __init__(self, text: str = "", parent: QWidget | None = None) -> None:
+        super().__init__(text, parent)
+        self.setWordWrap(False)
+
+    def setText(self, text: str) -> None:
+        super().setText(text)
+        self._tip()
+
+    def minimumSizeHint(self) -> QSize:
+        hint = super().minimumSizeHint()
+        margins = self.contentsMargins()
+        least = self.fontMetrics().horizontalAdvance(self.LEAST) + margins.left() + margins.right() + 2 * self.margin()
+        return QSize(min(hint.width(), least), hint.height())
+
+    def _room(self) -> int:
+        return self.contentsRect().width() - 2 * self.margin()
+
+    def shown(self) -> str:
+        """The text as drawn: whole, or shortened to end in "…"."""
+        return self.fontMetrics().elidedText(self.text(), Qt.TextElideMode.ElideRight, max(self._room(), 0))
+
+    def is_elided(self) -> bool:
+        return self.shown() != self.text()
+
+    def _tip(self) -> None:
+        tip = self.text() if self.is_elided() else ""
+        if self.toolTip() != tip:
+            self.setToolTip(tip)
+
+    def resizeEvent(self, event: QEvent) -> None:  # type: ignore[override]
+        super().resizeEvent(event)  # type: ignore[arg-type]
+        self._tip()
+
+    def changeEvent(self, event: QEvent) -> None:
+        super().changeEvent(event)
+        if event.type() in (QEvent.Type.FontChange, QEvent.Type.StyleChange):
+            self._tip()
+
+    def paintEvent(self, event: QPaintEvent) -> None:
+        if not self.is_elided():
+            super().paintEvent(event)
+            return
+        painter = QPainter(self)
+        rect = self.contentsRect().adjusted(self.margin(), self.margin(), -self.margin(), -self.margin())
+        self.style().drawItemText(painter, rect, int(self.alignment().value), self.palette(), self.isEnabled(),
+                                  self.shown(), self.foregroundRole())
 
 
 def fit_screen(window: QWidget, width: int, height: int) -> None:

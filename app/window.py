@@ -25,7 +25,6 @@ from PySide6.QtCore import QByteArray, Qt, QTimer, Signal
 from PySide6.QtGui import QAction, QCloseEvent, QKeySequence
 from PySide6.QtWidgets import (
     QFrame,
-    QHBoxLayout,
     QLabel,
     QMainWindow,
     QMessageBox,
@@ -47,7 +46,7 @@ from app.engine_flags import EngineFlags
 from app.header import HeaderCard
 from app.identity import IdentityPanel
 from app.join import JoinDialog
-from app.panels import Banner, LogView, PeersPanel, Tile
+from app.panels import Banner, LogView, PeersPanel, Tile, TileRow
 from app.settings import AppSettings, EngineSettings, SettingsError, SettingsStore, settings_place, swarm_invite
 from app.tryit import TRAINING_PHASES, ExportDialog, TryItPanel
 from engine.common.joining import Preview
@@ -201,7 +200,7 @@ class MainWindow(QMainWindow):
         layout = QVBoxLayout(column)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.setSpacing(10)
-        layout.addLayout(self._tiles())
+        layout.addWidget(self._tiles())
         layout.addWidget(self.tabs, 1)
         return column
 
@@ -256,19 +255,16 @@ class MainWindow(QMainWindow):
         session.checkpointSaved.connect(lambda r: self.status_right.setText(f"Last checkpoint: round {r} at "
                                                                             f"{time.strftime('%H:%M')}"))
 
-    def _tiles(self) -> QHBoxLayout:
-        row = QHBoxLayout()
-        row.setSpacing(8)
+    def _tiles(self) -> TileRow:
         self.tile_rounds = Tile("Rounds trained")
         self.tile_reward = Tile("Your reward")
         self.tile_swarm = Tile("Swarm's reward")
         self.tile_accuracy = Tile("Held-out accuracy")
         self.tile_speed = Tile("Speed")
         self.tile_time = Tile("Time per round")
-        for tile in (self.tile_rounds, self.tile_reward, self.tile_swarm, self.tile_accuracy, self.tile_speed,
-                     self.tile_time):
-            row.addWidget(tile, 1)
-        return row
+        self.tile_row = TileRow([self.tile_rounds, self.tile_reward, self.tile_swarm, self.tile_accuracy,
+                                 self.tile_speed, self.tile_time])
+        return self.tile_row
 
     def _actions(self) -> None:
         quit_action = QAction("Quit", self)
@@ -334,6 +330,7 @@ class MainWindow(QMainWindow):
         self.tile_speed.set("–" if speed is None else f"{speed:.0f} tok/s", "tokens generated / s")
         seconds = h.recent_mean(h.seconds)
         self.tile_time.set("–" if seconds is None else f"{seconds:.0f} s", "last 10 rounds")
+        self.tile_row.refit()
 
     # -- banners and problems -----------------------------------------------------------
     def add_banner(self, level: str, text: str, actions: list[tuple[str, Callable[[], None]]] | None = None) -> Banner:

@@ -377,3 +377,37 @@ def test_banners_shrink_the_charts_instead_of_scrolling_them(qtbot, make_gui: Ma
     settle()
     assert not scroll.verticalScrollBar().isVisible()
     assert w.charts.accuracy.compact and not w.charts.accuracy.chart().legend().isVisible()
+
+
+@pytest.mark.parametrize(("width", "whole"), [(1280, True), (1093, False)])
+def test_the_tiles_never_cut_a_value_and_shorten_names_and_notes_with_an_ellipsis(  # type: ignore[no-untyped-def]
+        qtbot, make_gui: MakeGui, width: int, whole: bool) -> None:
+    """A 1280-wide window shows every tile whole; at 1366x768 scaled 125% (1093 wide) the longest names and notes
+    end in "…" with the whole text as a tooltip, the short ones stay whole, and no value is cut."""
+    from app.theme import ElidedLabel
+
+    gui = make_gui()
+    w = gui.window
+    w.setMinimumSize(0, 0)
+    w.resize(width, 740)
+    w.show()
+    notes = {w.tile_rounds: "run “default”", w.tile_reward: "+0.07 vs first 10 rounds",
+             w.tile_swarm: "last 10 rounds", w.tile_accuracy: "round 40, +3.7 pts since 0",
+             w.tile_speed: "tokens generated / s", w.tile_time: "last 10 rounds"}
+    for tile, note in notes.items():
+        tile.set("1,234 tok/s" if tile is w.tile_speed else "0.22", note)  # refresh_tiles' widest values
+    w.tile_row.refit()
+    for _ in range(10):
+        QApplication.processEvents()
+    cut = []
+    for tile in w.tile_row.tiles:
+        assert tile.value.width() >= tile.value.minimumSizeHint().width()  # a number is never cut
+        for label in (tile.name, tile.note):
+            assert isinstance(label, ElidedLabel)
+            if label.is_elided():
+                assert label.shown().endswith("…") and label.toolTip() == label.text()
+                cut.append(label.text())
+    if whole:
+        assert cut == []
+    else:
+        assert "+0.07 vs first 10 rounds" in cut and "run “default”" not in cut and "Speed" not in cut
