@@ -148,6 +148,11 @@ def import_identity(paths: Paths, source: Path, now: float | None = None) -> tup
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """`sapling-node identity ...` (engine/cli.py adds it)."""
     ident = sub.add_parser("identity", help="show this node's swarm identity, back it up to a file, or restore it")
+    home_help, json_help = "keep config, data, cache and logs under this one folder", "one JSON object, not sentences"
+    # Before the action (`identity --home DIR show`) or after it (`identity show --home DIR`): the action's own
+    # flags default to nothing at all, so they never overwrite what was given before the action.
+    ident.add_argument("--home", type=Path, help=home_help)
+    ident.add_argument("--json", action="store_true", help=json_help)
     actions = ident.add_subparsers(dest="identity_action", required=True, metavar="ACTION")
     for name, text in (("show", "print the name and peer id"),
                        ("export", "write the key to FILE (keep it private: whoever has it can act as this node)"),
@@ -155,8 +160,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         action = actions.add_parser(name, help=text)
         if name != "show":
             action.add_argument("file", type=Path, metavar="FILE")
-        action.add_argument("--home", type=Path, help="keep config, data, cache and logs under this one folder")
-        action.add_argument("--json", action="store_true", help="one JSON object instead of sentences")
+        action.add_argument("--home", type=Path, default=argparse.SUPPRESS, help=home_help)
+        action.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help=json_help)
 
 
 def run(args: argparse.Namespace, paths: Paths) -> int:

@@ -133,6 +133,11 @@ def test_show_and_export_both_make_the_identity_when_there_is_none_and_agree(tmp
     assert code == 0 and shown["made_now"] is True and shown["peer_id"] == node(home).peer_id
     code, out, _err = run(capsys, "identity", "show", "--home", str(home))
     assert code == 0 and shown["peer_id"] in out and "made now" not in out
+    for before in (["identity", "--home", str(home), "--json", "show"],  # the flags before the action work too
+                   ["identity", "--home", str(tmp_path / "other"), "show", "--home", str(home), "--json"]):
+        code, out, _err = run(capsys, *before)
+        assert code == 0 and json.loads(out)["peer_id"] == shown["peer_id"]
+    assert not (tmp_path / "other").exists()  # the one after the action wins, and the other is never touched
     code, out, _err = run(capsys, "identity", "export", str(tmp_path / "b.key"), "--home", str(home), "--json")
     assert code == 0 and json.loads(out)["peer_id"] == shown["peer_id"]
     fresh = tmp_path / "fresh"
