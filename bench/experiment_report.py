@@ -15,8 +15,10 @@ newcomers of a veterans experiment):
 
 Every comparison prints JSON: the ratio of cumulative rewards with its 95%
 bootstrap interval (nodes and rounds resampled; seeds kept apart when
-pooled) and the difference per node-round; and under "per_hour" the same
-at equal time on each node's own computer (engine/experiment/hours.py).
+pooled) and the difference per node-round; under "per_hour" the same
+at equal time on each node's own computer (engine/experiment/hours.py);
+under "round_cost" what A's rounds cost a node against B's (CPU,
+generation and training seconds, tokens generated and trained on).
 Definitions: docs/swarm.md, "The experiment".
 """
 

@@ -30,11 +30,15 @@ busy threads a minute of wall time is about two CPU minutes, the same for every
 setting compared.
 
 Below, the held-out accuracy when each mix ended, with the hours it took;
-held-out accuracy at equal time is engine/experiment/heldout.py's.
+held-out accuracy at equal time is engine/experiment/heldout.py's. Last,
+`round_cost`: what one mix's rounds cost a node against another's, in
+seconds and in the tokens behind them (a setting that makes rounds cheaper
+by making answers shorter shows as fewer tokens, not as a faster node).
 """
 
 from __future__ import annotations
 
+import json
 import platform
 import time
 from collections.abc import Iterator, Sequence
@@ -43,6 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from engine.common.paths import Paths
 from engine.experiment.plan import EVAL_FILE, ROUNDS_FILE, read_json, read_rounds, rounds_done
 
 SLICES = 20
@@ -246,3 +251,59 @@ def reward_by_hour(folder: Path, points: int = 60, clock: str = "wall") -> tuple
     table = [time_slices(r, s, horizon, points) for r, s in zip(mix.rewards, mix.seconds, strict=True)]
     hours = [horizon * (i + 0.5) / points / 3600 for i in range(points)]
     return hours, [sum(table[k][i] for k in range(mix.nodes)) / mix.nodes for i in range(points)]
+
+
+# What a round costs a node: its seconds from the mix's records (engine/experiment/runner.py), its tokens from
+# the node's own metrics: the work behind the seconds, so that a cheaper round is not just a shorter answer.
+COST_SECONDS = {"cpu_seconds": "node_cpu_seconds", "generate_seconds": "node_generate_seconds",
+                "train_seconds": "node_train_seconds"}
+
+
+def node_tokens(folder: Path, node: int, upto: int) -> dict[int, tuple[float, float]]:
+    """Tokens generated and tokens trained on by node `node` of the mix in `folder`, per round (its metrics)."""
+    path = Paths(config_dir=folder, data_dir=folder / f"node-{node}", cache_dir=folder, log_dir=folder).metrics_file
+    out: dict[int, tuple[float, float]] = {}
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return out
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue  # a torn last line
+        if isinstance(record, dict) and record.get("kind") == "round" and isinstance(record.get("round"), int) \
+                and 1 <= record["round"] <= upto:
+            made = float(record.get("completions") or 0) * float(record.get("completion_tokens_mean") or 0)
+            out[record["round"]] = (made, float(record.get("train_tokens") or 0))
+    return out
+
+
+def round_cost(strata: Sequence[tuple[Path, Path]], nodes: Sequence[int] | None, bootstrap: Any) -> dict[str, Any]:
+    """What mix folder A's rounds cost a node against B's, over (A, B) pairs run on the same seeds: CPU,
+    generation and training seconds, and the tokens generated and trained on, each the ratio of A's sum to B's
+    over the node-rounds both finished, with a 95% interval (`bootstrap`, as in `per_hour`). An entry is None
+    where a pair's records lack it (rounds from before that was recorded)."""
+    names = (*COST_SECONDS, "generated_tokens", "trained_tokens")
+    tables: dict[str, list[tuple[list[list[float]], list[list[float]]]]] = {name: [] for name in names}
+    for a_dir, b_dir in strata:
+        recs_a, recs_b = _records(a_dir), _records(b_dir)
+        common = min(len(recs_a), len(recs_b))
+        if not common:
+            continue
+        rows = list(range(len(recs_a[0]["rewards"]))) if nodes is None else list(nodes)
+        for name, key in COST_SECONDS.items():
+            if all(isinstance(rec.get(key), list) for rec in recs_a[:common] + recs_b[:common]):
+                tables[name].append(([[float(rec[key][k]) for rec in recs_a[:common]] for k in rows],
+                                     [[float(rec[key][k]) for rec in recs_b[:common]] for k in rows]))
+        tokens_a = [node_tokens(Path(a_dir), k, common) for k in rows]
+        tokens_b = [node_tokens(Path(b_dir), k, common) for k in rows]
+        if all(len(node) == common for node in tokens_a + tokens_b):
+            for index, name in enumerate(("generated_tokens", "trained_tokens")):
+                tables[name].append(([[node[r][index] for r in range(1, common + 1)] for node in tokens_a],
+                                     [[node[r][index] for r in range(1, common + 1)] for node in tokens_b]))
+    out: dict[str, Any] = {}
+    for name in names:
+        result = bootstrap(tables[name]) if len(tables[name]) == len(strata) else {}
+        out[name] = {"ratio": result["ratio"], "ratio_ci95": result["ratio_ci95"]} if result.get("ratio") else None
+    return out

@@ -23,7 +23,7 @@ from typing import Any
 from engine.common.atomicio import atomic_write_bytes, atomic_write_json, atomic_write_text
 from engine.common.config import NodeConfig
 from engine.experiment.heldout import held_out_at_equal_time, read_evaluations
-from engine.experiment.hours import clock_for, per_hour, reward_by_hour, timed
+from engine.experiment.hours import clock_for, per_hour, reward_by_hour, round_cost, timed
 from engine.experiment.plan import (
     EVAL_FILE,
     ROUNDS_FILE,
@@ -443,7 +443,8 @@ def compare(a_dir: Path, b_dir: Path, label: str, label_b: str | None = None,
             "cumulative_a": sum(map(sum, a)), "cumulative_b": sum(map(sum, b)), "first_round_that_differs": parted,
             **two_way_bootstrap(a, b),
             "per_hour": per_hour(folders, nodes, stratified_bootstrap),
-            "held_out_per_hour": held_out_at_equal_time(folders, nodes, stratified_bootstrap)}
+            "held_out_per_hour": held_out_at_equal_time(folders, nodes, stratified_bootstrap),
+            "round_cost": round_cost(folders, nodes, stratified_bootstrap)}
 
 
 def _paired_tables(a_dir: Path, b_dir: Path, label: str, label_b: str,
@@ -486,7 +487,8 @@ def pooled_compare(pairs: Sequence[tuple[Path, Path]], label: str, label_b: str,
     return {"mix": label, "mix_b": label_b, "pairs": each, "cumulative_a": sum(p["cumulative_a"] for p in each),
             "cumulative_b": sum(p["cumulative_b"] for p in each), **stratified_bootstrap(strata),
             "per_hour": per_hour(folders, nodes, stratified_bootstrap),
-            "held_out_per_hour": held_out_at_equal_time(folders, nodes, stratified_bootstrap)}
+            "held_out_per_hour": held_out_at_equal_time(folders, nodes, stratified_bootstrap),
+            "round_cost": round_cost(folders, nodes, stratified_bootstrap)}
 
 
 def _variant(spec: str) -> tuple[str, Path, str]:

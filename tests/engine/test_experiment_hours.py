@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 from engine.common.device import cpu_bf16_supported
-from engine.experiment.hours import NodeClock, hour_tables, per_hour, time_slices
+from engine.experiment.hours import NodeClock, hour_tables, per_hour, round_cost, time_slices
 from engine.experiment.plan import make_plan
-from engine.experiment.report import pooled_compare, stratified_bootstrap
+from engine.experiment.report import compare, pooled_compare, stratified_bootstrap
 from tests.engine.test_experiment import fast, run
 
 
@@ -132,3 +132,37 @@ def test_a_tiny_experiment_charges_every_node_and_reports_per_hour(tiny_model_di
     assert hourly["ratio"] > 0 and len(hourly["pairs"][0]["hours"]) == 2 and hourly["clock"] == "cpu"
     assert "Per hour" in (tmp_path / "out" / "report.md").read_text()
     assert (tmp_path / "out" / "reward-hours.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def _with_costs(folder: Path, cpu: float, tokens: float, rounds: int = 2) -> None:
+    """Give a fake experiment's mix (8/0, 2 nodes) seconds in its records and tokens in each node's metrics."""
+    slug = folder / "mix-8-0"
+    records = [json.loads(line) for line in (slug / "rounds.jsonl").read_text().splitlines()]
+    for record in records:
+        record.update(node_cpu_seconds=[cpu, 2 * cpu], node_generate_seconds=[cpu / 2, cpu],
+                      node_train_seconds=[cpu / 2, cpu])
+    (slug / "rounds.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    for node in (0, 1):
+        (slug / f"node-{node}").mkdir()
+        lines = [{"kind": "round", "round": r, "completions": 4, "completion_tokens_mean": tokens, "train_tokens": 10}
+                 for r in range(1, rounds + 1)]
+        lines.append({"kind": "eval", "round": rounds, "accuracy": 0.5})  # an evaluation of the same round
+        (slug / f"node-{node}" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines) + '{"torn')
+
+
+def test_round_cost_pairs_seconds_and_tokens_node_round_by_node_round(tmp_path: Path) -> None:
+    from tests.engine.test_experiment import _fake_experiment
+
+    for name, cpu, tokens in (("a", 2.0, 30.0), ("b", 3.0, 30.0)):
+        _fake_experiment(tmp_path / name, [[0.1, 0.2], [0.3, 0.1]], mix="8/0")
+        _with_costs(tmp_path / name, cpu, tokens)
+    cost = round_cost([(tmp_path / "a" / "mix-8-0", tmp_path / "b" / "mix-8-0")], None, stratified_bootstrap)
+    assert cost["cpu_seconds"]["ratio"] == pytest.approx(2 / 3)  # A's rounds take two thirds of B's CPU
+    assert cost["train_seconds"]["ratio"] == pytest.approx(2 / 3)
+    assert cost["generated_tokens"]["ratio"] == pytest.approx(1.0)  # for the same work
+    assert cost["trained_tokens"]["ratio_ci95"] == [pytest.approx(1.0), pytest.approx(1.0)]
+    assert compare(tmp_path / "a", tmp_path / "b", "8/0")["round_cost"] == cost
+    assert pooled_compare([(tmp_path / "a", tmp_path / "b")], "8/0", "8/0")["round_cost"] == cost
+    _fake_experiment(tmp_path / "old", [[0.1, 0.2], [0.3, 0.1]], mix="8/0")  # records from before the clocks
+    old = round_cost([(tmp_path / "a" / "mix-8-0", tmp_path / "old" / "mix-8-0")], None, stratified_bootstrap)
+    assert old["cpu_seconds"] is None and old["generated_tokens"] is None
