@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from PySide6.QtCore import QEvent, QObject, QPointF, QRectF, QSize, Qt, QTimer
-from PySide6.QtGui import QBrush, QColor, QIcon, QPainter, QPainterPath, QPaintEvent, QPalette, QPixmap
+from PySide6.QtGui import QBrush, QColor, QIcon, QPainter, QPainterPath, QPaintEvent, QPalette, QPixmap, QResizeEvent
 from PySide6.QtWidgets import QApplication, QFrame, QLabel, QScrollArea, QWidget
 
 ACCENT = "#2f855a"  # sapling green: own reward, primary buttons
@@ -217,8 +217,8 @@ class ElidedLabel(QLabel):
         if self.toolTip() != tip:
             self.setToolTip(tip)
 
-    def resizeEvent(self, event: QEvent) -> None:  # type: ignore[override]
-        super().resizeEvent(event)  # type: ignore[arg-type]
+    def resizeEvent(self, event: QResizeEvent) -> None:
+        super().resizeEvent(event)
         self._tip()
 
     def changeEvent(self, event: QEvent) -> None:
