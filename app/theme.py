@@ -141,11 +141,18 @@ class FitScroll(QScrollArea):
         self.setWidgetResizable(False)
         self.setFrameShape(QFrame.Shape.NoFrame)
         self.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
-        content.installEventFilter(self)  # its minimum grows (a banner, a longer text): fit it again
+        # The content's minimum grows (a banner, a longer text): fit it again once its layout has run. The timer
+        # is this area's child, so a fit pending when the area is deleted (a dialog closed) dies with it; a
+        # static QTimer.singleShot would call into the deleted widget.
+        self.refit = QTimer(self)
+        self.refit.setSingleShot(True)
+        self.refit.setInterval(0)
+        self.refit.timeout.connect(self._fit)
+        content.installEventFilter(self)
 
     def eventFilter(self, watched: QObject, event: QEvent) -> bool:
         if watched is self.content and event.type() == QEvent.Type.LayoutRequest:
-            QTimer.singleShot(0, self._fit)
+            self.refit.start()
         return super().eventFilter(watched, event)
 
     def _bar(self) -> int:

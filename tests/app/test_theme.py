@@ -71,3 +71,21 @@ def test_share_width_keeps_short_texts_whole_and_shortens_the_longest_first() ->
     assert widths[1] == widths[3] == widths[4] < 124  # the three longest give way, to one level
     assert share_width(wants, 540) == [90] * 6  # less room than the shortest wants: all equal
     assert share_width([], 100) == [] and sum(share_width([50, 50], -5)) == 0
+
+
+def test_a_fit_pending_when_the_area_is_deleted_is_dropped(qtbot) -> None:  # type: ignore[no-untyped-def]
+    """A dialog closed right after its content changed: the fit queued by the change must not reach the deleted
+    area (a static single-shot timer did, and raised in the event loop)."""
+    import shiboken6
+
+    content = QWidget()
+    layout = QVBoxLayout(content)
+    area = FitScroll(content, leave=0)
+    area.resize(300, 200)
+    area.show()
+    settle()
+    layout.addWidget(QPushButton("one more"))  # the content's layout asks again: a fit is queued
+    QApplication.sendPostedEvents()  # the layout request reaches the filter
+    shiboken6.delete(area)  # as closing a dialog does, before the queued fit runs
+    settle()  # pytest-qt fails the test on any exception raised in the event loop
+    assert not shiboken6.isValid(area)
