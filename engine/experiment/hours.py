@@ -38,7 +38,6 @@ by making answers shorter shows as fewer tokens, not as a faster node).
 
 from __future__ import annotations
 
-import json
 import platform
 import time
 from collections.abc import Iterator, Sequence
@@ -49,6 +48,7 @@ from typing import Any
 
 from engine.common.paths import Paths
 from engine.experiment.plan import EVAL_FILE, ROUNDS_FILE, read_json, read_rounds, rounds_done
+from engine.metrics import MetricsLog
 
 SLICES = 20
 END_SLICES = SLICES // 4  # "at the end": the last quarter of the common time
@@ -263,17 +263,8 @@ def node_tokens(folder: Path, node: int, upto: int) -> dict[int, tuple[float, fl
     """Tokens generated and tokens trained on by node `node` of the mix in `folder`, per round (its metrics)."""
     path = Paths(config_dir=folder, data_dir=folder / f"node-{node}", cache_dir=folder, log_dir=folder).metrics_file
     out: dict[int, tuple[float, float]] = {}
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except OSError:
-        return out
-    for line in lines:
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue  # a torn last line
-        if isinstance(record, dict) and record.get("kind") == "round" and isinstance(record.get("round"), int) \
-                and 1 <= record["round"] <= upto:
+    for record in MetricsLog(path).read():  # its evaluations share the rounds' numbers: rounds only
+        if record.get("kind") == "round" and isinstance(record.get("round"), int) and 1 <= record["round"] <= upto:
             made = float(record.get("completions") or 0) * float(record.get("completion_tokens_mean") or 0)
             out[record["round"]] = (made, float(record.get("train_tokens") or 0))
     return out
