@@ -17,6 +17,15 @@ Folding@home do:
   (docs/results.md, "Background priority and contention": a round went from
   20 s to 232 s). Fewer threads than free cores never wait like that.
 
+A thread count is a property of each thread: torch's ``set_num_threads``
+sets the calling thread's OpenMP pool (and the default later threads start
+from), not the pools of threads that already ran an operation. So the policy
+applies its count only on the thread that owns it (the one that generates,
+scores, evaluates and trains: the round's thread), and re-applies it there
+whenever that thread's count has drifted, for instance after a helper thread
+set its own. A progress callback from a helper thread (a training lane) may
+measure the load but never changes that thread's count.
+
 Stdlib and psutil only: nothing here imports torch.
 """
 
@@ -25,6 +34,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -152,7 +162,8 @@ class ThreadPolicy:
     the last measurement and uses the rest: ``round(max_threads * free share)``,
     at least 1. It measures at most every `interval` seconds, so it is cheap to
     call at every decode or training step; `apply` (``torch.set_num_threads``)
-    is called only when the count changes.
+    is called only when the count changes, or when `current` (the calling thread's count, such as
+    ``torch.get_num_threads``) shows that it drifted; and only on the thread that created the policy.
     """
 
     def __init__(
@@ -163,8 +174,12 @@ class ThreadPolicy:
         interval: float = 2.0,
         sampler: LoadSampler | None = None,
         cpus: int | None = None,
+        current: Callable[[], int] | None = None,
     ) -> None:
         self.apply = apply
+        self.current = current
+        self.owner = threading.get_ident()
+        self.lock = threading.Lock()
         self.max_threads = max(1, max_threads or usable_cpus())
         self.cpus = cpus or psutil.cpu_count() or self.max_threads
         self.interval = interval
@@ -186,23 +201,33 @@ class ThreadPolicy:
             self._set(self.max_threads if self.threads == 0 else self.threads)
 
     def update(self) -> int:
-        """The thread count to use now (re-measured when `interval` has passed)."""
-        if self.configured > 0:
+        """The thread count to use now (re-measured when `interval` has passed); on the owner's thread it is
+        applied if it changed or drifted. Safe to call from any thread."""
+        with self.lock:
+            if self.configured <= 0:
+                self._measure()
+            if self._owned() and self.current is not None and self.current() != self.threads:
+                self.apply(self.threads)  # drifted: another thread's setting, or a restore of an older count
             return self.threads
+
+    def _measure(self) -> None:
         now = self.sampler.clock()
         if now < self.next_at or now - self.sampler.last[0] < MIN_WINDOW:
-            return self.threads
+            return
         self.next_at = now + self.interval
         others = self.sampler.others()
         free = max(0.0, 1.0 - others / self.cpus)
         wanted = min(self.max_threads, max(1, round(self.max_threads * free)))
         if wanted != self.threads:
-            log.info("Other programs keep %.1f of %d CPUs busy: training with %d thread%s.",
+            log.info("Other programs keep %.1f of %d CPUs busy: working with %d thread%s.",
                      others, self.cpus, wanted, "" if wanted == 1 else "s")
             self._set(wanted)
-        return self.threads
+
+    def _owned(self) -> bool:
+        return threading.get_ident() == self.owner
 
     def _set(self, threads: int) -> None:
         if threads != self.threads:
             self.threads = threads
-            self.apply(threads)
+            if self._owned():
+                self.apply(threads)

@@ -158,7 +158,8 @@ class Node:
 
             # run.threads 0: as many threads as other programs leave free, measured as the round goes,
             # never more than torch's own default (the physical cores, or what the caller set).
-            self.threads = ThreadPolicy(run.threads, torch.set_num_threads, max_threads=torch.get_num_threads())
+            self.threads = ThreadPolicy(run.threads, torch.set_num_threads, max_threads=torch.get_num_threads(),
+                                        current=torch.get_num_threads)
         source = "the bundled model" if self.config.model.source == "bundled" else self.config.model.source
         self.status("loading", f"Loading {source} on {self.device.plain()}")
         model_dir = resolve_model_dir(self.config.model.source, self.paths.models_cache,

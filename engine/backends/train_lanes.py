@@ -110,12 +110,11 @@ def run_lanes(
     loss's gradients are added to each parameter's `.grad` in chunk order, then `done(index, stats)` is
     called on this thread. An exception in a lane (a stop request) is raised here once the lanes ended.
     """
-    threads = torch.get_num_threads()
     started = threading.local()
 
     def one(chunk: T) -> tuple[tuple[torch.Tensor | None, ...], Any]:
         if not getattr(started, "single", False):
-            torch.set_num_threads(1)  # this thread's intra-op pool (and torch's global setting: restored below)
+            torch.set_num_threads(1)  # this lane's own pool, and torch's default for new threads (restored below)
             started.single = True
         loss, stats = work(chunk)
         grads = torch.autograd.grad(loss, list(params), allow_unused=True)
@@ -137,4 +136,7 @@ def run_lanes(
             done(index, stats)
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
-        torch.set_num_threads(threads)
+        # A lane's set_num_threads(1) changed only its own pool and the default for threads started later; this
+        # thread's own count is untouched and may have been changed meanwhile (engine.priority.ThreadPolicy, from
+        # `done`), so it is the one to restore, never the count read before the lanes.
+        torch.set_num_threads(torch.get_num_threads())

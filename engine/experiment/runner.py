@@ -39,6 +39,7 @@ from engine.common.errors import CheckpointError, ConfigError, DeviceError
 from engine.common.events import Event
 from engine.common.paths import Paths
 from engine.curriculum import curriculum_for, harder_configs
+from engine.experiment.evaluation import evaluate_set, keep_best
 from engine.experiment.hours import NodeClock, machine_tag
 from engine.experiment.nodes import NodeBackend, PublishFirst
 from engine.experiment.plan import (
@@ -204,7 +205,8 @@ class Experiment:
         cfg = self.config
         device = pick_device(cfg.run.device)
         # As `sapling-node run`: run.threads, or (0) the CPUs other programs leave free, re-measured as it goes.
-        self.threads = ThreadPolicy(cfg.run.threads, torch.set_num_threads, max_threads=torch.get_num_threads())
+        self.threads = ThreadPolicy(cfg.run.threads, torch.set_num_threads, max_threads=torch.get_num_threads(),
+                                    current=torch.get_num_threads)
         if device.kind not in ("cpu", "cuda"):
             raise DeviceError(f"The experiment runs on the torch backend; {device.kind} is not supported (use --device "
                               "cpu or cuda).")
@@ -271,29 +273,9 @@ class Experiment:
         return result
 
     def _evaluate_set(self, views: Sequence[NodeBackend], questions: Sequence[Question]) -> dict[str, Any]:
-        cfg = self.config
-        messages = self.taskset.eval_messages if self.eval_examples == "per_specialty" else self.taskset.messages
-        prompts = [self.shared.encode_prompt(messages(q)) for q in questions]
-        adapters = [v.lora() for v in views]
-        index = [k for k in range(len(views)) for _ in prompts]
-        rows = self.shared.generate_with_adapters(
-            prompts * len(views), 1, cfg.tasks.max_new_tokens, None, adapters, index,
-            on_step=lambda done, total: self._progress("evaluating", done, total),
-        )
-        per_node = []
-        for k in range(len(views)):
-            answers = rows[k * len(prompts) : (k + 1) * len(prompts)]
-            rewards = [self.taskset.reward(q, c.text) for q, c in zip(questions, answers, strict=True)]
-            passes = "".join("1" if r >= 1.0 else "0" for r in rewards)  # question by question, for a paired bootstrap
-            per_node.append({"accuracy": passes.count("1") / len(rewards),
-                             "reward_mean": sum(rewards) / len(rewards), "passes": passes})
-        return {
-            "questions": len(questions),
-            "examples": self.eval_examples,
-            "accuracy": sum(n["accuracy"] for n in per_node) / len(per_node),
-            "reward_mean": sum(n["reward_mean"] for n in per_node) / len(per_node),
-            "nodes": per_node,
-        }
+        return evaluate_set(self.shared, self.taskset, self.eval_examples, views, questions,
+                            self.config.tasks.max_new_tokens, lambda done, total: self._progress("evaluating", done,
+                                                                                                total))
 
     def _generate(self, drawn: Sequence[tuple[int, list[Question], list[list[int]]]], views: Sequence[NodeBackend],
                   n: int, seeds: Sequence[int], phase: str, heats: Sequence[float] | None,
@@ -374,6 +356,7 @@ class Experiment:
             if self._eval_enabled() and not (folder / EVAL_FILE).is_file():
                 result = self._evaluate(run.views)
                 atomic_write_json(folder / EVAL_FILE, {"round": stage.rounds, **result})
+                self._keep_best(run, folder, stage.rounds, result)
                 self.hooks.say(f"{f'mix {mix.label}' if number else 'veterans'}: held-out accuracy after round "
                                f"{stage.rounds}: {100 * result['accuracy']:.1f}% (mean of {len(run.views)} nodes)")
 
@@ -387,8 +370,13 @@ class Experiment:
             return
         result = self._evaluate(run.views)
         append_line(folder / EVALS_FILE, json.dumps({"round": round_index, **result}, sort_keys=True))
+        self._keep_best(run, folder, round_index, result)
         self.hooks.say(f"mix {run.mix.label}: held-out accuracy after round {round_index}: "
                        f"{100 * result['accuracy']:.1f}% (mean of {len(run.views)} nodes)")
+
+    def _keep_best(self, run: MixRun, folder: Path, round_index: int, result: dict[str, Any]) -> None:
+        homes = [folder / f"node-{k}" for k in range(len(run.nodes))]
+        keep_best(homes, [node.checkpoint_root for node in run.nodes], round_index, result)
 
     def open_mix(self, mix: Mix, folder: Path, nodes: int | None = None) -> MixRun:
         """`nodes` nodes (the plan's by default) of `mix` with their data in `folder`, joined to a loopback relay

@@ -176,3 +176,30 @@ def test_the_loading_line_names_the_device_in_plain_words() -> None:
     mlx_cpu = DeviceInfo("mlx", "AMD EPYC (MLX on CPU)", 24 << 30, False, "MLX 0.32 on CPU, no Metal")
     assert [d.plain() for d in (cpu, gpu, mac, mlx_cpu)] == [
         "the processor", "the NVIDIA H200 graphics card", "the Apple M2 graphics", "the processor"]
+
+
+def test_only_the_owning_thread_applies_a_count_and_a_drifted_count_is_applied_again() -> None:
+    """torch's thread count is per thread: a count set from a helper thread (a training lane's progress
+    callback) never reached the round's own thread, which then generated with every core beside a busy program."""
+    import threading
+
+    applied: list[tuple[int, bool]] = []
+    actual = {"count": 2}
+    sampler = FakeSampler()
+
+    def apply(n: int) -> None:
+        owner = threading.current_thread() is threading.main_thread()
+        applied.append((n, owner))
+        if owner:
+            actual["count"] = n
+
+    policy = ThreadPolicy(0, apply, max_threads=2, cpus=2, sampler=sampler, current=lambda: actual["count"])
+    assert policy.update() == 2 and applied == [(2, True)]
+    sampler.load, sampler.now = 1.0, sampler.now + 2.0
+    helper = threading.Thread(target=policy.update)
+    helper.start()
+    helper.join()
+    assert policy.threads == 1 and applied == [(2, True)]  # measured there, applied nowhere yet
+    assert policy.update() == 1 and applied == [(2, True), (1, True)] and actual["count"] == 1
+    actual["count"] = 2  # something restored an older count on the owner's thread
+    assert policy.update() == 1 and actual["count"] == 1

@@ -238,3 +238,34 @@ def test_a_stop_raised_in_a_lane_ends_the_step_and_restores_the_threads(
     assert torch.get_num_threads() == 2
     assert all(p.grad is None for p in backend.params)  # no gradient left behind, no optimiser step
     assert backend.train(items_for(backend))["loss"] != 0.0  # and the next step runs
+
+
+def test_a_thread_count_picked_while_the_lanes_run_holds_on_the_rounds_thread(
+    tiny_model_dir: Path, two_threads: None
+) -> None:
+    """A busy program appears during training: the policy, asked from a lane's progress callback, picks one
+    thread. The lanes used to restore the count they found (2) afterwards, and generation ran on 2 threads
+    beside the busy program while the node said 1."""
+    from engine.priority import LoadSampler, ThreadPolicy
+
+    class Busy(LoadSampler):
+        def __init__(self) -> None:
+            self.now = 100.0
+            super().__init__(clock=lambda: self.now)
+
+        def others(self) -> float:
+            self.last = (self.now, 0.0, 0.0)
+            return 1.0
+
+    sampler = Busy()
+    policy = ThreadPolicy(0, torch.set_num_threads, max_threads=2, cpus=2, sampler=sampler,
+                          current=torch.get_num_threads)
+
+    def on_step(done: int, total: int) -> None:
+        sampler.now += 1.0
+        policy.update()
+
+    backend = backend_with_live_adapters(tiny_model_dir, micro_batch=4)
+    backend.train(items_for(backend), on_step)
+    assert policy.threads == 1
+    assert policy.update() == 1 and torch.get_num_threads() == 1  # the round's thread now runs on one
