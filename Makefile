@@ -21,6 +21,7 @@ help:
 	@echo "make run    set up .venv and start the app (the headless node when there is no display)"
 	@echo "make test   set up .venv and run ruff, mypy and pytest"
 	@echo "make test-quick   ruff, mypy and the tests that start no process or server (a couple of minutes)"
+	@echo "make test-numerics   the numerics tests under other CPU kernels (torch's, oneDNN's, MKL's)"
 	@echo "make soak-ci   the 10-minute soak: memory, open files and disk of a small swarm (bench/soak.py)"
 
 # A package counts as present when dpkg has it or one of its programs is on PATH: Ubuntu 24.04 (GitHub's runner)
@@ -135,6 +136,23 @@ pytest: $(STAMP) test-deps
 	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist worksteal
 
 test: lint typecheck pytest
+
+# The numerics tests under other kernels than this CPU's own. torch picks its kernels at start-up (AVX512 here,
+# AVX2 or plain on other CPUs) and the matmul libraries choose theirs by themselves (oneDNN, MKL), so a tolerance
+# that holds on one CPU can fail on another (an Intel Xeon with AMX failed one tuned on an AMD EPYC). Each
+# setting forces another set on this machine; every tolerance in these files is derived from its operation.
+# About 25 s a setting on 2 cores. .ci/run calls it after `make test`.
+NUMERICS_TESTS := tests/engine/test_train_forward.py tests/engine/test_torch_backend.py \
+	tests/engine/test_backends_shared.py tests/engine/test_decode.py tests/engine/test_cross_backend.py \
+	tests/engine/test_grpo.py
+NUMERICS_KERNELS := ATEN_CPU_CAPABILITY=default ATEN_CPU_CAPABILITY=avx2 ATEN_CPU_CAPABILITY=avx512 \
+	ONEDNN_MAX_CPU_ISA=AVX2 ONEDNN_MAX_CPU_ISA=AVX512_CORE MKL_ENABLE_INSTRUCTIONS=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX512
+.PHONY: test-numerics
+test-numerics: $(STAMP)
+	@for kernels in $(NUMERICS_KERNELS); do \
+		echo "== numerics with $$kernels"; \
+		env $$kernels $(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) $(NUMERICS_TESTS) || exit 1; \
+	done
 
 # The soak's CI version (bench/soak.py --ci): 3 nodes, 2 relays on Redis and 1,000 peers joining and leaving
 # for 10 minutes; fails when RSS grows over 5%, open files grow or a node's disk passes its bound after the

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from engine.backends.decode_shapes import FUSED
 
@@ -30,6 +31,28 @@ if TYPE_CHECKING:
     from engine.backends.lora import LoraAdapter, LoraStep
 
 log = logging.getLogger(__name__)
+
+
+def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, **options: Any) -> torch.Tensor:
+    """`F.scaled_dot_product_attention`, through its math kernel where torch's fused CPU kernel cannot take bf16.
+
+    The fused kernel packs bf16 for VNNI, which torch does only with its AVX512 kernels: on a CPU without them,
+    or with ATEN_CPU_CAPABILITY capping them (default, avx2), it raised "pack_vnni2 is only supported when avx512
+    is supported" while `grpo.precision` auto still picked bf16 (oneDNN's matmuls choose their own kernels)."""
+    if query.device.type == "cpu" and _bf16(query) and not _avx512_kernels():
+        with sdpa_kernel(SDPBackend.MATH):
+            return F.scaled_dot_product_attention(query, key, value, **options)
+    return F.scaled_dot_product_attention(query, key, value, **options)
+
+
+def _bf16(query: torch.Tensor) -> bool:
+    """The attention runs in bf16: its inputs are, or CPU autocast turns them to bf16 (the training step)."""
+    return query.dtype == torch.bfloat16 or (torch.is_autocast_enabled("cpu")
+                                             and torch.get_autocast_dtype("cpu") == torch.bfloat16)
+
+
+def _avx512_kernels() -> bool:
+    return torch.backends.cpu.get_cpu_capability() == "AVX512"
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
 # Rope types whose frequencies do not depend on the sequence length, so one table serves every step.
@@ -273,7 +296,7 @@ class DecodeModel:
                 keys[group, :, at + known : at + full] = k[:, start:end]
                 values[group, :, at + known : at + full] = v[:, start:end]
                 if known == 0:
-                    attn[:, start:end] = F.scaled_dot_product_attention(
+                    attn[:, start:end] = attention(
                         q[None, :, start:end], k[None, :, start:end], v[None, :, start:end], is_causal=True,
                         enable_gqa=True
                     )[0]
@@ -281,7 +304,7 @@ class DecodeModel:
                 source = cache.offset_list[parent]
                 keys[group, :, at : at + known] = keys[parent, :, source : source + known]
                 values[group, :, at : at + known] = values[parent, :, source : source + known]
-                attn[:, start:end] = F.scaled_dot_product_attention(
+                attn[:, start:end] = attention(
                     q[None, :, start:end], keys[None, group, :, at : at + full], values[None, group, :, at : at + full],
                     attn_mask=mask, enable_gqa=True,
                 )[0]
@@ -323,7 +346,7 @@ class DecodeModel:
             width, keys, values = cache.width, cache.keys[index], cache.values[index]
             # By bucket of groups with prompts of similar length, each from its longest prompt's first column.
             parts = [
-                F.scaled_dot_product_attention(
+                attention(
                     q[first:last], keys[first:last, :, start:width], values[first:last, :, start:width],
                     attn_mask=part_mask
                 )

@@ -40,7 +40,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from engine.backends.decode_model import unsupported_reason
+from engine.backends.decode_model import attention, unsupported_reason
 
 # Rows of the LM head per chunk on the CPU ([128, 49152] fp32 is 25 MB). Forward + backward of a round's 329
 # completion tokens on the bundled model's head, one thread, CPU s: chunks of 16 rows 1.56, 32 1.11, 64 0.95,
@@ -324,7 +324,7 @@ class TrainModel:
             parts = zip(q.split(lengths), k.split(lengths), v.split(lengths), masks[q.dtype], strict=True)
             for qs, ks, vs, mask in parts:
                 qs, ks, vs = (t.transpose(0, 1)[None] for t in (qs, ks, vs))
-                attended = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, enable_gqa=True)
+                attended = attention(qs, ks, vs, attn_mask=mask, enable_gqa=True)
                 out.append(attended[0].transpose(0, 1))
             attn = (out[0] if len(out) == 1 else torch.cat(out)).reshape(tokens, self.heads * self.head_dim)
             if layer is self.layers[-1]:

@@ -388,3 +388,32 @@ def test_the_backends_per_adapter_call_takes_peft_names_and_adapters(tiny_model_
     again = backend.generate_with_adapters(prompts, 2, 8, 1.0, ["default"], adapter_index=[0, 0], seeds=[4])
     assert [c.token_ids for c in sampled] == [c.token_ids for c in again]
     assert all(len(c.logprobs) == len(c.token_ids) for c in sampled)
+
+
+def test_bf16_attention_takes_the_math_kernel_where_torchs_kernels_lack_avx512(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch's fused CPU attention packs bf16 for VNNI only with its AVX512 kernels (ATEN_CPU_CAPABILITY=avx2
+    raised "pack_vnni2 is only supported when avx512 is supported"); without them the math kernel answers.
+    Tolerance: bf16 keeps 8 bits of mantissa, so each input is within 2**-8 of itself relative; a softmax-weighted
+    mean of values of size about 1 then carries a few such roundings: 4 * 2**-8 of the largest value."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from engine.backends import decode_model
+
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 4, 37, 64, generator=gen) for _ in range(3))
+    with sdpa_kernel(SDPBackend.MATH):
+        truth = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    used: list[bool] = []
+    real = decode_model.sdpa_kernel
+    monkeypatch.setattr(decode_model, "sdpa_kernel", lambda backend: (used.append(True), real(backend))[1])
+    monkeypatch.setattr(decode_model, "_avx512_kernels", lambda: False)
+    out = decode_model.attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), is_causal=True)
+    assert used == [True] and out.dtype == torch.bfloat16
+    assert float((out.float() - truth).abs().max()) <= 4 * 2**-8 * float(v.abs().max())
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # the training step: fp32 inputs, bf16 inside
+        decode_model.attention(q, k, v, is_causal=True)
+    assert used == [True, True]
+    monkeypatch.setattr(decode_model, "_avx512_kernels", lambda: True)
+    decode_model.attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), is_causal=True)
+    decode_model.attention(q, k, v, is_causal=True)
+    assert used == [True, True]  # with them, or in fp32, the fused kernel
