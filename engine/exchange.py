@@ -17,8 +17,9 @@ and the signed timestamp. The surviving items are shuffled and checked one by
 one with `verify_item` (a pure function: the task reference is rebuilt here
 and the question text must match; every completion is re-scored with this
 node's verifier and a sender whose claimed rewards differ is a forger; a
-question this node already has this round is a duplicate; a group whose
-rewards are all equal carries no gradient) until n are accepted. The rest are
+question this node already has this round is a duplicate), and a group whose
+rewards are all equal carries no gradient (`zero_advantage`; its mean reward
+is still kept, in `Offer.scored`), until n are accepted. The rest are
 counted as `not_picked`: every item a peer sends is counted once, in items
 (a question with its completions) in metrics, events and the terminal alike.
 
@@ -171,8 +172,6 @@ def verify_item(peer: str, item: protocol.Item, taskset: TaskSet, exclude: Set[s
     for claimed, local in zip(item.rewards, rewards, strict=True):
         if claimed is not None and abs(claimed - local) > REWARD_TOLERANCE:
             return R_FORGED_REWARD
-    if not rewards_differ(rewards):
-        return R_ZERO_ADVANTAGE
     return ExternalItem(peer, question, tuple(item.completions), rewards, model)
 
 
@@ -381,6 +380,10 @@ class SwarmExchange:
                 offer.settled.extend((i, NOT_PICKED) for _, _, _, i in pending[index:])
                 break
             verdict = verify_item(peer, item, taskset, taken, model)
+            if not isinstance(verdict, str):
+                offer.scored.append((sum(verdict.rewards) / len(verdict.rewards), rewards_differ(verdict.rewards)))
+                if not rewards_differ(verdict.rewards):
+                    verdict = R_ZERO_ADVANTAGE
             if isinstance(verdict, str):
                 offer.rejected.append((peer, verdict))
                 offer.settled.append((item_id, verdict))
@@ -454,6 +457,7 @@ class SwarmExchange:
             "probation": probation,
         }
         self._emit_peers(this_round)
+        this_round["scored"] = [[round(mean, 4), informative] for mean, informative in offer.scored]
         self._receipts(offer, verdicts)
         return {
             **this_round,

@@ -102,6 +102,10 @@ class Offer:
     # known for the other items a receipt can name (a rejection reason, or "not_picked").
     item_ids: list[ItemId] = field(default_factory=list)
     settled: list[tuple[ItemId, str]] = field(default_factory=list)
+    # Every item this node re-scored, in the order it was drawn: its mean reward, and whether its rewards differ
+    # (informative). The first J are what a trainer that keeps uniform peer groups unfiltered would train on, as
+    # the paper's public trainer does; its logged batch mean averages them (engine/experiment/batch_mean.py).
+    scored: list[tuple[float, bool]] = field(default_factory=list)
 
 
 @dataclass

@@ -548,6 +548,12 @@ class Experiment:
             "reasked": [m.get("reasked", 0) for m in metrics],  # own questions asked again (tasks.reask_share)
             "reasked_informative": [m.get("reasked_informative", 0) for m in metrics],
             "swarm_reward_mean": [m["swarm_reward_mean"] for m in metrics],
+            # The training batch group by group, [mean reward, informative], own then the swarm's, and every swarm
+            # group re-scored in draw order: the batch means the paper's trainer logs (batch_mean.py)
+            "batch_own": [_group_means(node.own_groups(round_index, own)) for node, own in zip(nodes, groups,
+                                                                                               strict=True)],
+            "batch_external": [_group_means(external) for external, _ in shared],
+            "swarm_scored": [(report or {}).get("scored", []) for _, report in shared],
             "rejected": [m.get("swarm", {}).get("rejected", {}) for m in metrics],
             "loss": [m.get("loss", 0.0) for m in metrics],
             "clip_fraction": [m.get("clip_fraction", 0.0) for m in metrics],
@@ -571,6 +577,10 @@ class Experiment:
                             relay.relay.metrics["publishes"] - expected + self.plan.nodes, self.plan.nodes)
                 return
             time.sleep(0.01)
+
+
+def _group_means(groups: Sequence[Group]) -> list[list[Any]]:
+    return [[round(sum(g.rewards) / len(g.rewards), 4), g.informative] for g in groups]
 
 
 def _seed_relay_sampling(relay: Any, seed: int) -> None:
