@@ -42,14 +42,15 @@ from app.join import InviteField
 from app.lan import NearbySwarms
 from app.limits import ResourcesBox
 from app.settings import AppSettings, EngineSettings, SettingsError, parse_invite, validate
+from engine.common.claims import JOINING
 
 WHAT_IT_DOES = (
     "<p><b>Sapling trains a small language model on this computer</b>, in the background, using spare "
     "time on your processor or graphics card. It practises puzzles it can check by itself (arithmetic, "
     "dates, logic, number bases), and learns a little from every answer that worked.</p>"
     "<p><b>What it shares with the swarm:</b> the puzzles and your model's answers to them, as plain text, "
-    "signed with a random key made for this app. Other computers learn from your answers, and you from theirs; "
-    "per hour, your own model learns a little less than it would alone, so sharing is a gift to the others.</p>"
+    "signed with a random key made for this app. Other computers train on your answers, and yours on theirs. "
+    f"{JOINING.text}</p>"
     "<p><b>What it never shares:</b> your files, your model's weights, or anything about you. "
     "With the local swarm, nothing leaves this computer at all, unless you let this network's computers join.</p>"
     "<p>You can pause or stop at any time; training continues where it left off.</p>"

@@ -35,6 +35,7 @@ from PySide6.QtWidgets import (
 )
 
 from app import theme
+from engine.common.claims import JOINING
 from engine.common.errors import SaplingError
 from engine.common.joining import NEVER_SHARED, SHARED, Preview, preview_invite
 from engine.common.model_policy import describe_model_policy
@@ -202,9 +203,7 @@ class JoinDialog(QDialog):
         title.setObjectName("title")
         layout.addWidget(title)
         intro = QLabel("Your computer would train with the computers in this swarm: it shares its practice answers "
-                       "with them and learns from theirs. Your answers help the others most: per hour on your "
-                       "computer, your own model learns a little less than it would alone. You can leave at any "
-                       "time in Settings.")
+                       f"with them and trains on theirs. {JOINING.text} You can leave at any time in Settings.")
         intro.setWordWrap(True)
         layout.addWidget(intro)
         self.card = SwarmPreview()

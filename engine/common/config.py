@@ -328,9 +328,8 @@ class SwarmConfig:
         0,
     )
     external_groups: int = _help(
-        "J: rollouts sampled from the swarm for each round's training batch (0: solo). Per hour of your computer, "
-        "a joined node learns a little less than alone (0.90 of it, docs/results.md 'Swarm'): joining mostly helps "
-        "the swarm's other nodes.",
+        "J: rollouts sampled from the swarm for each round's training batch (0: solo). docs/results.md 'Swarm' "
+        "measures what joining does, per round and per hour.",
         4,
     )
     train_groups: int = _help(
