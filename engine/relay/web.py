@@ -145,11 +145,24 @@ def _load(name: str) -> bytes:
     return resources.files("engine.relay").joinpath("static", name).read_bytes()
 
 
+# A page file holds its own head lines (title, scripts), this line, then its body; page.html is the frame they share.
+PAGE_SEPARATOR = "<!-- the head above goes into page.html's <head>, the page below after its <main> -->\n"
+
+
+def _page_template(name: str) -> Template:
+    """Page `name` in the shared frame (static/page.html), as a template of its own values."""
+    head, separator, body = _load(name).decode("utf-8").partition(PAGE_SEPARATOR)
+    if not separator:
+        raise ValueError(f"engine/relay/static/{name} has no head separator line.")
+    frame = _load("page.html").decode("utf-8")
+    return Template(frame.replace("$page_head", head, 1).replace("$page_body", body, 1))
+
+
 class RelayPages:
     def __init__(self, relay: RelayView) -> None:
         self.relay = relay
         self.static = {name: _load(name) for name in STATIC_TYPES}
-        self.pages = {name: Template(_load(name).decode("utf-8")) for name in PAGE_NAMES}
+        self.pages = {name: _page_template(name) for name in PAGE_NAMES}
 
     def add_routes(self, app: web.Application) -> None:
         app.router.add_get("/", self.handle_index)
