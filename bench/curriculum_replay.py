@@ -62,6 +62,7 @@ from engine.common.config import NodeConfig
 from engine.common.errors import ConfigError
 from engine.curriculum import LADDERS, WINDOW_GROUPS, Curriculum, level_config
 from engine.experiment.plan import NODE_SEED_SPACING, plan_config, saved_plan
+from engine.experiment.records import experiment_folder, named_back
 from engine.tasks import TaskSet
 
 USAGE = "usage: python -m bench.curriculum_replay DIR [MIX] (DIR: an experiment run with tasks.difficulty='adaptive')."
@@ -358,9 +359,12 @@ def main(argv: list[str] | None = None) -> int:
     if len(args) not in (1, 2) or args[0].startswith("-"):
         print(f"curriculum_replay: {USAGE}", file=sys.stderr)
         return 2
+    given = Path(args[0]).expanduser()
     try:
-        print(json.dumps(replay(Path(args[0]).expanduser(), args[1] if len(args) > 1 else None), indent=1))
-    except ConfigError as exc:
+        folder = experiment_folder(given)  # a packed folder's records, unpacked once
+        result = replay(folder, args[1] if len(args) > 1 else None)
+        print(json.dumps(named_back(result, {folder: given}), indent=1))
+    except (ValueError, OSError) as exc:  # ConfigError is a ValueError
         print(f"curriculum_replay: {exc}", file=sys.stderr)
         return 1
     return 0

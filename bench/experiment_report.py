@@ -20,6 +20,10 @@ at equal time on each node's own computer (engine/experiment/hours.py);
 under "round_cost" what A's rounds cost a node against B's (CPU,
 generation and training seconds, tokens generated and trained on).
 Definitions: docs/swarm.md, "The experiment".
+
+Each DIR may be packed (DIR/records.tar.xz, `python -m bench.records pack DIR`): its records are
+read from the archive, unpacked once into the cache (engine/experiment/records.py), and the output names
+DIR as given. Rebuilding a packed DIR's report writes it, with its plots, into that unpacked folder.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from pathlib import Path
 
 from engine.common.atomicio import atomic_write_bytes
 from engine.experiment.plan import START_EVAL_FILE, plan_config, read_json, saved_plan
+from engine.experiment.records import experiment_folder, named_back
 from engine.experiment.report import (
     build_report,
     compare,
@@ -65,11 +70,27 @@ def _nodes(args: list[str]) -> tuple[list[str], list[int] | None]:
     return args[:at] + args[at + 2 :], nodes
 
 
+def _readable(pairs: list[tuple[Path, Path]]) -> tuple[list[tuple[Path, Path]], dict[Path, Path]]:
+    """The pairs' folders where the readers can read them (packed records unpacked), and each one's name as given."""
+    readable = {path: experiment_folder(path) for pair in pairs for path in pair}
+    return [(readable[a], readable[b]) for a, b in pairs], {folder: path for path, folder in readable.items()}
+
+
+def _readable_variant(spec: str) -> str:
+    """LABEL=DIR:MIX with DIR where its records can be read; a malformed spec as it is, for the report to refuse."""
+    label, equals, rest = spec.partition("=")
+    folder, colon, mix = rest.rpartition(":")
+    if not equals or not colon or not folder:
+        return spec
+    return f"{label}={experiment_folder(Path(folder))}:{mix}"
+
+
 def _run(args: list[str]) -> int:
     args, nodes = _nodes(args)
     if len(args) in (4, 5) and args[0] == "--compare":
         label_b = args[4] if len(args) == 5 else None
-        print(json.dumps(compare(Path(args[1]), Path(args[2]), args[3], label_b, nodes), indent=1))
+        [(folder_a, folder_b)], names = _readable([(Path(args[1]), Path(args[2]))])
+        print(json.dumps(named_back(compare(folder_a, folder_b, args[3], label_b, nodes), names), indent=1))
         return 0
     if len(args) >= 4 and args[0] == "--pool":
         pairs = []
@@ -78,24 +99,28 @@ def _run(args: list[str]) -> int:
             if not comma or not a_dir or not b_dir:
                 raise ValueError(f"{spec!r} is not DIR_A,DIR_B.")
             pairs.append((Path(a_dir), Path(b_dir)))
-        print(json.dumps(pooled_compare(pairs, args[1], args[2], nodes), indent=1))
+        pairs, names = _readable(pairs)
+        print(json.dumps(named_back(pooled_compare(pairs, args[1], args[2], nodes), names), indent=1))
         return 0
     if nodes is not None:
         raise ValueError("--nodes goes with --compare or --pool.")
     plots = {"--plot": variants_plot, "--plot-hours": hours_plot, "--plot-held-out": held_out_plot}
     if len(args) >= 3 and args[0] in plots:
-        atomic_write_bytes(Path(args[1]), plots[args[0]](args[2:]))
+        atomic_write_bytes(Path(args[1]), plots[args[0]]([_readable_variant(spec) for spec in args[2:]]))
         print(f"wrote {args[1]}")
         return 0
     if len(args) != 1 or args[0].startswith("--"):
         print(USAGE, file=sys.stderr)
         return 2
-    out = Path(args[0])
+    given = Path(args[0])
+    out = experiment_folder(given)
     plan = saved_plan(out)
     if plan is None:
         raise ValueError(f"{out} holds no experiment ({out / 'experiment.json'} is missing).")
-    report = build_report(plan, plan_config(plan), out, read_json(out / START_EVAL_FILE))
+    report = named_back(build_report(plan, plan_config(plan), out, read_json(out / START_EVAL_FILE)), {out: given})
     write_report(report, out)
+    if out != given:
+        print(f"experiment_report: {given} is packed; its report and plots are in {out}", file=sys.stderr)
     print(json.dumps({k: {"rounds": m["rounds_done"], "cumulative_reward": m["cumulative_reward"]}
                       for k, m in report["mixes"].items()}))
     return 0

@@ -25,6 +25,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from engine.experiment.records import record_path
+
 
 def recorded_kinds(paths: Sequence[Path]) -> list[tuple[str, list[float]]]:
     """Every own group as (specialty, rewards), from node metrics files."""
@@ -84,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         ks, pools = _numbers(args.k, "k"), _numbers(args.pool, "pool")
-        groups = recorded_groups(args.metrics)
+        groups = recorded_groups([record_path(path) for path in args.metrics])  # packed runs too
         if not groups:
             raise ValueError("the files hold no round with own_group_rewards (recorded since 2026-12-03).")
         if len({len(g) for g in groups}) != 1:

@@ -20,6 +20,8 @@ from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
+from engine.experiment.records import record_path
+
 
 def shares(paths: Sequence[Path], kind: str, every: int) -> list[tuple[int, int, dict[float, float]]]:
     """(first round, answers, {score: share}) for each block of `every` rounds that holds answers of `kind`."""
@@ -50,8 +52,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.every < 1:
         parser.error(f"--every must be at least 1, got {args.every}")
     for folder in args.folders:
-        paths = sorted(folder.glob("node-*/metrics.jsonl"))
         try:
+            paths = sorted(record_path(folder).glob("node-*/metrics.jsonl"))  # a packed DIR's mix, unpacked once
             table = shares(paths, args.kind, args.every)
         except (OSError, ValueError, TypeError) as exc:
             print(f"score_shares: {folder}: unreadable metrics ({exc})", file=sys.stderr)

@@ -53,6 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.probe_replay import recorded_kinds
+from engine.experiment.records import record_path
 from engine.rollouts import PASS_REWARD, rewards_differ
 
 
@@ -157,13 +158,14 @@ def main(argv: Sequence[str] | None = None) -> int:
               "~/sapling-experiments/fixed-s0/mix-8-0", file=sys.stderr)
         return 2
     for folder in map(Path, args):
-        path = folder / "rounds.jsonl"
         try:
+            readable = record_path(folder)  # DIR/mix-8-0 of a packed DIR: its records, unpacked once
+            path = readable / "rounds.jsonl"
             records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-            mix = json.loads((folder.parent / "experiment.json").read_text(encoding="utf-8"))
+            mix = json.loads((readable.parent / "experiment.json").read_text(encoding="utf-8"))
             questions = int(mix["settings"]["tasks"]["questions_per_round"])
             result = bound(records, questions) if records else None
-            metrics = sorted(folder.glob("node-*/metrics.jsonl"))
+            metrics = sorted(readable.glob("node-*/metrics.jsonl"))
             kinds = recorded_kinds(metrics)  # the files are read once
             passing = passing_share([rewards for _, rewards in kinds])
             ceiling = specialty_ceiling(kinds)
