@@ -144,7 +144,7 @@ test: lint typecheck pytest
 # About 25 s a setting on 2 cores. .ci/run calls it after `make test`.
 NUMERICS_TESTS := tests/engine/test_train_forward.py tests/engine/test_torch_backend.py \
 	tests/engine/test_backends_shared.py tests/engine/test_decode.py tests/engine/test_cross_backend.py \
-	tests/engine/test_grpo.py
+	tests/engine/test_grpo.py tests/engine/test_bf16_step.py
 NUMERICS_KERNELS := ATEN_CPU_CAPABILITY=default ATEN_CPU_CAPABILITY=avx2 ATEN_CPU_CAPABILITY=avx512 \
 	ONEDNN_MAX_CPU_ISA=AVX2 ONEDNN_MAX_CPU_ISA=AVX512_CORE MKL_ENABLE_INSTRUCTIONS=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX512
 .PHONY: test-numerics

@@ -87,3 +87,25 @@ def make_sharp_model(folder: Path, arch: str, rope_theta: float = 50_000.0) -> P
     model.save_pretrained(folder)
     tok.save_pretrained(folder)
     return folder
+
+
+def make_bundled_shapes_model(folder: Path, layers: int = 2, seed: int = 0) -> Path:
+    """A random model with the bundled SmolLM2-135M's matmul shapes (hidden 576, MLP 1536, 9 heads of 64 over 3
+    key-value heads, a 49,152-word LM head tied to the embedding) but `layers` layers: what a numerics test needs
+    of the real model's sizes (the LM head's chunks, bf16's rounding over 576 and 1,536 terms) in seconds."""
+    import torch
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    tok = make_byte_tokenizer()
+    config = LlamaConfig(
+        vocab_size=49_152, hidden_size=576, intermediate_size=1536, num_hidden_layers=layers,
+        num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=2048, rms_norm_eps=1e-5,
+        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+        tie_word_embeddings=True,
+    )
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config)
+    folder = Path(folder)
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder

@@ -45,7 +45,7 @@ def evaluate_set(shared: Any, taskset: TaskSet, examples: str, views: Sequence[N
     index = [k for k in range(len(views)) for _ in prompts]
     rows = shared.generate_with_adapters(prompts * len(views), 1, max_new_tokens, None, adapters, index,
                                          on_step=on_step)
-    per_node = []
+    per_node: list[dict[str, Any]] = []
     for k in range(len(views)):
         answers = rows[k * len(prompts) : (k + 1) * len(prompts)]
         rewards = [taskset.reward(q, c.text) for q, c in zip(questions, answers, strict=True)]
