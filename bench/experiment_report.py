@@ -8,6 +8,7 @@ newcomers of a veterans experiment):
     python -m bench.experiment_report DIR                                  # rebuild DIR's report (partial runs too)
     python -m bench.experiment_report --compare DIR_A DIR_B MIX [MIX_B]    # A's MIX against B's MIX_B, same seeds
     python -m bench.experiment_report --pool MIX MIX_B DIR_A,DIR_B ...     # that, pooled over seeds (one pair each)
+    python -m bench.experiment_report --paper-metric MIX MIX_B DIR_A,DIR_B ...  # three figures, the paper's beside ours
     python -m bench.experiment_report --plot OUT.png LABEL=DIR:MIX ...     # several folders' mixes in one plot
     python -m bench.experiment_report --plot-hours OUT.png LABEL=DIR:MIX ...  # the same, reward against hours
     python -m bench.experiment_report --plot-held-out OUT.png LABEL=DIR:MIX ...  # held-out accuracy against hours
@@ -19,6 +20,10 @@ pooled) and the difference per node-round; under "per_hour" the same
 at equal time on each node's own computer (engine/experiment/hours.py);
 under "round_cost" what A's rounds cost a node against B's (CPU,
 generation and training seconds, tokens generated and trained on).
+`--paper-metric` prints three figures of MIX against MIX_B, pooled the same
+way: the training-batch mean reward as the paper's trainer logs it, under each
+definition its text and code allow (engine/experiment/batch_mean.py); the
+own-rollout reward (Sapling's); held-out accuracy at equal time.
 Definitions: docs/swarm.md, "The experiment".
 
 Each DIR may be packed (DIR/records.tar.xz, `python -m bench.records pack DIR`): its records are
@@ -33,6 +38,7 @@ import sys
 from pathlib import Path
 
 from engine.common.atomicio import atomic_write_bytes
+from engine.experiment.batch_mean import paper_metric
 from engine.experiment.plan import START_EVAL_FILE, plan_config, read_json, saved_plan
 from engine.experiment.records import experiment_folder, named_back
 from engine.experiment.report import (
@@ -41,6 +47,7 @@ from engine.experiment.report import (
     held_out_plot,
     hours_plot,
     pooled_compare,
+    stratified_bootstrap,
     variants_plot,
     write_report,
 )
@@ -49,6 +56,7 @@ USAGE = (
     "usage: python -m bench.experiment_report DIR\n"
     "       python -m bench.experiment_report --compare DIR_A DIR_B MIX [MIX_B] [--nodes K,...]\n"
     "       python -m bench.experiment_report --pool MIX MIX_B DIR_A,DIR_B ... [--nodes K,...]\n"
+    "       python -m bench.experiment_report --paper-metric MIX MIX_B DIR_A,DIR_B ... [--nodes K,...]\n"
     "       python -m bench.experiment_report --plot OUT.png LABEL=DIR:MIX ...\n"
     "       python -m bench.experiment_report --plot-hours OUT.png LABEL=DIR:MIX ...\n"
     "       python -m bench.experiment_report --plot-held-out OUT.png LABEL=DIR:MIX ..."
@@ -92,7 +100,7 @@ def _run(args: list[str]) -> int:
         [(folder_a, folder_b)], names = _readable([(Path(args[1]), Path(args[2]))])
         print(json.dumps(named_back(compare(folder_a, folder_b, args[3], label_b, nodes), names), indent=1))
         return 0
-    if len(args) >= 4 and args[0] == "--pool":
+    if len(args) >= 4 and args[0] in ("--pool", "--paper-metric"):
         pairs = []
         for spec in args[3:]:
             a_dir, comma, b_dir = spec.partition(",")
@@ -100,7 +108,17 @@ def _run(args: list[str]) -> int:
                 raise ValueError(f"{spec!r} is not DIR_A,DIR_B.")
             pairs.append((Path(a_dir), Path(b_dir)))
         pairs, names = _readable(pairs)
-        print(json.dumps(named_back(pooled_compare(pairs, args[1], args[2], nodes), names), indent=1))
+        pooled = named_back(pooled_compare(pairs, args[1], args[2], nodes), names)
+        if args[0] == "--pool":
+            print(json.dumps(pooled, indent=1))
+            return 0
+        held_out = pooled["held_out_per_hour"] or {}
+        print(json.dumps({
+            "batch_mean": paper_metric(pairs, args[1], args[2], stratified_bootstrap, nodes),
+            "own_reward": {k: pooled[k] for k in ("ratio", "ratio_ci95", "cumulative_a", "cumulative_b")},
+            "held_out_at_equal_time": {k: held_out.get(k) for k in ("accuracy_a", "accuracy_b", "difference",
+                                                                       "difference_ci95")},
+        }, indent=1))
         return 0
     if nodes is not None:
         raise ValueError("--nodes goes with --compare or --pool.")

@@ -68,6 +68,14 @@ def test_three_nodes_share_through_a_real_relay_and_the_report_compares_the_mixe
     for name in ("report.json", "report.md", "reward.png"):
         assert (tmp_path / "out" / name).stat().st_size > 0
 
+    # Each round records its training batch group by group, and every swarm group re-scored (batch_mean.py).
+    for line in (tmp_path / "out" / "mix-1-1" / "rounds.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        assert [len(own) for own in record["batch_own"]] == [1, 1, 1]  # I = 1 own group each
+        assert [len(ext) for ext in record["batch_external"]] == record["external_groups"]
+        assert all(len(drawn) >= len(ext) and all(informative for _, informative in ext)
+                   for drawn, ext in zip(record["swarm_scored"], record["batch_external"], strict=True))
+
     # Each node signed with its own identity and took verified groups only from the two others.
     sharing = tmp_path / "out" / "mix-1-1"
     ids = [json.loads(line)["swarm"]["by_peer"] for k in range(3)
