@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import math
+import sys
 
 import pytest
 import torch
@@ -8,14 +9,24 @@ import torch
 from engine.grpo import clipped_pg_loss
 from engine.rollouts import Completion, Group, group_advantages, train_items, trained_groups
 
+# Advantages are float64: about 8 roundings in the engine (mean, deviations, squares, sums, sqrt, division) and up
+# to 6 in the hand computations (the decimals, sqrt, divisions), each by at most half of float64's epsilon.
+ADVANTAGE_REL = 14 * sys.float_info.epsilon / 2
+# The loss is float32: a log and an exp (a unit each, and the log's unit again times |log r| < 1 in the exp), the
+# clip bound rounded to float32, the product with A, the sum of up to 3 same-signed terms (2 units) and the
+# division by the token count: 8 units of float32's roundoff relative to the loss.
+LOSS_REL = 8 * torch.finfo(torch.float32).eps / 2
+# A clip fraction is a count over the tokens, divided in float32: one rounding.
+FRACTION_REL = torch.finfo(torch.float32).eps / 2
+
 
 def test_advantages_hand_computed() -> None:
     # rewards 1,0,0,1: mean .5, population std .5
     adv = group_advantages([1.0, 0.0, 0.0, 1.0], eps=1e-4)
-    assert adv == pytest.approx([0.5 / 0.5001, -0.5 / 0.5001, -0.5 / 0.5001, 0.5 / 0.5001])
+    assert adv == pytest.approx([0.5 / 0.5001, -0.5 / 0.5001, -0.5 / 0.5001, 0.5 / 0.5001], rel=ADVANTAGE_REL)
     adv = group_advantages([1.0, 0.0, 0.0], eps=0.0)
     mean, std = 1 / 3, math.sqrt(2 / 9)
-    assert adv == pytest.approx([(1 - mean) / std, -mean / std, -mean / std])
+    assert adv == pytest.approx([(1 - mean) / std, -mean / std, -mean / std], rel=ADVANTAGE_REL)
 
 
 def test_equal_rewards_give_zero_advantage() -> None:
@@ -68,22 +79,22 @@ def _loss(ratios: list[float], adv: float, eps_low: float = 0.2, eps_high: float
 def test_clipping_positive_advantage_caps_at_one_plus_eps_high() -> None:
     # A>0: per-token -min(r*A, clip(r)*A). r=1.5 -> clipped to 1.28; r=0.5 -> unclipped 0.5 (min picks it).
     loss, clip = _loss([1.5, 0.5, 1.0], adv=2.0)
-    assert loss == pytest.approx(-(1.28 * 2 + 0.5 * 2 + 1.0 * 2) / 3)
-    assert clip == pytest.approx(1 / 3)
+    assert loss == pytest.approx(-(1.28 * 2 + 0.5 * 2 + 1.0 * 2) / 3, rel=LOSS_REL)
+    assert clip == pytest.approx(1 / 3, rel=FRACTION_REL)
 
 
 def test_clipping_negative_advantage_caps_at_one_minus_eps_low() -> None:
     # A<0: r=0.5 -> clip to 0.8 gives -0.8*A... min(r*A, clip*A) with A=-1: min(-0.5, -0.8) = -0.8
     # r=1.5 -> min(-1.5, -1.28) = -1.5 (unclipped: a bad action made likelier is punished fully)
     loss, clip = _loss([0.5, 1.5], adv=-1.0)
-    assert loss == pytest.approx(-(-0.8 + -1.5) / 2)
-    assert clip == pytest.approx(1 / 2)
+    assert loss == pytest.approx(-(-0.8 + -1.5) / 2, rel=LOSS_REL)
+    assert clip == 1 / 2  # one of two: exact in any binary float
 
 
 def test_asymmetric_eps_are_used() -> None:
     loss_hi, _ = _loss([2.0], adv=1.0, eps_low=0.2, eps_high=0.28)
     loss_sym, _ = _loss([2.0], adv=1.0, eps_low=0.2, eps_high=0.2)
-    assert loss_hi == pytest.approx(-1.28) and loss_sym == pytest.approx(-1.2)
+    assert loss_hi == pytest.approx(-1.28, rel=LOSS_REL) and loss_sym == pytest.approx(-1.2, rel=LOSS_REL)
 
 
 def test_gradient_is_zero_where_clipped() -> None:
