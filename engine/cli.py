@@ -168,6 +168,8 @@ def cmd_export(args: argparse.Namespace, paths: Paths, config: NodeConfig) -> in
             else "HF folder")
     print(f"Exported {what} of run {config.run.run_name!r} to {args.out} ({kind}, {result.bytes / 1e6:.0f} MB)",
           flush=True)
+    if result.card is not None:
+        print(f"Model card: {result.card} (publishing it: docs/exporting.md)", flush=True)
     return 0
 
 

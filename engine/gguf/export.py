@@ -6,6 +6,10 @@
     sapling-node export --format gguf --round 0 --out base.gguf   # the base model, before any training
     sapling-node export --format gguf-lora --out adapter.gguf     # the LoRA alone, for llama.cpp's --lora
 
+Every export also writes a model card: README.md with the Hub's front matter and
+the run's reward and held-out curves, inside the folder or beside the GGUF file
+(engine/gguf/card.py). Try it's own exports, into Sapling's cache, write none.
+
 GGUF files are written by llama.cpp's own converters, `convert_hf_to_gguf.py`
 and `convert_lora_to_gguf.py` (engine/gguf/convert.py: where they are and
 how they run). The base model of the bundled source is converted once, when
@@ -30,8 +34,9 @@ from engine.checkpoint import Checkpoint, _listed, checkpoint_name, verify
 from engine.common.atomicio import atomic_dir, atomic_write_json
 from engine.common.errors import CheckpointError, ConfigError
 from engine.common.paths import EXPORT_MARKER, nearest_existing
+from engine.gguf.card import Card, Exported, check_card_files, model_card, published_card, write_card
 from engine.gguf.convert import CONVERT_LORA, atomic_file, converter_dir, hf_to_gguf, run_converter
-from engine.seeds import fixed_seed
+from engine.seeds import MAX_SEED, fixed_seed
 
 if TYPE_CHECKING:
     from engine.common.config import NodeConfig
@@ -57,6 +62,7 @@ class ExportResult:
     format: str
     quant: str | None
     bytes: int
+    card: Path | None = None  # the model card's README, where one was written
 
 
 def find_checkpoint(config: NodeConfig, paths: Paths, round_index: int | None) -> Checkpoint:
@@ -116,24 +122,51 @@ def export_model(
         raise ConfigError("--round must be 0 (the base model) or a checkpoint's round number.")
     out = Path(out).expanduser()
     check_target(out, fmt)  # before minutes of loading, and before anything is written
+    with_card = not out.resolve().is_relative_to(paths.cache_dir.resolve())  # Try it's own files need no card
+    if with_card:
+        check_card_files(out, fmt)
     if fmt != "hf":
         converter_dir()  # fail before minutes of loading when it is missing
-    from engine.models import BASE_GGUF_QUANT, base_gguf, resolve_model_dir
+    from engine.models import resolve_model_dir
 
     # The checkpoint first: a run without one fails in a second, not after the model's first conversion.
     checkpoint = None if round_index == 0 else find_checkpoint(config, paths, round_index)
     model_dir = resolve_model_dir(config.model.source, paths.models_cache, config.model.revision or None)
     found_round = 0 if checkpoint is None else checkpoint.round
+    if fmt == "gguf-lora" and checkpoint is None:
+        raise ConfigError("Round 0 is the base model: it has no adapter. Export it with --format gguf.")
+    if fmt == "gguf-lora" and config.grpo.finetune != "lora":
+        raise ConfigError("This run trains every weight (grpo.finetune = \"full\"), so there is no adapter; "
+                          "use --format gguf.")
+    card = _card(config, paths, out, fmt, quant, checkpoint, model_dir) if with_card else None
+    if fmt == "hf":
+        with atomic_dir(out) as folder:
+            _merged_hf(config, model_dir, checkpoint, folder, report)
+            atomic_write_json(folder / EXPORT_MARKER, {
+                "sapling": __version__, "run": config.run.run_name, "round": found_round, "base_model": model_dir.name,
+            })
+            if card is not None:
+                write_card(card, folder)
+            folder.chmod(0o755)  # a folder for other tools, not a private temporary one
+    else:
+        with published_card(card):  # staged first: a full disk stops the export before anything is replaced
+            _write_gguf(config, model_dir, checkpoint, out, fmt, quant, report)
+    size = sum(f.stat().st_size for f in out.rglob("*") if f.is_file()) if out.is_dir() else out.stat().st_size
+    return ExportResult(found_round, out, fmt, None if fmt == "hf" else quant, size,
+                        None if card is None else card.files.readme)
+
+
+def _write_gguf(config: NodeConfig, model_dir: Path, checkpoint: Checkpoint | None, out: Path, fmt: str, quant: str,
+                report: Report) -> None:
+    """The GGUF of a checkpoint's adapter, of the base model (round 0) or of the merged model, atomically."""
+    from engine.models import BASE_GGUF_QUANT, base_gguf
+
+    found_round = 0 if checkpoint is None else checkpoint.round
     name = f"{model_dir.name} (Sapling run {config.run.run_name}, round {found_round})"
-    if fmt == "gguf-lora":
-        if checkpoint is None:
-            raise ConfigError("Round 0 is the base model: it has no adapter. Export it with --format gguf.")
-        if config.grpo.finetune != "lora":
-            raise ConfigError("This run trains every weight (grpo.finetune = \"full\"), so there is no adapter; "
-                              "use --format gguf.")
+    if fmt == "gguf-lora" and checkpoint is not None:
         report(f"Converting the LoRA of round {found_round} to GGUF ({quant})…")
         _adapter_to_gguf(checkpoint.path, model_dir, config, out, quant)
-    elif checkpoint is None and fmt == "gguf":
+    elif checkpoint is None:
         prepared = base_gguf(model_dir) if quant == BASE_GGUF_QUANT else None
         if prepared is not None:
             report("Copying the base model's GGUF, made when the model was converted…")
@@ -143,21 +176,25 @@ def export_model(
         else:
             report(f"Converting the base model to GGUF ({quant})…")
             hf_to_gguf(model_dir, out, quant, name)
-    elif fmt == "hf":
-        with atomic_dir(out) as folder:
-            _merged_hf(config, model_dir, checkpoint, folder, report)
-            atomic_write_json(folder / EXPORT_MARKER, {
-                "sapling": __version__, "run": config.run.run_name, "round": found_round, "base_model": model_dir.name,
-            })
-            folder.chmod(0o755)  # a folder for other tools, not a private temporary one
     else:
         with tempfile.TemporaryDirectory(prefix="sapling-export-", dir=_scratch_dir(out)) as scratch:
             target = Path(scratch) / "merged"
             _merged_hf(config, model_dir, checkpoint, target, report)
             report(f"Converting to GGUF ({quant})…")
             hf_to_gguf(target, out, quant, name)
-    size = sum(f.stat().st_size for f in out.rglob("*") if f.is_file()) if out.is_dir() else out.stat().st_size
-    return ExportResult(found_round, out, fmt, None if fmt == "hf" else quant, size)
+
+
+def _card(config: NodeConfig, paths: Paths, out: Path, fmt: str, quant: str, checkpoint: Checkpoint | None,
+          model_dir: Path) -> Card:
+    """The export's model card, from the run's metrics and the checkpoint's state (engine/gguf/card.py)."""
+    state = {} if checkpoint is None else checkpoint.state
+    recorded = state.get("seed")
+    seed = (recorded if isinstance(recorded, int) and not isinstance(recorded, bool) and 0 <= recorded <= MAX_SEED
+            else config.run.seed if config.run.seed >= 0 else None)
+    metrics = state.get("metrics")
+    exported = Exported(out, fmt, None if fmt == "hf" else quant, 0 if checkpoint is None else checkpoint.round,
+                        model_dir, seed, metrics if isinstance(metrics, dict) else {})
+    return model_card(config, paths.metrics_file, exported)
 
 
 def check_target(out: Path, fmt: str) -> None:

@@ -402,7 +402,7 @@ def test_cli_exports_gguf_and_reports_what_it_wrote(tiny_smol_dir: Path, tmp_pat
     out = tmp_path / "cli.gguf"
     code = main(["export", "--home", str(home), "--model", str(tiny_smol_dir), "--device", "cpu", "--set",
                  "grpo.precision='fp32'", "--format", "gguf", "--quant", "q8_0", "--out", str(out)])
-    assert code == 0 and out.is_file()
+    assert code == 0 and out.is_file() and "cli.gguf" in (tmp_path / "cli.README.md").read_text()  # its model card
     assert "Exported round 4 of run 'default'" in capsys.readouterr().out
     code = main(["export", "--home", str(home), "--model", str(tiny_smol_dir), "--set", "grpo.precision='fp32'",
                  "--round", "9", "--format", "gguf", "--out", str(out)])
