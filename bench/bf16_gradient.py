@@ -11,7 +11,10 @@ gradient is compared with it: cosine, norm ratio and relative distance, as
 one vector. Variants: the old (HF) step in fp32 (how far two fp32 paths are),
 both steps under bf16 autocast, and the packed step under bf16 with one part
 kept in fp32 ("islands"): the LM head and its log-softmax, attention, every
-projection (frozen matmuls and LoRA), and all three.
+projection (frozen matmuls and LoRA), and all three. Last, both precisions
+on-policy: each with the behaviour log-probs its own sampler would have
+written, so that the ratio is 1 and the clip takes nothing; what is left
+is the gradient's arithmetic.
 
 **Why a sum can lose its direction.** A GRPO gradient is a sum over groups
 of advantage-weighted gradients of log-probs whose advantages have both
@@ -43,6 +46,17 @@ from typing import Any
 
 from bench.harness.gradients import ISLANDS, against, flat_gradient, groups_of, parts_in_bf16
 from bench.train_speed import QUICK_QUESTIONS, first_questions, items_path, load_items, round_items
+
+
+def on_policy(backend: Any, items: Sequence[Any], bf16: bool) -> list[Any]:
+    """The items with their behaviour log-probs recomputed by this policy in one precision (as the round loop's
+    sampler would have written them, on merged weights): the step's ratio is then 1 up to rounding, and nothing
+    is clipped because the sampler and the trainer ran at another precision."""
+    from dataclasses import replace
+
+    backend.autocast = bf16
+    logps = backend.behaviour_logprobs([(it.prompt_ids, it.completion_ids) for it in items], backend.temperature)
+    return [replace(it, old_logprobs=logp) for it, logp in zip(items, logps, strict=True)]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -85,7 +99,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         rows.append((f"new step, bf16, {' + '.join(islands)} in fp32", against(reference, grad), stats))
     grad, stats = flat_gradient(backend, items, bf16=True, packed=True, islands=ISLANDS)
     rows.append(("new step, bf16, all three in fp32", against(reference, grad), stats))
-    print(f"reference: new step, fp32: loss {ref_stats['loss']:.4f}, clipped {ref_stats['clip_fraction']:.3f}")
+    # The saved items' behaviour log-probs come from one precision's sampler; recomputed in each precision, the
+    # comparison is of the gradient arithmetic alone, with the ratio and the clip out of it.
+    own32 = flat_gradient(backend, on_policy(backend, items, bf16=False), bf16=False, packed=True)
+    own16 = flat_gradient(backend, on_policy(backend, items, bf16=True), bf16=True, packed=True)
+    rows.append(("on-policy in each precision: new, bf16 vs fp32", against(own32[0], own16[0]), own16[1]))
+    print(f"reference: new step, fp32: loss {ref_stats['loss']:.4f}, clipped {ref_stats['clip_fraction']:.3f}; "
+          f"on-policy in fp32: clipped {own32[1]['clip_fraction']:.3f}")
     print(f"{'variant':<44} {'cosine':>7} {'norm':>6} {'distance':>9} {'loss':>8} {'clipped':>8}")
     for name, cmp, stats in rows:
         print(f"{name:<44} {cmp['cosine']:>7.3f} {cmp['norm_ratio']:>6.2f} {cmp['distance']:>9.2e} "
