@@ -5,7 +5,7 @@
 
 Each run is the node a contributor starts, in a throwaway home:
 
-    sapling-node run --rounds R --solo --set tasks.eval_every=0 [--set run.threads=N]
+    sapling-node run --rounds R --solo --seed 0 --set tasks.eval_every=0 [--set run.threads=N]
 
 once with one CPU-bound process running beside it for the whole run (the
 contributor's own work) and once on a quiet machine. The settings compared:
@@ -15,7 +15,8 @@ contributor's own work) and once on a quiet machine. The settings compared:
 - `1` ... `cpus`: a fixed thread count. The one equal to the CPU count is how
   the engine ran before the thread policy existed ("today" in the issue).
 
-Every run uses the same seeds, so the same questions. The time of a round is
+Every run uses `--seed 0` (a fresh install's own seed differs from one
+install to the next), so the same questions and samples. The time of a round is
 the node's own `seconds` from metrics.jsonl; round 1 carries warm-up, so the
 table reports the later rounds (all of them when `--rounds 1`). The runs are
 interleaved (setting by setting within each repetition) so that drift in the
@@ -59,7 +60,8 @@ BUSY = "x = 0\nwhile True:\n    x = (x * 1103515245 + 12345) & 0xFFFFFFFF\n"
 def run_node(setting: str, rounds: int, priority: str | None, busy: bool) -> dict[str, Any]:
     """One `sapling-node run` in a fresh home; its rounds from metrics.jsonl and the wall time of the whole run."""
     home = Path(tempfile.mkdtemp(prefix="sapling-contention-"))
-    cmd = node_command("run", ["--home", str(home), "--rounds", str(rounds), "--solo", "--set", "tasks.eval_every=0"])
+    cmd = node_command("run", ["--home", str(home), "--rounds", str(rounds), "--solo", "--seed", "0",
+                               "--set", "tasks.eval_every=0"])
     if setting != "default":
         cmd += ["--set", f"run.threads={int(setting)}"]
     if priority:
