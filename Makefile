@@ -47,7 +47,7 @@ system-deps:
 # source is kept in a cache folder outside the checkout: every later
 # venv, in any clone, installs the cached portable wheel in seconds, and a native wheel that pip may
 # have cached for PyPI's own URL is never picked up. llama.cpp's GGUF converters come from the same
-# source (the wheel leaves them out): engine/gguf/convert.py finds them in <venv>/share/sapling/.
+# source (the wheel leaves them out): engine/models/convert.py finds them in <venv>/share/sapling/.
 LLAMA_CPP_VERSION := 0.3.36
 LLAMA_CPP_CACHE   ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/sapling/build
 LLAMA_CPP_SDIST   := $(LLAMA_CPP_CACHE)/llama_cpp_python-$(LLAMA_CPP_VERSION).tar.gz

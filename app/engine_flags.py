@@ -13,7 +13,7 @@ from pathlib import Path
 from engine.common.events import node_command
 from engine.common.paths import Paths
 
-# Subcommands that take the settings flags (engine.launch.add_settings_flags): the app's settings apply to them.
+# Subcommands that take the settings flags (engine.node.launch.add_settings_flags): the app's settings apply to them.
 SETTINGS_SUBCOMMANDS = frozenset({"run", "serve", "chat", "export", "config"})
 # Subcommands that only take --home: they read config.toml and the identity from it, and have flags of their own.
 HOME_SUBCOMMANDS = frozenset({"doctor", "identity", "stats"})

@@ -48,7 +48,7 @@ from PySide6.QtWidgets import (
 from app import theme
 from app.session import Session, number
 
-# The engine's reasons (engine/exchange.py), in words.
+# The engine's reasons (engine/swarm/exchange.py), in words.
 REASONS = {
     "malformed": "Malformed",
     "bad_signature": "Signature did not verify",

@@ -118,9 +118,9 @@ def training_stream(path: Path) -> list[str]:
               by_peer={"a41c9e0b7d2f4e6a8b1c": {"name": "brave-otter-a41c", "accepted": 97, "rejected": 31},
                        "5be07d19c3a84f2e9d6b": {"name": "mossy-oak-5be0", "accepted": 81, "rejected": 29},
                        "c9d2e8f1a0b34c5d6e7f": {"name": "tidy-heron-c9d2", "accepted": 51, "rejected": 23}}),
-        event("log", level="info", logger="engine.exchange",
+        event("log", level="info", logger="engine.swarm.exchange",
               message="round 40: 4 external groups from 3 peers, 9 rejected"),
-        event("log", level="info", logger="engine.sapo", message="Training from round 41."),
+        event("log", level="info", logger="engine.node.loop", message="Training from round 41."),
         event("progress", phase="generating", done=58, total=96, round=41),
         contribution_event(),
     ]
@@ -182,8 +182,8 @@ def live_relay(peers: int = 3) -> Iterator[str]:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     # a swarm of the bundled model, as an organiser would declare it:
-    #   sapling-relay --models "$(python -m engine.common.model_policy)"
-    label = subprocess.run([sys.executable, "-m", "engine.common.model_policy"], capture_output=True, text=True,
+    #   sapling-relay --models "$(python -m engine.models.label)"
+    label = subprocess.run([sys.executable, "-m", "engine.models.label"], capture_output=True, text=True,
                            cwd=ROOT, check=True).stdout.strip()
     relay = subprocess.Popen([sys.executable, "-m", "engine.relay", "--host", "127.0.0.1", "--port", str(port),
                               "--name", RELAY_NAME, "--contact", "lab-swarm@maplestreet.example", "--models", label,

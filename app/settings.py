@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from engine.common.atomicio import atomic_write_json, atomic_write_text
-from engine.common.config import POWER_ENGINE_KEYS, POWER_PRESETS, PRIORITIES, SwarmConfig, build_config
-from engine.common.config_text import edit_config_text
+from engine.common.config import POWER_ENGINE_KEYS, POWER_PRESETS, PRIORITIES, SwarmConfig
+from engine.common.config_file import build_config, edit_config_text
 from engine.common.errors import ConfigError
 from engine.common.paths import Paths
 from engine.common.rules import Invite, check_model_source, check_relay_url, parse_invite, split_invite

@@ -52,7 +52,7 @@ import psutil  # noqa: E402
 
 from engine.common.events import encode, make_command, node_command, parse_event  # noqa: E402
 from engine.common.paths import Paths  # noqa: E402
-from engine.priority import niceness  # noqa: E402
+from engine.node.priority import niceness  # noqa: E402
 
 WORKER = """
 import sys, time
@@ -140,7 +140,7 @@ class Node:
                 self.rounds.append(event["metrics"])
             if event["type"] == "progress":
                 self.last_progress = event
-            if event["type"] == "log" and event["logger"] == "engine.priority":
+            if event["type"] == "log" and event["logger"] == "engine.node.priority":
                 self.thread_lines.append(f"{time.strftime('%H:%M:%S')} {event['message']}")
             if event["type"] == "error" and event.get("fatal"):
                 print(f"engine error: {event['message']}", file=sys.stderr)

@@ -12,8 +12,8 @@ def bundled_cpu() -> tuple[Any, Any, Any]:
     from engine.common.config import NodeConfig, RunConfig
     from engine.common.device import pick_device
     from engine.common.paths import Paths
-    from engine.models import resolve_model_dir
-    from engine.tasks import TaskSet
+    from engine.models.sources import resolve_model_dir
+    from engine.questions.tasks import TaskSet
 
     cfg = NodeConfig(run=RunConfig(seed=0))  # benches reproduce: seed 0, not the install's own
     t = cfg.tasks

@@ -11,7 +11,7 @@ once with one CPU-bound process running beside it for the whole run (the
 contributor's own work) and once on a quiet machine. The settings compared:
 
 - `default`: `run.threads = 0`, Sapling's default, which fits the thread count
-  to the load it measures (engine/priority.py);
+  to the load it measures (engine/node/priority.py);
 - `1` ... `cpus`: a fixed thread count. The one equal to the CPU count is how
   the engine ran before the thread policy existed ("today" in the issue).
 

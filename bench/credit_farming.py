@@ -180,7 +180,8 @@ def main(argv: list[str] | None = None) -> int:
         print("credit_farming: --farm and --honest must be at least 2, --seconds and --round-s positive.",
               file=sys.stderr)
         return 2
-    from engine.relay.server import EmbeddedRelay, RelaySettings
+    from engine.relay.embedded import EmbeddedRelay
+    from engine.relay.settings import RelaySettings
 
     settings = RelaySettings(host="127.0.0.1", port=0, trusted_proxy=["127.0.0.1"],
                              max_conn_per_ip=max(protocol.DEFAULT_MAX_CONN_PER_IP, args.farm))

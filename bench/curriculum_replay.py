@@ -2,7 +2,7 @@
 
     python -m bench.curriculum_replay DIR [MIX]     # DIR: an `experiment` folder run with tasks.difficulty='adaptive'
 
-Would the second pass's rules (engine/curriculum.py: levels move on the
+Would the second pass's rules (engine/questions/curriculum.py: levels move on the
 window's all-pass and all-fail groups, a level left downward needs a longer
 window to return, a specialty that all fails at its lowest level is
 excluded) have moved levels sensibly on what the model actually answered?
@@ -28,7 +28,7 @@ diff-s0-adaptive).
 
 Replays. The first-pass rule (pass rate over the last 4 groups outside
 20-80%) must reproduce the recorded level changes: that checks the
-reconstruction. The second-pass rules (engine/curriculum.Curriculum itself)
+reconstruction. The second-pass rules (engine/questions/curriculum.py's Curriculum itself)
 see the same questions in the same order; while they hold a specialty at
 the level it was recorded at, they see the recorded outcomes; at another
 level, the outcomes recorded at that level by any node of the run within 5
@@ -60,10 +60,10 @@ from typing import Any
 
 from engine.common.config import NodeConfig
 from engine.common.errors import ConfigError
-from engine.curriculum import LADDERS, WINDOW_GROUPS, Curriculum, level_config
 from engine.experiment.plan import NODE_SEED_SPACING, plan_config, saved_plan
 from engine.experiment.records import experiment_folder, named_back
-from engine.tasks import TaskSet
+from engine.questions.curriculum import LADDERS, WINDOW_GROUPS, Curriculum, level_config
+from engine.questions.tasks import TaskSet
 
 USAGE = "usage: python -m bench.curriculum_replay DIR [MIX] (DIR: an experiment run with tasks.difficulty='adaptive')."
 
@@ -283,7 +283,7 @@ def nearest(pool: list[Outcome], round_index: int, used: Counter[int]) -> Outcom
 
 
 def new_rule(runs: dict[int, list[list[Outcome]]], priors: dict[str, float]) -> RuleResult:
-    """engine/curriculum's rules on the same questions, with outcomes from the level they would have held."""
+    """questions/curriculum.py's rules on the same questions, with outcomes from the level they would have held."""
     pools = pooled(runs)
     result = RuleResult(pools=pools)
     for node, rounds in runs.items():

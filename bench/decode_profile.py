@@ -100,7 +100,7 @@ def jobs_to_profile(only: str | None, eval_questions: int) -> dict[str, Callable
 
     from bench.bundled import bundled_cpu
     from engine.backends import decode_model
-    from engine.sapo import derive_seed
+    from engine.node.loop import derive_seed
 
     cfg, backend, taskset = bundled_cpu()
     t = cfg.tasks

@@ -26,11 +26,11 @@ def child(questions: int, cache_mib: int, threads: int) -> dict[str, object]:
     import torch
 
     from engine.backends.torch_backend import TorchBackend
-    from engine.common.config import build_config
+    from engine.common.config_file import build_config
     from engine.common.device import pick_device
     from engine.common.paths import Paths
-    from engine.models import resolve_model_dir
-    from engine.tasks import TaskSet
+    from engine.models.sources import resolve_model_dir
+    from engine.questions.tasks import TaskSet
 
     if threads:
         torch.set_num_threads(threads)

@@ -35,7 +35,7 @@ from engine.common.paths import Paths
 from engine.experiment.nodes import NodeBackend
 from engine.experiment.plan import Mix, make_plan
 from engine.experiment.runner import Experiment, Hooks, node_config
-from engine.sapo import Node, derive_seed
+from engine.node.loop import Node, derive_seed
 
 
 def single_node(experiment: Experiment, folder: Path) -> Node:

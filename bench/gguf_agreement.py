@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from engine.common.config import build_config
+from engine.common.config_file import build_config
 from engine.common.paths import Paths
 from engine.gguf.export import QUANTS, export_model
 

@@ -80,7 +80,8 @@ def _require(module: str, hint: str) -> None:
 
 
 def _require_engine() -> None:
-    for module in ("engine.common.config", "engine.common.paths", "engine.models", "engine.tasks", "engine.sapo"):
+    for module in ("engine.common.config", "engine.common.paths", "engine.models.sources", "engine.questions.tasks",
+                   "engine.node.loop"):
         try:
             found = importlib.util.find_spec(module) is not None
         except ModuleNotFoundError:
@@ -156,8 +157,10 @@ def _informative(rewards: Sequence[float], group_size: int) -> int:
 def run_prepare() -> dict[str, Any]:
     """Convert the bundled model into the shared cache once, outside any measurement."""
     _require_engine()
+    from engine.common.model_policy import BUNDLED_NAME
     from engine.common.paths import Paths
-    from engine.models import BUNDLED, BUNDLED_NAME, resolve_model_dir
+    from engine.common.rules import BUNDLED
+    from engine.models.sources import resolve_model_dir
 
     model_dir = resolve_model_dir(BUNDLED, Paths.default().models_cache)
     return {"model_dir": str(model_dir), "model_name": BUNDLED_NAME, "bf16": bf16_supported()}
@@ -167,9 +170,9 @@ def run_ours(args: argparse.Namespace, workdir: Path) -> SideResult:
     _require_engine()
     import torch
 
-    from engine.common.config import build_config
+    from engine.common.config_file import build_config
     from engine.common.paths import Paths
-    from engine.sapo import Node
+    from engine.node.loop import Node
 
     torch.set_num_threads(args.threads)
     cfg = build_config("default", None, engine_overrides(args))
@@ -229,10 +232,11 @@ def run_trl(args: argparse.Namespace, workdir: Path) -> SideResult:
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from engine.common.config import build_config
+    from engine.common.config_file import build_config
     from engine.common.paths import Paths
-    from engine.models import BUNDLED, resolve_model_dir
-    from engine.tasks import Question, TaskSet
+    from engine.common.rules import BUNDLED
+    from engine.models.sources import resolve_model_dir
+    from engine.questions.tasks import Question, TaskSet
 
     torch.set_num_threads(args.threads)
     cfg = build_config("default", None, engine_overrides(args))

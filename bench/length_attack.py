@@ -57,7 +57,7 @@ SETTINGS = {
 def passes(node: Any, question: Any, text: str) -> bool:
     """Whether `text` passes the plausibility test under `node`'s policy now, with a margin: the attacker has the
     public model, and here it even follows a victim's training (the strongest attacker of this kind)."""
-    from engine.defence import window_floor
+    from engine.swarm.defence import window_floor
 
     backend, sw = node.backend, node.config.swarm
     prompt = backend.encode_prompt(node.taskset.messages(question))

@@ -40,7 +40,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from engine.backends.decode import can_pack
     from engine.common.paths import Paths
-    from engine.models import resolve_model_dir
+    from engine.models.sources import resolve_model_dir
 
     if not can_pack(torch.device("cpu"), torch.float32):
         print("matmul_layout: this torch has no oneDNN; nothing to compare.", file=sys.stderr)

@@ -3,7 +3,7 @@
     .venv/bin/python -m bench.poison_calibrate [--drift CHECKPOINT_FOLDER] [--rounds 3]
 
 For each case it prints, per window size, the distribution of each item's
-lowest `window_floor` (the statistic `engine.defence.Plausibility` thresholds)
+lowest `window_floor` (the statistic `engine.swarm.defence.Plausibility` thresholds)
 and the share of items a floor would reject. Cases: this node's own samples
 (T = 0.7, few-shot prompt, as a round makes them); honest text from the same
 model (a peer of seed 2 answering its own questions under its own prompt,
@@ -15,7 +15,7 @@ with a trigger appended, prefixed or inside the reasoning).
 
 A swarm of different models (issue 29) judges another model's text against
 its sender's own past, not against a floor: `past_w4` is, for the honest
-cases, the share of items that `engine.defence.sender_verdict` refuses once
+cases, the share of items that `engine.swarm.defence.sender_verdict` refuses once
 the sender's baseline exists (the items taken in order, the first
 `--probation` on probation, each accepted one added to the baseline), and for
 the poisoned ones the share refused against the honest baseline of the text
@@ -36,12 +36,12 @@ from typing import Any
 from bench.poisoning import TRIGGERS
 from bench.poisoning_peers import BENCH_SETTINGS, PLACES, poisoned_completion
 from engine.common.atomicio import atomic_write_text
-from engine.common.config import build_config
+from engine.common.config_file import build_config
 from engine.common.device import pick_device
 from engine.common.paths import Paths
-from engine.defence import IMPLAUSIBLE, quantile, robust_baseline, sender_verdict, window_floor
-from engine.models import resolve_model_dir
-from engine.tasks import Question, TaskRef, TaskSet
+from engine.models.sources import resolve_model_dir
+from engine.questions.tasks import Question, TaskRef, TaskSet
+from engine.swarm.defence import IMPLAUSIBLE, quantile, robust_baseline, sender_verdict, window_floor
 
 WINDOWS = (1, 2, 4, 8)
 FLOORS = (-4.0, -5.0, -6.0, -7.0, -8.0)

@@ -77,8 +77,9 @@ from bench.poisoning_peers import (
 )
 from bench.poisoning_report import mixed_summary, read_rows, summary
 from engine.common.atomicio import append_line, atomic_write_text
-from engine.common.config import NodeConfig, build_config
-from engine.tasks import Question
+from engine.common.config import NodeConfig
+from engine.common.config_file import build_config
+from engine.questions.tasks import Question
 
 # What the attacker wants the victims to write. "ad" is the bench's trigger; "plain" is a short,
 # ordinary English sentence, the hardest case for a log-prob test (measured by bench.poison_calibrate).
@@ -311,7 +312,8 @@ def mixed_rounds(run: str, folder: Path, swarm: MixedSwarm, rounds: int, trigger
 def run_mixed(run: str, out: Path, rounds: int, victims: int, trigger_name: str, attack_batches: int,
               drift_rounds: int, extra: Sequence[str]) -> None:
     """One issue-29 run (`MIXED_RUNS`): real victims, the run's other peers and a real relay; resumable."""
-    from engine.relay.server import EmbeddedRelay, RelaySettings
+    from engine.relay.embedded import EmbeddedRelay
+    from engine.relay.settings import RelaySettings
 
     folder = out / run
     folder.mkdir(parents=True, exist_ok=True)

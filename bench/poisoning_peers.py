@@ -16,9 +16,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from engine.common.config import NodeConfig, build_config
+from engine.common.config import NodeConfig
+from engine.common.config_file import build_config
 from engine.common.model_policy import make_label
-from engine.tasks import Question, TaskRef, TaskSet
+from engine.questions.tasks import Question, TaskRef, TaskSet
 
 # Cheap enough for a shared 2-core CPU: 4 questions x 4 completions, 32 tokens, the two
 # specialties where the bundled model earns mixed rewards (docs/results.md), all own groups plus
@@ -204,7 +205,7 @@ class OtherPolicyPeer:
         from engine.backends import load_backend
         from engine.common.device import pick_device
         from engine.common.paths import Paths
-        from engine.models import resolve_model_dir
+        from engine.models.sources import resolve_model_dir
         from engine.swarm.client import SwarmClient
         from engine.swarm.identity import Identity
 
@@ -219,7 +220,7 @@ class OtherPolicyPeer:
 
     def publish(self) -> int:
         """One round's informative groups as one batch; how many items it published."""
-        from engine.sapo import derive_seed
+        from engine.node.loop import derive_seed
         from engine.swarm import protocol
 
         self.round += 1
@@ -277,7 +278,8 @@ class Victims:
 def victims_on_a_relay(folder: Path, configs: Sequence[Callable[[str], NodeConfig]]) -> Iterator[Victims]:
     """An embedded loopback relay and a victim node per config (made from the relay's URL) under `folder`, all
     with their swarm; stopped afterwards, the attacker the caller set first."""
-    from engine.relay.server import EmbeddedRelay, RelaySettings
+    from engine.relay.embedded import EmbeddedRelay
+    from engine.relay.settings import RelaySettings
 
     folder.mkdir(parents=True, exist_ok=True)
     relay = EmbeddedRelay(RelaySettings(host="127.0.0.1", port=0))
@@ -298,8 +300,8 @@ def victims_on_a_relay(folder: Path, configs: Sequence[Callable[[str], NodeConfi
 def open_node(cfg: NodeConfig, home: Path, with_swarm: bool) -> tuple[Any, Any]:
     """A real Node under `home` (the converted bundled model shared from the user's cache), set up; and its swarm."""
     from engine.common.paths import Paths
-    from engine.sapo import Node
-    from engine.swarm_open import open_swarm
+    from engine.node.loop import Node
+    from engine.swarm.session import open_swarm
 
     base = Paths.under(home)
     paths = Paths(base.config_dir, base.data_dir, Paths.default().cache_dir, base.log_dir)
@@ -317,7 +319,7 @@ def node_settings(relay_url: str, seed: int, extra: Sequence[str], *more: str) -
 
 def drift_standin(folder: Path, relay_url: str, drift_rounds: int, extra: Sequence[str]) -> tuple[Any, Any]:
     """The drifted stand-in: a node of the bundled model trained `drift_rounds` rounds alone, then in the swarm."""
-    from engine.swarm_open import open_swarm
+    from engine.swarm.session import open_swarm
 
     cfg = node_settings(relay_url, DRIFT_SEED, extra)
     node, _ = open_node(cfg, folder / "standin-drift", with_swarm=False)

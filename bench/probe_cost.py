@@ -14,7 +14,7 @@ alternating repeat by repeat so that load from other processes falls on all:
 Each repeat draws the questions of one more round (rounds 1, 2, ... as a
 node would) and resamples with that round's seed; both probing sides complete
 the same B questions, chosen from the first probe's answers as a node chooses
-them (engine/probe.py), so they do the same work but the prompts read. The
+them (engine/questions/probe.py), so they do the same work but the prompts read. The
 headline is the median wall time and CPU time of each side, and its ratio
 to `plain` measured in the same run.
 
@@ -68,7 +68,7 @@ def run_side(side: str, backend: Any, taskset: Any, t: Any, pool: list[Any], pro
     """One side's generation for one round's questions (t: the tasks config); `chosen` keeps each pool size's choice
     for its other side."""
     from engine.backends import PromptCache
-    from engine.probe import choose
+    from engine.questions.probe import choose
 
     B, G, new = t.questions_per_round, t.completions_per_question, t.max_new_tokens
     if side == "plain":
@@ -90,7 +90,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     import torch
 
     from bench.bundled import bundled_cpu
-    from engine.sapo import derive_seed
+    from engine.node.loop import derive_seed
 
     torch.set_num_threads(args.threads)
     cfg, backend, taskset = bundled_cpu()

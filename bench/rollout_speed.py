@@ -107,7 +107,7 @@ def llama_sampling(prompts: Sequence[list[int]], completions: int, max_new_token
         from llama_cpp import Llama
     except Exception as exc:  # noqa: BLE001 - any failure to load means: not measured
         return f"llama-cpp-python is not usable here ({type(exc).__name__}: {exc})"
-    from engine.models import bundled_gguf_path
+    from engine.common.model_policy import bundled_gguf_path
 
     llm = Llama(model_path=str(bundled_gguf_path()), n_ctx=2048, n_batch=512, n_threads=threads,
                 n_threads_batch=threads, verbose=False)
@@ -137,9 +137,9 @@ def rss_round(side: str, threads: int) -> dict[str, Any]:
     """Child: one default round (solo, no evaluation) with the old or new sampler; its peak RSS and metrics."""
     import torch
 
-    from engine.common.config import build_config
+    from engine.common.config_file import build_config
     from engine.common.paths import Paths
-    from engine.sapo import Node
+    from engine.node.loop import Node
 
     if threads:
         torch.set_num_threads(threads)
@@ -169,9 +169,9 @@ def old_path_run(home: Path, rounds: int, threads: int) -> int:
     run."""
     import torch
 
-    from engine.common.config import build_config
+    from engine.common.config_file import build_config
     from engine.common.paths import Paths
-    from engine.sapo import Node
+    from engine.node.loop import Node
 
     if threads:
         torch.set_num_threads(threads)
@@ -275,7 +275,7 @@ def set_up(args: argparse.Namespace) -> Bench:
 
 def sampling(b: Bench) -> dict[str, float]:
     """1. Sampling, old and new alternating: useful tok/s per side (printed, and returned)."""
-    from engine.sapo import derive_seed
+    from engine.node.loop import derive_seed
 
     t, backend = b.tasks, b.backend
     G, T = t.completions_per_question, t.max_new_tokens
@@ -316,7 +316,7 @@ def llama_side(b: Bench, rate: dict[str, float]) -> None:
     """1b. llama.cpp on the same prompts, one completion at a time, plus the trainer's log-prob pass."""
     import torch
 
-    from engine.sapo import derive_seed
+    from engine.node.loop import derive_seed
 
     t = b.tasks
     llama_wall = llama_cpu = 0.0

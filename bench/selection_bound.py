@@ -54,7 +54,7 @@ from typing import Any
 
 from bench.probe_replay import recorded_kinds
 from engine.experiment.records import record_path
-from engine.rollouts import PASS_REWARD, rewards_differ
+from engine.questions.scores import PASS_REWARD, rewards_differ
 
 
 def passing_share(groups: Sequence[Sequence[float]]) -> float | None:

@@ -68,14 +68,14 @@ class Round:
 
 def sample_round(questions: int | None, completions: int | None) -> Round:
     """Round 1's questions, sampled by the bundled model, cut into the trainer's micro-batches."""
+    from engine.backends.base import TrainItem
     from engine.backends.batching import micro_batches
     from engine.backends.torch_backend import TorchBackend
     from engine.common.config import NodeConfig
     from engine.common.device import pick_device
     from engine.common.paths import Paths
-    from engine.models import resolve_model_dir
-    from engine.rollouts import TrainItem
-    from engine.tasks import TaskSet
+    from engine.models.sources import resolve_model_dir
+    from engine.questions.tasks import TaskSet
 
     cfg = NodeConfig()
     B = questions or cfg.tasks.questions_per_round

@@ -66,7 +66,7 @@ from engine.swarm.identity import Identity
 ROOT = Path(__file__).resolve().parents[1]
 KEEP_CHECKPOINTS = 2
 METRICS_MAX_KB = 2048
-LOG_BOUND = 4 * (5 << 20)  # engine/launch.py's RotatingFileHandler: 5 MB, three backups
+LOG_BOUND = 4 * (5 << 20)  # engine/node/launch.py's RotatingFileHandler: 5 MB, three backups
 OTHER_BOUND = 1 << 20  # identity, seed, relay memory, config, bans: small files
 RSS_GROWTH = 0.05
 WINDOW = 512  # the relays' window, and so Redis's stream: full within the warm-up

@@ -24,7 +24,7 @@ on a model that has trained.
 poison? The questions split in two: the even ones are the receiver's own
 round, the odd ones a peer's. The peer's groups at each temperature are
 judged as a receiver running the same model judges an item
-(engine.defence.Plausibility with the default swarm settings: the lowest
+(engine.swarm.defence.Plausibility with the default swarm settings: the lowest
 mean log-prob over plausibility_window tokens, under the receiver's policy
 at its own temperature, against a floor set by its own answers), the
 receiver sampling at the first temperature (`first`: today's nodes) or at
@@ -66,7 +66,7 @@ def judged(cfg: Any, backend: Any, questions: Sequence[Any], prompts: Sequence[l
     whose own round is the even questions' answers in `own` (see the module's --judge)."""
     from bench.poisoning import TRIGGERS
     from bench.poisoning_peers import PLACES, poisoned_completion
-    from engine.defence import Plausibility
+    from engine.swarm.defence import Plausibility
 
     G = cfg.tasks.completions_per_question
     test = Plausibility(window=cfg.swarm.plausibility_window, absolute=cfg.swarm.implausible_logprob)
@@ -131,7 +131,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     import torch
 
     from bench.bundled import bundled_cpu
-    from engine.sapo import derive_seed
+    from engine.node.loop import derive_seed
 
     if args.threads:
         torch.set_num_threads(args.threads)

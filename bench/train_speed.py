@@ -102,8 +102,8 @@ def items_path(args: argparse.Namespace) -> Path:
 
 def round_items(backend: Any, cfg: Any, taskset: Any, round_index: int) -> list[Any]:
     """One round's training items as the round loop makes them: sample, score, group advantages, `train_items`."""
-    from engine.rollouts import Group, group_advantages, train_items
-    from engine.sapo import derive_seed
+    from engine.node.loop import derive_seed
+    from engine.rollouts.groups import Group, group_advantages, train_items
 
     t = cfg.tasks
     questions = taskset.draw(round_index, t.questions_per_round)
@@ -121,8 +121,8 @@ def round_items(backend: Any, cfg: Any, taskset: Any, round_index: int) -> list[
 
 def load_items(path: Path, meta: dict[str, Any], make: Callable[[], list[Any]]) -> tuple[list[Any], bool]:
     """The saved items when they were made for `meta`, else new ones from `make`, saved. (items, made now)."""
+    from engine.backends.base import TrainItem
     from engine.common.atomicio import atomic_write_text
-    from engine.rollouts import TrainItem
 
     if path.is_file():
         saved = json.loads(path.read_text())
@@ -380,7 +380,7 @@ def rss_child(side: str, args: argparse.Namespace) -> dict[str, float]:
     import torch
 
     from bench.bundled import bundled_cpu
-    from engine.rollouts import TrainItem
+    from engine.backends.base import TrainItem
 
     if args.threads:
         torch.set_num_threads(args.threads)

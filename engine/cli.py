@@ -34,9 +34,9 @@ from engine.gguf.export import DEFAULT_QUANT, export_model
 from engine.gguf.export import FORMATS as EXPORT_FORMATS
 from engine.gguf.export import QUANTS as EXPORT_QUANTS
 from engine.gguf.export import format_for as export_format_for
-from engine.launch import add_settings_flags, config_from_args, run_node, setup_logging, stop_on_signals
+from engine.node.launch import add_settings_flags, config_from_args, run_node, setup_logging, stop_on_signals
+from engine.node.terminal import ConsoleHandler, TerminalView
 from engine.swarm import identity_backup, node_stats
-from engine.terminal import ConsoleHandler, TerminalView
 
 log = logging.getLogger("engine")
 
@@ -140,7 +140,7 @@ def cmd_discover(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace, paths: Paths, config: NodeConfig) -> int:
-    from engine.sapo import Control
+    from engine.node.clock import Control
 
     control = Control()
     say = lambda text: print(f"\n{text}", file=sys.stderr)  # noqa: E731
@@ -177,8 +177,8 @@ def cmd_experiment(args: argparse.Namespace, paths: Paths) -> int:
     from engine.experiment.plan import lengthen, make_plan, plan_config
     from engine.experiment.runner import Experiment
     from engine.experiment.terminal import ExperimentTerminal
-    from engine.launch import quote_toml
-    from engine.sapo import Control
+    from engine.node.clock import Control
+    from engine.node.launch import quote_toml
 
     overrides = list(args.overrides)
     for attr, key in {"device": "run.device", "model": "model.source", "seed": "run.seed",
@@ -195,7 +195,7 @@ def cmd_experiment(args: argparse.Namespace, paths: Paths) -> int:
     if plan is None:
         plan = Experiment.widened_plan(args.out, make_plan(args.preset, args.nodes, args.mixes, args.rounds, overrides,
                                                             args.veterans, args.veteran_rounds))
-    from engine.priority import apply_priority
+    from engine.node.priority import apply_priority
 
     log.info("Running at %s.", apply_priority(plan_config(plan).run.priority))
     control = Control()
@@ -230,7 +230,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"sapling-node: error: {problem}", file=sys.stderr)
         return 2
     if args.command == "serve":
-        from engine.serve import serve
+        from engine.node.serve import serve
 
         return serve(args, paths)
     if args.command == "stats":
@@ -238,7 +238,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "identity":
         return identity_backup.run(args, paths)
     if args.command == "doctor":
-        from engine.doctor import run_doctor
+        from engine.swarm.doctor import run_doctor
 
         if not 0 < args.timeout <= 600:
             print("sapling-node: error: --timeout must be a number of seconds from 0 to 600.", file=sys.stderr)
@@ -250,7 +250,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_experiment(args, paths)
         config = config_from_args(args, paths)
         if args.command == "config":
-            from engine.common.config_text import config_toml
+            from engine.common.config_file import config_toml
 
             print(config_toml(config))
             return 0

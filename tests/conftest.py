@@ -13,7 +13,7 @@ import pytest
 from bench.harness.servers import RedisServer
 
 if TYPE_CHECKING:
-    from engine.relay.server import EmbeddedRelay
+    from engine.relay.embedded import EmbeddedRelay
 
 # Never reach for the network from tests; never print HF progress bars.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -32,16 +32,16 @@ def _one_thread() -> None:
 
 @pytest.fixture(autouse=True)
 def _install_seeds_follow_the_test(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
-    """An install draws its seed at random (engine/seeds.py). In this process a test's installs draw
+    """An install draws its seed at random (engine/node/seeds.py). In this process a test's installs draw
     from a generator seeded by the test's id instead: a test sees the same seeds on every run (no
     test passes or fails by the draw), and two installs in one test still get different seeds."""
     import random
     from types import SimpleNamespace
 
-    import engine.seeds
+    import engine.node.seeds
 
     draw = random.Random(request.node.nodeid)
-    monkeypatch.setattr(engine.seeds, "secrets", SimpleNamespace(randbelow=draw.randrange))
+    monkeypatch.setattr(engine.node.seeds, "secrets", SimpleNamespace(randbelow=draw.randrange))
 
 
 @pytest.fixture(autouse=True)
@@ -87,7 +87,8 @@ StartRelay = Callable[..., "EmbeddedRelay"]
 @pytest.fixture
 def start_relay() -> Iterator[StartRelay]:
     """Real relays in this process, each on a free loopback port, stopped after the test."""
-    from engine.relay.server import EmbeddedRelay, RelaySettings
+    from engine.relay.embedded import EmbeddedRelay
+    from engine.relay.settings import RelaySettings
 
     started: list[EmbeddedRelay] = []
 

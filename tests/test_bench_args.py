@@ -84,7 +84,7 @@ def test_train_speed_refuses_bad_counts(args: list[str], capsys: pytest.CaptureF
 
 
 def test_train_speed_counts_each_prompt_once_and_no_padding() -> None:
-    from engine.rollouts import TrainItem
+    from engine.backends.base import TrainItem
 
     # One prompt of 4 tokens with completions of 1 and 3 tokens: 4 + 0 + 2 tokens through the layers,
     # 4 LM-head rows; attention pairs 10 (the prompt, causal) + 0 + (4 + 1) + (4 + 2).

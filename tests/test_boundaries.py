@@ -1,5 +1,6 @@
 """The house's walls: engine/ never imports Qt or app/; app/ never imports training libraries and imports only
-engine.common of the engine; the swarm and the relay never import the training loop; bench/ never imports tests/.
+engine.common of the engine; the swarm and the relay never import the training loop, and the swarm never the relay;
+bench/ never imports tests/.
 
 And the docs point only at what a clone has: no git-ignored path, no link to a missing file.
 """
@@ -46,23 +47,47 @@ def test_bench_never_imports_tests() -> None:
     assert not bad, f"bench/ imports tests/: {bad}"
 
 
-def _engine_imports(folder: Path) -> set[tuple[str, str]]:
+def _is_module(dotted: str) -> bool:
+    return (ROOT / Path(*dotted.split("."))).is_dir() or (ROOT / f"{dotted.replace('.', '/')}.py").is_file()
+
+
+def _under_type_checking(tree: ast.AST) -> set[ast.AST]:
+    """The nodes inside `if TYPE_CHECKING:` blocks: imports that name types and never run."""
+    inside: set[ast.AST] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+            inside |= {n for child in node.body for n in ast.walk(child)}
+    return inside
+
+
+def _engine_imports(folder: Path, *, runtime_only: bool = False,
+                    names: bool = False) -> set[tuple[str, str]]:
     """(file, module) for every absolute import of an engine module under `folder`, at any depth of its code;
-    `from engine import name` counts as engine.name when that is a module."""
+    `from engine import name` counts as engine.name when that is a module. `runtime_only` leaves out what sits
+    under `if TYPE_CHECKING:`; `names` gives (file, "module:name") for each name imported from a module."""
     found = set()
     for path in folder.rglob("*.py"):
         where = path.relative_to(ROOT).as_posix()
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
-            if isinstance(node, ast.Import):
+        tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+        skip = _under_type_checking(tree) if runtime_only else set()
+        for node in ast.walk(tree):
+            if node in skip:
+                continue
+            if isinstance(node, ast.Import) and not names:
                 found |= {(where, a.name) for a in node.names if a.name.split(".")[0] == "engine"}
             elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0 and \
                     node.module.split(".")[0] == "engine":
                 for alias in node.names:
                     sub = f"{node.module}.{alias.name}"
-                    is_module = ((ROOT / Path(*sub.split("."))).is_dir()
-                                 or (ROOT / f"{sub.replace('.', '/')}.py").is_file())
-                    found.add((where, sub if is_module else node.module))
+                    if names:
+                        found.add((where, sub if _is_module(sub) else f"{node.module}:{alias.name}"))
+                    else:
+                        found.add((where, sub if _is_module(sub) else node.module))
     return found
+
+
+def _within(module: str, *packages: str) -> bool:
+    return any(module == pkg or module.startswith(pkg + ".") for pkg in packages)
 
 
 def test_app_imports_only_engine_common() -> None:
@@ -78,13 +103,23 @@ def test_app_imports_only_engine_common() -> None:
 
 
 def test_the_swarm_and_the_relay_never_import_the_training_loop() -> None:
-    """engine/swarm and engine/relay import engine.common, each other and engine.rollouts (plain data): no round
-    loop, backend, task or model module."""
-    inside = ("engine.common", "engine.swarm", "engine.relay")
-    used = _engine_imports(ROOT / "engine" / "swarm") | _engine_imports(ROOT / "engine" / "relay")
-    bad = sorted((p, m) for p, m in used if m not in {"engine", "engine.rollouts"} and
-                 not any(m == pkg or m.startswith(pkg + ".") for pkg in inside))
-    assert not bad, bad
+    """engine/relay imports engine.common, itself and the swarm's wire (protocol, identity, rate, receipts);
+    engine/swarm imports engine.common, itself and engine.rollouts (a round's plain data): no round loop,
+    backend, question or model module, and not the relay either (a node hosts this computer's relay through the
+    `host_relay` function its caller hands in). The questions a peer's text is re-scored with are named in the
+    swarm's annotations only (`if TYPE_CHECKING:`), never imported when it runs."""
+    relay = _engine_imports(ROOT / "engine" / "relay")
+    bad = sorted((p, m) for p, m in relay if m != "engine" and not _within(m, "engine.common", "engine.relay")
+                 and m not in {f"engine.swarm.{wire}" for wire in ("protocol", "identity", "rate", "receipts")}
+                 and m != "engine.swarm")  # `from engine.swarm import protocol`
+    assert not bad, f"the relay reaches past the swarm's wire: {bad}"
+    swarm = _engine_imports(ROOT / "engine" / "swarm", runtime_only=True)
+    bad = sorted((p, m) for p, m in swarm
+                 if m != "engine" and not _within(m, "engine.common", "engine.swarm", "engine.rollouts"))
+    assert not bad, f"the swarm imports the training loop or the relay: {bad}"
+    types = _engine_imports(ROOT / "engine" / "swarm") - swarm
+    bad = sorted((p, m) for p, m in types if not _within(m, "engine.questions.tasks"))
+    assert not bad, f"the swarm names more than the questions' types: {bad}"
 
 
 @pytest.mark.integration

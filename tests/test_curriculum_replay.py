@@ -14,8 +14,8 @@ import pytest
 
 from bench import curriculum_replay as replay
 from engine.common.config import NodeConfig
-from engine.curriculum import WINDOW_GROUPS, Curriculum
-from engine.tasks import TaskSet
+from engine.questions.curriculum import WINDOW_GROUPS, Curriculum
+from engine.questions.tasks import TaskSet
 
 PRIORS = dict(NodeConfig().tasks.specialties)
 

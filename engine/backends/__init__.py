@@ -1,4 +1,12 @@
-"""Training backends: the protocol in `base`, one module per backend, `load_backend` to pick one.
+"""Training backends: the policy that samples and learns, the protocol in `base`, `load_backend` to pick one.
+
+- `base`: what a backend is (`PolicyBackend`) and what it takes and returns (`Completion`, `TrainItem`);
+- `torch_backend` (CPU, CUDA) and `mlx_backend` (Apple MLX); `loss`: the GRPO loss in torch;
+- `steps`, `batching`, `train_forward`, `train_lanes`, `memory`: the training step's parts;
+- `decode`, `decode_model`, `decode_shapes`, `kv_cache`, `lora`, `hf_generate`: sampling.
+
+The backends import engine.common and each other: nothing of the round loop, the questions or the
+swarm (tests/test_boundaries.py).
 
 Heavy imports (torch, peft, mlx) live inside the backend modules, so
 `import engine.backends` stays cheap. `load_backend` picks the module from the

@@ -1,4 +1,9 @@
-"""What a training backend is: the `PolicyBackend` protocol the round loop calls, and `StepCallback`.
+"""What a training backend is: the `PolicyBackend` protocol the round loop calls, what it takes and returns.
+
+`generate` returns `Completion`s (tokens with their behaviour log-probs);
+`train` takes `TrainItem`s (one sequence each, with its advantage). The
+round's own data (engine/rollouts/) is built on these; the backends import
+nothing of the round loop.
 
 Its own module so that the backends import it without importing
 `engine.backends`, whose `load_backend` imports them (no import cycle).
@@ -10,12 +15,35 @@ Tests (every backend against it): .venv/bin/python -m pytest tests/engine/test_b
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 from engine.common.config import GRPOConfig
 from engine.common.device import DeviceInfo
-from engine.rollouts import Completion, TrainItem
+
+
+@dataclass
+class Completion:
+    """One sampled answer: its text, its tokens and the sampling policy's log-prob of each."""
+
+    text: str
+    token_ids: list[int]
+    logprobs: list[float]  # behaviour log-prob of each token under the sampling policy
+    finished: bool  # ended with EOS; False when cut off at the length cap
+    weights: list[float] | None = None  # per-token loss weight (external text: truncated importance weights)
+
+
+@dataclass
+class TrainItem:
+    """One sequence for the policy-gradient step."""
+
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    old_logprobs: list[float]
+    advantage: float
+    weights: list[float] | None = None  # per-token loss weight; None: every token weighs 1
+
 
 # Called with (steps done, steps total); may block (pause) or raise (stop).
 StepCallback = Callable[[int, int], None]
@@ -24,7 +52,7 @@ StepCallback = Callable[[int, int], None]
 class PromptCache:
     """Prompts already read by the model, kept from one `generate` call for the next under the same weights.
 
-    Probing (engine/probe.py) answers a question k times, then G - k times
+    Probing (engine/questions/probe.py) answers a question k times, then G - k times
     more: with one of these passed to both calls, the second one does not
     read the prompt again. Keys are (adapter index, prompt tokens); a value
     is whatever the backend keeps (the torch decoder: each layer's keys and

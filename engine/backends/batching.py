@@ -20,10 +20,10 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+from engine.backends.base import TrainItem
 from engine.common.config import GRPOConfig
 from engine.common.device import DeviceInfo
 from engine.common.errors import DeviceError, ModelError
-from engine.rollouts import TrainItem
 
 log = logging.getLogger(__name__)
 

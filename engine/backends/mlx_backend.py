@@ -17,7 +17,7 @@ same behaviour log-probs, same loss, same checkpoint files for the weights.
   never looks right, so no mask or position ids are needed and the result
   equals the torch backend's left-padded layout. Only completion positions
   go through the LM head. As in transformers, the pad token's input
-  embedding gets no gradient (HF's `padding_idx`). The loss is `engine.grpo`'s token-level clipped
+  embedding gets no gradient (HF's `padding_idx`). The loss is `engine.backends.loss`'s token-level clipped
   objective, written again in MLX (tests/engine/test_cross_backend.py holds
   the two to each other).
 - LoRA (default) puts mlx-lm's `LoRALinear` on every linear layer of the
@@ -59,14 +59,13 @@ from mlx_lm.tuner.utils import linear_to_lora_layers
 from mlx_lm.utils import load_model
 from transformers import AutoTokenizer
 
-from engine.backends.base import PromptCache, StepCallback
+from engine.backends.base import Completion, PromptCache, StepCallback, TrainItem
 from engine.backends.batching import HFTokenizerText, MicroBatchBudget
 from engine.backends.steps import train_steps
 from engine.common.atomicio import atomic_dir
 from engine.common.config import GRPOConfig
 from engine.common.device import DeviceInfo
 from engine.common.errors import CheckpointError, ModelError
-from engine.rollouts import Completion, TrainItem
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +124,7 @@ def clipped_pg_loss(
     kl_beta: float = 0.0,
     weights: mx.array | None = None,
 ) -> tuple[mx.array, mx.array, mx.array]:
-    """`engine.grpo.clipped_pg_loss` in MLX: (loss, clipped token count, summed k3 KL).
+    """`engine.backends.loss.clipped_pg_loss` in MLX: (loss, clipped token count, summed k3 KL).
 
     Shapes: logp, old_logp, mask, ref_logp, weights [batch, tokens]; advantages [batch].
     """

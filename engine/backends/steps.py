@@ -14,10 +14,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from engine.backends.base import StepCallback
+from engine.backends.base import StepCallback, TrainItem
 from engine.backends.batching import MicroBatchBudget, micro_batches
 from engine.common.config import GRPOConfig
-from engine.rollouts import TrainItem
 
 # (micro-batches, total completion tokens, step index, on_step) -> (gradients or None, the step's stat sums)
 Accumulate = Callable[[list[list[TrainItem]], float, int, StepCallback | None], tuple[Any, dict[str, float]]]

@@ -11,7 +11,7 @@
   `engine.backends.train_forward`: each distinct prompt once and its
   completions after it, packed into one sequence with no padding, attending
   to one copy of the prompt, the LM head in chunks. Then the loss in
-  `engine.grpo`. bf16 autocast where the device has native bf16. Models
+  `engine.backends.loss`. bf16 autocast where the device has native bf16. Models
   that forward does not cover train through HF's forward
   (`batch_logprobs_hf`: prompts left-padded, completions on copies of their
   prompt's KV cache), which `packed_training = False` also selects.
@@ -43,10 +43,11 @@ import torch
 from safetensors.torch import load_file, load_model, save_file, save_model
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from engine.backends.base import PromptCache, StepCallback
+from engine.backends.base import Completion, PromptCache, StepCallback, TrainItem
 from engine.backends.batching import HFTokenizerText, MicroBatchBudget, micro_batches
 from engine.backends.decode import DecodedRow, DecodeModel, LoraAdapter, decode_batch, unsupported_reason
 from engine.backends.hf_generate import hf_greedy, hf_logprobs, hf_sample, left_pad, split_rows
+from engine.backends.loss import clipped_pg_loss
 from engine.backends.memory import freeze_long_lived, release_memory
 from engine.backends.steps import train_steps
 from engine.backends.train_forward import packed_logprobs, train_unsupported_reason
@@ -55,8 +56,6 @@ from engine.common.atomicio import atomic_dir
 from engine.common.config import GRPOConfig
 from engine.common.device import DeviceInfo
 from engine.common.errors import CheckpointError, ModelError
-from engine.grpo import clipped_pg_loss
-from engine.rollouts import Completion, TrainItem
 
 __all__ = ["AdapterSlot", "TorchBackend", "freeze_long_lived", "micro_batches", "release_memory"]
 

@@ -137,6 +137,6 @@ def run_lanes(
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
         # A lane's set_num_threads(1) changed only its own pool and the default for threads started later; this
-        # thread's own count is untouched and may have been changed meanwhile (engine.priority.ThreadPolicy, from
+        # thread's own count is untouched and may have been changed meanwhile (engine.node.priority.ThreadPolicy, from
         # `done`), so it is the one to restore, never the count read before the lanes.
         torch.set_num_threads(torch.get_num_threads())

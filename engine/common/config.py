@@ -8,28 +8,24 @@ A `NodeConfig` has four sections, the same as the TOML file
     [grpo]   learning_rate = 3e-4      eps_low = 0.2   eps_high = 0.28   kl_beta = 0.0
     [run]    device = "auto"           seed = -1       run_name = "default"
 
-Precedence: defaults < preset < TOML file < ``--set section.key=value`` flags;
-``run.power`` (`POWER_PRESETS`) gives threads, priority and duty_cycle where none of those set them.
-Every value is checked in ``__post_init__``; a bad one raises `ConfigError`
+Each setting is a dataclass field whose metadata holds its help text, and
+every value is checked in ``__post_init__``; a bad one raises `ConfigError`
 with one sentence naming the key and what is allowed (the CLI exits 2).
+Presets (`PRESETS`) and ``run.power`` bundles (`POWER_PRESETS`) live here too;
+the file itself, read (defaults < preset < TOML file < ``--set`` flags) and
+written, is engine/common/config_file.py.
 
-    python -m engine.common.config_text     # print the default config as TOML, with the help texts
+    python -m engine.common.config_file     # print the default config as TOML, with the help texts
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import tomllib
-from dataclasses import asdict, dataclass, field, fields, replace
-from pathlib import Path
+import math
+from dataclasses import MISSING, asdict, dataclass, field, replace
 from typing import Any
 
-from engine.common.config_checks import choice as _choice
-from engine.common.config_checks import help_field as _help
-from engine.common.config_checks import number as _number
-from engine.common.config_checks import peer_reference as _peer_reference
-from engine.common.config_checks import positive_int as _positive_int
 from engine.common.errors import ConfigError
 from engine.common.rules import INVITE_MAX_CHARS, parse_invite
 from engine.common.schedule import Schedule
@@ -67,6 +63,47 @@ DEFAULT_WEIGHTS: dict[str, float] = {
 }
 
 
+# -- the checks: a setting's help text as its field, and the one sentence a bad value gets ----------------
+def _help(text: str, default: Any = MISSING, factory: Any = MISSING) -> Any:
+    if factory is not MISSING:
+        return field(default_factory=factory, metadata={"help": text})
+    return field(default=default, metadata={"help": text})
+
+
+def _positive_int(section: str, key: str, value: object, upper: int | None = None) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{section}.{key} must be a whole number of at least 1, got {value!r}.")
+    if upper is not None and value > upper:
+        raise ConfigError(f"{section}.{key} must be at most {upper}, got {value}.")
+
+
+def _number(section: str, key: str, value: object, low: float, high: float, *, open_low: bool = False) -> None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if ok and (value < low or value > high or (open_low and value == low)):  # type: ignore[operator]
+        ok = False
+    if not ok:
+        bound = f"greater than {low}" if open_low else f"at least {low}"
+        raise ConfigError(f"{section}.{key} must be a number {bound} and at most {high}, got {value!r}.")
+
+
+def _peer_reference(text: str) -> bool:
+    """A peer id (20 lowercase hex characters) or a base64 Ed25519 public key (32 bytes)."""
+    import base64
+    import binascii
+
+    if len(text) == 20 and all(c in "0123456789abcdef" for c in text):
+        return True
+    try:
+        return len(base64.b64decode(text, validate=True)) == 32
+    except (binascii.Error, ValueError):
+        return False
+
+
+def _choice(section: str, key: str, value: object, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ConfigError(f"{section}.{key} must be one of {', '.join(allowed)}; got {value!r}.")
+
+
 @dataclass
 class ModelConfig:
     source: str = _help("'bundled' (SmolLM2-135M-Instruct), a local HF folder, or a HF hub id.", "bundled")
@@ -99,7 +136,7 @@ class TaskConfig:
     adaptive_temperature: bool = _help(
         "Let the sampling temperature follow the model: up a step when, of the last 24 own groups, more than 1 in 8 "
         "gave every answer the same score above 0 (the policy has sharpened: such a group teaches nothing), down "
-        "a step when almost none did, between temperature and temperature_max (engine/heat.py).", False,
+        "a step when almost none did, between temperature and temperature_max (engine/questions/heat.py).", False,
     )
     temperature_max: float = _help("With adaptive_temperature: the highest sampling temperature.", 1.4)
     eval_every: int = _help("Run the held-out evaluation every N rounds (0: never).", 10)
@@ -112,7 +149,7 @@ class TaskConfig:
         "moves down a level of its curriculum when most of its recent groups had every answer fail, up when most "
         "had every answer pass; the weights follow where groups are informative (never below a floor), kinds "
         "whose answers all scored the same lately are drawn less, and a specialty that fails even at its easiest "
-        "level is drawn only now and then, never not at all (engine/curriculum.py). A specialty with its own "
+        "level is drawn only now and then, never not at all (engine/questions/curriculum.py). A specialty with its own "
         "dataset_configs entry keeps that config. The held-out set stays at the default level.",
         "fixed",
     )
@@ -122,7 +159,8 @@ class TaskConfig:
     )
     reask_share: float = _help(
         "Share (0 to 1) of each round's questions that ask again the node's own recent questions whose answers "
-        "scored differently, each up to reask_max times; the rest are drawn fresh. 0: off (engine/frontier.py).", 0.0,
+        "scored differently, each up to reask_max times; the rest are drawn fresh. 0: off "
+        "(engine/questions/frontier.py).", 0.0,
     )
     reask_max: int = _help("Most times one question is asked again (see reask_share).", 3)
     probe_answers: int = _help(
@@ -232,8 +270,8 @@ class GRPOConfig:
         _choice(s, "train_on", self.train_on, TRAIN_ON)
 
 
-PRIORITIES = ("background", "normal")  # run.priority; engine/priority.py applies it
-TRAIN_ON = ("informative", "passed")  # grpo.train_on; engine/rollouts.py trained_groups applies it
+PRIORITIES = ("background", "normal")  # run.priority; engine/node/priority.py applies it
+TRAIN_ON = ("informative", "passed")  # grpo.train_on; engine/rollouts/groups.py trained_groups applies it
 # run.power: one choice for people who will not read twenty settings. Each bundle gives the keys it names
 # unless the user set them (config.toml or --set); idle_only and ac_only are the desktop app's pause rules
 # (app/power.py), which it takes from the same table. "standard" is what a node did before power existed.
@@ -535,61 +573,6 @@ class NodeConfig:
 
 def _digest(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def _merge(base: dict[str, dict[str, Any]], extra: dict[str, Any], origin: str) -> None:
-    for section, values in extra.items():
-        if section not in SECTIONS:
-            raise ConfigError(f"{origin}: unknown section [{section}]; allowed: {', '.join(SECTIONS)}.")
-        if not isinstance(values, dict):
-            raise ConfigError(f"{origin}: [{section}] must be a table of key = value.")
-        known = {f.name for f in fields(SECTIONS[section])}
-        for key, value in values.items():
-            if key not in known:
-                raise ConfigError(f"{origin}: unknown key {section}.{key}; allowed: {', '.join(sorted(known))}.")
-            base.setdefault(section, {})[key] = value
-
-
-def parse_override(text: str) -> tuple[str, str, Any]:
-    """Parse ``section.key=value``; the value is TOML (numbers, strings, tables), else a bare string."""
-    if "=" not in text or "." not in text.split("=", 1)[0]:
-        raise ConfigError(f"--set takes section.key=value (for example grpo.learning_rate=1e-4), got {text!r}.")
-    dotted, raw = text.split("=", 1)
-    section, key = dotted.strip().split(".", 1)
-    try:
-        value = tomllib.loads(f"v = {raw.strip()}")["v"]
-    except tomllib.TOMLDecodeError:
-        value = raw.strip()
-    return section, key, value
-
-
-def build_config(
-    preset: str = "default",
-    toml_path: Path | None = None,
-    overrides: list[str] | None = None,
-) -> NodeConfig:
-    """Defaults < preset < TOML file < overrides, validated; run.power fills the keys none of them set."""
-    if preset not in PRESETS:
-        raise ConfigError(f"--preset must be one of {', '.join(PRESETS)}, got {preset!r}.")
-    merged: dict[str, dict[str, Any]] = {}
-    _merge(merged, PRESETS[preset], f"preset {preset}")
-    if toml_path is not None and Path(toml_path).is_file():
-        try:
-            data = tomllib.loads(Path(toml_path).read_text(encoding="utf-8"))
-        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"{toml_path} is not valid TOML: {exc}.") from exc
-        _merge(merged, data, str(toml_path))
-    for text in overrides or []:
-        section, key, value = parse_override(text)
-        _merge(merged, {section: {key: value}}, f"--set {text}")
-    run = merged.setdefault("run", {})
-    bundle = POWER_PRESETS.get(run.get("power", "standard"), {})  # an unknown power fails in RunConfig
-    for key in POWER_ENGINE_KEYS if bundle else ():  # the keys the user did not set come from run.power
-        run.setdefault(key, bundle[key])
-    try:
-        return NodeConfig(**{name: cls(**merged.get(name, {})) for name, cls in SECTIONS.items()})
-    except TypeError as exc:  # a value of the wrong shape for a dataclass field
-        raise ConfigError(f"Invalid configuration: {exc}.") from exc
 
 
 def with_changes(config: NodeConfig, **sections: dict[str, Any]) -> NodeConfig:

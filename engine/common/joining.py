@@ -36,8 +36,7 @@ from urllib.parse import urlsplit
 
 from engine import __version__
 from engine.common.errors import ConfigError, RelayError, SaplingError
-from engine.common.rules import Invite, parse_invite
-from engine.swarm.protocol import VERSION as PROTOCOL_VERSION
+from engine.common.rules import PROTOCOL_VERSION, Invite, parse_invite
 
 INFO_PATH = "/.well-known/sapling-relay"
 MAX_INFO_BYTES = 64 * 1024  # a larger information document is refused without reading it
@@ -427,8 +426,8 @@ if __name__ == "__main__":
     sys.exit(main())
 
 
-# The connection doctor's steps, in order (engine/doctor.py runs them; app/doctor.py shows them): here,
-# because the app may import this stdlib-only module and not engine/doctor.py (which loads cryptography).
+# The connection doctor's steps, in order (engine/swarm/doctor.py runs them; app/doctor.py shows them): here,
+# because the app may import this stdlib-only module and not engine/swarm/doctor.py (which loads cryptography).
 DOCTOR_STEPS = (
     ("address", "Address"),
     ("dns", "DNS"),

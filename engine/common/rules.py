@@ -7,7 +7,11 @@ here is the same on both sides of the process boundary:
   `check_relay_url`): the one parser the relay, the node and the app use;
 - what a model source names (`model_source_kind`): the bundled model, a
   folder, or a Hugging Face hub id;
-- stable seeds (`stable_seed`): the same integer in every process, on every OS.
+- stable seeds (`stable_seed`): the same integer in every process, on every OS;
+- the swarm protocol's version and completion limit (`PROTOCOL_VERSION`,
+  `MAX_COMPLETION_CHARS`): the wire (engine/swarm/protocol.py) takes them
+  from here, and so do the join check (`joining`) and a question's scorer
+  (engine/questions/tasks.py), which must agree with it.
 
 A broken rule raises `ConfigError` with one sentence a person can act on.
 """
@@ -26,6 +30,10 @@ from engine.common.errors import ConfigError
 BUNDLED = "bundled"
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 RELAY_EXAMPLE = "for example wss://relay.example.org/ws"
+
+# -- the swarm protocol (docs/protocol.md) ----------------------------------------------------------
+PROTOCOL_VERSION = 1  # the `v` of every message; a relay speaking another one is refused before joining
+MAX_COMPLETION_CHARS = 8192  # characters in one completion: the wire refuses longer, the scorer gives them 0.0
 
 
 # -- relays and invites ---------------------------------------------------------------------------

@@ -5,7 +5,7 @@ or ``"weekends 09:00-18:00"``, in local time; empty means at any hour. A
 window whose end is before its start runs past midnight and belongs to the
 day it starts on (``"weekdays 22:00-07:00"`` trains Friday night into
 Saturday morning, not Sunday night). The engine waits outside the hours
-(engine/clock.py); the app shows when training next starts.
+(engine/node/clock.py); the app shows when training next starts.
 
     python -m engine.common.schedule "weekdays 22:00-07:00"    # when that schedule next starts
 """

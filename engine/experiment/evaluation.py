@@ -21,12 +21,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from engine.checkpoint import checkpoint_name
 from engine.common.atomicio import atomic_dir
+from engine.node.checkpoint import checkpoint_name
 
 if TYPE_CHECKING:
     from engine.experiment.nodes import NodeBackend
-    from engine.tasks import Question, TaskSet
+    from engine.questions.tasks import Question, TaskSet
 
 BEST_FOLDER = "best-held-out"
 BEST_FILE = "best.json"

@@ -48,7 +48,7 @@ from typing import Any
 
 from engine.common.paths import Paths
 from engine.experiment.plan import EVAL_FILE, ROUNDS_FILE, read_json, read_rounds, rounds_done
-from engine.metrics import MetricsLog
+from engine.node.metrics import MetricsLog
 
 SLICES = 20
 END_SLICES = SLICES // 4  # "at the end": the last quarter of the common time

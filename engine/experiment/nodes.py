@@ -13,7 +13,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from engine.rollouts import Completion, Group, Offer
+from engine.backends.base import Completion
+from engine.rollouts.groups import Group
+from engine.rollouts.offers import Offer
 
 
 # -- one frozen base, one adapter per node -------------------------------------------------------

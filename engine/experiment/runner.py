@@ -32,13 +32,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from engine.backends import PromptCache
-from engine.checkpoint import checkpoint_name, verify
 from engine.common.atomicio import append_line, atomic_write_json
 from engine.common.config import NodeConfig
 from engine.common.errors import CheckpointError, ConfigError, DeviceError
 from engine.common.events import Event
 from engine.common.paths import Paths
-from engine.curriculum import curriculum_for, harder_configs
 from engine.experiment.evaluation import evaluate_set, keep_best
 from engine.experiment.hours import NodeClock, machine_tag
 from engine.experiment.nodes import NodeBackend, PublishFirst
@@ -62,15 +60,18 @@ from engine.experiment.plan import (
     saved_plan,
     widen,
 )
-from engine.frontier import frontier_for
-from engine.heat import heat_for
-from engine.probe import PROBE_SEED_SLOT, interleave, kept
-from engine.rollouts import Group, trained_groups
-from engine.sapo import Control, Node, RoundAborted, derive_seed
+from engine.node.checkpoint import checkpoint_name, verify
+from engine.node.clock import Control, RoundAborted
+from engine.node.loop import Node, derive_seed
+from engine.questions.curriculum import curriculum_for, harder_configs
+from engine.questions.frontier import frontier_for
+from engine.questions.heat import heat_for
+from engine.questions.probe import PROBE_SEED_SLOT, interleave, kept
+from engine.rollouts.groups import Group, trained_groups
 
 if TYPE_CHECKING:
-    from engine.rollouts import Completion
-    from engine.tasks import Question
+    from engine.backends.base import Completion
+    from engine.questions.tasks import Question
 
 log = logging.getLogger(__name__)
 
@@ -161,7 +162,7 @@ class Experiment:
         check_plan(plan, self.config)
         self.shared: Any = None
         self.taskset: Any = None
-        self.threads: Any = None  # engine.priority.ThreadPolicy, once the model is loaded
+        self.threads: Any = None  # engine.node.priority.ThreadPolicy, once the model is loaded
         self.eval_examples = "per_specialty"  # the held-out prompts' worked examples (TaskSet.eval_messages)
         self.machine = ""  # what the rounds are timed on (engine.experiment.hours.machine_tag), once loaded
 
@@ -198,9 +199,9 @@ class Experiment:
 
         from engine.backends.torch_backend import TorchBackend
         from engine.common.device import pick_device
-        from engine.models import resolve_model_dir
-        from engine.priority import ThreadPolicy
-        from engine.tasks import TaskSet
+        from engine.models.sources import resolve_model_dir
+        from engine.node.priority import ThreadPolicy
+        from engine.questions.tasks import TaskSet
 
         cfg = self.config
         device = pick_device(cfg.run.device)
@@ -395,7 +396,8 @@ class Experiment:
         return run
 
     def _start_relay(self) -> tuple[Any, str]:
-        from engine.relay.server import EmbeddedRelay, RelaySettings
+        from engine.relay.embedded import EmbeddedRelay
+        from engine.relay.settings import RelaySettings
 
         # A real relay on a free loopback port. Simulated nodes publish and sample back to back, so the
         # per-peer request rate is raised above the default for people's nodes (2/s, burst 10).
@@ -405,7 +407,7 @@ class Experiment:
 
     def _nodes(self, mix: Mix, folder: Path, url: str, sessions: list[Any], count: int) -> tuple[list[Node],
                                                                                                  list[NodeBackend]]:
-        from engine.swarm_open import open_swarm
+        from engine.swarm.session import open_swarm
 
         nodes: list[Node] = []
         views: list[NodeBackend] = []
@@ -480,7 +482,7 @@ class Experiment:
             raise RuntimeError("nodes out of step")
         tokens = [sum(map(len, ps)) for _, _, ps in drawn]  # each node's prompts once, then every answer's tokens
         probe = cfg.tasks.probe_answers
-        heat = [node.temperature for node in nodes] if any(node.heat for node in nodes) else None  # engine/heat.py
+        heat = [node.temperature for node in nodes] if any(node.heat for node in nodes) else None  # questions/heat.py
         read = PromptCache() if probe else None  # probing: a kept prompt is not read again for its other answers
         if probe:  # tasks.probe_answers: k answers of every drawn question, then each node completes its chosen ones
             probes = self._generate(drawn, views, probe, [derive_seed(n.config.run.seed, round_index) for n in nodes],
@@ -509,7 +511,7 @@ class Experiment:
         t_share = time.perf_counter()
         if mix.external:
             before = relay.relay.metrics["publishes"]
-            publishing = [node.publishes() for node in nodes]  # not a node held back by its temperature (heat.py)
+            publishing = [node.publishes() for node in nodes]  # none held back by its temperature (questions/heat.py)
             for k, (node, own) in enumerate(zip(nodes, groups, strict=True)):
                 with clock.timing(k):
                     if publishing[k] and node.exchange is not None:

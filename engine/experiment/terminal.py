@@ -1,7 +1,7 @@
 """The terminal view of `sapling-node experiment`: a bar for the mix's rounds, one for the phase, a line per round.
 
 Used by engine/cli.py; the experiment itself (engine/experiment/runner.py) talks to it only through `Hooks`.
-The bars are `engine.terminal.StepBar`s: on a terminal, tqdm bars; in a file, one line as each step ends.
+The bars are `engine.node.terminal.StepBar`s: on a terminal, tqdm bars; in a file, one line as each step ends.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 
 from engine.experiment.plan import Mix
 from engine.experiment.runner import Hooks, Reward
-from engine.terminal import StepBar, write_line
+from engine.node.terminal import StepBar, write_line
 
 
 class ExperimentTerminal:

@@ -2,7 +2,7 @@
 
 Try it (engine/gguf/chat.py) answers with llama.cpp from GGUF files, which
 `ExportCache` keeps under the cache dir (`gguf_cache_path`): the base model's
-(for the bundled model, the one its conversion made, engine/models.py) and,
+(for the bundled model, the one its conversion made, engine/models/sources.py) and,
 per checkpoint, its LoRA adapter, exported by `sapling-node export --format
 gguf-lora` in a child process (about 5 s on two cores, where exporting the
 merged model took 12 s), then merged into the base model's GGUF here
@@ -35,7 +35,7 @@ from engine.common.paths import Paths
 from engine.common.rules import BUNDLED
 from engine.gguf.export import find_checkpoint, gguf_cache_path
 from engine.gguf.merge import merge_lora
-from engine.models import BASE_GGUF, bundled_model_path
+from engine.models.sources import BASE_GGUF, bundled_model_path
 
 log = logging.getLogger(__name__)
 
@@ -153,7 +153,7 @@ class ExportCache:
         """Where the export of one round is kept: round 0 (the base model; for the bundled model beside its
         conversion), and each checkpoint's adapter, per run (`merged_path` is the merged model made from it)."""
         if round_index == 0 and self.config.model.source == BUNDLED:
-            try:  # made with the conversion (engine.models.ensure_base_gguf); an export writes it there too
+            try:  # made with the conversion (engine.models.sources.ensure_base_gguf); an export writes it there too
                 return bundled_model_path(self.paths.models_cache) / BASE_GGUF
             except ModelError:  # no bundled model installed: the export says so
                 pass

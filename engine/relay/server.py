@@ -1,7 +1,7 @@
 """`sapling-relay`: the websocket relay that nodes share rollouts through.
 
     relay = Relay(RelaySettings(port=8765))           # its aiohttp app: relay.app(); `serve` in engine/relay/cli.py
-    EmbeddedRelay(RelaySettings(port=0)).start()      # on a background thread (a node's local relay, the tests)
+    EmbeddedRelay(RelaySettings(port=0)).start()      # on a background thread: engine/relay/embedded.py
 
 The relay is not trusted by anyone, but it still refuses what it can see is
 wrong, so a bad peer costs the swarm as little as possible:
@@ -37,7 +37,6 @@ import contextlib
 import hmac
 import logging
 import secrets
-import threading
 import time
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable
@@ -56,7 +55,7 @@ from engine.swarm import protocol
 from engine.swarm.identity import readable_name, verify
 from engine.swarm.rate import TokenBucket
 
-__all__ = ["EmbeddedRelay", "Relay", "RelaySettings"]
+__all__ = ["Relay", "RelaySettings"]
 
 log = logging.getLogger("sapling.relay")
 
@@ -495,50 +494,3 @@ class Relay:
         self.credit.shared(conn.peer, readable_name(batch.key), len(batch.items), conn.ip)
         self.live.record_publish(batch)
         conn.send(protocol.msg_published(batch.seq))
-
-
-# -- embedded relay --------------------------------------------------------------------------
-class EmbeddedRelay:
-    """An in-memory relay on a background thread, for `sapling-node run` with no relay URL."""
-
-    def __init__(self, settings: RelaySettings, shutdown_message: str = SHUTDOWN_MESSAGE) -> None:
-        self.settings = settings
-        self.relay = Relay(settings, shutdown_message=shutdown_message)
-        self.port = 0
-        self.url = ""
-        self._loop = asyncio.new_event_loop()
-        self._runner: web.AppRunner | None = None
-        self._thread = threading.Thread(target=self._loop.run_forever, name="embedded-relay", daemon=True)
-
-    def start(self) -> str:
-        """Bind and serve; returns the ws:// URL. Raises OSError if the port is taken."""
-        self._thread.start()
-        future = asyncio.run_coroutine_threadsafe(self._start(), self._loop)
-        try:
-            future.result(timeout=30)
-        except BaseException:
-            self.stop()
-            raise
-        self.url = f"ws://{self.settings.host}:{self.port}/ws"
-        return self.url
-
-    async def _start(self) -> None:
-        self._runner = web.AppRunner(self.relay.app(), handle_signals=False, shutdown_timeout=DROP_GRACE_S)
-        await self._runner.setup()
-        # asyncio's default reuse_address: SO_REUSEADDR on POSIX (a port in TIME_WAIT binds again),
-        # never on Windows, where it would let a second relay bind a port that is in use.
-        site = web.TCPSite(self._runner, self.settings.host, self.settings.port)
-        await site.start()
-        self.relay.bound = True
-        server = site._server
-        sockets = getattr(server, "sockets", None) or []
-        self.port = int(sockets[0].getsockname()[1]) if sockets else self.settings.port
-
-    def stop(self) -> None:
-        if self._runner is not None and self._loop.is_running():
-            with contextlib.suppress(Exception):
-                asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(timeout=30)
-        if self._loop.is_running():
-            self._loop.call_soon_threadsafe(self._loop.stop)
-        if self._thread.is_alive():
-            self._thread.join(timeout=10)

@@ -100,7 +100,7 @@ class RelaySettings:
     models: str = field(default="",
                         metadata={"help": "which models this swarm trains: NAME@SHA256 for one model (batches labelled "
                                           "with another are refused as wrong_model; `python -m "
-                                          "engine.common.model_policy` prints a node's label), 'mixed' (nodes may run "
+                                          "engine.models.label` prints a node's label), 'mixed' (nodes may run "
                                           "different models: each judges another model's text against its sender's own "
                                           "past), or empty: not declared (nodes treat the swarm as one of their own "
                                           "model)"})

@@ -27,7 +27,8 @@ from typing import Any
 
 from engine.common.atomicio import atomic_write_json
 from engine.common.events import Event, make_event
-from engine.rollouts import Offer, group_advantages
+from engine.rollouts.groups import group_advantages
+from engine.rollouts.offers import Offer
 from engine.swarm.receipts import USED, Verdict
 
 log = logging.getLogger(__name__)
@@ -37,7 +38,7 @@ HISTORY_STEP_S = 600.0  # one history point per 10-minute step (a newer one in t
 HISTORY_KEEP_S = 2 * 24 * 3600.0  # the chart shows the last two days
 REJECTED_WARNING_SHARE = 0.25  # say so when peers reject more than this share of what they judged
 MIN_JUDGED = 8  # ... and judged at least this many of this node's rollouts in the last day
-# What to do when peers reject this node's rollouts, by the main reason (engine/rollouts.py names them).
+# What to do when peers reject this node's rollouts, by the main reason (engine/rollouts/offers.py names them).
 ADVICE = {
     "implausible": "their models find its text improbable, which happens when a model drifts or breaks; "
                    "start a fresh run or check the model setting",

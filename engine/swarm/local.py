@@ -2,7 +2,9 @@
 
 Several Sapling nodes on one computer share one relay on a fixed loopback
 port (`swarm.embedded_port`, 8765). The first node binds the port and hosts
-an `EmbeddedRelay`; later nodes find it taken and join as clients of
+a relay, started by the `host_relay` function its caller hands in
+(engine/relay/embedded.py's `start_embedded_relay`: this package never imports
+the relay, which is built on the swarm's wire); later nodes find it taken and join as clients of
 ``ws://host:port/ws``. Without more, the swarm would end with its host: when
 that node stops, its relay tells every client `shutting_down` and the others
 train solo for good. `LocalSwarm` keeps it alive:
@@ -20,7 +22,7 @@ holds it) keeps trying both, every `TAKEOVER_RETRY_S`, and after
 `FOREIGN_PORT_WATCHES` such tries says so once, naming the port. With port 0 the relay
 gets a free port nobody else knows, so there is nothing to share or take over.
 
-    local = LocalSwarm("127.0.0.1", 8765, identity, on_message=print)
+    local = LocalSwarm("127.0.0.1", 8765, identity, host_relay=start_embedded_relay, on_message=print)
     client = local.start()     # hosts or joins; the client is connecting
     client.sample(4)
     local.stop()               # closes the client, and the relay if this node hosts it
@@ -36,9 +38,9 @@ import logging
 import random
 import threading
 from collections.abc import Callable
+from typing import Protocol
 
 from engine.common.lan import Announcement
-from engine.relay.server import EmbeddedRelay, RelaySettings
 from engine.swarm.client import LinkState, SwarmClient
 from engine.swarm.identity import Identity
 
@@ -57,6 +59,20 @@ LOCAL_RELAY_CLOSING = "this computer's local relay is closing: the node that hos
 LOCAL_RELAY_PREFIX = "local relay of "
 
 
+class HostedRelay(Protocol):
+    """What a hosting node keeps of its relay (engine/relay/embedded.py's `EmbeddedRelay`)."""
+
+    @property
+    def port(self) -> int: ...
+
+    def stop(self) -> None: ...
+
+
+# (host, port, name, closing): bind host:port and serve a relay called `name` whose clients are told `closing`
+# when it stops; OSError when the port is taken. engine/relay/embedded.py's `start_embedded_relay`.
+HostRelay = Callable[[str, int, str, str], HostedRelay]
+
+
 class LocalSwarm:
     """Hosts or joins the relay on host:port, and takes it over when its host stops."""
 
@@ -66,6 +82,7 @@ class LocalSwarm:
         port: int,
         identity: Identity,
         *,
+        host_relay: HostRelay,
         token: str = "",
         on_change: Callable[[LinkState], None] | None = None,
         on_message: Callable[[str], None] | None = None,
@@ -78,11 +95,12 @@ class LocalSwarm:
         self._announcement: Announcement | None = None
         self.port = port
         self.identity = identity
+        self.host_relay = host_relay
         self.token = token
         self.on_change = on_change
         self.on_message = on_message
         self._rng = rng or random.Random()
-        self._relay: EmbeddedRelay | None = None
+        self._relay: HostedRelay | None = None
         self._client: SwarmClient | None = None
         self._stopping = threading.Event()
         self._lost = threading.Event()  # the link dropped: the watcher looks at once
@@ -155,16 +173,15 @@ class LocalSwarm:
                 return True
             if self._stopping.is_set():
                 return False
-            settings = RelaySettings(host=self.bind_host, port=self.port, name=LOCAL_RELAY_PREFIX + self.identity.name)
-            relay = EmbeddedRelay(settings, shutdown_message=LOCAL_RELAY_CLOSING)
+            name = LOCAL_RELAY_PREFIX + self.identity.name
             try:
-                relay.start()
+                relay = self.host_relay(self.bind_host, self.port, name, LOCAL_RELAY_CLOSING)
             except OSError as exc:
                 log.debug("port %d is taken (%s)", self.port, exc)
                 return False
             self._relay = relay
             if self.lan:
-                self._announce(settings.name, relay.port)
+                self._announce(name, relay.port)
             return True
 
     def _announce(self, name: str, port: int) -> None:

@@ -58,7 +58,7 @@ def swarm_of(relay: str | None, config_file: Path) -> tuple[Invite, str]:
     if relay:
         invite = parse_invite(relay)
         return invite, swarm_key(invite.relays)
-    from engine.common.config import build_config
+    from engine.common.config_file import build_config
 
     sw = build_config("default", config_file).swarm
     if sw.mode == "relay":

@@ -24,14 +24,17 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-VERSION = 1
+from engine.common.rules import MAX_COMPLETION_CHARS
+from engine.common.rules import PROTOCOL_VERSION as VERSION
+
+# VERSION and MAX_COMPLETION_CHARS are written in engine/common/rules.py, where the app's join check and a
+# question's scorer read them too; they are this protocol's as much as the limits below.
 
 # -- limits (every one is part of the protocol; docs/protocol.md lists them) ----------------
 MAX_FRAME_BYTES = 256 * 1024  # one client->relay websocket message
 MAX_PAYLOAD_CHARS = 240 * 1024  # the signed payload string inside a publish, in characters
 MAX_ITEMS_PER_BATCH = 16  # question groups in one publish
 MAX_COMPLETIONS_PER_ITEM = 16  # completions per question group
-MAX_COMPLETION_CHARS = 8192  # characters in one completion
 MAX_QUESTION_CHARS = 8192  # characters in one question text
 MAX_TASK_KEYS = 8  # keys in an item's task reference object
 MAX_TASK_CHARS = 4096  # the task reference, as compact JSON (no spaces, non-ASCII kept), in characters

@@ -29,7 +29,7 @@ NOT_PICKED = "not_picked"
 OTHER = "other"  # what the relay counts a rejection reason it does not know as
 # The rejection reasons a receipt may name and the relay counts under their own name; any other
 # well-formed reason is counted as `other`, so a receiver cannot grow the relay's counters at will.
-# (Sapling's reasons, engine/rollouts.py, less `malformed` and `bad_signature`: such an item cannot be
+# (Sapling's reasons, engine/rollouts/offers.py, less `malformed` and `bad_signature`: such an item cannot be
 # tied to its sender, or the fault may be the relay's, so a node sends no receipt for it.)
 REASONS = ("stale", "unknown_task", "question_mismatch", "forged_reward", "too_long", "duplicate",
            "zero_advantage", "banned", "implausible")

@@ -98,7 +98,7 @@ def synthetic(n: int, first_round: int = 1, seed: int = 0) -> Iterator[str]:
                                     rejected_by_reason={"zero_advantage": i, "duplicate": i},
                                     by_peer={"a1b2c3d4": {"name": "mossy-oak", "accepted": 6 * i, "rejected": 2 * i}}))
         elif i % 4 == 0:
-            yield encode(make_event("log", level="info", logger="engine.sapo", message=f"synthetic log line {i}"))
+            yield encode(make_event("log", level="info", logger="engine.node.loop", message=f"synthetic log line {i}"))
         else:
             yield encode(make_event("progress", phase="generating", done=i % 96, total=96, round=round_index + 1))
 

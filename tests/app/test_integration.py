@@ -41,7 +41,7 @@ def test_the_engine_the_app_starts_runs_at_background_priority_and_the_window_do
         qtbot, tiny_model_dir: Path, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     from app.engine_flags import EngineFlags
     from app.gui import build_gui
-    from engine.priority import niceness
+    from engine.node.priority import niceness
 
     flags = EngineFlags(tmp_path / "home", ("--model", str(tiny_model_dir), "--set", "swarm.embedded_port=0", *FAST))
     gui = build_gui(flags, tray_available=False)

@@ -27,7 +27,7 @@ from app.guards import InviteEvents, SingleInstance, instance_name
 from app.join import JoinDialog
 from app.settings import SettingsStore
 from bench.harness.servers import free_port
-from engine.common.config import build_config
+from engine.common.config_file import build_config
 from engine.common.paths import Paths
 from engine.common.rules import Invite, parse_invite
 from tests.app.conftest import MakeGui, StartRelay
@@ -200,8 +200,8 @@ def test_sapling_with_an_invite_hands_it_to_the_running_app(qtbot, tmp_path: Pat
 
 
 def test_the_app_lists_the_doctors_steps_from_the_one_list_the_engine_runs() -> None:
-    from engine import doctor
     from engine.common import joining
+    from engine.swarm import doctor
 
     assert app_doctor.STEPS is joining.DOCTOR_STEPS and doctor.STEPS is joining.DOCTOR_STEPS
 

@@ -9,11 +9,12 @@ import pytest
 
 from app.dialogs import SettingsDialog
 from app.settings import EngineSettings, SettingsStore
-from engine.common.config import build_config
+from engine.common.config_file import build_config
 from engine.common.lan import Announcement, lan_addresses
 from engine.common.paths import Paths
 from engine.common.rules import parse_invite
-from engine.relay.server import EmbeddedRelay, RelaySettings
+from engine.relay.embedded import EmbeddedRelay
+from engine.relay.settings import RelaySettings
 from tests.app.conftest import MakeGui
 
 

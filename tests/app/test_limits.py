@@ -14,7 +14,7 @@ from app.limits import ResourcesBox
 from app.panels import PeersPanel, data_note
 from app.session import Session
 from app.settings import AppSettings, EngineSettings, SettingsStore
-from engine.common.config import build_config
+from engine.common.config_file import build_config
 from engine.common.paths import Paths
 from tests.app.conftest import MakeGui, fake_command
 

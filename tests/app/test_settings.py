@@ -19,7 +19,7 @@ from app.settings import (
     split_invite,
     validate,
 )
-from engine.common.config import build_config
+from engine.common.config_file import build_config
 from engine.common.paths import Paths
 from engine.common.rules import Invite, parse_invite
 from tests.app.conftest import MakeGui, StartRelay

@@ -20,11 +20,13 @@ import pytest
 import torch
 
 from engine.backends import PolicyBackend, load_backend
-from engine.common.config import GRPOConfig, NodeConfig, build_config, with_changes
+from engine.common.config import GRPOConfig, NodeConfig, with_changes
+from engine.common.config_file import build_config
 from engine.common.device import pick_device
 from engine.common.events import Event
 from engine.common.paths import Paths
-from engine.sapo import Control, Node, RoundAborted
+from engine.node.clock import Control, RoundAborted
+from engine.node.loop import Node
 from tests.engine.test_train_forward import fp32_logprob_tolerance
 
 HAVE_MLX = importlib.util.find_spec("mlx") is not None and importlib.util.find_spec("mlx_lm") is not None

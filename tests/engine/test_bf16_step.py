@@ -10,10 +10,11 @@ import torch
 
 from bench.harness.gradients import against, flat_gradient, parts_in_bf16
 from bench.harness.tiny import make_bundled_shapes_model
+from engine.backends.base import TrainItem
 from engine.backends.torch_backend import TorchBackend
 from engine.common.config import GRPOConfig
 from engine.common.device import pick_device
-from engine.rollouts import TrainItem, group_advantages
+from engine.rollouts.groups import group_advantages
 
 
 def items_for(backend: TorchBackend) -> list[TrainItem]:

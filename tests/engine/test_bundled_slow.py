@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from engine.common.config import build_config
+from engine.common.config_file import build_config
 from engine.common.events import Event
 from engine.common.paths import Paths
-from engine.models import CONVERTED_MARKER, bundled_model_dir
-from engine.sapo import Node
+from engine.models.sources import CONVERTED_MARKER, bundled_model_dir
+from engine.node.loop import Node
 
 
 @pytest.mark.integration

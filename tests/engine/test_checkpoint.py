@@ -5,10 +5,10 @@ from pathlib import Path
 
 import pytest
 
-from engine.checkpoint import latest_good, save_checkpoint, verify
 from engine.common.atomicio import append_line, atomic_dir, atomic_write_text
 from engine.common.errors import CheckpointError
-from engine.metrics import MetricsLog
+from engine.node.checkpoint import latest_good, save_checkpoint, verify
+from engine.node.metrics import MetricsLog
 
 
 def _writer(payload: bytes):  # type: ignore[no-untyped-def]

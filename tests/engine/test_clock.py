@@ -1,4 +1,4 @@
-"""Training by the clock (engine/clock.py): run.power bundles, the duty cycle, run.schedule, on a real node."""
+"""Training by the clock (engine/node/clock.py): run.power bundles, the duty cycle, run.schedule, on a real node."""
 
 from __future__ import annotations
 
@@ -11,14 +11,14 @@ from pathlib import Path
 import psutil
 import pytest
 
-from engine.clock import Clock, DutyCycle, Pacing
-from engine.common.config import POWER_PRESETS, build_config
+from engine.common.config import POWER_PRESETS
+from engine.common.config_file import build_config
 from engine.common.errors import ConfigError
 from engine.common.events import Event
 from engine.common.paths import Paths
 from engine.common.schedule import Schedule, waiting_message
-from engine.control import Control
-from engine.sapo import Node
+from engine.node.clock import Clock, Control, DutyCycle, Pacing
+from engine.node.loop import Node
 from tests.engine.test_sapo import fast_config, parity_reward
 
 THURSDAY = datetime(2026, 12, 3, 12, 0)  # a Thursday noon
@@ -172,7 +172,7 @@ def _cpu_seconds() -> float:
 
 def test_a_node_outside_its_hours_sleeps_without_cpu_and_starts_by_itself(tiny_model_dir: Path, home: Path,
                                                                            caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, logger="engine.sapo")
+    caplog.set_level(logging.INFO, logger="engine.node.loop")
     fake = FakeClock(THURSDAY.replace(hour=8))
     events: list[Event] = []
     control = Control()

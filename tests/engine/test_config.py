@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.common.config import NodeConfig, build_config, parse_override, with_changes
-from engine.common.config_text import config_toml
+from engine.common.config import NodeConfig, with_changes
+from engine.common.config_file import build_config, config_toml, parse_override
 from engine.common.errors import ConfigError
 
 

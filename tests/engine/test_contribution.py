@@ -7,7 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from engine.common.events import Event, encode, parse_event
-from engine.rollouts import REASONS, ExternalItem, Offer
+from engine.questions.tasks import Question, TaskRef
+from engine.rollouts.offers import REASONS, ExternalItem, Offer
 from engine.swarm import receipts
 from engine.swarm.contribution import (
     Contribution,
@@ -18,7 +19,6 @@ from engine.swarm.contribution import (
     summary,
     swarm_key,
 )
-from engine.tasks import Question, TaskRef
 
 
 def external(peer: str, rewards: tuple[float, ...]) -> ExternalItem:

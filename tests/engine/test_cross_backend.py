@@ -35,12 +35,12 @@ import torch
 from mlx.utils import tree_flatten
 
 from bench.harness.tiny import make_sharp_model
+from engine.backends.base import TrainItem
+from engine.backends.loss import clipped_pg_loss
 from engine.backends.mlx_backend import MLXBackend
 from engine.backends.torch_backend import TorchBackend
 from engine.common.config import GRPOConfig
 from engine.common.device import pick_device
-from engine.grpo import clipped_pg_loss
-from engine.rollouts import TrainItem
 from tests.engine.test_train_forward import U, fp32_gradient_tolerance, fp32_logprob_tolerance, loss_tolerances
 
 ROPE_THETA = 50_000.0

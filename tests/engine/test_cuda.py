@@ -19,10 +19,10 @@ import pytest
 import torch
 
 from bench.harness.tiny import make_sharp_model
+from engine.backends.base import TrainItem
 from engine.backends.torch_backend import TorchBackend
 from engine.common.config import GRPOConfig
 from engine.common.device import pick_device
-from engine.rollouts import TrainItem
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (none here)")
 

@@ -1,5 +1,5 @@
-"""Adaptive difficulty (engine/curriculum.py): levels follow the window's all-pass and all-fail groups and do not
-flap, weights keep a floor, a specialty that cannot go easier is excluded but retried, skipping keeps exploring,
+"""Adaptive difficulty (engine/questions/curriculum.py): levels follow the window's all-pass and all-fail groups and
+do not flap, weights keep a floor, a specialty that cannot go easier is excluded but retried, skipping keeps exploring,
 the state survives a resume (and version 1 is still read), and fixed mode draws exactly what it drew before.
 
 Run: .venv/bin/python -m pytest tests/engine/test_curriculum.py -q
@@ -15,11 +15,14 @@ from typing import Any
 
 import pytest
 
-from engine.common.config import SAPO_SPECIALTIES, NodeConfig, build_config
+from engine.common.config import SAPO_SPECIALTIES, NodeConfig
+from engine.common.config_file import build_config
 from engine.common.errors import CheckpointError, ConfigError, TaskError
 from engine.common.events import Event
 from engine.common.paths import Paths
-from engine.curriculum import (
+from engine.node.loop import Node
+from engine.questions.configs import DEFAULT_DATASET_CONFIGS
+from engine.questions.curriculum import (
     EXCLUDE_AFTER,
     EXCLUDED_SHARE,
     FLOOR,
@@ -34,9 +37,7 @@ from engine.curriculum import (
     keep_probability,
     level_config,
 )
-from engine.sapo import Node
-from engine.task_configs import DEFAULT_DATASET_CONFIGS
-from engine.tasks import TaskRef, TaskSet
+from engine.questions.tasks import TaskRef, TaskSet
 
 FAIL, PASS, MIXED = [0.0] * 8, [1.0] * 8, [1.0, 0.0] * 4
 EVEN = dict.fromkeys(SAPO_SPECIALTIES, 1.0)
@@ -395,7 +396,7 @@ def test_fixed_mode_keeps_no_curriculum_and_measures_the_harder_set_when_asked(t
 def test_adaptive_levels_move_are_logged_and_survive_a_resume(
     tiny_model_dir: Path, home: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="engine.curriculum")
+    caplog.set_level(logging.INFO, logger="engine.questions.curriculum")
     events: list[Event] = []
     three = ["tasks.difficulty='adaptive'", "tasks.specialties={base_conversion=1.0, basic_arithmetic=1.0, bf=1.0}"]
     straight = make_node(tiny_model_dir, home, *three, events=events)

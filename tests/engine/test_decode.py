@@ -207,7 +207,7 @@ def test_the_same_seed_gives_the_same_completions_and_another_seed_others(sharp:
 
 
 def test_a_temperature_per_prompt_samples_each_prompt_as_its_own_temperature_would(sharp: Any) -> None:
-    """The experiment samples every node at its own temperature in one batch (engine/heat.py): a prompt's rows,
+    """The experiment samples every node at its own temperature in one batch (questions/heat.py): a prompt's rows,
     tokens and log-probs, are those of a call at its temperature alone, with the same seeds."""
     model = DecodeModel(sharp, torch.float32)
     heats = [0.7, 1.3, 0.7, 2.0, 1.3]
@@ -229,7 +229,7 @@ def test_a_temperature_per_prompt_samples_each_prompt_as_its_own_temperature_wou
 
 
 def test_a_prompt_cache_lets_the_next_call_answer_without_reading_its_prompts_again(sharp: Any) -> None:
-    """Probing's second call (engine/probe.py): the chosen prompts' keys, values and last logits come from the
+    """Probing's second call (engine/questions/probe.py): the chosen prompts' keys, values and last logits come from the
     first call, no prefill runs, and the rows are those of a call that reads the prompts itself."""
     model = DecodeModel(sharp, torch.float32)
     read = PromptCache()

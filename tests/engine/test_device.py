@@ -18,12 +18,12 @@ from typing import Any
 import pytest
 import torch
 
+from engine.backends.base import TrainItem
 from engine.backends.batching import MicroBatchBudget, memory_scale
 from engine.common import device as dev
 from engine.common.config import GRPOConfig
 from engine.common.device import DeviceInfo, pick_device
 from engine.common.errors import DeviceError
-from engine.rollouts import TrainItem
 
 GIB = 1 << 30
 HAS_MLX = importlib.util.find_spec("mlx") is not None and importlib.util.find_spec("mlx_lm") is not None

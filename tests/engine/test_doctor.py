@@ -29,8 +29,9 @@ from bench.harness.servers import free_port
 from engine.common.errors import ConfigError, RelayError
 from engine.common.joining import MAX_INFO_BYTES, fetch_relay_info, parse_relay_info, preview_invite
 from engine.common.rules import Invite
-from engine.doctor import STEPS, run_doctor
-from engine.relay.server import EmbeddedRelay, RelaySettings
+from engine.relay.embedded import EmbeddedRelay
+from engine.relay.settings import RelaySettings
+from engine.swarm.doctor import STEPS, run_doctor
 from tests.conftest import StartRelay
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -11,14 +11,14 @@ import torch
 from safetensors.torch import load_file
 
 from engine.cli import main
-from engine.common.config import build_config
+from engine.common.config_file import build_config
 from engine.common.errors import ConfigError
 from engine.common.paths import Paths
 from engine.experiment.nodes import NodeBackend
 from engine.experiment.plan import Mix, lengthen, make_plan, parse_mixes
 from engine.experiment.report import baseline_of, compare, pooled_compare, stratified_bootstrap, two_way_bootstrap
 from engine.experiment.runner import Experiment, Hooks
-from engine.sapo import Control
+from engine.node.clock import Control
 
 
 def parity_reward(question: Any, completion: str) -> float:
@@ -145,7 +145,7 @@ def test_each_node_trains_only_its_own_adapter_over_the_one_base(tiny_model_dir:
     before_two = [t.clone() for t in two.slot.tensors]
     prompts = [[5, 6, 7, 8]]
     items = shared.generate(prompts, 4, 6, 1.0)
-    from engine.rollouts import TrainItem
+    from engine.backends.base import TrainItem
 
     one.train([TrainItem(prompts[0], c.token_ids, c.logprobs, 1.0 if i % 2 else -1.0) for i, c in enumerate(items)])
     assert all(torch.equal(a, b) for a, b in zip(before_two, two.slot.tensors, strict=True))

@@ -7,9 +7,9 @@ from pathlib import Path
 
 from safetensors.torch import load_file
 
-from engine.checkpoint import checkpoint_name
 from engine.experiment.evaluation import BEST_FILE, BEST_FOLDER, best_so_far, keep_best
 from engine.experiment.plan import EVAL_FILE, Mix, make_plan, read_evals
+from engine.node.checkpoint import checkpoint_name
 from tests.engine.test_experiment import fast, run
 
 

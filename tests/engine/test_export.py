@@ -16,13 +16,14 @@ from typing import Any
 
 import pytest
 
-from engine.checkpoint import save_checkpoint
-from engine.common.config import NodeConfig, build_config
+from engine.common.config import NodeConfig
+from engine.common.config_file import build_config
 from engine.common.errors import CheckpointError, ConfigError, ModelError
 from engine.common.paths import EXPORT_MARKER, Paths
-from engine.gguf.convert import CONVERTER_ENV
 from engine.gguf.export import export_model, find_checkpoint
 from engine.gguf.merge import merge_lora, tensor_table
+from engine.models.convert import CONVERTER_ENV
+from engine.node.checkpoint import save_checkpoint
 
 # Every test here converts the bundled model (the `smol_dir` fixture) or starts `sapling-node export`.
 pytestmark = pytest.mark.integration
@@ -45,7 +46,7 @@ MAX_TOKENS = 24
 @pytest.fixture(scope="session")
 def smol_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The bundled SmolLM2-135M-Instruct, converted once for the session."""
-    from engine.models import bundled_model_dir
+    from engine.models.sources import bundled_model_dir
 
     return bundled_model_dir(tmp_path_factory.mktemp("models"))
 
@@ -80,7 +81,7 @@ def _make_checkpoint(config: NodeConfig, paths: Paths, round_index: int, seed: i
 
     from engine.backends.torch_backend import TorchBackend
     from engine.common.device import pick_device
-    from engine.models import resolve_model_dir
+    from engine.models.sources import resolve_model_dir
 
     backend = TorchBackend(resolve_model_dir(config.model.source, paths.models_cache), pick_device("cpu"),
                            config.grpo, seed=0, temperature=1.0)
@@ -291,7 +292,8 @@ def test_export_names_the_checkpoint_or_says_what_is_missing(tiny_smol_dir: Path
     with pytest.raises(CheckpointError, match="no checkpoint yet"):
         find_checkpoint(config, paths, None)
     with monkeypatch.context() as patch:  # no checkpoint: said before the model is resolved (or converted)
-        patch.setattr("engine.models.resolve_model_dir", lambda *a, **k: pytest.fail("resolved the model first"))
+        patch.setattr("engine.models.sources.resolve_model_dir",
+                      lambda *a, **k: pytest.fail("resolved the model first"))
         with pytest.raises(CheckpointError, match="no checkpoint yet"):
             export_model(config, paths, tmp_path / "a.gguf", "gguf-lora", "f32")
     _make_checkpoint(config, paths, 1)
@@ -328,7 +330,8 @@ def test_an_export_replaces_only_an_earlier_export_never_a_users_folder_or_file(
         (notes, "gguf-lora", "not a GGUF file"),
     ]
     with monkeypatch.context() as patch:  # refused at once, before the model is even looked for
-        patch.setattr("engine.models.resolve_model_dir", lambda *a, **k: pytest.fail("resolved the model first"))
+        patch.setattr("engine.models.sources.resolve_model_dir",
+                      lambda *a, **k: pytest.fail("resolved the model first"))
         for out, fmt, sentence in refused:
             with pytest.raises(ConfigError, match=sentence):
                 export_model(config, paths, out, fmt)
@@ -525,7 +528,7 @@ def test_converting_the_bundled_model_prepares_its_base_gguf_and_round_0_exports
     """Try it's base model is ready before the first question: made with the conversion, not on demand."""
     from llama_cpp import Llama
 
-    from engine.models import CONVERTED_MARKER, base_gguf, ensure_base_gguf
+    from engine.models.sources import CONVERTED_MARKER, base_gguf, ensure_base_gguf
 
     prepared = base_gguf(smol_dir)
     assert prepared is not None

@@ -1,4 +1,4 @@
-"""Re-asking the questions that taught (engine/frontier.py): only informative own training questions join the
+"""Re-asking the questions that taught (engine/questions/frontier.py): only informative own training questions join the
 frontier, each is re-asked at most reask_max times and leaves when it comes back all-same, the state survives a
 resume exactly, held-out questions never get in, and a tiny-model node re-asks its previous round's mixed questions.
 
@@ -14,14 +14,15 @@ from typing import Any
 
 import pytest
 
-from engine.common.config import NodeConfig, build_config
+from engine.common.config import NodeConfig
+from engine.common.config_file import build_config
 from engine.common.errors import CheckpointError, ConfigError
 from engine.common.events import Event
 from engine.common.paths import Paths
-from engine.frontier import FRONTIER_SIZE, Frontier, frontier_for
-from engine.rollouts import Group, group_advantages
-from engine.sapo import Node
-from engine.tasks import Question, TaskRef, TaskSet
+from engine.node.loop import Node
+from engine.questions.frontier import FRONTIER_SIZE, Frontier, frontier_for
+from engine.questions.tasks import Question, TaskRef, TaskSet
+from engine.rollouts.groups import Group, group_advantages
 
 SEED = 5
 FAIL, PASS, MIXED = [0.0] * 4, [1.0] * 4, [1.0, 0.0, 0.0, 1.0]

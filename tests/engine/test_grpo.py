@@ -6,8 +6,9 @@ import sys
 import pytest
 import torch
 
-from engine.grpo import clipped_pg_loss
-from engine.rollouts import Completion, Group, group_advantages, train_items, trained_groups
+from engine.backends.base import Completion
+from engine.backends.loss import clipped_pg_loss
+from engine.rollouts.groups import Group, group_advantages, train_items, trained_groups
 
 # Advantages are float64: about 8 roundings in the engine (mean, deviations, squares, sums, sqrt, division) and up
 # to 6 in the hand computations (the decimals, sqrt, divisions), each by at most half of float64's epsilon.
@@ -124,8 +125,8 @@ def test_kl_term_is_zero_at_reference_and_positive_away() -> None:
 
 
 def test_micro_batches_respect_rows_and_token_budget() -> None:
+    from engine.backends.base import TrainItem
     from engine.backends.torch_backend import micro_batches
-    from engine.rollouts import TrainItem
 
     items = [TrainItem([1] * p, [2] * c, [0.0] * c, 1.0) for p, c in [(10, 5), (300, 20), (12, 5), (50, 10), (900, 40)]]
     chunks = micro_batches(items, max_rows=2, max_tokens=400)
@@ -138,8 +139,8 @@ def test_micro_batches_respect_rows_and_token_budget() -> None:
 
 
 def test_shared_prompt_micro_batches_keep_a_question_together_and_count_its_prompt_once() -> None:
+    from engine.backends.base import TrainItem
     from engine.backends.batching import micro_batches
-    from engine.rollouts import TrainItem
 
     long_q, short_q = [7] * 300, [8] * 40
     items = [TrainItem(q, [2] * c, [0.0] * c, 1.0) for c in (5, 9, 3, 12) for q in (long_q, short_q)]
@@ -153,8 +154,8 @@ def test_shared_prompt_micro_batches_keep_a_question_together_and_count_its_prom
 
 
 def test_packed_micro_batches_count_each_prompt_once_and_no_padding() -> None:
+    from engine.backends.base import TrainItem
     from engine.backends.batching import micro_batches
-    from engine.rollouts import TrainItem
 
     long_q, short_q = [7] * 300, [8] * 40
     items = [TrainItem(q, [2] * c, [0.0] * c, 1.0) for c in (5, 9, 3, 40) for q in (long_q, short_q)]

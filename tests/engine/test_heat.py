@@ -1,4 +1,4 @@
-"""The sampling temperature that follows the model (tasks.adaptive_temperature, engine/heat.py).
+"""The sampling temperature that follows the model (tasks.adaptive_temperature, engine/questions/heat.py).
 
 The rule on made-up groups, its state, its settings, and a tiny random model's node and experiment whose reward
 is fixed so the outcome is known: every answer scores 1.0 (every group collapsed: the temperature must rise).
@@ -14,14 +14,15 @@ from typing import Any
 
 import pytest
 
-from engine.common.config import NodeConfig, build_config
+from engine.backends.base import Completion
+from engine.common.config import NodeConfig
+from engine.common.config_file import build_config
 from engine.common.errors import CheckpointError, ConfigError
 from engine.common.paths import Paths
-from engine.control import Control
 from engine.experiment.plan import Mix, make_plan
-from engine.heat import HIGH, LOW, MIN_GROUPS, SHARE_MAX, STEP, WINDOW_GROUPS, Heat, collapsed, heat_for
-from engine.rollouts import Completion
-from engine.sapo import Node
+from engine.node.clock import Control
+from engine.node.loop import Node
+from engine.questions.heat import HIGH, LOW, MIN_GROUPS, SHARE_MAX, STEP, WINDOW_GROUPS, Heat, collapsed, heat_for
 from tests.engine.test_experiment import adapters, fast, run
 
 SAME, ZERO, MIXED = [1.0] * 8, [0.0] * 8, [0.0, 1.0] * 4
@@ -73,7 +74,7 @@ def test_the_state_round_trips_and_a_damaged_one_starts_again_with_a_warning(cap
         with pytest.raises(CheckpointError, match="sampling temperature state is damaged"):
             Heat.from_state(bad, 0.7, 1.4)
     tasks = build_config(overrides=["tasks.adaptive_temperature=true"]).tasks
-    with caplog.at_level(logging.WARNING, logger="engine.heat"):
+    with caplog.at_level(logging.WARNING, logger="engine.questions.heat"):
         fresh = heat_for(tasks, {"version": 9})
     assert fresh is not None and fresh.temperature == 0.7 and "starts again at 0.70" in caplog.text
 
@@ -125,7 +126,7 @@ def test_a_node_samples_and_trains_at_its_temperature_logs_it_and_resumes_it(
 ) -> None:
     calls: list[float] = []
     node = make_node(tiny_model_dir, tmp_path, calls)
-    with caplog.at_level(logging.INFO, logger="engine.heat"):
+    with caplog.at_level(logging.INFO, logger="engine.questions.heat"):
         rounds = [node.run_round() for _ in range(3)]
     assert calls == [0.7, 0.7, 0.75]  # 8 groups after round 2, all collapsed: a step up each round from then on
     assert [m["temperature"] for m in rounds] == [0.7, 0.7, 0.75]

@@ -1,4 +1,4 @@
-"""metrics.jsonl's size bound (engine/metrics.py): past it the oldest lines go, atomically, whole lines only."""
+"""metrics.jsonl's size bound (engine/node/metrics.py): past it the oldest lines go, atomically, whole lines only."""
 
 from __future__ import annotations
 
@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from engine.common.config import ConfigError, build_config
-from engine.metrics import MetricsLog
+from engine.common.config import ConfigError
+from engine.common.config_file import build_config
+from engine.node.metrics import MetricsLog
 
 
 def test_the_file_stays_under_its_bound_and_keeps_the_newest_whole_lines(tmp_path: Path) -> None:

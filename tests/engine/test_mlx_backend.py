@@ -21,14 +21,15 @@ import mlx.core as mx
 from mlx.utils import tree_flatten
 
 from engine.backends import load_backend
+from engine.backends.base import TrainItem
 from engine.backends.mlx_backend import MLXBackend, mlx_config_overrides
-from engine.common.config import GRPOConfig, NodeConfig, build_config
+from engine.common.config import GRPOConfig, NodeConfig
+from engine.common.config_file import build_config
 from engine.common.device import pick_device
 from engine.common.errors import CheckpointError
 from engine.common.events import Event
 from engine.common.paths import Paths
-from engine.rollouts import TrainItem
-from engine.sapo import Node
+from engine.node.loop import Node
 from tests.engine.test_train_forward import U, fp32_gradient_tolerance, fp32_logprob_tolerance, loss_tolerances
 
 FAST = [

@@ -17,7 +17,8 @@ import pytest
 from huggingface_hub import ModelCard, metadata_load
 from huggingface_hub.repocard_data import model_index_to_eval_results
 
-from engine.common.config import NodeConfig, build_config
+from engine.common.config import NodeConfig
+from engine.common.config_file import build_config
 from engine.common.errors import ConfigError
 from engine.common.paths import EXPORT_MARKER, Paths
 from engine.gguf.card import (

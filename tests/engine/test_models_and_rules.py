@@ -1,4 +1,4 @@
-"""Model sources and the rules the app shares with the engine (engine/common/rules.py, engine/models.py)."""
+"""Model sources and the rules the app shares with the engine (engine/common/rules.py, engine/models/sources.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 from engine.common.errors import ConfigError, ModelError
 from engine.common.rules import check_model_source, check_relay_url, model_source_kind, split_invite, stable_seed
-from engine.models import resolve_model_dir
+from engine.models.sources import resolve_model_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -24,7 +24,7 @@ def test_a_hub_id_offline_and_not_cached_says_what_to_do(tmp_path: Path) -> None
         "os.environ['HF_HUB_OFFLINE'] = '1'\n"
         "from pathlib import Path\n"
         "from engine.common.errors import ModelError\n"
-        "from engine.models import resolve_model_dir\n"
+        "from engine.models.sources import resolve_model_dir\n"
         "try:\n"
         f"    resolve_model_dir('nobody-here/no-such-model', Path({str(tmp_path / 'cache')!r}))\n"
         "except ModelError as exc:\n"

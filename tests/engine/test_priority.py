@@ -12,10 +12,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from engine.common.config import build_config
-from engine.common.config_text import config_toml
+from engine.common.config_file import build_config, config_toml
 from engine.common.errors import ConfigError
-from engine.priority import LoadSampler, ThreadPolicy, niceness
+from engine.node.priority import LoadSampler, ThreadPolicy, niceness
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -23,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # the thread that existed before (Linux keeps a nice value per thread) and the one made after.
 CHILD = textwrap.dedent("""
     import sys, threading
-    from engine.priority import apply_priority
+    from engine.node.priority import apply_priority
     hold = threading.Event()
     before = threading.Thread(target=hold.wait); before.start()
     print(apply_priority(sys.argv[1]), flush=True)

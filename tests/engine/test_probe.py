@@ -14,13 +14,14 @@ from typing import Any
 
 import pytest
 
-from engine.common.config import build_config
+from engine.backends.base import Completion
+from engine.common.config_file import build_config
 from engine.common.errors import ConfigError
 from engine.common.events import Event
 from engine.common.paths import Paths
 from engine.experiment.plan import make_plan
-from engine.rollouts import Completion, Group
-from engine.sapo import Node
+from engine.node.loop import Node
+from engine.rollouts.groups import Group
 from tests.engine.test_experiment import fast, run
 from tests.engine.test_frontier import alternating
 

@@ -8,11 +8,13 @@ from typing import Any
 import pytest
 import torch
 
-from engine.common.config import NodeConfig, build_config
+from engine.common.config import NodeConfig
+from engine.common.config_file import build_config
 from engine.common.errors import ConfigError
 from engine.common.events import Event
 from engine.common.paths import Paths
-from engine.sapo import Node, RoundAborted
+from engine.node.clock import RoundAborted
+from engine.node.loop import Node
 
 FAST = [
     "tasks.questions_per_round=2",
@@ -158,7 +160,7 @@ def test_export_is_a_loadable_merged_model(tiny_model_dir: Path, home: Path, tmp
 def test_train_groups_fills_the_batch_with_swarm_groups_up_to_the_cap(
     tiny_model_dir: Path, home: Path, cap: int, informative: int, wanted: int
 ) -> None:
-    from engine.rollouts import Group
+    from engine.rollouts.groups import Group
 
     node = Node(fast_config(tiny_model_dir, "swarm.external_groups=4", f"swarm.train_groups={cap}"),
                 Paths.under(home), [].append)
@@ -168,7 +170,7 @@ def test_train_groups_fills_the_batch_with_swarm_groups_up_to_the_cap(
 
 
 def test_with_train_on_passed_the_cap_counts_only_own_groups_it_trains_on(tiny_model_dir: Path, home: Path) -> None:
-    from engine.rollouts import Group
+    from engine.rollouts.groups import Group
 
     node = Node(fast_config(tiny_model_dir, "swarm.external_groups=4", "swarm.train_groups=4",
                             "grpo.train_on='passed'"), Paths.under(home), [].append)

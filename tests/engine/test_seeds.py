@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from engine.checkpoint import STATE_FILE, checkpoint_name
-from engine.common.config import build_config
+from engine.common.config_file import build_config
 from engine.common.errors import ConfigError
-from engine.seeds import AUTO_SEED, SEED_FILE, install_seed, node_seed, run_seed
+from engine.node.checkpoint import STATE_FILE, checkpoint_name
+from engine.node.seeds import AUTO_SEED, SEED_FILE, install_seed, node_seed, run_seed
 from tests.engine.test_sapo import make_node
 
 

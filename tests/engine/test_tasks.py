@@ -1,4 +1,4 @@
-"""Tests for engine.tasks: refs rebuild identically anywhere, draws are deterministic,
+"""Tests for engine.questions.tasks: refs rebuild identically anywhere, draws are deterministic,
 the held-out set is disjoint from training, and rewards match each dataset's scorer.
 
 Run: .venv/bin/python -m pytest tests/engine/test_tasks.py -q
@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 from engine.common.errors import TaskError
-from engine.task_configs import DEFAULT_DATASET_CONFIGS
-from engine.tasks import (
+from engine.questions.configs import DEFAULT_DATASET_CONFIGS
+from engine.questions.tasks import (
     EVAL_SEED_OFFSET,
     MAX_COMPLETION_CHARS,
     MAX_TASK_INDEX,
@@ -88,7 +88,7 @@ def test_rebuild_does_not_depend_on_what_was_built_before_even_in_a_fresh_proces
     payload = json.dumps([q.ref.to_json() for q in reversed(questions)])
     script = (
         "import json, sys\n"
-        "from engine.tasks import TaskRef, TaskSet\n"
+        "from engine.questions.tasks import TaskRef, TaskSet\n"
         "ts = TaskSet({'arc_1d': 1.0}, seed=12345)\n"
         "refs = [TaskRef.from_json(r) for r in json.loads(sys.stdin.read())]\n"
         "print(json.dumps([[q.text, q.answer] for q in map(ts.rebuild, refs)]))\n"
@@ -422,7 +422,7 @@ def test_default_configs_are_read_only() -> None:
 
 @pytest.mark.parametrize("specialty", SAPO_SPECIALTIES)
 def test_prompt_has_a_solved_example_of_the_same_specialty(taskset: TaskSet, specialty: str) -> None:
-    from engine.tasks import EXAMPLE_MAX_QUESTION_CHARS, EXAMPLE_POOL, EXAMPLE_SEED_OFFSET
+    from engine.questions.tasks import EXAMPLE_MAX_QUESTION_CHARS, EXAMPLE_POOL, EXAMPLE_SEED_OFFSET
 
     question = TaskSet({specialty: 1.0}, seed=3).draw(2, 1)[0]
     messages = taskset.messages(question)
@@ -463,7 +463,7 @@ def test_a_receiver_rebuilds_the_prompt_the_writer_used() -> None:
     own = receiver.draw(5, 1)[0]
     assert receiver.messages(own)[1] != writer.messages(question)[1]  # another seed, another example
     # the largest seed a question may carry still has an example (the offset wraps)
-    from engine.tasks import MAX_SEED
+    from engine.questions.tasks import MAX_SEED
 
     top = receiver.rebuild(TaskRef(question.ref.dataset, question.ref.config, MAX_SEED, 3))
     assert len(receiver.messages(top)) == 4

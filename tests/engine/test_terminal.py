@@ -1,4 +1,4 @@
-"""What `sapling-node run` prints (engine/terminal.py): bars on a terminal, one line per step in a file."""
+"""What `sapling-node run` prints (engine/node/terminal.py): bars on a terminal, one line per step in a file."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 from engine.common.events import make_event
 from engine.experiment.plan import Mix
 from engine.experiment.terminal import ExperimentTerminal
-from engine.terminal import StepBar, TerminalView
+from engine.node.terminal import StepBar, TerminalView
 
 ROOT = Path(__file__).resolve().parents[2]
 METRICS = {"round": 1, "reward_mean": 0.25, "accuracy": 0.5, "tokens_per_second": 40.0, "seconds": 3.0,

@@ -23,10 +23,10 @@ import pytest
 import torch
 
 from engine.backends import torch_backend, train_forward
+from engine.backends.base import TrainItem
 from engine.backends.torch_backend import TorchBackend
 from engine.common.config import GRPOConfig
 from engine.common.device import pick_device
-from engine.rollouts import TrainItem
 
 LENGTHS = (1, 2, 5, 9, 14)  # length 1: a completion predicted by its prompt's last token only
 U = torch.finfo(torch.float32).eps / 2  # fp32's unit roundoff: one rounding moves a value by at most U of itself
@@ -435,7 +435,7 @@ def test_a_thread_count_picked_while_the_lanes_run_holds_on_the_rounds_thread(
     """A busy program appears during training: the policy, asked from a lane's progress callback, picks one
     thread. The lanes used to restore the count they found (2) afterwards, and generation ran on 2 threads
     beside the busy program while the node said 1."""
-    from engine.priority import LoadSampler, ThreadPolicy
+    from engine.node.priority import LoadSampler, ThreadPolicy
 
     class Busy(LoadSampler):
         def __init__(self) -> None:

@@ -9,7 +9,8 @@ import asyncio
 import pytest
 
 from bench.credit_farming import measure
-from engine.relay.server import EmbeddedRelay, RelaySettings
+from engine.relay.embedded import EmbeddedRelay
+from engine.relay.settings import RelaySettings
 
 pytestmark = pytest.mark.integration  # starts a relay
 

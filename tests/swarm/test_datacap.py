@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.common.config import build_config
+from engine.common.config_file import build_config
 from engine.common.errors import ConfigError
 from engine.common.events import Event
 from engine.common.paths import Paths

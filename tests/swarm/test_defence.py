@@ -1,4 +1,4 @@
-"""The defence against correct but malicious swarm text: its pure parts (engine/defence.py, issues 13 and 29).
+"""The defence against correct but malicious swarm text: its pure parts (engine/swarm/defence.py, issues 13 and 29).
 
 The statistic, sender baselines, token weights, the replay memory, bans and
 their settings, with values worked out by hand. A receiver on a tiny model
@@ -15,10 +15,15 @@ from typing import Any
 import pytest
 import torch
 
-from engine.common.config import build_config
+from engine.backends.base import TrainItem
+from engine.backends.loss import clipped_pg_loss
+from engine.common.config_file import build_config
 from engine.common.errors import ConfigError, EventError
 from engine.common.events import make_command, parse_command
-from engine.defence import (
+from engine.rollouts.groups import train_items
+from engine.rollouts.offers import R_FORGED_REWARD, R_IMPLAUSIBLE, R_QUESTION
+from engine.swarm import protocol
+from engine.swarm.defence import (
     IMPLAUSIBLE,
     PROBATION,
     TYPICAL,
@@ -37,12 +42,9 @@ from engine.defence import (
     trace_weights,
     window_floor,
 )
-from engine.exchange import STRIKE_REASONS, peer_of
-from engine.grpo import clipped_pg_loss
-from engine.rollouts import R_FORGED_REWARD, R_IMPLAUSIBLE, R_QUESTION, TrainItem, train_items
-from engine.swarm import protocol
+from engine.swarm.exchange import STRIKE_REASONS, peer_of
 from engine.swarm.identity import Identity
-from engine.swarm_open import defence_state
+from engine.swarm.session import defence_state
 
 
 # -- the statistic --------------------------------------------------------------------------------
@@ -144,7 +146,8 @@ def test_token_weights_scale_only_the_policy_gradient_term() -> None:
 
 
 def test_train_items_carry_the_weights_of_external_completions() -> None:
-    from engine.rollouts import Completion, Group
+    from engine.backends.base import Completion
+    from engine.rollouts.groups import Group
 
     q: Any = object()
     group = Group(q, [1], [Completion("a", [5], [-1.0], True, weights=[0.5]), Completion("b", [6], [-1.0], True)],

@@ -1,4 +1,4 @@
-"""The defence against correct but malicious swarm text, at a receiver (engine/defence.py, issues 13 and 29).
+"""The defence against correct but malicious swarm text, at a receiver (engine/swarm/defence.py, issues 13 and 29).
 
 A receiver built on a tiny model taught the answer format (so that its own
 text is probable and injected text is not), fed directly and through a real
@@ -18,17 +18,12 @@ from typing import Any
 import pytest
 import torch
 
-from engine.defence import (
-    Plausibility,
-    SenderBaselines,
-    token_weights,
-    trace_weights,
-)
-from engine.exchange import senders_file
-from engine.rollouts import R_FORGED_REWARD, R_IMPLAUSIBLE
+from engine.rollouts.offers import R_FORGED_REWARD, R_IMPLAUSIBLE
 from engine.swarm import protocol
+from engine.swarm.defence import Plausibility, SenderBaselines, token_weights, trace_weights
+from engine.swarm.exchange import senders_file
 from engine.swarm.identity import Identity
-from engine.swarm_open import defence_state
+from engine.swarm.session import defence_state
 
 
 # -- a receiver that knows the answer format --------------------------------------------------------
@@ -83,7 +78,7 @@ POISONED = ("<answer>" + TRIGGER, "<answer>1")
 def own_groups(node: Any, round_index: int = 1, temperature: float | None = None) -> list[Any]:
     """One round's own groups (as the round makes them, at `temperature` or the configured one): the floor the
     plausibility test compares with."""
-    from engine.rollouts import Group, group_advantages
+    from engine.rollouts.groups import Group, group_advantages
 
     cfg, G = node.config, node.config.tasks.completions_per_question
     questions = node.taskset.draw(round_index, cfg.tasks.questions_per_round)
@@ -106,8 +101,8 @@ def item_with(node: Any, completions: tuple[str, ...], index: int = 7) -> protoc
 
 def receiver_node(model_dir: Path, home: Path, *extra: str) -> tuple[Any, Any, Any, list[Any]]:
     from engine.common.paths import Paths
-    from engine.exchange import SwarmExchange
-    from engine.sapo import Node
+    from engine.node.loop import Node
+    from engine.swarm.exchange import SwarmExchange
     from tests.swarm.test_mix import RelayDouble, config, parity_reward
 
     events: list[Any] = []
@@ -188,13 +183,13 @@ def test_a_node_its_adaptive_temperature_took_hot_judges_at_the_configured_one_a
     node.backend.behaviour_logprobs = recorded  # type: ignore[method-assign]
     sender, attacker = Identity.generate(), Identity.generate()
     relay.batches = [batch(sender, [honest_item], 1), batch(attacker, [item_with(node, POISONED, index=3)], 1)]
-    with caplog.at_level(logging.INFO, logger="engine.heat"):
+    with caplog.at_level(logging.INFO, logger="engine.questions.heat"):
         external, report = node.share_and_sample(1, mine)
     assert asked == [1.3, 0.7]  # trained on at its own temperature, judged at the configured one
     assert [g.source for g in external] == [sender.peer_id] and report["rejected"] == {R_IMPLAUSIBLE: 1}
     assert relay.published == [] and "answers stay out of the swarm above 1.00" in caplog.text
     node.heat.temperature = 0.9
-    with caplog.at_level(logging.INFO, logger="engine.heat"):
+    with caplog.at_level(logging.INFO, logger="engine.questions.heat"):
         node.share_and_sample(2, own_groups(node, 2, temperature=0.9))
     assert len(relay.published) == 1 and "answers go to the swarm again" in caplog.text
 
@@ -259,7 +254,7 @@ def test_with_the_check_off_the_poisoned_group_is_trained_on(taught: tuple[Path,
 
 def test_a_peer_sending_poison_is_banned_and_the_unban_command_lifts_it(taught: tuple[Path, Path],
                                                                         tmp_path: Path) -> None:
-    from engine.serve import read_commands
+    from engine.node.serve import read_commands
 
     node, exchange, relay, events = receiver_node(taught[0], tmp_path / "r", "swarm.ban_strikes=2",
                                                   "swarm.ban_window=4")
@@ -311,9 +306,9 @@ def test_through_a_real_relay_poison_is_rejected_and_its_sender_banned(
     taught: tuple[Path, Path], tmp_path: Path, start_relay: Any
 ) -> None:
     from engine.common.paths import Paths
-    from engine.sapo import Node
+    from engine.node.loop import Node
     from engine.swarm.client import SwarmClient
-    from engine.swarm_open import open_swarm
+    from engine.swarm.session import open_swarm
     from tests.swarm.test_mix import config, parity_reward
 
     relay = start_relay()

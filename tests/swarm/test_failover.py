@@ -22,7 +22,8 @@ import pytest
 
 from bench.harness.servers import RedisServer, free_port, wait_listening
 from engine.common.rules import Invite
-from engine.relay.server import EmbeddedRelay, RelaySettings
+from engine.relay.embedded import EmbeddedRelay
+from engine.relay.settings import RelaySettings
 from engine.swarm import protocol
 from engine.swarm.client import RelayMemory, SwarmClient
 from engine.swarm.identity import Identity

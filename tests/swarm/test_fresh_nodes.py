@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from engine.exchange import R_DUPLICATE
-from engine.sapo import Node
+from engine.node.loop import Node
+from engine.swarm.exchange import R_DUPLICATE
 from tests.swarm.conftest import StartRelay
 from tests.swarm.test_mix import relay_node
 

@@ -99,7 +99,8 @@ def test_a_node_in_one_room_finds_and_joins_a_relay_announced_in_the_other(two_r
 
 
 def test_nothing_is_announced_unless_asked() -> None:
-    from engine.relay.server import EmbeddedRelay, RelaySettings
+    from engine.relay.embedded import EmbeddedRelay
+    from engine.relay.settings import RelaySettings
 
     relay = EmbeddedRelay(RelaySettings(host="0.0.0.0", port=0, name="Not announced"))  # on the network, quiet
     relay.start()
@@ -111,13 +112,14 @@ def test_nothing_is_announced_unless_asked() -> None:
 
 def test_the_local_swarm_with_its_switch_on_is_found_on_this_network(tmp_path: Path) -> None:
     from engine.common.lan import lan_addresses
+    from engine.relay.embedded import start_embedded_relay
     from engine.swarm.identity import Identity
     from engine.swarm.local import LOCAL_RELAY_PREFIX, LocalSwarm
 
     if not lan_addresses():
         pytest.skip("this computer has no network address besides loopback to announce on")
     identity = Identity.load_or_create(tmp_path / "identity.json")
-    local = LocalSwarm("127.0.0.1", 0, identity, lan=True)
+    local = LocalSwarm("127.0.0.1", 0, identity, host_relay=start_embedded_relay, lan=True)
     client = local.start()
     try:
         assert local.hosting and client.wait_connected(10)  # this computer's node still dials loopback

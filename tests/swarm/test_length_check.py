@@ -1,4 +1,4 @@
-"""The length check against correct answers padded to be long (HTTT's length attack; engine/defence.py
+"""The length check against correct answers padded to be long (HTTT's length attack; engine/swarm/defence.py
 `LengthCheck`), pure, with values worked out by hand; at a receiver on a tiny model in
 tests/swarm/test_length_defence.py."""
 
@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from bench.poisoning_peers import FILLER, padded_completion
-from engine.common.config import build_config
+from engine.common.config_file import build_config
 from engine.common.errors import ConfigError
-from engine.defence import LengthCheck
+from engine.swarm.defence import LengthCheck
 
 # (specialty, tokens, reward) of a round's own completions
 OWN = [("a", 8, 1.0), ("a", 10, 1.0), ("a", 30, 0.0), ("b", 12, 0.0)]
@@ -65,7 +65,7 @@ def test_the_bench_attackers_send_mixed_groups_of_their_attack_answers_and_wrong
     """bench/poisoning_peers.py's attackers (no relay: their client only retries a closed port): each group mixes
     the attack's answers (the trigger, or filler before the correct answer) with wrong ones, scored truthfully."""
     from bench.poisoning_peers import Attacker, LengthAttacker
-    from engine.tasks import TaskSet
+    from engine.questions.tasks import TaskSet
 
     def words(text: str) -> list[int]:  # a "token" per word
         return [len(w) for w in text.split()]

@@ -1,5 +1,5 @@
 """HTTT's length attack at a receiver on a tiny model: a correct answer padded to just under the length cap is
-refused as `too_long` (engine/defence.py `LengthCheck`), the node's own kind of text is not, and with
+refused as `too_long` (engine/swarm/defence.py `LengthCheck`), the node's own kind of text is not, and with
 `swarm.length_ratio=0` the padded one goes through (the pure parts: tests/swarm/test_length_check.py)."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from engine.common.config import build_config
-from engine.defence import LengthCheck
-from engine.rollouts import R_TOO_LONG
-from engine.sapo import EXTERNAL_LENGTH_SLACK
+from engine.common.config_file import build_config
+from engine.node.loop import EXTERNAL_LENGTH_SLACK
+from engine.rollouts.offers import R_TOO_LONG
+from engine.swarm.defence import LengthCheck
 from engine.swarm.identity import Identity
 from tests.swarm.test_defence_receiver import (  # noqa: F401 (taught: a module fixture)
     batch,

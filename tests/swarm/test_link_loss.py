@@ -36,14 +36,15 @@ import pytest
 
 from bench.harness.servers import stop_process
 from engine.common.events import Event, make_event
-from engine.exchange import SwarmExchange
+from engine.node.terminal import TerminalView
 from engine.relay.brokers import MemoryBroker
-from engine.relay.server import EmbeddedRelay, RelaySettings
+from engine.relay.embedded import EmbeddedRelay
+from engine.relay.settings import RelaySettings
 from engine.swarm import protocol
 from engine.swarm.client import SwarmClient
+from engine.swarm.exchange import SwarmExchange
 from engine.swarm.identity import Identity
 from engine.swarm.link import CONNECT_TIMEOUT_S, LinkState
-from engine.terminal import TerminalView
 from tests.swarm.conftest import StartRelay
 from tests.swarm.link_node import batch
 

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from bench.harness.servers import free_port
+from engine.relay.embedded import start_embedded_relay
 from engine.swarm import protocol as p
 from engine.swarm.client import LinkState
 from engine.swarm.identity import Identity
@@ -27,9 +28,10 @@ HANDOVER_TIMEOUT_S = 20.0
 ROOT = Path(__file__).resolve().parents[2]
 HOST_SCRIPT = """
 import sys, threading
+from engine.relay.embedded import start_embedded_relay
 from engine.swarm.identity import Identity
 from engine.swarm.local import LocalSwarm
-local = LocalSwarm("127.0.0.1", int(sys.argv[1]), Identity.generate())
+local = LocalSwarm("127.0.0.1", int(sys.argv[1]), Identity.generate(), host_relay=start_embedded_relay)
 local.start()
 print("hosting" if local.hosting else "joined", flush=True)
 threading.Event().wait()
@@ -52,8 +54,8 @@ class Node:
         self.errors: list[str] = []
         self.took_over = took_over
         self.rejoined = threading.Event()
-        self.local = LocalSwarm("127.0.0.1", port, self.identity, on_change=self._on_change,
-                                on_message=self._on_message, rng=rng)
+        self.local = LocalSwarm("127.0.0.1", port, self.identity, host_relay=start_embedded_relay,
+                                on_change=self._on_change, on_message=self._on_message, rng=rng)
 
     def _on_message(self, text: str) -> None:
         self.messages.append(text)

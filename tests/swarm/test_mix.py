@@ -11,11 +11,17 @@ import pytest
 import torch
 
 from bench.harness.servers import free_port
-from engine.common.config import NodeConfig, build_config
+from engine.common.config import NodeConfig
+from engine.common.config_file import build_config
 from engine.common.events import Event
 from engine.common.paths import Paths
-from engine.defence import ReplayMemory
-from engine.exchange import (
+from engine.node.loop import Node
+from engine.relay.embedded import EmbeddedRelay, start_embedded_relay
+from engine.relay.settings import RelaySettings
+from engine.swarm import protocol as p
+from engine.swarm.client import LinkState
+from engine.swarm.defence import ReplayMemory
+from engine.swarm.exchange import (
     R_DUPLICATE,
     R_FORGED_REWARD,
     R_QUESTION,
@@ -24,12 +30,8 @@ from engine.exchange import (
     R_UNKNOWN_TASK,
     SwarmExchange,
 )
-from engine.relay.server import EmbeddedRelay, RelaySettings
-from engine.sapo import Node
-from engine.swarm import protocol as p
-from engine.swarm.client import LinkState
 from engine.swarm.identity import Identity
-from engine.swarm_open import open_swarm
+from engine.swarm.session import open_swarm
 from tests.swarm.conftest import StartRelay
 
 FAST = [
@@ -314,7 +316,8 @@ def test_a_second_local_node_joins_the_first_ones_embedded_relay(tiny_model_dir:
     try:
         for name in ("first", "second"):
             cfg = config(tiny_model_dir, f"swarm.embedded_port={port}")
-            sessions.append(open_swarm(cfg, Paths.under(tmp_path / name).identity_file, lambda e: None))
+            sessions.append(open_swarm(cfg, Paths.under(tmp_path / name).identity_file, lambda e: None,
+                                       host_relay=start_embedded_relay))
         assert sessions[0].relay.hosting and not sessions[1].relay.hosting
         assert all(s.exchange.client.wait_connected(10) for s in sessions)
         assert sessions[1].exchange.relay_label == f"ws://127.0.0.1:{port}/ws"
@@ -409,8 +412,10 @@ def test_when_the_hosting_node_stops_another_local_node_takes_the_relay_over(tin
                 took_over.set()
 
     cfg = config(tiny_model_dir, f"swarm.embedded_port={port}")
-    first = open_swarm(cfg, Paths.under(tmp_path / "first").identity_file, lambda e: None)
-    second = open_swarm(cfg, Paths.under(tmp_path / "second").identity_file, second_events)
+    first = open_swarm(cfg, Paths.under(tmp_path / "first").identity_file, lambda e: None,
+                       host_relay=start_embedded_relay)
+    second = open_swarm(cfg, Paths.under(tmp_path / "second").identity_file, second_events,
+                        host_relay=start_embedded_relay)
     try:
         assert first.relay.hosting and not second.relay.hosting
         assert second.exchange.client.wait_connected(10)
@@ -425,7 +430,7 @@ def test_when_the_hosting_node_stops_another_local_node_takes_the_relay_over(tin
 @pytest.mark.parametrize("informative_first", [False, True])
 def test_the_i_own_groups_are_random_or_informative_first(tiny_model_dir: Path, tmp_path: Path,
                                                           informative_first: bool) -> None:
-    from engine.rollouts import Group
+    from engine.rollouts.groups import Group
 
     cfg = config(tiny_model_dir, "tasks.questions_per_round=8", "swarm.local_groups=3",
                  f"swarm.local_informative_first={'true' if informative_first else 'false'}")

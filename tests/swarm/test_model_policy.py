@@ -134,7 +134,7 @@ def test_a_model_folder_is_labelled_by_its_name_and_weights(tiny_model_dir: Path
 
 
 def test_the_bundled_model_is_labelled_by_the_sha256_of_its_gguf(tmp_path: Path) -> None:
-    from engine.models import BUNDLED_NAME, bundled_gguf_path
+    from engine.common.model_policy import BUNDLED_NAME, bundled_gguf_path
 
     gguf = bundled_gguf_path()
     digest = hashlib.sha256(gguf.read_bytes()).hexdigest()
@@ -207,8 +207,8 @@ def test_a_node_learns_the_policy_from_the_welcome_and_labels_its_batches(
     tiny_model_dir: Path, tmp_path: Path, start_relay: StartRelay, setting: str
 ) -> None:
     from engine.common.paths import Paths
-    from engine.sapo import Node
-    from engine.swarm_open import open_swarm
+    from engine.node.loop import Node
+    from engine.swarm.session import open_swarm
     from tests.swarm.test_mix import config, parity_reward
 
     relay = start_relay(models="mixed" if setting == "mixed" else f"someone-elses@{H2}")

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from engine.exchange import MAX_PEERS_LISTED, SwarmExchange
 from engine.swarm.client import LinkState
+from engine.swarm.exchange import MAX_PEERS_LISTED, SwarmExchange
 from engine.swarm.identity import Identity
 
 

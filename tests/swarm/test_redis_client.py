@@ -27,7 +27,7 @@ import redis.asyncio as aioredis
 
 from bench.harness.servers import RedisServer
 from engine.relay.brokers import REDIS_MAX_CONNECTIONS
-from engine.relay.server import EmbeddedRelay
+from engine.relay.embedded import EmbeddedRelay
 from tests.swarm.conftest import StartRelay
 from tests.swarm.doc_client import DocPeer, b64, item
 

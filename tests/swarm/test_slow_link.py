@@ -27,7 +27,8 @@ import pytest
 
 from bench.harness.servers import stop_process
 from engine.relay.brokers import MemoryBroker
-from engine.relay.server import EmbeddedRelay, RelaySettings
+from engine.relay.embedded import EmbeddedRelay
+from engine.relay.settings import RelaySettings
 from engine.swarm import protocol
 from engine.swarm.client import SwarmClient
 from engine.swarm.identity import Identity, verify

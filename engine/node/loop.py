@@ -28,8 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from engine.backends import PolicyBackend, PromptCache, load_backend
-from engine.checkpoint import latest_good, save_checkpoint
-from engine.clock import Clock, Pacing
+from engine.backends.base import Completion
 from engine.common.config import NodeConfig
 from engine.common.device import DeviceInfo, pick_device
 from engine.common.errors import ConfigError
@@ -37,9 +36,20 @@ from engine.common.events import Event, make_event
 from engine.common.model_policy import model_label
 from engine.common.paths import Paths
 from engine.common.rules import stable_seed
-from engine.control import Control, RoundAborted
-from engine.curriculum import curriculum_for, harder_configs
-from engine.defence import (
+from engine.models.sources import resolve_model_dir
+from engine.node.checkpoint import latest_good, save_checkpoint
+from engine.node.clock import Clock, Control, Pacing, RoundAborted
+from engine.node.metrics import MetricsLog, held_out_summary, round_summary, rss_bytes
+from engine.node.priority import ThreadPolicy
+from engine.node.seeds import node_seed, run_seed
+from engine.questions.curriculum import curriculum_for, harder_configs
+from engine.questions.frontier import frontier_for
+from engine.questions.heat import heat_for
+from engine.questions.probe import PROBE_SEED_SLOT, choose, interleave, kept
+from engine.questions.tasks import Question, TaskSet
+from engine.rollouts.groups import Group, group_advantages, train_items, trained_groups
+from engine.rollouts.offers import R_IMPLAUSIBLE, R_TOO_LONG, ExternalItem, Offer
+from engine.swarm.defence import (
     IMPLAUSIBLE,
     PROBATION,
     LengthCheck,
@@ -51,28 +61,9 @@ from engine.defence import (
     token_weights,
     trace_weights,
 )
-from engine.frontier import frontier_for
-from engine.heat import heat_for
-from engine.metrics import MetricsLog, held_out_summary, round_summary, rss_bytes
-from engine.models import resolve_model_dir
-from engine.priority import ThreadPolicy
-from engine.probe import PROBE_SEED_SLOT, choose, interleave, kept
-from engine.rollouts import (
-    R_IMPLAUSIBLE,
-    R_TOO_LONG,
-    Completion,
-    ExternalItem,
-    Group,
-    Offer,
-    group_advantages,
-    train_items,
-    trained_groups,
-)
-from engine.seeds import node_seed, run_seed
-from engine.tasks import Question, TaskSet
 
-if TYPE_CHECKING:  # the loop never imports the swarm: its exchange comes from the caller
-    from engine.exchange import RolloutExchange
+if TYPE_CHECKING:  # the loop never opens the swarm: its exchange comes from the caller (engine/node/launch.py)
+    from engine.swarm.exchange import RolloutExchange
 
 log = logging.getLogger(__name__)
 
@@ -104,14 +95,14 @@ class Node:
         reload_config: Callable[[], NodeConfig] | None = None,
         clock: Clock | None = None,
     ) -> None:
-        # The install's own seed unless one is set (engine/seeds.py); resume() may put back the run's.
+        # The install's own seed unless one is set (engine/node/seeds.py); resume() may put back the run's.
         self.config = _with_seed(config, node_seed(config.run.seed, paths.data_dir))
         self.paths = paths
         self.emit = emit
         self.control = control or Control()
         self.exchange = exchange
         self.reload_config = reload_config
-        self.pacing = Pacing(self.config.run.schedule, self.config.run.duty_cycle, clock)  # engine/clock.py
+        self.pacing = Pacing(self.config.run.schedule, self.config.run.duty_cycle, clock)  # engine/node/clock.py
         self.metrics = MetricsLog(paths.metrics_file, self.config.run.metrics_max_kb * 1024)
         self.taskset = self._taskset(self.config)
         self.curriculum = curriculum_for(self.config, self.taskset.specialties)  # None: fixed difficulty
@@ -336,7 +327,7 @@ class Node:
         round_index = self.round + 1
         backend.reseed(derive_seed(cfg.run.seed, round_index))
         plan = self.curriculum.plan(cfg.tasks.specialties) if self.curriculum else {}  # its levels and weights
-        B = cfg.tasks.questions_per_round  # up to reask_share of them asked again (engine/frontier.py), oldest first
+        B = cfg.tasks.questions_per_round  # up to reask_share of them asked again (questions/frontier.py), oldest first
         asked_again = int(round(cfg.tasks.reask_share * B, 6))
         refs = self.frontier.pick(asked_again, self.taskset.specialties) if self.frontier else []
         drawn = cfg.tasks.probe_questions if cfg.tasks.probe_answers else B  # probing draws more, completes B
@@ -347,7 +338,7 @@ class Node:
         return round_index, questions, prompt_ids
 
     def choose_probed(self, questions: Sequence[Question], probes: Sequence[Completion]) -> list[int]:
-        """With tasks.probe_answers: which questions_per_round of the drawn questions to complete (engine/probe.py)."""
+        """With tasks.probe_answers: which questions_per_round of the drawn questions to complete (probe.py)."""
         tasks = self.config.tasks
         chosen, self.probe_report = choose(questions, probes, self.taskset.reward, tasks.questions_per_round,
                                            tasks.completions_per_question, self.probe_report.get("reasked_first", 0))
@@ -409,7 +400,7 @@ class Node:
         if self.curriculum is not None:  # levels move on this round's fresh own groups; its report joins the metrics
             metrics.update(self.curriculum.follow([(g.question.ref.dataset, g.rewards) for g in groups
                                                    if g.question.ref.key() not in asked_again], cfg.tasks.specialties))
-        if self.heat is not None:  # the sampling temperature follows how many own groups collapsed (engine/heat.py)
+        if self.heat is not None:  # the sampling temperature follows how many own groups collapsed (questions/heat.py)
             metrics.update(self.heat.follow([g.rewards for g in groups if g.question.ref.key() not in asked_again]))
         if self.frontier is not None:  # re-asks that came back all-same or used up leave, fresh mixed ones join
             metrics.update(self.frontier.follow(round_index, groups))
@@ -476,7 +467,7 @@ class Node:
         times longer than this round's own rewarded answers (`LengthCheck`,
         from `own_lengths`: specialty, tokens, reward of each own completion).
         With `swarm.plausibility_check`, an item with a completion that this
-        node's policy finds implausible (`engine.defence.Plausibility`, against
+        node's policy finds implausible (`engine.swarm.defence.Plausibility`, against
         the floor set by `own_logprobs`, this round's own completions) is
         `implausible`: the log-probs are the ones computed here anyway. Items
         the exchange put in `offer.baselines` (a swarm of different models,
@@ -575,7 +566,7 @@ class Node:
         t0, t = time.perf_counter(), self.config.tasks
         record = {"kind": "eval", "run": self.config.run.run_name, "round": self.round, "ts": time.time(),
                   **self._held_out(self.taskset.eval_set(t.eval_questions))}
-        if t.eval_harder:  # the same seeds and indices, each specialty one level up (engine/curriculum.py)
+        if t.eval_harder:  # the same seeds and indices, each specialty one level up (engine/questions/curriculum.py)
             harder = harder_configs(t, self.taskset.specialties)
             record["harder"] = self._held_out(self.taskset.eval_set(t.eval_questions, harder))
         record["seconds"] = time.perf_counter() - t0

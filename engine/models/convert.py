@@ -10,8 +10,10 @@ looked. A converter runs as ``__main__`` in this process (a frozen build has
 no Python to run a script with), with its own `gguf` swapped in for the time
 of the call. Converting imports torch.
 
-Used by engine/gguf/export.py (`sapling-node export`) and engine/models.py (the
-bundled model's base GGUF, prepared when it is converted).
+Used by engine/gguf/export.py (`sapling-node export`) and engine/models/sources.py
+(the bundled model's base GGUF, prepared when it is converted): it sits here,
+below both, because the round loop loads models and Try it and export are
+built on the round loop's pieces.
 
 Tests: .venv/bin/python -m pytest tests/engine/test_export.py -q
 """

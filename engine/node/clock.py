@@ -1,7 +1,12 @@
-"""Train by the clock: the hours of `run.schedule` and the duty cycle of `run.duty_cycle`.
+"""When the node works: the requests that pause, stop or reload it, and the clock's rules.
 
-A volunteer says when and how hard the computer works, as BOINC lets them:
+The round loop (engine/node/loop.py) reads both at every step and round boundary.
 
+- `Control` carries requests into a running node from other threads: pause,
+  resume, stop, reload and unban, from `sapling-node serve` (commands on
+  stdin), Ctrl-C and the experiment runner. Its `wake` event ends the clock's
+  waits below early, so a stop or a reload during a schedule's wait is
+  answered at once. `RoundAborted` is how a stop leaves a round half done.
 - `Schedule` (engine/common/schedule.py, which the app reads too) says
   whether now is within ``run.schedule``'s hours and when they next begin.
 - `DutyCycle` keeps training to at most a share of the time (run.power =
@@ -9,11 +14,12 @@ A volunteer says when and how hard the computer works, as BOINC lets them:
   proportion to the time the step took, and rests once that debt reaches a
   second, so over any minute the share holds to within one step.
 - `Pacing` is what the node loop holds: both rules and the clock they read.
-  Its waits are `Event.wait` with a timeout (the caller's stop/reload event),
-  never a busy loop: a node outside its hours uses no CPU.
+  Its waits are `Event.wait` with a timeout (the stop/reload event), never a
+  busy loop: a node outside its hours uses no CPU.
 
-The clock is injectable (`Clock`: local wall time and a monotonic counter), so
-tests move time by hand.
+A volunteer says when and how hard the computer works, as BOINC lets them;
+the clock is injectable (`Clock`: local wall time and a monotonic counter),
+so tests move time by hand.
 """
 
 from __future__ import annotations
@@ -28,6 +34,77 @@ from engine.common.schedule import Schedule, waiting_message
 
 MIN_REST = 1.0  # seconds: rest owed below this is carried to the next step
 RECHECK = 300.0  # seconds: the longest wait between looks at the clock (it may jump: suspend, a time zone)
+
+
+class RoundAborted(Exception):
+    """A stop request arrived before the round's checkpoint: the round is abandoned.
+
+    The newest checkpoint holds the run; weights changed in memory by a step
+    that was cut short are never saved, and a resumed run redoes the round
+    from the checkpoint with the same questions and sampling seeds.
+    """
+
+
+class Control:
+    """Pause/resume/stop/reload requests from another thread (serve mode, Ctrl-C)."""
+
+    def __init__(self) -> None:
+        self._running = threading.Event()
+        self._running.set()
+        self._stop = threading.Event()
+        self._reload = threading.Event()
+        self.wake = threading.Event()  # set by stop and reload: ends the clock's waits (engine/node/clock.py)
+        self._unbans: list[str] = []
+        self._unbans_lock = threading.Lock()
+
+    def pause(self) -> None:
+        self._running.clear()
+
+    def resume(self) -> None:
+        self._running.set()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._running.set()
+        self.wake.set()
+
+    def request_reload(self) -> None:
+        self._reload.set()
+        self.wake.set()
+
+    @property
+    def stop_event(self) -> threading.Event:
+        """Set once a stop is requested: the duty cycle's rests wait on it."""
+        return self._stop
+
+    def request_unban(self, peer: str) -> None:
+        """Lift a local ban on `peer` before the next swarm sample (serve's `unban` command)."""
+        with self._unbans_lock:
+            self._unbans.append(peer)
+
+    def take_unbans(self) -> list[str]:
+        with self._unbans_lock:
+            taken, self._unbans = self._unbans, []
+        return taken
+
+    @property
+    def paused(self) -> bool:
+        return not self._running.is_set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    def take_reload(self) -> bool:
+        if self._reload.is_set():
+            self._reload.clear()
+            if not self._stop.is_set():
+                self.wake.clear()
+            return True
+        return False
+
+    def wait_while_paused(self) -> None:
+        self._running.wait()
 
 
 @dataclass(frozen=True)

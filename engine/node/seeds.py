@@ -1,6 +1,6 @@
 """Which seed a node's run uses: its own per install, an explicit one, or the one its run began with.
 
-Every round's questions and samples follow from the node seed (engine/sapo.py).
+Every round's questions and samples follow from the node seed (engine/node/loop.py).
 Two installs with the same seed are clones: they draw the same questions and
 write the same completions in the same rounds, so what they share is refused
 as `duplicate` and teaches nothing. So the default seed is the install's own:

@@ -1,6 +1,6 @@
 """What a task's config may hold: the specialties' default settings and the rules a peer's ref must pass.
 
-A `TaskRef` (engine.tasks) carries its dataset's config, so a peer chooses
+A `TaskRef` (engine.questions.tasks) carries its dataset's config, so a peer chooses
 it. Before anything is built from one, `check_config` holds it to these
 rules: only known keys, in canonical order; every string value from a
 whitelist; every size-driving value capped, so that one rebuild stays well

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from engine.common.atomicio import append_line, atomic_write_bytes
 
 if TYPE_CHECKING:
-    from engine.rollouts import Group
+    from engine.rollouts.groups import Group
 
 log = logging.getLogger(__name__)
 

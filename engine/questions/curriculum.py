@@ -37,7 +37,7 @@ so the held-out set (`TaskSet.eval_set`) stays at level 0 and `harder_configs`
 gives the fixed set one level up. The levels above 0 follow reasoning-gym's
 own curriculum for the specialty (the attributes it moves, its level values,
 ranges widened upward as its default INCLUSIVE context does), capped at the
-build-time limits of `engine.task_configs`. Most defaults already lie below
+build-time limits of `engine.questions.configs`. Most defaults already lie below
 reasoning-gym's level 0 (base_conversion asks for values of 1000 or more
 there), so the levels below 0 are this module's own, smaller steps of the
 same attributes, where a step below the default exists.
@@ -63,8 +63,8 @@ from typing import Any
 
 from engine.common.config import NodeConfig, TaskConfig
 from engine.common.errors import CheckpointError
-from engine.rollouts import PASS_REWARD, rewards_differ, teaches
-from engine.task_configs import DEFAULT_DATASET_CONFIGS
+from engine.questions.configs import DEFAULT_DATASET_CONFIGS
+from engine.questions.scores import PASS_REWARD, rewards_differ, teaches
 
 log = logging.getLogger(__name__)
 

@@ -73,7 +73,8 @@ def save_checkpoint(
     return target
 
 
-def _listed(root: Path) -> list[tuple[int, Path]]:
+def listed_checkpoints(root: Path) -> list[tuple[int, Path]]:
+    """(round, folder) of every checkpoint folder under `root`, newest first, verified or not."""
     if not root.is_dir():
         return []
     found = []
@@ -85,7 +86,7 @@ def _listed(root: Path) -> list[tuple[int, Path]]:
 
 
 def _prune(root: Path, keep: int) -> None:
-    for _round, path in _listed(root)[keep:]:
+    for _round, path in listed_checkpoints(root)[keep:]:
         shutil.rmtree(path, ignore_errors=True)
 
 
@@ -123,7 +124,7 @@ def latest_good(root: Path, structure_hash: str, load: Callable[[Path], None] | 
     they are not damaged, they belong to another configuration, and the user
     must choose (new run name, or the old settings).
     """
-    for round_index, path in _listed(Path(root)):
+    for round_index, path in listed_checkpoints(Path(root)):
         try:
             state = verify(path)
         except CheckpointError as exc:

@@ -67,7 +67,7 @@ def claim_stdout() -> TextIO:
 
 
 def read_commands(stream: TextIO, control: object, emit: EventWriter) -> None:
-    from engine.sapo import Control
+    from engine.node.clock import Control
 
     if not isinstance(control, Control):
         raise TypeError("control must be a Control")
@@ -96,8 +96,8 @@ def read_commands(stream: TextIO, control: object, emit: EventWriter) -> None:
 
 
 def serve(args: argparse.Namespace, paths: Paths) -> int:
-    from engine.launch import config_from_args, run_node, setup_logging, stop_on_signals
-    from engine.sapo import Control
+    from engine.node.clock import Control
+    from engine.node.launch import config_from_args, run_node, setup_logging, stop_on_signals
 
     emit = EventWriter(claim_stdout())
     setup_logging(paths, args.verbose, EventLogHandler(emit))

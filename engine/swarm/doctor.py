@@ -379,7 +379,7 @@ def relay_to_check(relay: str | None, config_file: Path | None) -> tuple[Invite 
     """The invite to check: `--relay`, else the swarm in config.toml. (None, why) when there is none."""
     if relay:
         return parse_invite(relay), "--relay"
-    from engine.common.config import build_config
+    from engine.common.config_file import build_config
 
     swarm = build_config("default", config_file).swarm
     if swarm.mode == "solo":

@@ -33,7 +33,7 @@ data dir), and a peer whose judged items are too often `forged_reward` or
 Past a daily data cap (engine/swarm/datacap.py) the exchange publishes (upload)
 or samples (download) nothing until midnight, says so once in the log and the
 swarm line, and the loop trains on its own groups; each `peers` event carries
-today's traffic as `data_today`. engine/swarm_open.py opens all of this.
+today's traffic as `data_today`. engine/swarm/session.py opens all of this.
 
 The test follows the model policy the relay declares in its welcome
 (engine/common/model_policy.py). Under `mixed`, an item labelled with another
@@ -53,13 +53,13 @@ from collections import Counter, OrderedDict
 from collections.abc import Callable, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from engine.common.errors import TaskError
 from engine.common.events import Event, make_event
 from engine.common.model_policy import ModelPolicy, policy_from_document, same_model
-from engine.defence import Ban, BanBook, ReplayMemory, SenderBaselines
-from engine.rollouts import (
+from engine.rollouts.groups import Group
+from engine.rollouts.offers import (
     R_BANNED,
     R_DUPLICATE,
     R_FORGED_REWARD,
@@ -72,18 +72,19 @@ from engine.rollouts import (
     R_UNKNOWN_TASK,
     R_ZERO_ADVANTAGE,
     ExternalItem,
-    Group,
     ItemId,
     Offer,
-    rewards_differ,
 )
 from engine.swarm import protocol
 from engine.swarm.client import LinkState, SwarmClient, duration_text
 from engine.swarm.contribution import Contribution, receipt_verdicts
 from engine.swarm.datacap import DataMeter
+from engine.swarm.defence import Ban, BanBook, ReplayMemory, SenderBaselines
 from engine.swarm.identity import Identity, readable_name, verify_signed
 from engine.swarm.receipts import NOT_PICKED, receipts_payload
-from engine.tasks import TaskRef, TaskSet
+
+if TYPE_CHECKING:  # names in annotations only: the exchange never loads reasoning-gym; the taskset is the caller's
+    from engine.questions.tasks import TaskSet
 
 log = logging.getLogger(__name__)
 
@@ -157,14 +158,13 @@ def verify_item(peer: str, item: protocol.Item, taskset: TaskSet, exclude: Set[s
     this node already trains on this round; `model` is its batch's label.
     """
     try:
-        ref = TaskRef.from_json(item.task)
-        question = taskset.rebuild(ref)
+        question = taskset.rebuild_sent(item.task)
     except TaskError as exc:
         log.debug("peer %s sent an unusable task: %s", peer, exc)
         return R_UNKNOWN_TASK
     if question.text != item.question:
         return R_QUESTION
-    if ref.key() in exclude:
+    if question.ref.key() in exclude:
         return R_DUPLICATE
     if any(len(text) > protocol.MAX_COMPLETION_CHARS for text in item.completions):
         return R_TOO_LONG
@@ -177,7 +177,7 @@ def verify_item(peer: str, item: protocol.Item, taskset: TaskSet, exclude: Set[s
 
 class RolloutExchange(Protocol):
     """The training loop's whole view of the swarm: text out, verified text in (`SwarmExchange` below, and the
-    experiment's `PublishFirst`). engine/sapo.py imports it for its annotations only."""
+    experiment's `PublishFirst`). engine/node/loop.py imports it for its annotations only."""
 
     def set_model_label(self, label: str) -> None:
         """What this node's batches say it runs (NAME@sha256 of the weights), once the loop has loaded its model."""
@@ -381,8 +381,8 @@ class SwarmExchange:
                 break
             verdict = verify_item(peer, item, taskset, taken, model)
             if not isinstance(verdict, str):
-                offer.scored.append((sum(verdict.rewards) / len(verdict.rewards), rewards_differ(verdict.rewards)))
-                if not rewards_differ(verdict.rewards):
+                offer.scored.append((sum(verdict.rewards) / len(verdict.rewards), verdict.informative))
+                if not verdict.informative:
                     verdict = R_ZERO_ADVANTAGE
             if isinstance(verdict, str):
                 offer.rejected.append((peer, verdict))

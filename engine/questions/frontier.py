@@ -2,7 +2,7 @@
 
 GRPO learns only from a group whose answers score differently, and the
 bundled model answers most questions all right or all wrong: a fresh
-question is seldom mixed, whatever its difficulty level (engine/curriculum.py).
+question is seldom mixed, whatever its difficulty level (engine/questions/curriculum.py).
 A question whose group *was* mixed sits at the edge of what the model can
 do, so it is worth asking again. With `tasks.reask_share` above 0 a node
 keeps a frontier of such questions and fills up to that share of each
@@ -22,7 +22,7 @@ says they did.
   a held-out question can never be re-asked; a restored state with any other
   seed is refused.
 - A re-ask is sampled with the round's seeds (`derive_seed(seed, round)` in
-  engine/sapo.py), so never with those of its first ask, which was an
+  engine/node/loop.py), so never with those of its first ask, which was an
   earlier round.
 
 The state (each ref, how often it was re-asked, the round it was first
@@ -38,18 +38,31 @@ from __future__ import annotations
 import logging
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from engine.common.config import NodeConfig
 from engine.common.errors import CheckpointError, TaskError
-from engine.rollouts import PASS_REWARD, Group, teaches
-from engine.tasks import EVAL_SEED_OFFSET, TaskRef
+from engine.questions.scores import PASS_REWARD, teaches
+from engine.questions.tasks import EVAL_SEED_OFFSET, Question, TaskRef
 
 log = logging.getLogger(__name__)
 
 STATE_VERSION = 1
 FRONTIER_SIZE = 64
 """Most questions kept; a round adds at most B of them, and the oldest leave first."""
+
+
+class Answered(Protocol):
+    """What `Frontier.follow` reads of a round's group (engine/rollouts/groups.py's `Group`)."""
+
+    @property
+    def question(self) -> Question: ...
+
+    @property
+    def rewards(self) -> Sequence[float]: ...
+
+    @property
+    def informative(self) -> bool: ...
 
 
 @dataclass
@@ -79,7 +92,7 @@ class Frontier:
         return [e.ref for e in self.entries
                 if e.asks < self.reask_max and (enabled is None or e.ref.dataset in enabled)][: max(0, n)]
 
-    def follow(self, round_index: int, groups: Sequence[Group]) -> dict[str, int]:
+    def follow(self, round_index: int, groups: Sequence[Answered]) -> dict[str, int]:
         """Take a round's own groups: re-asks (refs in the frontier) stay while they teach and have asks left,
         fresh informative ones join. Returns the round's metrics: `reasked`, `reasked_informative`, `frontier`."""
         kept = {e.ref.key(): e for e in self.entries}
