@@ -1,6 +1,8 @@
 """The house's walls: engine/ never imports Qt or app/; app/ never imports training libraries and imports only
-engine.common of the engine; the swarm and the relay never import the training loop, and the swarm never the relay;
-bench/ never imports tests/.
+engine.common of the engine; engine.common imports nothing else of the engine; the swarm and the relay never import
+the training loop, and the swarm never the relay; the backends and gguf/ never import the round loop or another
+package's private names; engine/ keeps only its entry points at the top; bench/ never imports tests/.
+(No cycle between engine's packages: tests/test_import_cycles.py.)
 
 And the docs point only at what a clone has: no git-ignored path, no link to a missing file.
 """
@@ -12,6 +14,7 @@ import os
 import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -120,6 +123,63 @@ def test_the_swarm_and_the_relay_never_import_the_training_loop() -> None:
     types = _engine_imports(ROOT / "engine" / "swarm") - swarm
     bad = sorted((p, m) for p, m in types if not _within(m, "engine.questions.tasks"))
     assert not bad, f"the swarm names more than the questions' types: {bad}"
+
+
+def test_engine_keeps_only_its_entry_points_at_the_top() -> None:
+    """engine/'s top level holds its packages and at most 8 modules: `__init__.py`, `cli.py` (sapling-node, what
+    pyproject's [project.scripts] names) and nothing that belongs to an idea of its own (docs/architecture.md)."""
+    top = sorted(p.name for p in (ROOT / "engine").glob("*.py"))
+    assert len(top) <= 8, f"engine/ has {len(top)} top-level modules: {top}"
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["scripts"]
+    entry = {f"{target.split(':')[0].split('.')[1]}.py" for target in scripts.values()
+             if target.count(".") == 1}  # engine.cli:main; engine.relay.cli:main lives in its package
+    assert set(top) <= {"__init__.py"} | entry, f"engine/ holds modules that are no entry point: {top}"
+
+
+def test_common_imports_nothing_else_of_the_engine() -> None:
+    """engine.common is what the app and the relay may import: it imports only itself and the package root
+    (`__version__`), even inside a function; never the swarm, the relay, the backends or the model loader."""
+    used = _engine_imports(ROOT / "engine" / "common")
+    bad = sorted((p, m) for p, m in used if m != "engine" and not _within(m, "engine.common"))
+    assert not bad, f"engine/common reaches into the engine: {bad}"
+    assert not [m for _, m in used if _within(m, "engine.swarm", "engine.relay", "engine.backends", "engine.models")]
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))  # `__version__` is public
+
+
+def test_backends_and_gguf_never_import_the_round_loop_or_a_private_name() -> None:
+    """The backends and Try it/export sit below or beside the round loop (engine.node.loop, the `Node` class),
+    never on it, and take nothing another package keeps private (a name that starts with `_`). The backends
+    import only engine.common and themselves."""
+    for package in ("backends", "gguf"):
+        used = _engine_imports(ROOT / "engine" / package)
+        loop = sorted((p, m) for p, m in used if _within(m, "engine.node.loop"))
+        assert not loop, f"engine/{package} imports the round loop: {loop}"
+        named = _engine_imports(ROOT / "engine" / package, names=True)
+        private = sorted((p, m) for p, m in named if ":" in m and _private(m.split(":")[1])
+                         and not _within(m.split(":")[0], f"engine.{package}"))
+        assert not private, f"engine/{package} imports another package's private names: {private}"
+    backends = _engine_imports(ROOT / "engine" / "backends")
+    bad = sorted((p, m) for p, m in backends if not _within(m, "engine.common", "engine.backends"))
+    assert not bad, f"the backends import beyond engine.common: {bad}"
+
+
+def test_the_wall_checks_catch_what_they_guard(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The helpers above see a private name, a type-only import and an import inside a function."""
+    package = tmp_path / "engine" / "gguf"
+    package.mkdir(parents=True)
+    (tmp_path / "engine" / "node").mkdir()
+    (tmp_path / "engine" / "node" / "checkpoint.py").write_text("")
+    (package / "x.py").write_text("from typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n"
+                                  "    from engine.questions.tasks import TaskSet\n\n\n"
+                                  "def f() -> None:\n    from engine.node.checkpoint import _listed\n")
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    assert _engine_imports(package) == {("engine/gguf/x.py", "engine.questions.tasks"),
+                                        ("engine/gguf/x.py", "engine.node.checkpoint")}
+    assert _engine_imports(package, runtime_only=True) == {("engine/gguf/x.py", "engine.node.checkpoint")}
+    assert ("engine/gguf/x.py", "engine.node.checkpoint:_listed") in _engine_imports(package, names=True)
 
 
 @pytest.mark.integration
@@ -289,6 +349,17 @@ def test_every_engine_and_app_module_has_its_line_in_the_architecture_page() -> 
     modules = [p.relative_to(ROOT).as_posix() for pkg in ("engine", "app") for p in (ROOT / pkg).rglob("*.py")]
     missing = sorted(m for m in modules if f"`{m}`" not in page)
     assert not missing, f"docs/architecture.md's module table lacks {missing}"
+
+
+def test_every_long_module_says_why_it_is_one_idea() -> None:
+    """A module of engine/ or app/ over 450 lines has its line in docs/architecture.md's "Long modules"."""
+    page = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    section = page.split("## Long modules", 1)[1].split("\n## ", 1)[0]
+    modules = [p for pkg in ("engine", "app") for p in (ROOT / pkg).rglob("*.py")]
+    long = sorted(p.relative_to(ROOT).as_posix() for p in modules
+                  if len(p.read_text(encoding="utf-8").splitlines()) > 450)
+    missing = [m for m in long if f"`{m}`" not in section]
+    assert not missing, f"docs/architecture.md's Long modules lacks {missing}"
 
 
 def test_modules_and_the_results_page_stay_a_size_a_person_can_hold() -> None:

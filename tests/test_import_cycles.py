@@ -1,4 +1,4 @@
-"""No import cycles in engine/ or app/, counting the imports inside functions.
+"""No import cycles in engine/ or app/, counting the imports inside functions; none between engine's packages.
 
 A cycle hidden in a function-level import works until someone moves that
 import to the top of the file; then one of the two modules is half-built when
@@ -142,6 +142,32 @@ def test_engine_and_app_have_no_import_cycles() -> None:
         assert len(graph) > 40 and "engine.cli" in graph["app.main"]
         cycles = find_cycles(graph)
         assert not cycles, "import cycles: " + "; ".join(" -> ".join(cycle) for cycle in cycles)
+
+
+def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The module graph folded into engine's packages: engine.node.loop counts as engine.node; a top-level
+    module (engine.cli, the package root `engine`) is its own node."""
+    def package(module: str) -> str:
+        return ".".join(module.split(".")[:2])
+
+    folded: dict[str, set[str]] = {}
+    for name, edges in graph.items():
+        folded.setdefault(package(name), set()).update(package(e) for e in edges if package(e) != package(name))
+    return folded
+
+
+def test_engine_packages_import_each_other_without_a_cycle() -> None:
+    """Between engine's packages the arrows run one way (docs/architecture.md, "Packages"): common at the
+    bottom; questions, backends and models on it; rollouts; the swarm; the relay on the swarm's wire; the node
+    on all of them; gguf and the experiment on the node; cli on top. Type-only imports count too."""
+    for type_only in (False, True):
+        packages = package_graph(import_graph(ROOT, ["engine"], type_only))
+        assert {"engine.common", "engine.node", "engine.questions", "engine.rollouts", "engine.swarm",
+                "engine.relay", "engine.backends", "engine.models"} <= set(packages)
+        cycles = find_cycles(packages)
+        assert not cycles, "package cycles: " + "; ".join(" -> ".join(cycle) for cycle in cycles)
+    assert package_graph({"engine.a.x": {"engine.b.y"}, "engine.b.y": {"engine.a.z"}, "engine.a.z": set()}) == {
+        "engine.a": {"engine.b"}, "engine.b": {"engine.a"}}  # no module cycle, but a package one
 
 
 def test_the_checker_finds_a_cycle_hidden_in_a_function(tmp_path: Path) -> None:
