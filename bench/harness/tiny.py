@@ -10,6 +10,7 @@ and position, for tests that compare two computations of the same thing.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 CHATML = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + "
@@ -38,9 +39,21 @@ def make_byte_tokenizer():  # type: ignore[no-untyped-def]
     return tok
 
 
-def make_tiny_model(folder: Path, arch: str = "llama", seed: int = 0) -> Path:
+def save_random_model(config: Any, tokenizer: Any, folder: Path, seed: int) -> Path:
+    """A model of `config` with weights drawn from `seed`, saved with `tokenizer` in `folder`."""
     import torch
-    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config)
+    folder = Path(folder)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def make_tiny_model(folder: Path, arch: str = "llama", seed: int = 0) -> Path:
+    from transformers import LlamaConfig, Qwen2Config
 
     tok = make_byte_tokenizer()
     common = dict(
@@ -50,12 +63,7 @@ def make_tiny_model(folder: Path, arch: str = "llama", seed: int = 0) -> Path:
         tie_word_embeddings=True,
     )
     config = LlamaConfig(**common) if arch == "llama" else Qwen2Config(**common)
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config)
-    folder = Path(folder)
-    model.save_pretrained(folder)
-    tok.save_pretrained(folder)
-    return folder
+    return save_random_model(config, tok, folder, seed)
 
 
 def make_sharp_model(folder: Path, arch: str, rope_theta: float = 50_000.0) -> Path:
@@ -93,8 +101,7 @@ def make_bundled_shapes_model(folder: Path, layers: int = 2, seed: int = 0) -> P
     """A random model with the bundled SmolLM2-135M's matmul shapes (hidden 576, MLP 1536, 9 heads of 64 over 3
     key-value heads, a 49,152-word LM head tied to the embedding) but `layers` layers: what a numerics test needs
     of the real model's sizes (the LM head's chunks, bf16's rounding over 576 and 1,536 terms) in seconds."""
-    import torch
-    from transformers import AutoModelForCausalLM, LlamaConfig
+    from transformers import LlamaConfig
 
     tok = make_byte_tokenizer()
     config = LlamaConfig(
@@ -103,9 +110,4 @@ def make_bundled_shapes_model(folder: Path, layers: int = 2, seed: int = 0) -> P
         bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
         tie_word_embeddings=True,
     )
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config)
-    folder = Path(folder)
-    model.save_pretrained(folder)
-    tok.save_pretrained(folder)
-    return folder
+    return save_random_model(config, tok, folder, seed)
