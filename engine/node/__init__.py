@@ -1,6 +1,7 @@
 """The node: the SAPO round loop and what runs it, on one computer.
 
-- `loop`: the round loop (`Node`): draw, sample, score, share, train, checkpoint, report;
+- `round`: one round read top to bottom (`run_round`): draw, generate, score, share, train, checkpoint, report;
+- `loop`: the `Node` that runs rounds: their state and steps, pause/stop/reload, the held-out evaluation;
 - `clock`: when it works: pause/stop/reload requests from other threads (`Control`), run.schedule's hours
   and run.duty_cycle;
 - `checkpoint`: atomic checkpoints and resume; `metrics`: metrics.jsonl; `seeds`: which seed a run uses;

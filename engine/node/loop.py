@@ -1,6 +1,7 @@
 """The SAPO round loop: sample, score, (share), train, checkpoint, report.
 
-One `Node` owns a policy backend, a task set and a run folder. Each round:
+One `Node` owns a policy backend, a task set and a run folder, and keeps the state and the steps of a
+round; their order, read top to bottom, lives in engine/node/round.py (`run_round`). Each round:
 
 1. draw B questions, deterministic from (node seed, round);
 2. sample G completions each with the current policy (behaviour log-probs kept);
@@ -27,7 +28,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from engine.backends import PolicyBackend, PromptCache, load_backend
+from engine.backends import PolicyBackend, load_backend
 from engine.backends.base import Completion
 from engine.common.config import NodeConfig
 from engine.common.device import DeviceInfo, pick_device
@@ -35,17 +36,17 @@ from engine.common.errors import ConfigError
 from engine.common.events import Event, make_event
 from engine.common.model_policy import model_label
 from engine.common.paths import Paths
-from engine.common.rules import stable_seed
 from engine.models.sources import resolve_model_dir
 from engine.node.checkpoint import latest_good, save_checkpoint
 from engine.node.clock import Clock, Control, Pacing, RoundAborted
 from engine.node.metrics import MetricsLog, held_out_summary, round_summary, rss_bytes
 from engine.node.priority import ThreadPolicy
-from engine.node.seeds import node_seed, run_seed
+from engine.node.round import run_round
+from engine.node.seeds import derive_seed, node_seed, run_seed
 from engine.questions.curriculum import curriculum_for, harder_configs
 from engine.questions.frontier import frontier_for
 from engine.questions.heat import heat_for
-from engine.questions.probe import PROBE_SEED_SLOT, choose, interleave, kept
+from engine.questions.probe import choose
 from engine.questions.tasks import Question, TaskSet
 from engine.rollouts.groups import Group, group_advantages, train_items, trained_groups
 from engine.rollouts.offers import R_IMPLAUSIBLE, R_TOO_LONG, ExternalItem, Offer
@@ -72,12 +73,6 @@ log = logging.getLogger(__name__)
 EXTERNAL_LENGTH_SLACK = 2
 
 Emit = Callable[[Event], None]
-
-
-def derive_seed(*parts: int) -> int:
-    """A stable 63-bit seed from integers (`engine.common.rules.stable_seed`, top bit dropped so that
-    the runs recorded in docs/results.md keep their sampling seeds)."""
-    return stable_seed(*parts) >> 1
 
 
 def _with_seed(config: NodeConfig, seed: int) -> NodeConfig:
@@ -285,35 +280,9 @@ class Node:
         return self.round
 
     def run_round(self) -> dict[str, Any]:
-        """One round: the phases below in order (engine/experiment/runner.py runs them across several nodes)."""
-        backend = self._backend()
-        cfg = self.config
-        t0 = time.perf_counter()
-        round_index, questions, prompt_ids = self.start_round()
-        G, k = cfg.tasks.completions_per_question, cfg.tasks.probe_answers
-        if k:  # tasks.probe_answers: k answers for every drawn question, then the rest for the chosen ones
-            read = PromptCache()  # the chosen prompts are not read again for the rest of their answers
-            probes = backend.generate(prompt_ids, k, cfg.tasks.max_new_tokens, self.temperature,
-                                      self._step("probing"), read)
-            chosen = self.choose_probed(questions, probes)
-            questions, prompt_ids = [questions[i] for i in chosen], [prompt_ids[i] for i in chosen]
-            backend.reseed(derive_seed(cfg.run.seed, round_index, PROBE_SEED_SLOT))
-            rest = backend.generate(prompt_ids, G - k, cfg.tasks.max_new_tokens, self.temperature,
-                                    self._step("generating"), read)
-            del read  # the prompts' keys and values (on the model's device) are not kept through training
-            completions = interleave(kept(probes, chosen, k), rest, len(chosen))
-        else:
-            completions = backend.generate(prompt_ids, G, cfg.tasks.max_new_tokens, self.temperature,
-                                           self._step("generating"))
-        gen_seconds = time.perf_counter() - t0
-        groups = self.score(questions, prompt_ids, completions)
-        mine = self.own_groups(round_index, groups)
-        external, swarm_report = self.share_and_sample(round_index, groups)
-        t1 = time.perf_counter()
-        stats = self.learn(mine + external)
-        train_seconds = time.perf_counter() - t1
-        return self.finish_round(round_index, groups, external, stats, swarm_report,
-                                 gen_seconds, train_seconds, time.perf_counter() - t0)
+        """One round, read top to bottom in engine/node/round.py (engine/experiment/runner.py runs its steps
+        across several nodes)."""
+        return run_round(self)
 
     def _backend(self) -> PolicyBackend:
         if self.backend is None:

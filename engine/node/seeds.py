@@ -13,6 +13,8 @@ as `duplicate` and teaches nothing. So the default seed is the install's own:
 3. a run that has checkpoints keeps the seed its first round used (recorded
    in every checkpoint's state), whatever the settings say now. Checkpoints
    made before the seed was recorded carry on with the seed chosen by 1 or 2.
+
+A round's own seeds follow from the run's: `derive_seed(seed, round, slot)` (slots in engine/questions/probe.py).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import secrets
 from pathlib import Path
 
 from engine.common.atomicio import atomic_write_text
+from engine.common.rules import stable_seed
 
 log = logging.getLogger(__name__)
 
@@ -72,3 +75,9 @@ def run_seed(chosen: int, recorded: object) -> int:
                      "with the new seed.", recorded, chosen)
         return recorded
     return chosen
+
+
+def derive_seed(*parts: int) -> int:
+    """A stable 63-bit seed from integers (`engine.common.rules.stable_seed`, top bit dropped so that
+    the runs recorded in docs/results.md keep their sampling seeds)."""
+    return stable_seed(*parts) >> 1
