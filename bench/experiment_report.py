@@ -13,6 +13,7 @@ newcomers of a veterans experiment):
     python -m bench.experiment_report --plot-hours OUT.png LABEL=DIR:MIX ...  # the same, reward against hours
     python -m bench.experiment_report --plot-held-out OUT.png LABEL=DIR:MIX ...  # held-out accuracy against hours
     ... --nodes 3[,4]                                                      # only these nodes (e.g. the newcomers)
+    ... --upto 100                                                         # the records as they stood after round 100
 
 Every comparison prints JSON: the ratio of cumulative rewards with its 95%
 bootstrap interval (nodes and rounds resampled; seeds kept apart when
@@ -40,7 +41,7 @@ from pathlib import Path
 from engine.common.atomicio import atomic_write_bytes
 from engine.experiment.batch_mean import paper_metric
 from engine.experiment.plan import START_EVAL_FILE, plan_config, read_json, saved_plan
-from engine.experiment.records import experiment_folder, named_back
+from engine.experiment.records import default_cache, experiment_folder, named_back
 from engine.experiment.report import (
     build_report,
     compare,
@@ -51,12 +52,13 @@ from engine.experiment.report import (
     variants_plot,
     write_report,
 )
+from engine.experiment.upto import records_upto
 
 USAGE = (
     "usage: python -m bench.experiment_report DIR\n"
-    "       python -m bench.experiment_report --compare DIR_A DIR_B MIX [MIX_B] [--nodes K,...]\n"
-    "       python -m bench.experiment_report --pool MIX MIX_B DIR_A,DIR_B ... [--nodes K,...]\n"
-    "       python -m bench.experiment_report --paper-metric MIX MIX_B DIR_A,DIR_B ... [--nodes K,...]\n"
+    "       python -m bench.experiment_report --compare DIR_A DIR_B MIX [MIX_B] [--nodes K,...] [--upto N]\n"
+    "       python -m bench.experiment_report --pool MIX MIX_B DIR_A,DIR_B ... [--nodes K,...] [--upto N]\n"
+    "       python -m bench.experiment_report --paper-metric MIX MIX_B DIR_A,DIR_B ... [--nodes K,...] [--upto N]\n"
     "       python -m bench.experiment_report --plot OUT.png LABEL=DIR:MIX ...\n"
     "       python -m bench.experiment_report --plot-hours OUT.png LABEL=DIR:MIX ...\n"
     "       python -m bench.experiment_report --plot-held-out OUT.png LABEL=DIR:MIX ..."
@@ -78,9 +80,25 @@ def _nodes(args: list[str]) -> tuple[list[str], list[int] | None]:
     return args[:at] + args[at + 2 :], nodes
 
 
-def _readable(pairs: list[tuple[Path, Path]]) -> tuple[list[tuple[Path, Path]], dict[Path, Path]]:
-    """The pairs' folders where the readers can read them (packed records unpacked), and each one's name as given."""
+def _upto(args: list[str]) -> tuple[list[str], int | None]:
+    """The arguments without `--upto N`, and N (None: every round finished)."""
+    if "--upto" not in args:
+        return args, None
+    at = args.index("--upto")
+    try:
+        rounds = int(args[at + 1])
+    except (IndexError, ValueError):
+        raise ValueError("--upto needs a round number, like --upto 100.") from None
+    return args[:at] + args[at + 2 :], rounds
+
+
+def _readable(pairs: list[tuple[Path, Path]], upto: int | None = None) -> tuple[list[tuple[Path, Path]],
+                                                                                 dict[Path, Path]]:
+    """The pairs' folders where the readers can read them (packed records unpacked; with `upto`, cut after that
+    round, engine/experiment/upto.py), and each one's name as given."""
     readable = {path: experiment_folder(path) for pair in pairs for path in pair}
+    if upto is not None:
+        readable = {path: records_upto(folder, upto, default_cache() / "upto") for path, folder in readable.items()}
     return [(readable[a], readable[b]) for a, b in pairs], {folder: path for path, folder in readable.items()}
 
 
@@ -95,9 +113,10 @@ def _readable_variant(spec: str) -> str:
 
 def _run(args: list[str]) -> int:
     args, nodes = _nodes(args)
+    args, upto = _upto(args)
     if len(args) in (4, 5) and args[0] == "--compare":
         label_b = args[4] if len(args) == 5 else None
-        [(folder_a, folder_b)], names = _readable([(Path(args[1]), Path(args[2]))])
+        [(folder_a, folder_b)], names = _readable([(Path(args[1]), Path(args[2]))], upto)
         print(json.dumps(named_back(compare(folder_a, folder_b, args[3], label_b, nodes), names), indent=1))
         return 0
     if len(args) >= 4 and args[0] in ("--pool", "--paper-metric"):
@@ -107,7 +126,7 @@ def _run(args: list[str]) -> int:
             if not comma or not a_dir or not b_dir:
                 raise ValueError(f"{spec!r} is not DIR_A,DIR_B.")
             pairs.append((Path(a_dir), Path(b_dir)))
-        pairs, names = _readable(pairs)
+        pairs, names = _readable(pairs, upto)
         pooled = named_back(pooled_compare(pairs, args[1], args[2], nodes), names)
         if args[0] == "--pool":
             print(json.dumps(pooled, indent=1))
@@ -120,8 +139,8 @@ def _run(args: list[str]) -> int:
                                                                        "difference_ci95")},
         }, indent=1))
         return 0
-    if nodes is not None:
-        raise ValueError("--nodes goes with --compare or --pool.")
+    if nodes is not None or upto is not None:
+        raise ValueError("--nodes and --upto go with --compare, --pool or --paper-metric.")
     plots = {"--plot": variants_plot, "--plot-hours": hours_plot, "--plot-held-out": held_out_plot}
     if len(args) >= 3 and args[0] in plots:
         atomic_write_bytes(Path(args[1]), plots[args[0]]([_readable_variant(spec) for spec in args[2:]]))
