@@ -402,12 +402,7 @@ def _reward_png(run: str, rounds: list[dict[str, Any]]) -> bytes:
     line = ax.plot(xs, ys, linewidth=0.8, alpha=0.45, label="each round")[0]
     smooth = [sum(ys[max(0, i - 4):i + 1]) / len(ys[max(0, i - 4):i + 1]) for i in range(len(ys))]
     ax.plot(xs, smooth, color=line.get_color(), linewidth=2.2, label="5-round running mean")
-    ax.set_title(f"Reward per round, Sapling run {run}")
-    ax.set_xlabel("round")
-    ax.set_ylabel("mean reward of own rollouts")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    return _png(fig)
+    return _finished(fig, ax, f"Reward per round, Sapling run {run}", "mean reward of own rollouts")
 
 
 def _held_out_png(run: str, evals: list[dict[str, Any]]) -> bytes:
@@ -420,9 +415,14 @@ def _held_out_png(run: str, evals: list[dict[str, Any]]) -> bytes:
               if isinstance(e.get("harder"), dict) and isinstance(e["harder"].get("accuracy"), (int, float))]
     if harder:
         ax.plot(*zip(*harder, strict=True), marker="s", linewidth=1.2, linestyle="--", label="one level harder")
-    ax.set_title(f"Held-out accuracy (greedy pass@1), Sapling run {run}")
+    return _finished(fig, ax, f"Held-out accuracy (greedy pass@1), Sapling run {run}", "held-out accuracy (%)")
+
+
+def _finished(fig: Any, ax: Any, title: str, ylabel: str) -> bytes:
+    """A curve against rounds, titled, labelled and gridded, as PNG bytes."""
+    ax.set_title(title)
     ax.set_xlabel("round")
-    ax.set_ylabel("held-out accuracy (%)")
+    ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
     ax.legend()
     return _png(fig)
