@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import fnmatch
 import gzip
-import hashlib
 import io
 import lzma
 import os
@@ -40,6 +39,7 @@ from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
 
 from engine.common.atomicio import atomic_write_bytes, atomic_write_text
+from engine.common.model_policy import file_sha256
 from engine.common.paths import Paths
 from engine.experiment.plan import PLAN_FILE
 
@@ -108,13 +108,6 @@ def named_back(value: Any, names: Mapping[Path, Path]) -> Any:
     return value
 
 
-def _digest(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
 
 def _member_name(member: tarfile.TarInfo, archive: Path) -> str:
     """The member's path inside the experiment folder; a ValueError for one that would land outside it or is not a
@@ -180,7 +173,7 @@ def _write_tree(members: Mapping[str, bytes], folder: Path) -> None:
 
 def _unpacked(archive: Path, cache: Path) -> Path:
     """`archive` unpacked under `cache`, once: a temporary folder renamed into place (another reader may win)."""
-    target = cache / _digest(archive)
+    target = cache / file_sha256(archive)
     if target.is_dir():
         return target
     members = read_members(archive)

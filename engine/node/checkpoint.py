@@ -14,7 +14,6 @@ load, every file's sha256 is checked; a checkpoint that fails is moved to
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -28,6 +27,7 @@ from typing import Any
 
 from engine.common.atomicio import atomic_dir
 from engine.common.errors import CheckpointError
+from engine.common.model_policy import file_sha256
 
 log = logging.getLogger(__name__)
 
@@ -42,13 +42,6 @@ class Checkpoint:
     round: int
     state: dict[str, Any]
 
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def checkpoint_name(round_index: int) -> str:
@@ -67,7 +60,7 @@ def save_checkpoint(
     with atomic_dir(target) as tmp:
         names = write_files(tmp)
         full = dict(state, version=STATE_VERSION, round=round_index, saved_at=time.time())
-        full["files"] = {name: _sha256(tmp / name) for name in names}
+        full["files"] = {name: file_sha256(tmp / name) for name in names}
         (tmp / STATE_FILE).write_text(json.dumps(full, indent=2, sort_keys=True) + "\n")
     _prune(Path(root), keep)
     return target
@@ -102,7 +95,7 @@ def verify(path: Path) -> dict[str, Any]:
         file = path / name
         if not file.is_file():
             raise CheckpointError(f"{path.name}: {name} is missing.")
-        if _sha256(file) != expected:
+        if file_sha256(file) != expected:
             raise CheckpointError(f"{path.name}: {name} is damaged (checksum mismatch).")
     return state
 
