@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import replace
 
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QShowEvent
@@ -43,6 +42,7 @@ from app.lan import NearbySwarms
 from app.limits import ResourcesBox
 from app.settings import AppSettings, EngineSettings, SettingsError, parse_invite, validate
 from engine.common.claims import JOINING
+from engine.common.schema import setting
 
 WHAT_IT_DOES = (
     "<p><b>Sapling trains a small language model on this computer</b>, in the background, using spare "
@@ -178,7 +178,7 @@ class SettingsForm(QWidget):
             source = "bundled"
         mode = "relay" if self.swarm_relay.isChecked() else "solo" if self.swarm_solo.isChecked() else "embedded"
         relay_url, token = self._swarm() if mode == "relay" else (self.saved_relay, self.saved_token)
-        new_engine = replace(self.resources.engine_values(engine), model_source=source, swarm_mode=mode,
+        new_engine = self.resources.engine_values(engine).replace(model_source=source, swarm_mode=mode,
                              relay_url=relay_url, join_token=token, embedded_lan=self.lan.isChecked())
         try:
             validate(new_engine)
@@ -246,6 +246,12 @@ class SettingsForm(QWidget):
             self.model_folder.setChecked(True)
 
 
+def _bounds(name: str) -> tuple[int, int]:
+    """A number field's range: the bounds its setting declares (engine/common/config.py)."""
+    item = setting(name)
+    return int(item.low or 0), int(item.high or 0)
+
+
 class ProtectionForm(QWidget):
     """Protection from bad peers: the plausibility check, automatic bans and the list of banned peers."""
 
@@ -278,10 +284,10 @@ class ProtectionForm(QWidget):
         bans = QVBoxLayout(box)
         rule = QHBoxLayout()
         self.ban_strikes = QSpinBox()
-        self.ban_strikes.setRange(0, 10_000)
+        self.ban_strikes.setRange(*_bounds("ban_strikes"))
         self.ban_strikes.setSpecialValueText("Never")
         self.ban_window = QSpinBox()
-        self.ban_window.setRange(1, 10_000)
+        self.ban_window.setRange(*_bounds("ban_window"))
         for widget in (QLabel("Ban a peer after"), self.ban_strikes,
                        QLabel("forged or implausible answers among its last"),
                        self.ban_window):
@@ -290,7 +296,7 @@ class ProtectionForm(QWidget):
         bans.addLayout(rule)
         length = QHBoxLayout()
         self.hours = QDoubleSpinBox()
-        self.hours.setRange(0, 24 * 365)
+        self.hours.setRange(*_bounds("ban_hours"))
         self.hours.setDecimals(1)
         self.hours.setSuffix(" hours")
         self.hours.setSpecialValueText("until I lift it")
@@ -320,7 +326,7 @@ class ProtectionForm(QWidget):
     def values(self, engine: EngineSettings) -> EngineSettings:
         """`engine` with these choices; SettingsError (shown here) when one cannot be used."""
         peers = [p for p in re.split(r"[\s,;]+", self.banned.toPlainText()) if p]
-        chosen = replace(engine, plausibility_check=self.check.isChecked(), ban_strikes=self.ban_strikes.value(),
+        chosen = engine.replace(plausibility_check=self.check.isChecked(), ban_strikes=self.ban_strikes.value(),
                          ban_window=self.ban_window.value(), ban_hours=self.hours.value(),
                          persist_bans=self.persist.isChecked(), banned_peers=list(dict.fromkeys(peers)))
         try:
@@ -331,10 +337,6 @@ class ProtectionForm(QWidget):
             raise
         self.error.hide()
         return chosen
-
-
-# Height a settings dialog needs besides its scrolling part: title bar, margins, the row of buttons.
-DIALOG_LEAVE = 130
 
 
 class _SettingsDialogBase(QDialog):
@@ -400,7 +402,7 @@ class FirstRunDialog(_SettingsDialogBase):
         layout = QVBoxLayout(self)
         layout.setContentsMargins(20, 20, 20, 16)
         layout.setSpacing(12)
-        layout.addWidget(theme.FitScroll(body, leave=DIALOG_LEAVE), 1)  # scrolls on a short screen, not the buttons
+        layout.addWidget(theme.FitScroll(body, leave=theme.DIALOG_LEAVE), 1)  # on a short screen it scrolls
         layout.addLayout(self._buttons([("Save, start later", False, False), ("Start training", True, True)]))
 
     def _welcome(self) -> QVBoxLayout:
@@ -426,7 +428,7 @@ def _tab(widget: QWidget) -> QWidget:
     layout = QVBoxLayout(page)
     layout.setContentsMargins(8, 8, 8, 8)
     layout.addWidget(widget)
-    return theme.FitScroll(page, leave=DIALOG_LEAVE + 60)  # and the tabs, the title
+    return theme.FitScroll(page, leave=theme.DIALOG_LEAVE + 60)  # and the tabs, the title
 
 
 class SettingsDialog(_SettingsDialogBase):

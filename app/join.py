@@ -202,12 +202,21 @@ class JoinDialog(QDialog):
         title = QLabel("Join this swarm?")
         title.setObjectName("title")
         layout.addWidget(title)
+        body = QWidget()
+        column = QVBoxLayout(body)
+        column.setContentsMargins(0, 0, 0, 0)
+        column.setSpacing(10)
         intro = QLabel("Your computer would train with the computers in this swarm: it shares its practice answers "
                        f"with them and trains on theirs. {JOINING.text} You can leave at any time in Settings.")
         intro.setWordWrap(True)
-        layout.addWidget(intro)
+        column.addWidget(intro)
         self.card = SwarmPreview()
-        layout.addWidget(self.card)
+        column.addWidget(self.card)
+        # A 1366x768 laptop at 125% leaves 614 pixels: the relay's answer and the sharing list scroll there, the
+        # title and the buttons stay in view (and the title's height is part of what the body leaves).
+        self.body = body
+        self.body_scroll = theme.FitScroll(body, leave=theme.DIALOG_LEAVE + 40)
+        layout.addWidget(self.body_scroll, 1)
         layout.addLayout(self._buttons())
         self.fetcher = PreviewFetcher(self)
         self.fetcher.done.connect(self._on_preview)
@@ -235,7 +244,7 @@ class JoinDialog(QDialog):
         self.join_button.setEnabled(False)
         self.retry_button.hide()
         self.card.show_loading(self.text)
-        theme.fit_to_contents(self)
+        self._fit()
         self.fetcher.fetch(self.text)
 
     def _on_preview(self, result: object) -> None:
@@ -248,6 +257,15 @@ class JoinDialog(QDialog):
         else:
             self.card.show_error(str(result))
             self.retry_button.show()
+        self._fit()
+
+    def _fit(self) -> None:
+        """As tall as the relay's answer needs (within the screen): the body's own layout runs first, so the
+        scrolling area asks for what the answer added rather than for the card before it came."""
+        layout = self.body.layout()
+        if layout is not None:
+            layout.activate()
+        self.body_scroll.updateGeometry()
         theme.fit_to_contents(self)
 
     def done(self, result: int) -> None:

@@ -1,7 +1,7 @@
 """The Resources box of the first-run and Settings dialogs: how hard and when this computer trains.
 
 One choice for people who will not read the rest: Power, Low / Standard /
-Maximum (``run.power``, `engine.common.config.POWER_PRESETS`). Picking one sets
+Maximum (``run.power``, `engine.common.presets.expand_power`). Picking one sets
 the rows below it to its bundle (threads, priority, the idle and AC-power
 pauses); a row changed by hand afterwards is the user's own setting and wins
 (the engine's rule for config.toml, too). Below them: "Train only between
@@ -30,14 +30,30 @@ from PySide6.QtWidgets import (
 
 from app import theme
 from app.settings import AppSettings, EngineSettings
-from engine.common.config import POWER_PRESETS
+from engine.common.presets import POWER_PRESETS, PRIORITIES, expand_power
 from engine.common.schedule import DAYS, Schedule
+from engine.common.schema import person_defaults, setting
 
-POWER_CHOICES = (
-    ("low", "Low: 1 thread, half of each minute, when idle and plugged in"),
-    ("standard", "Standard: free cores, at background priority (recommended)"),
-    ("maximum", "Maximum: every free core, equal priority with your programs"),
-)
+PRIORITY_TEXT = {"background": "Background: your programs always come first (recommended)",
+                 "normal": "Normal: share the computer equally with your programs"}
+
+
+def power_text(power: str) -> str:
+    """How the Power list says a bundle: its name, then what engine/common/presets.py gives (Low: "1 thread,
+    half of each minute, when idle and plugged in")."""
+    bundle = expand_power(power)
+    threads = int(bundle["threads"])
+    parts = [f"{threads} thread{'s' if threads != 1 else ''}" if threads else
+             ("every free core" if bundle["priority"] == "normal" else "free cores")]
+    if bundle["duty_cycle"] < 1:
+        share = float(bundle["duty_cycle"])
+        parts.append("half of each minute" if share == 0.5 else f"{share:.0%} of each minute")
+    parts.append("equal priority with your programs" if bundle["priority"] == "normal" else
+                 "when idle and plugged in" if bundle["idle_only"] and bundle["ac_only"] else "at background priority")
+    recommended = " (recommended)" if power == person_defaults()["power"] else ""
+    return f"{power.capitalize()}: {', '.join(parts)}{recommended}"
+
+
 DAY_CHOICES = (("daily", "every day"), ("weekdays", "on weekdays"), ("weekends", "at weekends"))
 
 
@@ -70,21 +86,21 @@ class ResourcesBox(QGroupBox):
         for label in (power_label, priority_label):
             label.setMinimumWidth(threads_label.sizeHint().width())
         self.power = QComboBox()
-        for value, text in POWER_CHOICES:
-            self.power.addItem(text, value)
+        for value in POWER_PRESETS:
+            self.power.addItem(power_text(value), value)
         self.power.setToolTip("One choice for how hard this computer works; each sets the rows below, and a row "
                               "you change yourself wins.")
         limits.addLayout(_row(power_label, self.power))
         self.threads = QSpinBox()
         cores = os.cpu_count() or 1
-        self.threads.setRange(0, max(cores, 1))
+        self.threads.setRange(int(setting("threads").low or 0), max(cores, 1))  # what this computer has
         self.threads.setSpecialValueText(f"Automatic (up to {cores})")
         self.threads.setToolTip("Automatic uses the cores your other programs leave free, measured every few seconds. "
                                 "A fixed number of threads leaves more of the computer to you, but training is slower.")
         limits.addLayout(_row(threads_label, self.threads))
         self.priority = QComboBox()
-        self.priority.addItem("Background: your programs always come first (recommended)", "background")
-        self.priority.addItem("Normal: share the computer equally with your programs", "normal")
+        for value in PRIORITIES:
+            self.priority.addItem(PRIORITY_TEXT.get(value, value), value)
         self.priority.setToolTip("Background runs training at the lowest priority your system has, as BOINC and "
                                  "Folding@home do. Normal trains faster while you use the computer, and slows your "
                                  "programs down.")
@@ -98,8 +114,8 @@ class ResourcesBox(QGroupBox):
             self.days.addItem(text, value)
         limits.addLayout(_row(self.scheduled, self.start_time, QLabel("and"), self.end_time, self.days))
         self.upload_mb, self.download_mb = QSpinBox(), QSpinBox()
-        for spin in (self.upload_mb, self.download_mb):
-            spin.setRange(0, 1_000_000)
+        for spin, name in ((self.upload_mb, "daily_upload_mb"), (self.download_mb, "daily_download_mb")):
+            spin.setRange(int(setting(name).low or 0), int(setting(name).high or 0))
             spin.setSuffix(" MB")
             spin.setSpecialValueText("no limit")
             spin.setToolTip("Counted from what this computer sends to and receives from the swarm, from local "
@@ -118,7 +134,7 @@ class ResourcesBox(QGroupBox):
                 check.setToolTip(why)
                 limits.addWidget(theme.hint(why))
         limits.addWidget(self.autostart)
-        self.duty_cycle = 1.0  # no row of its own: what the power choice (or config.toml) says
+        self.duty_cycle = float(person_defaults()["duty_cycle"])  # no row of its own: what power (or the file) says
         self.loaded_caps = (0.0, 0.0)
         self.power.activated.connect(lambda _index: self.apply_power(str(self.power.currentData())))
         self.scheduled.toggled.connect(self._sync)
@@ -126,7 +142,7 @@ class ResourcesBox(QGroupBox):
 
     def apply_power(self, power: str) -> None:
         """Set the rows to what `power` bundles (the user picked it just now)."""
-        bundle = POWER_PRESETS[power]
+        bundle = expand_power(power)
         self.power.setCurrentIndex(max(0, self.power.findData(power)))
         self.threads.setValue(min(int(bundle["threads"]), self.threads.maximum()))
         self.priority.setCurrentIndex(max(0, self.priority.findData(bundle["priority"])))
@@ -164,7 +180,7 @@ class ResourcesBox(QGroupBox):
         """A copy of `engine` with this box's choices."""
         schedule = schedule_text(self.scheduled.isChecked(), self.start_time.time(), self.end_time.time(),
                                  str(self.days.currentData()))
-        return replace(engine, power=str(self.power.currentData()), threads=self.threads.value(),
+        return engine.replace(power=str(self.power.currentData()), threads=self.threads.value(),
                        priority=str(self.priority.currentData()), duty_cycle=self.duty_cycle, schedule=schedule,
                        daily_upload_mb=self._cap(self.upload_mb, self.loaded_caps[0]),
                        daily_download_mb=self._cap(self.download_mb, self.loaded_caps[1]))

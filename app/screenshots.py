@@ -34,7 +34,6 @@ import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import replace
 from pathlib import Path
 
 from PySide6.QtCore import QCoreApplication, QEventLoop, QTimer
@@ -224,7 +223,7 @@ def join_and_doctor(home: Path, out: Path, names: set[str]) -> None:
             save(dialog, out, "join-dialog.png")
             dialog.reject()
         if "doctor.png" in names:
-            gui.window.engine_settings = replace(gui.window.engine_settings, swarm_mode="relay",
+            gui.window.engine_settings = gui.window.engine_settings.replace(swarm_mode="relay",
                                                  relay_url=Invite((url,), "", RELAY_NAME).link())
             gui.store.save_engine(gui.window.engine_settings)
             doctor = gui.window.open_doctor()

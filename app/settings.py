@@ -24,17 +24,18 @@ import logging
 import tempfile
 import time
 import tomllib
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from engine.common.atomicio import atomic_write_json, atomic_write_text
-from engine.common.config import POWER_ENGINE_KEYS, POWER_PRESETS, PRIORITIES, SwarmConfig
+from engine.common.config import NodeConfig
 from engine.common.config_file import build_config, edit_config_text
 from engine.common.errors import ConfigError
 from engine.common.paths import Paths
+from engine.common.presets import POWER_ENGINE_KEYS, expand_power
 from engine.common.rules import Invite, check_model_source, check_relay_url, parse_invite, split_invite
-from engine.common.schedule import Schedule
+from engine.common.schema import config_with, person_defaults, person_values, restart_changes, setting
 
 __all__ = ["AppSettings", "EngineSettings", "SettingsError", "SettingsStore", "check_model_source",
            "check_relay_url", "parse_invite", "settings_place", "split_invite", "swarm_invite", "validate"]
@@ -44,8 +45,6 @@ log = logging.getLogger(__name__)
 APP_SETTINGS_NAME = "sapling-app.json"
 CONFIG_HEADER = ("Sapling engine settings. The desktop app edits model, swarm, protection and run threads/priority;",
                  "every key is explained by `sapling-node config`. Your own comments here are kept.")
-SWARM_MODES = ("embedded", "relay", "solo")
-_SWARM = SwarmConfig()  # the engine's defaults for the protection settings below, one copy
 
 
 # A value the user typed cannot be used; the message says what to type instead. It is the
@@ -53,57 +52,57 @@ _SWARM = SwarmConfig()  # the engine's defaults for the protection settings belo
 SettingsError = ConfigError
 
 
-@dataclass
 class EngineSettings:
-    """The engine settings a person picks; each maps to one key of config.toml."""
+    """The engine settings a person picks, by the names engine/common/schema.py gives them (`person_settings`:
+    model_source, swarm_mode, relay_url, threads, ...), read and set as attributes.
 
-    model_source: str = "bundled"  # [model] source
-    swarm_mode: str = "embedded"  # [swarm] mode
-    relay_url: str = ""  # [swarm] relay_url: the invite link (sapling://join?...) or a bare relay address
-    join_token: str = ""  # [swarm] join_token (older settings; an invite carries its own token)
-    embedded_lan: bool = False  # [swarm] embedded_lan: this network's computers may join the local swarm
-    power: str = "standard"  # [run] power: "low", "standard" or "maximum" (a bundle of the three below)
-    threads: int = 0  # [run] threads (0: automatic); left out of the file while it is what power gives
-    priority: str = "background"  # [run] priority: "background" or "normal"; likewise
-    duty_cycle: float = 1.0  # [run] duty_cycle; likewise
-    schedule: str = ""  # [run] schedule: "22:00-07:00", "weekdays 22:00-07:00"; empty: at any hour
-    daily_upload_mb: float = 0.0  # [swarm] daily_upload_mb (0: no cap)
-    daily_download_mb: float = 0.0  # [swarm] daily_download_mb (0: no cap)
-    # Protection from bad peers (Settings ▸ Protection; docs/swarm.md "Poisoning")
-    plausibility_check: bool = _SWARM.plausibility_check  # [swarm] plausibility_check
-    ban_strikes: int = _SWARM.ban_strikes  # [swarm] ban_strikes (0: never ban automatically)
-    ban_window: int = _SWARM.ban_window  # [swarm] ban_window
-    ban_hours: float = _SWARM.ban_hours  # [swarm] ban_hours (0: until lifted)
-    persist_bans: bool = _SWARM.persist_bans  # [swarm] persist_bans
-    banned_peers: list[str] = field(default_factory=list)  # [swarm] banned_peers
+    Which settings these are, their defaults, bounds, labels and where each takes effect are declared once,
+    in engine/common/config.py; this class only holds values. `EngineSettings()` holds the defaults.
+    """
 
-    KEYS = (
-        ("model", "source", "model_source"),
-        ("swarm", "mode", "swarm_mode"),
-        ("swarm", "relay_url", "relay_url"),
-        ("swarm", "join_token", "join_token"),
-        ("swarm", "embedded_lan", "embedded_lan"),
-        ("run", "power", "power"),
-        ("run", "threads", "threads"),
-        ("run", "priority", "priority"),
-        ("run", "duty_cycle", "duty_cycle"),
-        ("run", "schedule", "schedule"),
-        ("swarm", "daily_upload_mb", "daily_upload_mb"),
-        ("swarm", "daily_download_mb", "daily_download_mb"),
-        ("swarm", "plausibility_check", "plausibility_check"),
-        ("swarm", "ban_strikes", "ban_strikes"),
-        ("swarm", "ban_window", "ban_window"),
-        ("swarm", "ban_hours", "ban_hours"),
-        ("swarm", "persist_bans", "persist_bans"),
-        ("swarm", "banned_peers", "banned_peers"),
-    )
+    __slots__ = ("_values",)
+
+    def __init__(self, **values: Any) -> None:
+        unknown = set(values) - set(person_defaults())
+        if unknown:
+            raise TypeError(f"not a setting the app picks: {', '.join(sorted(unknown))}")
+        object.__setattr__(self, "_values", {**person_defaults(), **values})
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "_values":  # not set yet (a copy being made): no recursion
+            raise AttributeError(name)
+        try:
+            return self._values[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name not in self._values:
+            raise AttributeError(f"not a setting the app picks: {name}")
+        self._values[name] = value
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, EngineSettings) and self._values == other._values
+
+    def __repr__(self) -> str:
+        return f"EngineSettings({', '.join(f'{k}={v!r}' for k, v in self._values.items())})"
+
+    def values(self) -> dict[str, Any]:
+        """A copy of every value, by name."""
+        return {k: list(v) if isinstance(v, list) else v for k, v in self._values.items()}
+
+    def replace(self, **changes: Any) -> EngineSettings:
+        """A copy with some values changed."""
+        return EngineSettings(**{**self.values(), **changes})
+
+    def config(self) -> NodeConfig:
+        """These values over the defaults, checked by the engine (ConfigError naming the setting's label)."""
+        return config_with(self.values())
 
     def needs_restart(self, other: EngineSettings) -> bool:
-        """Whether going from `other` to self needs the engine restarted (model, swarm, threads, priority);
-        the power choice itself, the schedule, the duty cycle and the data caps apply with a reload."""
-        live = ("power", "schedule", "duty_cycle", "daily_upload_mb", "daily_download_mb")
-        return {k: v for k, v in asdict(self).items() if k not in live} != \
-            {k: v for k, v in asdict(other).items() if k not in live}
+        """Whether going from `other` to self needs the engine restarted: the engine's own rule
+        (engine/common/schema.py, `restart_changes`, which the node's reload follows too)."""
+        return bool(restart_changes(other.config(), self.config()))
 
 
 @dataclass
@@ -126,28 +125,10 @@ class AppSettings:
 
 
 def validate(settings: EngineSettings) -> None:
-    """Every check a person can fix in the dialogs; SettingsError with one sentence."""
+    """The engine's checks of the chosen settings (SettingsError with one sentence, naming the setting as the
+    dialogs do), and that the model can be used as given on this computer."""
+    settings.config()
     check_model_source(settings.model_source)
-    if settings.swarm_mode not in SWARM_MODES:
-        raise SettingsError(f"Swarm mode must be one of {', '.join(SWARM_MODES)}.")
-    if settings.swarm_mode == "relay":
-        parse_invite(settings.relay_url)
-    if len(settings.join_token) > 256:
-        raise SettingsError("The join token is longer than 256 characters; paste just the token.")
-    if isinstance(settings.threads, bool) or not isinstance(settings.threads, int) or not 0 <= settings.threads <= 1024:
-        raise SettingsError("CPU threads must be 0 (automatic) or a number of threads.")
-    if settings.priority not in PRIORITIES:
-        raise SettingsError(f"Priority must be one of {', '.join(PRIORITIES)}.")
-    if settings.power not in POWER_PRESETS:
-        raise SettingsError(f"Power must be one of {', '.join(POWER_PRESETS)}.")
-    if not 0.0 < settings.duty_cycle <= 1.0:
-        raise SettingsError("The share of each minute for training must be above 0 and at most 1.")
-    Schedule.parse(settings.schedule)  # one sentence on what to write
-    # The protection settings: the engine's own rules (engine/common/config.py, SwarmConfig), one copy.
-    replace(_SWARM, plausibility_check=settings.plausibility_check, ban_strikes=settings.ban_strikes,
-            ban_window=settings.ban_window, ban_hours=settings.ban_hours, persist_bans=settings.persist_bans,
-            banned_peers=list(settings.banned_peers), daily_upload_mb=settings.daily_upload_mb,
-            daily_download_mb=settings.daily_download_mb)
 
 
 def swarm_invite(settings: EngineSettings) -> Invite | None:
@@ -204,6 +185,7 @@ class SettingsStore:
     def __init__(self, paths: Paths) -> None:
         self.paths = paths
         self.warnings: list[str] = []
+        self.loaded = EngineSettings()  # what load_engine read: save_engine writes only what differs
 
     @property
     def config_file(self) -> Path:
@@ -233,38 +215,41 @@ class SettingsStore:
         return data
 
     def load_engine(self) -> EngineSettings:
-        data = self._read_toml()
-        settings = EngineSettings()
-        power = data.get("run", {}).get("power", "standard")
-        for key in POWER_ENGINE_KEYS if power in POWER_PRESETS else ():  # what the file leaves to run.power
-            setattr(settings, key, POWER_PRESETS[power][key])
-        for section, key, attr in EngineSettings.KEYS:
-            value = data.get(section, {}).get(key)
-            default = getattr(settings, attr)
-            if isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
-                value = float(value)  # ban_hours = 24 in the file
-            if value is not None and isinstance(value, type(default)):
-                setattr(settings, attr, value)
-        return settings
+        """The settings config.toml gives (what it leaves to run.power, expanded as the engine does), and
+        remembers them: `save_engine` writes only what changed since."""
+        data = self._read_toml()  # checked by the engine; an unusable file was moved aside
+        try:
+            config = build_config("default", self.config_file if data else None, [])
+        except (ConfigError, OSError):  # the file changed since it was checked
+            config = NodeConfig()
+        self.loaded = EngineSettings(**person_values(config))
+        return self.loaded.replace()
 
     def save_engine(self, settings: EngineSettings) -> None:
-        """Validate, set the keys in the existing file (other keys and comments kept), write atomically."""
+        """Validate; set in the existing file only the keys changed since `load_engine` (other keys and comments
+        kept); write atomically. A [run] key equal to what the chosen power gives is left to run.power."""
         validate(settings)
         self._read_toml()  # an unusable file is moved aside first
         try:
             old = self.config_file.read_text(encoding="utf-8") if self.config_file.is_file() else ""
         except (OSError, UnicodeDecodeError):
             old = ""
+        before, now = self.loaded.values(), settings.values()
+        bundle = expand_power(now["power"])  # engine/common/presets.py: the one expansion
         changes: dict[str, dict[str, Any]] = {}
-        bundle = POWER_PRESETS[settings.power]
-        for section, key, attr in EngineSettings.KEYS:
-            value = getattr(settings, attr)
-            if section == "run" and key in POWER_ENGINE_KEYS and value == bundle[key]:
-                value = None  # what run.power gives: left to it, so a later change of power moves it too
-            changes.setdefault(section, {})[key] = value
+        for name, value in now.items():
+            if value == before[name]:
+                continue  # not changed here: the file keeps what it has (or lacks)
+            item = setting(name)
+            changes.setdefault(item.section, {})[item.key] = None if item.presets and value == bundle[item.key] \
+                else value
+        if now["power"] != before["power"]:  # a new power: its keys are left to it where the rows show its values
+            for key in POWER_ENGINE_KEYS:
+                changes["run"].setdefault(key, None if now[key] == bundle[key] else now[key])
         text = edit_config_text(old, changes, header=CONFIG_HEADER)
         _check_engine_file(text)
         atomic_write_text(self.config_file, text)
+        self.loaded = settings.replace()
 
     def run_name(self) -> str:
         """The run whose history the charts show ([run] run_name, else 'default')."""

@@ -118,6 +118,10 @@ def fit_to_contents(window: QWidget) -> None:
         window.resize(width, height)
 
 
+# Height a dialog needs besides its scrolling part: title bar, margins, the row of buttons.
+DIALOG_LEAVE = 130
+
+
 class FitScroll(QScrollArea):
     """A frameless, vertical-only scroll area: its content gets what it would get without it, and scrolls only
     when the window is shorter than the content's minimum.

@@ -47,9 +47,9 @@ from PySide6.QtWidgets import (
 )
 
 from app.engine_process import engine_environment
-from engine.common.config import SAPO_SPECIALTIES
 from engine.common.events import CHAT_MESSAGE_FIELDS, encode
 from engine.common.paths import EXPORT_MARKER
+from engine.common.presets import SAPO_SPECIALTIES
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
-from dataclasses import replace
 from html import escape
 
 from PySide6.QtCore import QByteArray, Qt, QTimer, Signal
@@ -50,6 +49,7 @@ from app.panels import Banner, LogView, PeersPanel, Tile, TileRow
 from app.settings import AppSettings, EngineSettings, SettingsError, SettingsStore, settings_place, swarm_invite
 from app.tryit import TRAINING_PHASES, ExportDialog, TryItPanel
 from engine.common.joining import Preview
+from engine.common.schema import restart_changes
 
 CONTRIBUTION_TAB = "Your contribution"
 
@@ -417,7 +417,7 @@ class MainWindow(QMainWindow):
 
     def join(self, preview: Preview) -> bool:
         """Save the previewed swarm as [swarm] relay_url (atomically) and (re)start training in it."""
-        new = replace(self.engine_settings, swarm_mode="relay", relay_url=preview.link(), join_token="")
+        new = self.engine_settings.replace(swarm_mode="relay", relay_url=preview.link(), join_token="")
         try:
             self.store.save_engine(new)
         except (SettingsError, OSError) as exc:
@@ -456,9 +456,10 @@ class MainWindow(QMainWindow):
         if dialog.start_training:
             self.controller.start()
         elif self.controller.engine.is_running() and new_engine.needs_restart(old):
-            self.add_banner("info",
-                            "Settings saved. The new model, swarm, threads or priority apply when training restarts.",
-                            [("Restart now", self.controller.restart)])
+            later = ", ".join(s.label.lower() for s in restart_changes(old.config(), new_engine.config()))
+            self.add_banner("info", f"Settings saved. What needs a restart ({later}) applies when training restarts; "
+                                    "the rest applies now.", [("Restart now", self.controller.restart)])
+            self.controller.reload()
         elif self.controller.engine.is_running():
             self.controller.reload()
 

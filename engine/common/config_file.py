@@ -3,9 +3,10 @@
 `build_config(preset, path, overrides)` is how every node command gets its
 settings: defaults < preset < config.toml < ``--set section.key=value`` flags
 (`parse_override`), each section and key checked by name; ``run.power``
-(`POWER_PRESETS`) gives threads, priority and duty_cycle where none of those set them.
+(`engine.common.presets.expand_power`) gives threads, priority and duty_cycle where none of those set them.
 `config_toml(config)` is what `sapling-node config` prints: every section,
-each key under its help text. `edit_config_text(text, changes)` is the one
+each key under its help text and what engine/common/schema.py says of it (its
+label in the app, where it takes effect, its bounds). `edit_config_text(text, changes)` is the one
 TOML writer the app and the engine share: it sets (or, with None, removes)
 some keys and keeps every other key and the user's own comments and layout
 (tomlkit). The settings themselves and their checks are engine/common/config.py.
@@ -22,8 +23,10 @@ from typing import Any
 
 import tomlkit
 
-from engine.common.config import POWER_ENGINE_KEYS, POWER_PRESETS, PRESETS, SECTIONS, NodeConfig
+from engine.common.config import SECTIONS, NodeConfig, RunConfig
 from engine.common.errors import ConfigError
+from engine.common.presets import POWER_ENGINE_KEYS, POWER_PRESETS, PRESETS, expand_power
+from engine.common.schema import SCHEMA, schema_lines
 
 
 def _merge(base: dict[str, dict[str, Any]], extra: dict[str, Any], origin: str) -> None:
@@ -72,9 +75,11 @@ def build_config(
         section, key, value = parse_override(text)
         _merge(merged, {section: {key: value}}, f"--set {text}")
     run = merged.setdefault("run", {})
-    bundle = POWER_PRESETS.get(run.get("power", "standard"), {})  # an unknown power fails in RunConfig
-    for key in POWER_ENGINE_KEYS if bundle else ():  # the keys the user did not set come from run.power
-        run.setdefault(key, bundle[key])
+    power = run.get("power", RunConfig.power)
+    if power in POWER_PRESETS:  # an unknown power fails in RunConfig, in a sentence
+        bundle = expand_power(power)
+        for key in POWER_ENGINE_KEYS:  # the keys the user did not set come from run.power
+            run.setdefault(key, bundle[key])
     try:
         return NodeConfig(**{name: cls(**merged.get(name, {})) for name, cls in SECTIONS.items()})
     except TypeError as exc:  # a value of the wrong shape for a dataclass field
@@ -97,9 +102,11 @@ def config_toml(config: NodeConfig) -> str:
     doc = tomlkit.document()
     for section in SECTIONS:
         table = tomlkit.table()
-        for f in fields(getattr(config, section)):
-            table.add(tomlkit.comment(str(f.metadata.get("help", ""))))
-            table.add(f.name, toml_item(getattr(getattr(config, section), f.name)))
+        for item in (s for s in SCHEMA if s.section == section):
+            table.add(tomlkit.comment(item.help))
+            for line in schema_lines(item):
+                table.add(tomlkit.comment(line))
+            table.add(item.key, toml_item(getattr(getattr(config, section), item.key)))
         doc.add(section, table)
     return tomlkit.dumps(doc)
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engine.common.config import SAPO_SPECIALTIES
+from engine.common.presets import SAPO_SPECIALTIES
 from engine.experiment.hours import clock_for, read_mix
 from engine.experiment.plan import EVAL_FILE, PLAN_FILE, START_EVAL_FILE, read_evals, read_json, rounds_done
 

@@ -112,3 +112,6 @@ class PublishFirst:
 
     def unban(self, peer: str) -> str:
         return str(self.exchange.unban(peer))
+
+    def apply_settings(self, swarm: Any) -> None:
+        self.exchange.apply_settings(swarm)

@@ -21,9 +21,10 @@ from typing import Any
 
 from engine import __version__
 from engine.common.atomicio import append_line
-from engine.common.config import PRESETS, SECTIONS, NodeConfig
+from engine.common.config import SECTIONS, NodeConfig
 from engine.common.config_file import build_config
 from engine.common.errors import ConfigError
+from engine.common.presets import PRESETS
 from engine.node.seeds import AUTO_SEED
 
 # Node k's seed is seed + k * NODE_SEED_SPACING. reasoning-gym builds item (seed, index) from

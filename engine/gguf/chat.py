@@ -57,10 +57,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.common.config import SAPO_SPECIALTIES, NodeConfig
+from engine.common.config import NodeConfig
 from engine.common.errors import SaplingError
 from engine.common.events import CHAT_COMMANDS, encode
 from engine.common.paths import Paths
+from engine.common.presets import SAPO_SPECIALTIES
 from engine.gguf.cache import ExportCache, Send
 from engine.node.launch import add_settings_flags, config_from_args, setup_logging
 from engine.node.priority import ThreadPolicy

@@ -29,11 +29,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from engine.common.config import PRESETS, NodeConfig
+from engine.common.config import NodeConfig
 from engine.common.config_file import build_config
 from engine.common.errors import ConfigError
 from engine.common.events import Event
 from engine.common.paths import Paths
+from engine.common.presets import PRESETS
 
 log = logging.getLogger(__name__)
 

@@ -36,6 +36,7 @@ from engine.common.errors import ConfigError
 from engine.common.events import Event, make_event
 from engine.common.model_policy import model_label
 from engine.common.paths import Paths
+from engine.common.schema import restart_changes
 from engine.models.sources import resolve_model_dir
 from engine.node.checkpoint import latest_good, save_checkpoint
 from engine.node.clock import Clock, Control, Pacing, RoundAborted
@@ -212,19 +213,22 @@ class Node:
         except ConfigError as exc:
             self.emit(make_event("error", kind="ConfigError", message=f"Settings not applied: {exc}", fatal=False))
             return
-        if new.structure_hash() != self.config.structure_hash() or new.run.device != self.config.run.device \
-                or new.run.run_name != self.config.run.run_name or new.grpo.kl_beta != self.config.grpo.kl_beta:
+        fixed = restart_changes(self.config, new, ("new_run",))  # one rule with the app's (engine/common/schema.py)
+        if fixed:
             self.emit(make_event(
                 "error", kind="ConfigError", fatal=False,
-                message="Settings saved; the model, device, run name or KL setting change on the next start.",
+                message=f"Settings saved, not applied: {', '.join(s.dotted for s in fixed)} change on the next start.",
             ))
             return
-        link = ("mode", "relay_url", "join_token", "embedded_host", "embedded_port", "embedded_lan")
-        if any(getattr(new.swarm, k) != getattr(self.config.swarm, k) for k in link):
+        later = restart_changes(self.config, new, ("restart",))
+        if later:
             self.emit(make_event(
                 "error", kind="ConfigError", fatal=False,
-                message="Swarm connection settings saved; they apply when the engine restarts.",
+                message=f"Settings saved; {', '.join(s.dotted for s in later)} apply when the engine restarts, "
+                        "the others now.",
             ))
+        if self.exchange is not None:
+            self.exchange.apply_settings(new.swarm)  # the daily caps and the ban rule
         if self.threads is not None:
             self.threads.reconfigure(new.run.threads)
         self.pacing.reconfigure(new.run.schedule, new.run.duty_cycle)

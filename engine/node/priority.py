@@ -41,7 +41,7 @@ from pathlib import Path
 
 import psutil
 
-from engine.common.config import PRIORITIES
+from engine.common.presets import PRIORITIES
 
 log = logging.getLogger(__name__)
 

@@ -43,8 +43,8 @@ from reasoning_gym.dataset import ProceduralDataset
 from reasoning_gym.factory import DATASETS as _RG_REGISTRY
 from reasoning_gym.utils import extract_answer
 
-from engine.common.config import SAPO_SPECIALTIES
 from engine.common.errors import TaskError
+from engine.common.presets import SAPO_SPECIALTIES
 from engine.common.rules import MAX_COMPLETION_CHARS, stable_seed
 from engine.questions.configs import DEFAULT_DATASET_CONFIGS, MAX_CONFIG_STRING, canonical_config, check_config
 

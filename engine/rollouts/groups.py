@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from engine.backends.base import TrainItem
-from engine.common.config import TRAIN_ON
+from engine.common.presets import TRAIN_ON
 from engine.questions.scores import PASS_REWARD, rewards_differ, teaches
 
 if TYPE_CHECKING:

@@ -60,6 +60,11 @@ class DataMeter:
         self._dirty = False
         self._load()
 
+    def set_caps(self, upload_cap: int, download_cap: int) -> None:
+        """New daily caps in bytes (a settings reload); today's counts stay."""
+        with self._lock:
+            self.upload_cap, self.download_cap = upload_cap, download_cap
+
     def _load(self) -> None:
         if self.path is None or not self.path.is_file():
             return

@@ -78,7 +78,7 @@ from engine.rollouts.offers import (
 from engine.swarm import protocol
 from engine.swarm.client import LinkState, SwarmClient, duration_text
 from engine.swarm.contribution import Contribution, receipt_verdicts
-from engine.swarm.datacap import DataMeter
+from engine.swarm.datacap import MB, DataMeter
 from engine.swarm.defence import Ban, BanBook, ReplayMemory, SenderBaselines
 from engine.swarm.identity import Identity, readable_name, verify_signed
 from engine.swarm.receipts import NOT_PICKED, receipts_payload
@@ -195,6 +195,10 @@ class RolloutExchange(Protocol):
 
     def unban(self, peer: str) -> str:
         """Lift a local ban on `peer` (serve's `unban` command): "lifted", "not_banned" or "configured"."""
+        ...
+
+    def apply_settings(self, swarm: Any) -> None:
+        """A settings reload: the swarm settings declared to apply live (a `SwarmConfig`, engine/common/config.py)."""
         ...
 
 
@@ -484,6 +488,14 @@ class SwarmExchange:
             until = "until lifted" if ban.until is None else f"for {(ban.until - ban.since) / 3600:g} h"
             log.warning("Banned peer %s (%s) %s: %d of its last %d items were rejected (mostly %s).",
                         self._peer(peer).name, peer, until, self.bans.strikes, self.bans.window, ban.reason)
+
+    def apply_settings(self, swarm: Any) -> None:
+        """A settings reload (`swarm`: a SwarmConfig): the ban rule (strikes, window, hours) and the daily caps
+        change now; the plausibility settings are read each round. The link, banned_peers and persist_bans wait
+        for a restart."""
+        self.bans.strikes, self.bans.window, self.bans.hours = swarm.ban_strikes, swarm.ban_window, swarm.ban_hours
+        if self.meter is not None:
+            self.meter.set_caps(int(swarm.daily_upload_mb * MB), int(swarm.daily_download_mb * MB))
 
     def unban(self, peer: str) -> str:
         """Lift an earned ban on `peer`: "lifted", "not_banned" or "configured"; a `peers` event follows."""

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from PySide6.QtWidgets import QApplication, QLabel, QWidget
+from PySide6.QtWidgets import QApplication, QLabel, QScrollArea, QWidget
 
 from app import theme
 from app.dialogs import FirstRunDialog
@@ -68,6 +68,8 @@ def main(argv: list[str]) -> int:
     wait(app, lambda: join.preview is not None or join.retry_button.isVisible(), 60)
     report["join_answered"] = join.preview is not None
     report["join"] = clipped(join)
+    # On a screen with room for it, nothing of the join dialog scrolls (only a short screen makes it)
+    report["join_scrolls"] = any(area.verticalScrollBar().maximum() > 0 for area in join.findChildren(QScrollArea))
     first = FirstRunDialog(EngineSettings(), AppSettings(), True, True)
     first.show()
     wait(app, lambda: first.isVisible(), 5)

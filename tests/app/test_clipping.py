@@ -66,3 +66,4 @@ def test_no_label_is_clipped_in_a_real_window(x_display: dict[str, str], start_r
     report = probe(invite_for(start_relay(**LONG)), {"QT_QPA_PLATFORM": "xcb", **x_display})
     assert report["join_answered"] is True
     assert report["join"] == [] and report["first_run"] == [], report
+    assert report["join_scrolls"] is (x_display["QT_SCALE_FACTOR"] != "1"), report  # only the small scaled screen

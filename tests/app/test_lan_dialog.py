@@ -66,7 +66,8 @@ def test_switch_swarm_lists_this_networks_swarms_and_previews_the_one_picked(  #
 def test_the_local_swarm_is_announced_only_when_its_switch_is_on(qtbot, paths: Paths) -> None:  # type: ignore[no-untyped-def]
     store = SettingsStore(paths)
     store.save_engine(EngineSettings())
-    assert "embedded_lan = false" in paths.config_file.read_text()
+    assert "embedded_lan" not in paths.config_file.read_text()  # unchanged: the engine's default (off) applies
+    assert not build_config("default", paths.config_file).swarm.embedded_lan
     dialog = SettingsDialog(EngineSettings(), store.load_app(), False, False, str(paths.config_file))
     qtbot.addWidget(dialog)
     form = dialog.form

@@ -264,7 +264,7 @@ def test_protection_settings_round_trip_through_the_dialog_and_the_engine_reads_
     # a rule the engine would refuse: the error is shown on the Protection tab, nothing is written
     protection.ban_strikes.setValue(20)
     assert not dialog.try_accept()
-    assert dialog.tabs.currentIndex() == 1 and "ban_window" in protection.error.text()
+    assert dialog.tabs.currentIndex() == 1 and "judged answers the ban rule looks at" in protection.error.text()
     assert not paths.config_file.exists()
     protection.ban_strikes.setValue(3)
     protection.banned.setPlainText("3750d8d5a1b2c3d4e5f6\nnot-a-peer")

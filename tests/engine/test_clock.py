@@ -11,11 +11,11 @@ from pathlib import Path
 import psutil
 import pytest
 
-from engine.common.config import POWER_PRESETS
 from engine.common.config_file import build_config
 from engine.common.errors import ConfigError
 from engine.common.events import Event
 from engine.common.paths import Paths
+from engine.common.presets import POWER_PRESETS
 from engine.common.schedule import Schedule, waiting_message
 from engine.node.clock import Clock, Control, DutyCycle, Pacing
 from engine.node.loop import Node

@@ -15,11 +15,12 @@ from typing import Any
 
 import pytest
 
-from engine.common.config import SAPO_SPECIALTIES, NodeConfig
+from engine.common.config import NodeConfig
 from engine.common.config_file import build_config
 from engine.common.errors import CheckpointError, ConfigError, TaskError
 from engine.common.events import Event
 from engine.common.paths import Paths
+from engine.common.presets import SAPO_SPECIALTIES
 from engine.node.loop import Node
 from engine.questions.configs import DEFAULT_DATASET_CONFIGS
 from engine.questions.curriculum import (
