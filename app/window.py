@@ -457,9 +457,8 @@ class MainWindow(QMainWindow):
             self.controller.start()
         elif self.controller.engine.is_running() and new_engine.needs_restart(old):
             later = ", ".join(s.label.lower() for s in restart_changes(old.config(), new_engine.config()))
-            self.add_banner("info", f"Settings saved. What needs a restart ({later}) applies when training restarts; "
-                                    "the rest applies now.", [("Restart now", self.controller.restart)])
-            self.controller.reload()
+            self.add_banner("info", f"Settings saved. They apply when training restarts ({later} need a restart).",
+                            [("Restart now", self.controller.restart)])
         elif self.controller.engine.is_running():
             self.controller.reload()
 
