@@ -2,6 +2,7 @@
 
 - `plan`: what an experiment runs and where it keeps it (torch-free; the report reads it too);
 - `runner`: runs a plan (`Experiment`), one folder per mix;
+- `batched_round`: one round of every node of a mix, generated in one batch, each node timed as if alone;
 - `nodes`: a simulated node's view of the shared model and its exchange;
 - `hours`: what a node's round costs its computer, and mixes compared at equal time;
 - `report`: report.json, report.md and the plots; comparisons across folders and seeds;
