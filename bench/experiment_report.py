@@ -40,18 +40,10 @@ from pathlib import Path
 
 from engine.common.atomicio import atomic_write_bytes
 from engine.experiment.batch_mean import paper_metric
+from engine.experiment.compare import compare, held_out_plot, hours_plot, pooled_compare, variants_plot
 from engine.experiment.plan import START_EVAL_FILE, plan_config, read_json, saved_plan
 from engine.experiment.records import default_cache, experiment_folder, named_back
-from engine.experiment.report import (
-    build_report,
-    compare,
-    held_out_plot,
-    hours_plot,
-    pooled_compare,
-    stratified_bootstrap,
-    variants_plot,
-    write_report,
-)
+from engine.experiment.report import build_report, stratified_bootstrap, write_report
 from engine.experiment.upto import records_upto
 
 USAGE = (

@@ -5,6 +5,7 @@
 - `batched_round`: one round of every node of a mix, generated in one batch, each node timed as if alone;
 - `nodes`: a simulated node's view of the shared model and its exchange;
 - `hours`: what a node's round costs its computer, and mixes compared at equal time;
-- `report`: report.json, report.md and the plots; comparisons across folders and seeds;
+- `report`: one folder's report.json, report.md and plots;
+- `compare`: mixes of several folders side by side: paired, pooled over seeds, plotted together;
 - `terminal`: the experiment's progress in a terminal.
 """

@@ -14,9 +14,10 @@ from engine.cli import main
 from engine.common.config_file import build_config
 from engine.common.errors import ConfigError
 from engine.common.paths import Paths
+from engine.experiment.compare import compare, pooled_compare
 from engine.experiment.nodes import NodeBackend
 from engine.experiment.plan import Mix, lengthen, make_plan, parse_mixes
-from engine.experiment.report import baseline_of, compare, pooled_compare, stratified_bootstrap, two_way_bootstrap
+from engine.experiment.report import baseline_of, stratified_bootstrap, two_way_bootstrap
 from engine.experiment.runner import Experiment, Hooks
 from engine.node.clock import Control
 

@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from engine.experiment.compare import compare, held_out_curve
 from engine.experiment.heldout import at_time, held_out_at_equal_time, read_evaluations
 from engine.experiment.plan import make_plan
-from engine.experiment.report import compare, held_out_curve, stratified_bootstrap
+from engine.experiment.report import stratified_bootstrap
 from tests.engine.test_experiment import fast, run
 from tests.engine.test_experiment_hours import _timed_folder
 
@@ -97,7 +98,7 @@ def test_the_held_out_plot_puts_each_evaluation_at_its_nodes_mean_hours(tmp_path
 
 
 def test_the_held_out_plot_gives_an_arm_one_colour_and_a_seed_one_style() -> None:
-    from engine.experiment.report import curve_styles
+    from engine.experiment.compare import curve_styles
 
     styles = curve_styles(["passed s0", "fixed s0", "passed s1", "fixed s1", "alone"])
     assert styles["passed s0"][0] == styles["passed s1"][0] != styles["fixed s0"][0] == styles["fixed s1"][0]

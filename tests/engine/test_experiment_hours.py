@@ -10,9 +10,10 @@ from typing import Any
 import pytest
 
 from engine.common.device import cpu_bf16_supported
+from engine.experiment.compare import compare, pooled_compare
 from engine.experiment.hours import NodeClock, hour_tables, per_hour, round_cost, time_slices
 from engine.experiment.plan import make_plan
-from engine.experiment.report import compare, pooled_compare, stratified_bootstrap
+from engine.experiment.report import stratified_bootstrap
 from tests.engine.test_experiment import fast, run
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.experiment.report import compare
+from engine.experiment.compare import compare
 from engine.experiment.upto import cut_lines, records_upto
 
 
