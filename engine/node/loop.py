@@ -284,8 +284,8 @@ class Node:
         return self.round
 
     def run_round(self) -> dict[str, Any]:
-        """One round, read top to bottom in engine/node/round.py (engine/experiment/runner.py runs its steps
-        across several nodes)."""
+        """One round, read top to bottom in engine/node/round.py (engine/experiment/batched_round.py runs
+        its steps across several nodes)."""
         return run_round(self)
 
     def _backend(self) -> PolicyBackend:

@@ -17,7 +17,7 @@
 7. checkpoint, let the curriculum, the temperature and the re-asks follow the round, append its metrics
    and emit its events (node/checkpoint, node/metrics; `Node.finish_round`).
 
-engine/experiment/runner.py runs the same steps for several nodes at once, through the same methods.
+engine/experiment/batched_round.py runs the same steps for several nodes at once, through the same methods.
 """
 
 from __future__ import annotations
