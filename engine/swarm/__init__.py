@@ -3,6 +3,7 @@
 - `protocol`: the wire protocol (message shapes, limits, validation), shared with the relay;
 - `identity`: the node's Ed25519 key; `identity_backup`: `sapling-node identity show|export|import`;
 - `client`: the link to the relay, on a background thread; `link`: what the link shows and keeps;
+  `heartbeat`: when a silent link is dead, with a deadline on every wait;
 - `local`: this computer's relay, hosted or joined, and taken over when its host stops;
 - `rate`: a request budget, the same on both sides of the websocket; `datacap`: the daily traffic caps;
 - `exchange`: the SAPO mix: this node's groups out as signed text, peers' text in, verified and re-scored;

@@ -16,14 +16,10 @@ relay stores it if it never arrived and refuses it as a replay if it did, so
 nothing is lost or stored twice. One older than `RESEND_WITHIN_S` is dropped
 and counted.
 
-A silent link. A Wi-Fi blink or a middlebox can keep a dead TCP connection
-open for minutes, so every wait has a deadline: after half a `heartbeat` of
-quiet the client pings, after a whole one it gives the link up ("no answer
-from the relay for 20 s") and reconnects. Silence counts only while the
-client's own loop runs: time the process was suspended (a laptop asleep,
-SIGSTOP) or starved (a wait overrun by more than `STALL_SLACK_S`) is not the
-relay's. Opening a link must end within `CONNECT_TIMEOUT_S`, closing one
-within `CLOSE_TIMEOUT_S`; the log says once when the link is lost and once
+A silent link. A dead TCP connection can stay open for minutes, so every
+wait has a deadline: engine/swarm/heartbeat.py pings after half a `heartbeat`
+of quiet and gives the link up after a whole one, counting silence only
+while this process runs; the log says once when the link is lost and once
 when it is back, with how long it was down.
 
 `sample` keeps the relay's sampling cursor, so each call draws only from
@@ -51,7 +47,7 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
@@ -60,6 +56,7 @@ import aiohttp
 
 from engine.swarm import link, protocol
 from engine.swarm.datacap import DataMeter
+from engine.swarm.heartbeat import close_socket, listen
 from engine.swarm.identity import Identity
 from engine.swarm.link import LinkSilent, LinkState, RelayMemory, Unacked, duration_text, pace
 from engine.swarm.rate import TokenBucket
@@ -207,7 +204,7 @@ class SwarmClient:
                             future.set_result({"batches": [], "cursor": None})
                     self._pending.clear()
                     if ws is not None:  # closed only now: the node already knows the link is down
-                        await self._close(ws)
+                        await close_socket(ws)
                 if self._stop.is_set():
                     break
                 delay = self._rng.uniform(0, min(link.BACKOFF_CAP_S, link.BACKOFF_START_S * 2**attempt))
@@ -293,7 +290,7 @@ class SwarmClient:
                 return ws, challenge, welcome
         except BaseException as exc:
             if ws is not None:
-                await self._close(ws)
+                await close_socket(ws)
             if isinstance(exc, TimeoutError):
                 raise ConnectionError(f"no answer from the relay within {link.CONNECT_TIMEOUT_S:g} s of "
                                       "connecting") from exc
@@ -313,53 +310,17 @@ class SwarmClient:
                 raise ConnectionError(closed)
 
     async def _listen(self, ws: aiohttp.ClientWebSocketResponse) -> None:
-        """Hand the relay's messages to `_dispatch` until the link ends; LinkSilent when it falls silent.
+        """Hand the relay's messages to `_dispatch` until the link ends; LinkSilent when it falls silent (after a
+        heartbeat of silence, counted only while this process runs: engine/swarm/heartbeat.py)."""
+        await listen(ws, self.heartbeat, self._received, self._stalled)
 
-        Every frame is a sign of life: the relay's stats come every few seconds, and its pings. After half a
-        heartbeat of quiet the relay gets a ping; after a whole one of silence the link is dead. (aiohttp's
-        own heartbeat would end the link as an anonymous close, code 1006, and no later than 1.5 heartbeats.)
-        Quiet is counted in short steps, each at most its length plus link.STALL_SLACK_S: a step that took longer
-        is this process not running, and a frame that waited in the socket meanwhile is read, not missed."""
-        loop = asyncio.get_running_loop()
-        step = max(0.05, min(1.0, self.heartbeat / 8))
-        slack = min(link.STALL_SLACK_S, step)  # a short heartbeat (tests) has a short slack
-        receiving: asyncio.Task[aiohttp.WSMessage] = asyncio.ensure_future(ws.receive())
-        quiet, pinged = 0.0, False
+    def _received(self, text: str) -> None:
+        """One text frame from the relay: counted, then handed to `_dispatch` (a bad one is logged and ignored)."""
+        self._count(received=text)
         try:
-            while True:
-                limit = self.heartbeat if pinged else self.heartbeat / 2
-                wait = min(step, max(0.0, limit - quiet))
-                began = loop.time()
-                done, _ = await asyncio.wait({receiving}, timeout=wait)
-                took = loop.time() - began
-                counted = min(took, wait + slack)
-                self._stalled(took - counted)
-                if not done:
-                    quiet += counted
-                    if quiet < limit:
-                        continue
-                    if pinged:
-                        raise LinkSilent(quiet)
-                    pinged = True
-                    await self._control(ws.ping(), loop.time() + self.heartbeat - quiet)
-                    continue
-                msg = receiving.result()
-                quiet, pinged = 0.0, False
-                if msg.type == aiohttp.WSMsgType.PING:
-                    await self._control(ws.pong(msg.data), loop.time() + self.heartbeat)
-                elif msg.type == aiohttp.WSMsgType.TEXT:
-                    self._count(received=msg.data)
-                    try:
-                        self._dispatch(protocol.decode_relay(msg.data))
-                    except protocol.ProtocolError as exc:
-                        log.warning("ignored a bad message from the relay: %s", exc)
-                elif msg.type != aiohttp.WSMsgType.PONG:
-                    return
-                receiving = asyncio.ensure_future(ws.receive())
-        finally:
-            if not receiving.done():
-                receiving.cancel()
-            await asyncio.gather(receiving, return_exceptions=True)
+            self._dispatch(protocol.decode_relay(text))
+        except protocol.ProtocolError as exc:
+            log.warning("ignored a bad message from the relay: %s", exc)
 
     def _stalled(self, seconds: float) -> None:
         """This process did not run for `seconds` while waiting for the relay: not the relay's silence."""
@@ -370,22 +331,6 @@ class SwarmClient:
             self._stall = (time.monotonic(), seconds)
             log.info("this process did not run for %s (asleep, stopped or starved of CPU); not counted as the "
                      "relay's silence", duration_text(seconds))
-
-    @staticmethod
-    async def _control(send: Awaitable[None], deadline: float) -> None:
-        """Send a ping or pong, giving up at `deadline`: a dead link's full buffer would hold the write forever,
-        and a frame that cannot go out shows up as silence."""
-        with contextlib.suppress(TimeoutError, ConnectionError, aiohttp.ClientError):
-            async with asyncio.timeout_at(deadline):
-                await send
-
-    @staticmethod
-    async def _close(ws: aiohttp.ClientWebSocketResponse) -> None:
-        """Close the websocket within link.CLOSE_TIMEOUT_S: on a dead link the closing handshake never ends, and an
-        abandoned close drops the connection."""
-        with contextlib.suppress(TimeoutError, ConnectionError, aiohttp.ClientError):
-            async with asyncio.timeout(link.CLOSE_TIMEOUT_S):
-                await ws.close()
 
     def _dispatch(self, msg: dict[str, Any]) -> None:
         type_ = msg["type"]
