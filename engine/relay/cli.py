@@ -4,6 +4,8 @@
     sapling-relay --redis redis://host:6379/0        # several processes, one swarm
     sapling-relay --advertise --name "Maths club"    # found by the computers on this network (engine/common/lan.py)
     sapling-relay invite --url wss://HOST/ws         # invite links and a QR code (invite.py)
+    sapling-relay --dataset-dir DIR                  # keep the swarm's dataset (dataset.py)
+    sapling-relay dataset export --dataset-dir DIR --out OUT   # write it (dataset_export.py)
     python -m engine.relay --help                    # every setting (engine/relay/settings.py)
 
 The relay itself is engine/relay/server.py.
@@ -19,6 +21,7 @@ import os
 import signal
 import socket
 import sys
+from pathlib import Path
 
 from aiohttp import web
 
@@ -114,6 +117,10 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else list(argv)
     if args[:1] == ["invite"]:
         return relay_invite.main(args[1:])
+    if args[:1] == ["dataset"]:  # imports reasoning-gym and pyarrow only when an export starts
+        from engine.relay import dataset_export
+
+        return dataset_export.main(args[1:])
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonLogFormatter())
     logging.basicConfig(level=logging.INFO, handlers=[handler], force=True)  # before the settings: their errors too
@@ -131,6 +138,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         relay = Relay(settings)
     except OSError as exc:
+        if settings.dataset_dir and exc.filename and str(exc.filename).startswith(
+                str(Path(settings.dataset_dir).expanduser())):
+            return start_failed(f"cannot keep the swarm's dataset in {settings.dataset_dir} ({exc.strerror or exc}); "
+                                "choose another folder with --dataset-dir")
         return start_failed(f"cannot keep the relay's key in {settings.data_dir} ({exc.strerror or exc}); choose "
                             "another folder with --data-dir")
     try:

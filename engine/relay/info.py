@@ -36,7 +36,7 @@ SOFTWARE = "sapling-relay"
 WELL_KNOWN_PATH = "/.well-known/sapling-relay"
 # The fields of the document, in order; docs/protocol.md describes each and a test keeps the two equal.
 INFO_FIELDS = ("software", "version", "protocol", "name", "description", "operator", "contact", "policy", "models",
-               "limits", "public_key", "urls", "live")
+               "dataset", "limits", "public_key", "urls", "live")
 LIVE_FIELDS = ("peers_online", "batches_last_hour", "publishes_per_minute", "joined_today")
 
 
@@ -70,6 +70,14 @@ def policy(settings: RelaySettings) -> dict[str, Any]:
     return {"join": "token" if settings.join_token else "open", "allow_list": bool(settings.allow_keys)}
 
 
+def dataset_policy(settings: RelaySettings) -> dict[str, Any] | None:
+    """Whether the relay keeps the swarm's dataset (engine/relay/dataset.py), under which license, and where its
+    latest export is published ("" when not said); null when it keeps none."""
+    if not settings.dataset_dir:
+        return None
+    return {"license": settings.dataset_license, "url": settings.dataset_url}
+
+
 def info_document(settings: RelaySettings, public_key: bytes, live: dict[str, Any]) -> dict[str, Any]:
     """The information document: what docs/protocol.md lists, in INFO_FIELDS order."""
     doc: dict[str, Any] = {
@@ -82,6 +90,7 @@ def info_document(settings: RelaySettings, public_key: bytes, live: dict[str, An
         "contact": settings.contact,
         "policy": policy(settings),
         "models": settings.model_policy().to_document(),  # null: not declared (engine/common/model_policy.py)
+        "dataset": dataset_policy(settings),
         "limits": settings.limits(),
         "public_key": protocol.b64encode(public_key),
         "urls": list(settings.public_url),

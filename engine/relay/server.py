@@ -46,7 +46,8 @@ from aiohttp import WebSocketError, WSCloseCode, WSMsgType, web
 
 from engine.relay.brokers import Broker, Entry, MemoryBroker, RedisBroker
 from engine.relay.credit import CREDIT_PUSH_S, CreditBook
-from engine.relay.info import relay_identity
+from engine.relay.dataset import DatasetKeeper
+from engine.relay.info import dataset_policy, relay_identity
 from engine.relay.limits import RejectionLog
 from engine.relay.settings import RelaySettings
 from engine.relay.stats import LiveStats
@@ -54,6 +55,7 @@ from engine.relay.web import RelayPages
 from engine.swarm import protocol
 from engine.swarm.identity import readable_name, verify
 from engine.swarm.rate import TokenBucket
+from engine.swarm.receipts import DUPLICATE, NOT_SAMPLED, SAME_ADDRESS, USED, decode_receipts
 
 __all__ = ["Relay", "RelaySettings"]
 
@@ -211,6 +213,10 @@ class Relay:
         self.proxies = settings.trusted_proxies()  # whose X-Forwarded-For names the client (proxy.py)
         self.credit = CreditBook(settings.redis, settings.swarm, settings.credit_per_round, settings.receipt_window,
                                  client=shared)
+        # The swarm's dataset (engine/relay/dataset.py): every stored batch and the counted `used` receipts.
+        self.dataset = (DatasetKeeper(settings.dataset_dir, settings.dataset_max_mb,
+                                      {**(dataset_policy(settings) or {}), "name": settings.name})
+                        if settings.dataset_dir else None)
 
     def window_size(self) -> int:
         return self.broker.window_size()
@@ -466,9 +472,20 @@ class Relay:
             assert conn.peer is not None and conn.key is not None
             answer = await self.credit.receive(conn.peer, conn.key, decoded["signed"], decoded["id"], conn.ip)
             self.rejection_log.add_counts(conn.peer, conn.ip, answer["refused"], "receipt_")  # items refused
+            self._keep_used(conn.peer, decoded["signed"], answer["refused"])
             conn.send(answer)
         else:
             raise protocol.ProtocolError(protocol.E_BAD_SCHEMA, "hello is only valid as the first message")
+
+    def _keep_used(self, receiver: str, signed: protocol.Signed, refused: dict[str, int]) -> None:
+        """For the dataset: the `used` items of a counted receipts message, each another peer's. A message with
+        an item the relay did not hand this receiver, one it had receipted, or one from its sender's own address
+        keeps nothing: the answer does not say which item it was."""
+        if self.dataset is None or any(refused.get(k) for k in (NOT_SAMPLED, DUPLICATE, SAME_ADDRESS)):
+            return
+        verdicts = decode_receipts(signed.payload).verdicts  # checked by credit.receive just before
+        self.dataset.keep_used(receiver, [(v.sender, v.seq, v.index) for v in verdicts
+                                          if v.verdict == USED and v.sender != receiver])
 
     async def _publish(self, conn: Connection, signed: protocol.Signed) -> None:
         batch = protocol.decode_batch(signed.payload)
@@ -488,8 +505,10 @@ class Relay:
                 conn.send(protocol.msg_published(batch.seq))
                 return
             raise protocol.ProtocolError(protocol.E_REPLAY, f"sequence {batch.seq} is not above this peer's last one")
-        await self.broker.add(Entry(conn.peer, signed.payload, protocol.b64encode(signed.sig), batch.seq,
-                                    len(batch.items)))
+        sig = protocol.b64encode(signed.sig)
+        await self.broker.add(Entry(conn.peer, signed.payload, sig, batch.seq, len(batch.items)))
+        if self.dataset is not None:
+            self.dataset.keep_batch(conn.peer, signed.payload, sig, batch.seq)
         self.metrics["publishes"] += 1
         self.credit.shared(conn.peer, readable_name(batch.key), len(batch.items), conn.ip)
         self.live.record_publish(batch)

@@ -17,6 +17,7 @@ import base64
 import binascii
 import json
 import logging
+import re
 import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -33,6 +34,9 @@ MAX_CONTACT_CHARS = 200
 MAX_PUBLIC_URLS = 8  # the most relay addresses one invite may carry (engine.common.rules.INVITE_MAX_RELAYS)
 RELAY_DIR_NAME = "sapling-relay"  # the relay's own data folder under the user's data folder
 KEY_FILE_NAME = "relay.key"
+DEFAULT_DATASET_MAX_MB = 1024.0  # the kept batches' bound on disk (engine/relay/dataset.py)
+DEFAULT_DATASET_LICENSE = "cc-by-4.0"
+LICENSE_PATTERN = re.compile(r"^[a-z0-9][a-z0-9.+-]{0,63}$")  # a Hugging Face license id: cc-by-4.0, apache-2.0
 # Settings that are lists; the key lists are read from files named on the command line.
 KEY_LISTS = ("allow_keys", "ban_keys")
 URL_LISTS = ("public_url",)
@@ -107,6 +111,20 @@ class RelaySettings:
     data_dir: str = field(default="",
                           metadata={"help": f"folder for the relay's Ed25519 key ({KEY_FILE_NAME}); processes of one "
                                             f"swarm should share it (empty: the user's data folder, {RELAY_DIR_NAME})"})
+    dataset_dir: str = field(default="",
+                             metadata={"help": "folder where the relay keeps every stored batch and the receipts "
+                                               "that mark items used, for `sapling-relay dataset export` (shared by "
+                                               "the processes of one swarm; empty: no dataset is kept)"})
+    dataset_max_mb: float = field(default=DEFAULT_DATASET_MAX_MB,
+                                  metadata={"help": "the most megabytes the kept batches may take in dataset-dir; "
+                                                    "past it the oldest files are deleted"})
+    dataset_license: str = field(default=DEFAULT_DATASET_LICENSE,
+                                 metadata={"help": "the license the swarm's dataset is published under (a Hugging "
+                                                   "Face license id such as cc-by-4.0); the information document and "
+                                                   "the join dialog show it"})
+    dataset_url: str = field(default="",
+                             metadata={"help": "where the latest export of the dataset is published (an https:// "
+                                               "address); the status page links to it (empty: no link)"})
     log_level: str = field(default="info", metadata={"help": "debug, info, warning or error"})
     advertise: bool = field(default=False,
                             metadata={"help": "announce this relay on the local network (mDNS/DNS-SD, _sapling._tcp) "
@@ -135,6 +153,14 @@ class RelaySettings:
             allowed = "\n" if key == "description" else ""
             if any((ord(c) < 32 or ord(c) == 127) and c not in allowed for c in value):
                 raise ValueError(f"{key} must not contain control characters")
+        if not self.dataset_max_mb > 0:
+            raise ValueError(f"dataset-max-mb must be above 0, got {self.dataset_max_mb:g}")
+        if not LICENSE_PATTERN.match(self.dataset_license):
+            raise ValueError("dataset-license must be a license id such as cc-by-4.0 (a-z, 0-9, '.', '+' and '-')")
+        url = self.dataset_url
+        if url and (not url.startswith(("https://", "http://")) or len(url) > 2048
+                    or any(ord(c) <= 32 or ord(c) == 127 for c in url)):
+            raise ValueError("dataset-url must be an https:// address without spaces")
         if len(self.public_url) > MAX_PUBLIC_URLS:
             raise ValueError(f"public-url: at most {MAX_PUBLIC_URLS} addresses, got {len(self.public_url)}")
         for url in self.public_url:

@@ -276,7 +276,19 @@ class RelayPages:
             protocol=str(protocol.VERSION),
             software=SOFTWARE,
             join=self._join_section(request, private),
+            dataset=self._dataset_html(),
         )
+
+    def _dataset_html(self) -> str:
+        """The status page's line on the swarm's dataset (engine/relay/dataset.py): none when it keeps none."""
+        settings = self.relay.settings
+        if not settings.dataset_dir:
+            return ""
+        line = (f"Answers shared here may be published in this swarm's dataset, license "
+                f"{html.escape(settings.dataset_license)}.")
+        if settings.dataset_url:
+            line += f' <a id="dataset-link" href="{html.escape(settings.dataset_url)}">The latest export</a>.'
+        return f'<p id="dataset">{line}</p>'
 
     def _contact_html(self) -> str:
         contact = self.relay.settings.contact
@@ -411,6 +423,13 @@ class RelayPages:
         ]
         lines += [f'sapling_relay_receipt_items_total{{result="{name}"}} {relay.credit.metrics[name]}'
                   for name in RECEIPT_OUTCOMES]
+        dataset = getattr(relay, "dataset", None)
+        if dataset is not None:
+            lines += ["# HELP sapling_relay_dataset_kept_total Batches, used items, failed writes and pruned "
+                      "segments of the swarm's dataset (engine/relay/dataset.py).",
+                      "# TYPE sapling_relay_dataset_kept_total counter"]
+            lines += [f'sapling_relay_dataset_kept_total{{kind="{name}"}} {dataset.metrics[name]}'
+                      for name in ("batches", "used", "write_errors", "pruned")]
         lines += [
             "# HELP sapling_relay_rejections_total Messages or connections refused, by error code.",
             "# TYPE sapling_relay_rejections_total counter",
