@@ -5,7 +5,8 @@
   node hosts this computer's relay through; `EmbeddedRelay`);
 - `settings`: its settings and command line; `proxy`: which address a connection behind Caddy comes from;
 - `brokers`: where the swarm's recent batches are kept (memory, or Redis Streams shared by processes);
-- `limits`: per-peer rate limits and the refusals' summary log; `credit`: usefulness counted from receipts;
+- `limits`: per-peer rate limits and the refusals' summary log; `credit`: usefulness counted from receipts,
+  kept by `credit_store` (in memory, or in Redis shared by processes);
 - `info`: the information document and the relay's own key; `stats`: live numbers per minute over a day;
 - `web`: the status page, invite pages, health and metrics, built from the files in `static/`;
 - `invite`: `sapling-relay invite`, the links and QR code that bring people in.

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
-from engine.relay.credit import SLOT_S, CreditBook
+from engine.relay.credit import CreditBook
+from engine.relay.credit_store import SLOT_S
 from engine.swarm.identity import Identity
 from engine.swarm.receipts import Verdict, receipts_payload
 
