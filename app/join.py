@@ -100,7 +100,7 @@ class SwarmPreview(QFrame):
     """What a relay says about its swarm, or why it could not be asked."""
 
     FIELDS = (("swarm", "Swarm"), ("operator", "Run by"), ("policy", "Who may join"), ("models", "Models"),
-              ("online", "Peers online"), ("software", "Relay software"), ("relays", "Relays"))
+              ("dataset", "Dataset"), ("online", "Peers online"), ("software", "Relay software"), ("relays", "Relays"))
 
     def __init__(self, show_sharing: bool = True, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -171,6 +171,7 @@ class SwarmPreview(QFrame):
             "operator": " · ".join(part for part in (info.operator, info.contact) if part) or "not given",
             "policy": info.policy_words() + token,
             "models": describe_model_policy(info.models),
+            "dataset": info.dataset_words() or "None: the relay says it keeps no dataset of what is shared",
             "online": f"{info.live.peers_online:,}" + (f" · {info.live.batches_last_hour:,} batches shared in the last "
                                                         "hour" if info.live.batches_last_hour else ""),
             "software": f"{info.software} {info.version}, swarm protocol {info.protocol}",

@@ -53,6 +53,7 @@ NEVER_SHARED = ("Your files", "Your model's weights", "Anything else about you o
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")  # tab and newline allowed (descriptions)
 _LINE_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_LICENSE = re.compile(r"[a-z0-9][a-z0-9.+-]{0,63}")  # a Hugging Face license id, as the relay checks it
 
 
 # -- the document -------------------------------------------------------------------------------
@@ -78,6 +79,7 @@ class RelayInfo:
     join: str = "open"  # "open" or "token"
     allow_list: bool = False
     models: Any = None
+    dataset_license: str | None = None  # the swarm's dataset and its license; None: the relay keeps none
     limits: dict[str, Any] = field(default_factory=dict)
     public_key: str | None = None
     urls: tuple[str, ...] = ()
@@ -95,6 +97,12 @@ class RelayInfo:
         if self.allow_list:
             return "Private: only keys on the operator's list may join"
         return "Open: anyone may join"
+
+    def dataset_words(self) -> str:
+        """The join dialog's line on the swarm's dataset (the relay's `--dataset-dir`), or "" when it keeps none."""
+        if self.dataset_license is None:
+            return ""
+        return f"Answers you share may be published in this swarm's dataset, license {self.dataset_license}"
 
 
 def _fail(where: str, text: str) -> RelayError:
@@ -152,6 +160,12 @@ def parse_relay_info(doc: Any, where: str) -> RelayInfo:
     models = doc.get("models")
     if models is not None and not isinstance(models, (dict, list)):
         raise _fail(where, "models must be null, an object or a list")
+    dataset = doc.get("dataset")
+    if dataset is not None and not isinstance(dataset, dict):
+        raise _fail(where, "dataset must be null or an object")
+    dataset_license = None if dataset is None else dataset.get("license")
+    if dataset is not None and (not isinstance(dataset_license, str) or not _LICENSE.fullmatch(dataset_license)):
+        raise _fail(where, "dataset.license must be a license id such as cc-by-4.0")
     public_key = doc.get("public_key")
     if public_key is not None and (not isinstance(public_key, str) or len(public_key) > 256):
         raise _fail(where, "public_key must be null or text of at most 256 characters")
@@ -175,6 +189,7 @@ def parse_relay_info(doc: Any, where: str) -> RelayInfo:
         join=str(join),
         allow_list=allow_list,
         models=models,
+        dataset_license=dataset_license,
         limits=limits,
         public_key=public_key,
         urls=tuple(urls),
