@@ -2,6 +2,7 @@
 
 - `base`: what a backend is (`PolicyBackend`) and what it takes and returns (`Completion`, `TrainItem`);
 - `torch_backend` (CPU, CUDA) and `mlx_backend` (Apple MLX); `loss`: the GRPO loss in torch;
+- `adapter_slots`: several LoRA adapters over one frozen torch model (the experiment's nodes);
 - `steps`, `batching`, `train_forward`, `train_lanes`, `memory`: the training step's parts;
 - `decode`, `decode_model`, `decode_shapes`, `kv_cache`, `lora`, `hf_generate`: sampling.
 

@@ -24,6 +24,9 @@
   GPU runs out of memory, the budget is halved and the step retried from
   its start; a warning says so (a `log` event under `sapling-node serve`)
   and the round's metrics count it in `oom_retries`.
+- Several LoRA adapters over one frozen base (the experiment's nodes):
+  `new_adapter_slot`, `use_adapter_slot`, `slot_lora` and
+  `generate_with_adapters` come from engine/backends/adapter_slots.py.
 """
 
 from __future__ import annotations
@@ -35,7 +38,6 @@ import random
 import threading
 import warnings
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +45,7 @@ import torch
 from safetensors.torch import load_file, load_model, save_file, save_model
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from engine.backends.adapter_slots import AdapterSlots
 from engine.backends.base import Completion, PromptCache, StepCallback, TrainItem
 from engine.backends.batching import HFTokenizerText, MicroBatchBudget, micro_batches
 from engine.backends.decode import DecodedRow, DecodeModel, LoraAdapter, decode_batch, unsupported_reason
@@ -57,7 +60,7 @@ from engine.common.config import GRPOConfig
 from engine.common.device import DeviceInfo
 from engine.common.errors import CheckpointError, ModelError
 
-__all__ = ["AdapterSlot", "TorchBackend", "freeze_long_lived", "micro_batches", "release_memory"]
+__all__ = ["TorchBackend", "freeze_long_lived", "micro_batches", "release_memory"]
 
 log = logging.getLogger(__name__)
 
@@ -68,15 +71,7 @@ RNG_FILE = "rng.pt"
 GREEDY_CHUNK = 8  # prompts per HF greedy call (greedy_hf)
 
 
-@dataclass
-class AdapterSlot:
-    """One node's LoRA tensors (in the order of `TorchBackend.params`) and its optimizer."""
-
-    tensors: list[torch.Tensor]
-    optimizer: torch.optim.AdamW
-
-
-class TorchBackend(HFTokenizerText):
+class TorchBackend(AdapterSlots, HFTokenizerText):
     def __init__(self, model_dir: Path, device: DeviceInfo, grpo: GRPOConfig, seed: int, temperature: float) -> None:
         self.device = device
         self.grpo = grpo
@@ -167,7 +162,7 @@ class TorchBackend(HFTokenizerText):
             for param, data in originals:
                 param.data = data
 
-    def _fast_decoder(self) -> bool:
+    def fast_decoder(self) -> bool:
         """Whether `engine.backends.decode` covers this model (logged once when it does not)."""
         reason = unsupported_reason(self.model.config)
         if reason is not None and not getattr(self, "_fallback_logged", False):
@@ -210,39 +205,9 @@ class TorchBackend(HFTokenizerText):
         Each prompt runs through the model once (not at all when in `prompt_cache`), its KV cache serving all
         n completions; rows that reach EOS leave the batch (engine.backends.decode).
         """
-        if not self._fast_decoder():
+        if not self.fast_decoder():
             return self.generate_hf(prompts, n, max_new_tokens, temperature, on_step)
         rows = self.decode_rows(prompts, n, max_new_tokens, temperature, on_step, prompt_cache=prompt_cache)
-        return [Completion(self.decode(r.tokens), r.tokens, r.logprobs, r.finished) for r in rows]
-
-    def generate_with_adapters(
-        self,
-        prompts: Sequence[list[int]],
-        n: int,
-        max_new_tokens: int,
-        temperature: float | None,
-        adapters: Sequence[LoraAdapter | str],
-        adapter_index: Sequence[int],
-        seeds: Sequence[int] | None = None,
-        on_step: StepCallback | None = None,
-        temperatures: Sequence[float] | None = None,
-        prompt_cache: PromptCache | None = None,
-    ) -> list[Completion]:
-        """Completions of prompt i under adapters[adapter_index[i]], all in one batch over the frozen base.
-
-        An adapter is a `LoraAdapter` (e.g. `LoraAdapter.from_state_dict` of a checkpoint's adapter.safetensors)
-        or the name of one of this peft model's adapters. temperature None decodes greedily (no log-probs).
-        With seeds (one per adapter), each adapter's rows sample exactly as a call with that adapter alone and its
-        seed would; `temperatures` (one per prompt) stand in for `temperature`; `prompt_cache`: `generate`'s.
-        """
-        if not self._fast_decoder():
-            raise ModelError("Per-row adapters need the fast decoder, which does not support "
-                             f"{unsupported_reason(self.model.config)}.")
-        resolved = [LoraAdapter.from_peft(self.model, a) if isinstance(a, str) else a for a in adapters]
-        rows = self.decode_rows(
-            prompts, n, max_new_tokens, temperature, on_step, adapters=resolved, adapter_index=adapter_index,
-            seeds=seeds, temperatures=temperatures, prompt_cache=prompt_cache,
-        )
         return [Completion(self.decode(r.tokens), r.tokens, r.logprobs, r.finished) for r in rows]
 
     def generate_hf(self, prompts: Sequence[list[int]], n: int, max_new_tokens: int, temperature: float,
@@ -266,7 +231,7 @@ class TorchBackend(HFTokenizerText):
     def greedy(self, prompts: Sequence[list[int]], max_new_tokens: int,
                on_step: StepCallback | None = None) -> list[str]:
         """Greedy answers: all prompts in cache-sized chunks, finished rows leaving (engine.backends.decode)."""
-        if not self._fast_decoder():
+        if not self.fast_decoder():
             return self.greedy_hf(prompts, max_new_tokens, on_step)
         rows = self.decode_rows(prompts, 1, max_new_tokens, None, on_step)
         return [self.decode(r.tokens) for r in rows]
@@ -493,52 +458,6 @@ class TorchBackend(HFTokenizerText):
         self.temperature = temperature
         for group in self.optimizer.param_groups:
             group["lr"] = grpo.learning_rate
-
-    # -- several adapters over one frozen base (engine/experiment/runner.py) -------------------
-    def new_adapter_slot(self, seed: int) -> AdapterSlot:
-        """A LoRA adapter of this model's shape with its own AdamW state, initialised as peft
-        initialises one (A Kaiming-uniform, drawn here from `seed`; B zero, so it starts as the base).
-
-        `use_adapter_slot` points the trainable parameters and the optimizer at a
-        slot; everything else (generate, behaviour_logprobs, train, save, load)
-        then works on that slot unchanged. The frozen base weights are shared.
-        """
-        if self.grpo.finetune != "lora":
-            raise ModelError("Several adapters over one base need grpo.finetune = 'lora'.")
-        generator = torch.Generator().manual_seed(seed)
-        tensors = []
-        for name, param in self.model.named_parameters():
-            if not param.requires_grad:
-                continue
-            tensor = torch.zeros(param.shape, dtype=param.dtype)
-            if ".lora_A." in name:  # kaiming_uniform_(a=sqrt(5)) as in peft: U(-1/sqrt(fan_in), 1/sqrt(fan_in))
-                bound = 1.0 / float(param.shape[1]) ** 0.5
-                tensor.uniform_(-bound, bound, generator=generator)
-            tensors.append(tensor.to(self._dev))
-        if len(tensors) != len(self.params):
-            raise RuntimeError("the trainable parameters changed since the backend was built")
-        # The optimizer holds the same Parameter objects as every other slot's; its state is its own.
-        optimizer = torch.optim.AdamW(self.params, lr=self.grpo.learning_rate, weight_decay=self.grpo.weight_decay)
-        return AdapterSlot(tensors, optimizer)
-
-    def use_adapter_slot(self, slot: AdapterSlot) -> None:
-        """Train, sample, save and load with `slot` from now on (no copy: the parameters alias its tensors)."""
-        for param, tensor in zip(self.params, slot.tensors, strict=True):
-            param.data = tensor
-            param.grad = None
-        self.optimizer = slot.optimizer
-
-    def slot_lora(self, slot: AdapterSlot) -> LoraAdapter:
-        """The slot as a decoder `LoraAdapter` for `generate_with_adapters`; it aliases the
-        slot's tensors, so it follows the slot's training without being rebuilt."""
-        active = [param.data for param in self.params]
-        try:
-            for param, tensor in zip(self.params, slot.tensors, strict=True):
-                param.data = tensor
-            return LoraAdapter.from_peft(self.model)
-        finally:
-            for param, tensor in zip(self.params, active, strict=True):
-                param.data = tensor
 
     # -- persistence -------------------------------------------------------------------
     def _trainable_state(self) -> dict[str, torch.Tensor]:
