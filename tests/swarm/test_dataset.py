@@ -220,3 +220,36 @@ def test_the_dataset_settings_are_checked() -> None:
         RelaySettings(dataset_url="ftp://x").check()
     settings = settings_from_args(["--dataset-dir", "/tmp/x", "--dataset-license", "apache-2.0"])
     assert (settings.dataset_dir, settings.dataset_license) == ("/tmp/x", "apache-2.0")
+
+
+def test_relay_processes_share_the_folder_within_its_bound_and_a_partial_line_waits(tmp_path: Path) -> None:
+    from collections import Counter
+
+    from engine.relay.dataset import DatasetKeeper, read_kept, segments
+
+    one, two = DatasetKeeper(tmp_path, max_mb=0.5), DatasetKeeper(tmp_path, max_mb=0.5)
+    payload = "x" * 2000
+    for n in range(400):  # about 0.8 MB written in all, by two writers
+        (one if n % 2 else two).keep_batch("p", payload, "sig", n + 1)
+    one.keep_used("r", [("p", 1, 0)])
+    total = sum(p.stat().st_size for p in segments(tmp_path))
+    assert total <= 0.5 * 1024 * 1024 + one.segment_bytes  # the bound, give or take the segment being written
+    assert one.metrics["pruned"] + two.metrics["pruned"] > 0
+    with open(segments(tmp_path)[-1], "a", encoding="utf-8") as handle:
+        handle.write('{"k": "used", "receiver": "r", "items": [["p", 2')  # a line being written right now
+    damaged: Counter[str] = Counter()
+    records = list(read_kept(tmp_path, damaged))
+    assert not damaged and {r["k"] for r in records} == {"batch", "used"}
+    seqs = sorted(r["seq"] for r in records if r["k"] == "batch")
+    assert seqs[-1] == 400 and len(seqs) == len(set(seqs))  # the newest kept, none twice
+
+
+def test_a_relay_that_cannot_keep_its_dataset_folder_does_not_start(tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    from engine.relay.cli import main
+
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    assert main(["--port", "0", "--data-dir", str(tmp_path / "key"), "--dataset-dir", str(blocker / "ds")]) == 2
+    [line] = capsys.readouterr().err.splitlines()  # one JSON line at level error
+    assert "cannot keep the swarm's dataset in" in line and "Not a directory" in line
