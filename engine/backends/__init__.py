@@ -4,7 +4,8 @@
 - `torch_backend` (CPU, CUDA) and `mlx_backend` (Apple MLX); `loss`: the GRPO loss in torch;
 - `adapter_slots`: several LoRA adapters over one frozen torch model (the experiment's nodes);
 - `steps`, `batching`, `train_forward`, `train_lanes`, `memory`: the training step's parts;
-- `decode`, `decode_model`, `decode_shapes`, `kv_cache`, `lora`, `hf_generate`: sampling.
+- `decode`, `decode_model`, `decode_shapes`, `kv_cache`, `lora`, `hf_generate`: sampling;
+- `mlx_decode` and `mlx_loss`: the MLX backend's decoder and its GRPO loss.
 
 The backends import engine.common and each other: nothing of the round loop, the questions or the
 swarm (tests/test_boundaries.py).

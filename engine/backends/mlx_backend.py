@@ -8,18 +8,17 @@ same behaviour log-probs, same loss, same checkpoint files for the weights.
   transformers v5 writes `rope_theta` inside `rope_parameters`, which mlx-lm
   ignores (it would silently use its default); it is passed to mlx-lm
   explicitly, and every export writes it at the top level of config.json.
-- Generation runs each prompt once on its own KV cache, copies that cache
-  n times, and decodes all prompts x n completions as one left-padded batch
-  (mlx-lm's `BatchKVCache`, which keeps each row's positions starting at
-  0). Each sampled token's log-prob under the tempered distribution is
-  recorded as it is drawn: the behaviour log-probs.
+- Generation runs on engine/backends/mlx_decode.py: each prompt read once
+  on its own KV cache, all prompts x n completions decoded as one batch,
+  each sampled token's log-prob recorded as it is drawn (the behaviour
+  log-probs).
 - Training log-probs use prompt + completion right-padded: causal attention
   never looks right, so no mask or position ids are needed and the result
   equals the torch backend's left-padded layout. Only completion positions
   go through the LM head. As in transformers, the pad token's input
   embedding gets no gradient (HF's `padding_idx`). The loss is `engine.backends.loss`'s token-level clipped
-  objective, written again in MLX (tests/engine/test_cross_backend.py holds
-  the two to each other).
+  objective, written again in MLX in engine/backends/mlx_loss.py
+  (tests/engine/test_cross_backend.py holds the two to each other).
 - LoRA (default) puts mlx-lm's `LoRALinear` on every linear layer of the
   transformer blocks (peft's "all-linear"), scale alpha / rank. With bf16
   (Apple M2 and later, precision auto) the frozen base runs in bf16 and the
@@ -53,7 +52,6 @@ import mlx.nn as nn
 import mlx.optimizers as optim
 import numpy as np
 from mlx.utils import tree_flatten, tree_map, tree_unflatten
-from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.tuner.lora import LoRALinear
 from mlx_lm.tuner.utils import linear_to_lora_layers
 from mlx_lm.utils import load_model
@@ -61,6 +59,8 @@ from transformers import AutoTokenizer
 
 from engine.backends.base import Completion, PromptCache, StepCallback, TrainItem
 from engine.backends.batching import HFTokenizerText, MicroBatchBudget
+from engine.backends.mlx_decode import decode_batch
+from engine.backends.mlx_loss import clipped_pg_loss
 from engine.backends.steps import train_steps
 from engine.common.atomicio import atomic_dir
 from engine.common.config import GRPOConfig
@@ -110,40 +110,6 @@ def mlx_config_overrides(config: dict[str, Any]) -> dict[str, Any]:
         if config.get("rope_scaling") is None and rope.get("rope_type", "default") != "default":
             overrides["rope_scaling"] = {k: v for k, v in rope.items() if k != "rope_theta"}
     return overrides
-
-
-def clipped_pg_loss(
-    logp: mx.array,
-    old_logp: mx.array,
-    advantages: mx.array,
-    mask: mx.array,
-    eps_low: float,
-    eps_high: float,
-    normaliser: float,
-    ref_logp: mx.array | None = None,
-    kl_beta: float = 0.0,
-    weights: mx.array | None = None,
-) -> tuple[mx.array, mx.array, mx.array]:
-    """`engine.backends.loss.clipped_pg_loss` in MLX: (loss, clipped token count, summed k3 KL).
-
-    Shapes: logp, old_logp, mask, ref_logp, weights [batch, tokens]; advantages [batch].
-    """
-    adv = advantages[:, None]
-    ratio = mx.exp(logp - old_logp)
-    clipped = mx.clip(ratio, 1.0 - eps_low, 1.0 + eps_high)
-    per_token = -mx.minimum(ratio * adv, clipped * adv)
-    if weights is not None:
-        per_token = per_token * weights
-    kl_sum = mx.array(0.0)
-    if ref_logp is not None and kl_beta > 0.0:
-        delta = ref_logp - logp
-        kl = mx.exp(delta) - delta - 1.0
-        per_token = per_token + kl_beta * kl
-        kl_sum = mx.stop_gradient((kl * mask).sum())
-    loss = (per_token * mask).sum() / normaliser
-    was_clipped = ((ratio < 1.0 - eps_low) & (adv < 0)) | ((ratio > 1.0 + eps_high) & (adv > 0))
-    clipped_count = mx.stop_gradient((was_clipped.astype(mx.float32) * mask).sum())
-    return loss, clipped_count, kl_sum
 
 
 def is_out_of_memory(exc: BaseException) -> bool:
@@ -206,57 +172,6 @@ class MLXBackend(HFTokenizerText):
         )
 
     # -- sampling ----------------------------------------------------------------------
-    def _prefill(self, prompt: list[int]) -> list[Any]:
-        """A KV cache holding all of `prompt` but its last token (which starts decoding)."""
-        cache = make_prompt_cache(self.model)
-        if len(prompt) > 1:
-            self.model(mx.array(prompt[:-1])[None], cache=cache)
-            mx.eval([(c.keys, c.values) for c in cache if getattr(c, "keys", None) is not None])
-        return cache
-
-    def _decode(
-        self,
-        prompts: Sequence[list[int]],
-        n: int,
-        max_new_tokens: int,
-        pick: Callable[[mx.array], tuple[mx.array, mx.array]],
-        on_step: Callable[[int], None] | None,
-    ) -> list[tuple[list[int], list[float], bool]]:
-        """Decode n continuations of each prompt as one batch: (tokens, log-probs, finished) per row."""
-        self.model.eval()
-        caches = [self._prefill(p) for p in prompts]
-        batch = [
-            caches[0][layer].merge([cache[layer] for cache in caches for _ in range(n)])
-            for layer in range(len(caches[0]))
-        ]
-        tokens = mx.array([p[-1] for p in prompts for _ in range(n)])
-        rows = len(prompts) * n
-        steps: list[np.ndarray] = []
-        logps: list[np.ndarray] = []
-        finished = np.zeros(rows, dtype=bool)
-        for step in range(max_new_tokens):
-            logits = self.model(tokens[:, None], cache=batch)[:, -1, :].astype(mx.float32)
-            tokens, chosen = pick(logits)
-            mx.eval(tokens, chosen)
-            steps.append(np.array(tokens))
-            logps.append(np.array(chosen))
-            finished |= steps[-1] == self.eos_token_id
-            if on_step is not None:
-                on_step(step + 1)
-            if finished.all():
-                break
-        del batch, caches
-        out: list[tuple[list[int], list[float], bool]] = []
-        for row in range(rows):
-            ids = [int(s[row]) for s in steps]
-            lps = [float(lp[row]) for lp in logps]
-            if self.eos_token_id in ids:
-                cut = ids.index(self.eos_token_id) + 1
-                out.append((ids[:cut], lps[:cut], True))
-            else:
-                out.append((ids, lps, False))
-        return out
-
     def generate(
         self,
         prompts: Sequence[list[int]],
@@ -277,7 +192,7 @@ class MLXBackend(HFTokenizerText):
             return token, mx.take_along_axis(logp, token[:, None], axis=-1)[:, 0]
 
         report = None if on_step is None else (lambda step: on_step(step, max_new_tokens))
-        rows = self._decode(prompts, n, max_new_tokens, sample, report)
+        rows = decode_batch(self.model, prompts, n, max_new_tokens, sample, report, self.eos_token_id)
         return [Completion(self.decode(ids), ids, lps, done) for ids, lps, done in rows]
 
     def greedy(self, prompts: Sequence[list[int]], max_new_tokens: int,
@@ -295,7 +210,8 @@ class MLXBackend(HFTokenizerText):
             report = None
             if on_step is not None:
                 report = (lambda offset: lambda step: on_step(offset + step, total))(number * max_new_tokens)
-            rows = self._decode([prompts[i] for i in chunk], 1, max_new_tokens, argmax, report)
+            rows = decode_batch(self.model, [prompts[i] for i in chunk], 1, max_new_tokens, argmax, report,
+                                self.eos_token_id)
             for i, (ids, _, _) in zip(chunk, rows, strict=True):
                 answers[i] = self.decode(ids)
         return [answers[i] for i in range(len(prompts))]
