@@ -96,6 +96,13 @@ SHARING_HTML = (f"<b>Joining shares</b><ul style='margin-top:2px'>{_bullets(SHAR
                 f"<b>Never shared</b><ul style='margin-top:2px'>{_bullets(NEVER_SHARED)}</ul>")
 
 
+def dataset_words(license_id: str | None) -> str:
+    """What the relay's information document says of the swarm's dataset (the relay's `--dataset-dir`)."""
+    if license_id is None:
+        return "None: the relay says it keeps no dataset of what is shared"
+    return f"Answers you share may be published in this swarm's dataset, license {license_id}"
+
+
 class SwarmPreview(QFrame):
     """What a relay says about its swarm, or why it could not be asked."""
 
@@ -171,7 +178,7 @@ class SwarmPreview(QFrame):
             "operator": " · ".join(part for part in (info.operator, info.contact) if part) or "not given",
             "policy": info.policy_words() + token,
             "models": describe_model_policy(info.models),
-            "dataset": info.dataset_words() or "None: the relay says it keeps no dataset of what is shared",
+            "dataset": dataset_words(info.dataset_license),
             "online": f"{info.live.peers_online:,}" + (f" · {info.live.batches_last_hour:,} batches shared in the last "
                                                         "hour" if info.live.batches_last_hour else ""),
             "software": f"{info.software} {info.version}, swarm protocol {info.protocol}",

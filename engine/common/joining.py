@@ -79,7 +79,7 @@ class RelayInfo:
     join: str = "open"  # "open" or "token"
     allow_list: bool = False
     models: Any = None
-    dataset_license: str | None = None  # the swarm's dataset and its license; None: the relay keeps none
+    dataset_license: str | None = None  # the swarm's dataset's license (app/join.py); None: it keeps none
     limits: dict[str, Any] = field(default_factory=dict)
     public_key: str | None = None
     urls: tuple[str, ...] = ()
@@ -97,12 +97,6 @@ class RelayInfo:
         if self.allow_list:
             return "Private: only keys on the operator's list may join"
         return "Open: anyone may join"
-
-    def dataset_words(self) -> str:
-        """The join dialog's line on the swarm's dataset (the relay's `--dataset-dir`), or "" when it keeps none."""
-        if self.dataset_license is None:
-            return ""
-        return f"Answers you share may be published in this swarm's dataset, license {self.dataset_license}"
 
 
 def _fail(where: str, text: str) -> RelayError:
@@ -160,12 +154,10 @@ def parse_relay_info(doc: Any, where: str) -> RelayInfo:
     models = doc.get("models")
     if models is not None and not isinstance(models, (dict, list)):
         raise _fail(where, "models must be null, an object or a list")
-    dataset = doc.get("dataset")
-    if dataset is not None and not isinstance(dataset, dict):
-        raise _fail(where, "dataset must be null or an object")
-    dataset_license = None if dataset is None else dataset.get("license")
-    if dataset is not None and (not isinstance(dataset_license, str) or not _LICENSE.fullmatch(dataset_license)):
-        raise _fail(where, "dataset.license must be a license id such as cc-by-4.0")
+    dataset = doc.get("dataset")  # null, or {"license": a license id, "url": ...}
+    dataset_license = dataset.get("license") if isinstance(dataset, dict) else None
+    if dataset is not None and not (isinstance(dataset_license, str) and _LICENSE.fullmatch(dataset_license)):
+        raise _fail(where, "dataset must be null or an object whose license is an id such as cc-by-4.0")
     public_key = doc.get("public_key")
     if public_key is not None and (not isinstance(public_key, str) or len(public_key) > 256):
         raise _fail(where, "public_key must be null or text of at most 256 characters")

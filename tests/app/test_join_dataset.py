@@ -35,8 +35,8 @@ def test_the_join_dialog_shows_the_dataset_and_its_license(qtbot, start_relay: S
 def test_a_malformed_dataset_field_is_one_sentence() -> None:
     base = {"software": "sapling-relay", "version": "1", "protocol": 1, "name": "x",
             "policy": {"join": "open", "allow_list": False}, "live": {}}
-    assert parse_relay_info({**base, "dataset": None}, "r").dataset_words() == ""
+    assert parse_relay_info({**base, "dataset": None}, "r").dataset_license is None
     assert parse_relay_info({**base, "dataset": {"license": "mit", "url": ""}}, "r").dataset_license == "mit"
     for bad in ("yes", {"license": "MIT <b>"}, {"url": ""}):
-        with pytest.raises(RelayError, match="malformed: dataset"):
+        with pytest.raises(RelayError, match="malformed: dataset must be null or an object whose license"):
             parse_relay_info({**base, "dataset": bad}, "r")
