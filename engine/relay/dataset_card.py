@@ -78,7 +78,7 @@ def write_card(stats: dict[str, Any], *, license_id: str, name: str, report: Any
         "",
         f"- {stats['rows']:,} answers to {stats['items']:,} items, published from {_day(stats['first'])} to "
         f"{_day(stats['last'])}.",
-        f"- Signed by {len(signers):,} keys, named here by key id only: "
+        f"- Signed by {len(signers):,} key{'' if len(signers) == 1 else 's'}, named here by key id only: "
         + (", ".join(f"`{s}`" for s in signers) if signers else "none") + ".",
         "- Models, as their senders labelled the batches (a label is the sender's claim): "
         + (", ".join(f"`{_cell(m)}` ({n:,})" for m, n in sorted(stats["models"].items())) or "none") + ".",

@@ -50,6 +50,7 @@ DATA_DIR = "data"
 SHARD_PATTERN = re.compile(r"^train-(\d{5})\.parquet$")
 STATE_FILE = ".export-state.json"  # hidden: datasets' loader skips it
 LOCK_FILE = ".export.lock"
+PUBLIC_MODE = 0o644  # shards and card are for publishing: readable by the web server or the upload tool
 DEFAULT_HELDOUT = 108  # the node's default tasks.eval_questions
 HELD_OUT = "held_out"
 NOT_USED = "not_used"
@@ -273,7 +274,8 @@ def export_dataset(dataset_dir: str | Path, out: str | Path, *, license_id: str 
         report.rows, report.items = stats["rows"], stats["items"]
         try:
             atomic_write_text(out / "README.md", write_card(stats, license_id=license_id, name=name,
-                                                            report=report, heldout_questions=heldout_questions))
+                                                            report=report, heldout_questions=heldout_questions),
+                              mode=PUBLIC_MODE)
         except OSError as exc:
             raise ExportError(f"cannot write the dataset card {out / 'README.md'} ({exc.strerror or exc}); the "
                               "shards are whole: run it again once there is room") from None
@@ -316,7 +318,7 @@ def _write_shard(out: Path, rows: list[dict[str, Any]], pa: Any, pq: Any) -> Pat
     taken = [int(m.group(1)) for p in shards(out) if (m := SHARD_PATTERN.match(p.name))]
     path = out / DATA_DIR / f"train-{max(taken, default=-1) + 1:05d}.parquet"
     try:
-        atomic_write_bytes(path, sink.getvalue().to_pybytes())
+        atomic_write_bytes(path, sink.getvalue().to_pybytes(), mode=PUBLIC_MODE)
     except OSError as exc:
         raise ExportError(f"cannot write {path} ({exc.strerror or exc}); nothing of it was kept: run the export "
                           "again once there is room") from None

@@ -162,6 +162,7 @@ async def test_a_three_peer_swarm_exports_only_used_rescored_unique_answers(star
         question = TASKS.rebuild_sent(json.loads(row.task))
         assert question.text == row.question
         assert TASKS.reward(question, row.answer) == row.score and row.correct == (row.score == 1.0)
+    assert all((p.stat().st_mode & 0o777) == 0o644 for p in [out / "README.md", *(out / "data").iterdir()])
     meta = card_metadata(out)
     assert meta["license"] == "cc-by-4.0" and meta["size_categories"] == ["n<1K"]
     assert "question-answering" in meta["task_categories"]
