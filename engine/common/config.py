@@ -373,6 +373,12 @@ class SwarmConfig:
         "(docs/results.md 'Swarm' compares the settings per hour). Your own groups are never left out for it.",
         4,
     )
+    peer_questions: float = _help(
+        "Share (0 to 1) of each round's B questions taken from the swarm's teaching questions: questions whose "
+        "answers scored differently for a peer, verified here, which this node then answers itself (its own G "
+        "answers, trained on as its own group; the peer's text is not trained on). 0: off "
+        "(engine/questions/peers.py; what it does per hour: docs/results.md 'Swarm').", 0.0, low=0.0, high=1.0,
+    )
     local_informative_first: bool = _help(
         "With local_groups below the round's questions: fill the I own slots first with rollouts that are trained "
         "on (rewards that differ; with grpo.train_on 'passed', one answer passed), not I at random (docs/swarm.md).",

@@ -129,6 +129,8 @@ def batched_round(shared: Any, config: NodeConfig, mix: Mix, round_index: int, n
                                     for node, own in zip(nodes, groups, strict=True)],
         "reasked": [m.get("reasked", 0) for m in metrics],  # own questions asked again (tasks.reask_share)
         "reasked_informative": [m.get("reasked_informative", 0) for m in metrics],
+        "peer_asked": [m.get("peer_asked", 0) for m in metrics],  # peers' teaching questions (swarm.peer_questions)
+        "peer_asked_informative": [m.get("peer_asked_informative", 0) for m in metrics],
         "swarm_reward_mean": [m["swarm_reward_mean"] for m in metrics],
         # The training batch group by group, [mean reward, informative], own then the swarm's, and every swarm
         # group re-scored in draw order: the batch means the paper's trainer logs (batch_mean.py)

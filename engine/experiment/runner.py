@@ -66,6 +66,7 @@ from engine.node.loop import Node, derive_seed
 from engine.questions.curriculum import curriculum_for, harder_configs
 from engine.questions.frontier import frontier_for
 from engine.questions.heat import heat_for
+from engine.questions.peers import peer_questions_for
 
 if TYPE_CHECKING:
     from engine.questions.tasks import Question
@@ -272,6 +273,15 @@ class Experiment:
             result["harder"] = self._evaluate_set(views, self.taskset.eval_set(tasks.eval_questions, harder))
         return result
 
+    def _held_out_texts(self) -> set[str]:
+        """The texts of the experiment's held-out questions (both sets with tasks.eval_harder)."""
+        tasks = self.config.tasks
+        texts = {q.text for q in self.taskset.eval_set(tasks.eval_questions)}
+        if tasks.eval_harder:
+            harder = harder_configs(tasks, self.taskset.specialties)
+            texts |= {q.text for q in self.taskset.eval_set(tasks.eval_questions, harder)}
+        return texts
+
     def _evaluate_set(self, views: Sequence[NodeBackend], questions: Sequence[Question]) -> dict[str, Any]:
         return evaluate_set(self.shared, self.taskset, self.eval_examples, views, questions,
                             self.config.tasks.max_new_tokens, lambda done, total: self._progress("evaluating", done,
@@ -402,6 +412,8 @@ class Experiment:
                 if not session.exchange.client.wait_connected(30.0):
                     raise DeviceError(f"Node {k} could not connect to the experiment's relay at {url}.")
             node = Node(cfg, paths, self._node_event, self.control, exchange=exchange)
+            if node.peers is not None:  # a peer's question that is one of the experiment's held-out ones is never asked
+                node.held_out_texts = self._held_out_texts()
             if self.hooks.reward is not None:
                 node.taskset.reward = self.hooks.reward  # type: ignore[method-assign,assignment]
             view = NodeBackend(self.shared, self.shared.new_adapter_slot(derive_seed(cfg.run.seed, 0, 7)))
@@ -440,3 +452,4 @@ class Experiment:
         node.curriculum = curriculum_for(node.config, node.taskset.specialties, state.get("curriculum"))
         node.frontier = frontier_for(node.config, node.taskset.seed, state.get("frontier"))
         node.heat = heat_for(node.config.tasks, state.get("heat"))
+        node.peers = peer_questions_for(node.config, state.get("peer_questions"))

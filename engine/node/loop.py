@@ -38,6 +38,7 @@ from engine.common.model_policy import model_label
 from engine.common.paths import Paths
 from engine.common.schema import restart_changes
 from engine.models.sources import resolve_model_dir
+from engine.node.admission import admit
 from engine.node.checkpoint import latest_good, save_checkpoint
 from engine.node.clock import Clock, Control, Pacing, RoundAborted
 from engine.node.metrics import MetricsLog, held_out_summary, round_summary, rss_bytes
@@ -47,31 +48,16 @@ from engine.node.seeds import derive_seed, node_seed, run_seed
 from engine.questions.curriculum import curriculum_for, harder_configs
 from engine.questions.frontier import frontier_for
 from engine.questions.heat import heat_for
+from engine.questions.peers import peer_questions_for, wanted
 from engine.questions.probe import choose
 from engine.questions.tasks import Question, TaskSet
 from engine.rollouts.groups import Group, group_advantages, train_items, trained_groups
-from engine.rollouts.offers import R_IMPLAUSIBLE, R_TOO_LONG, ExternalItem, Offer
-from engine.swarm.defence import (
-    IMPLAUSIBLE,
-    PROBATION,
-    LengthCheck,
-    Plausibility,
-    item_floor,
-    mean_logloss,
-    offpolicy_negatives,
-    sender_verdict,
-    token_weights,
-    trace_weights,
-)
+from engine.rollouts.offers import Offer
 
 if TYPE_CHECKING:  # the loop never opens the swarm: its exchange comes from the caller (engine/node/launch.py)
     from engine.swarm.exchange import RolloutExchange
 
 log = logging.getLogger(__name__)
-
-# Another model's tokenizer splits the same text differently: an external completion may
-# take up to this many times this node's own length cap, in this node's tokens.
-EXTERNAL_LENGTH_SLACK = 2
 
 Emit = Callable[[Event], None]
 
@@ -104,6 +90,9 @@ class Node:
         self.curriculum = curriculum_for(self.config, self.taskset.specialties)  # None: fixed difficulty
         self.frontier = frontier_for(self.config, self.taskset.seed)  # None: no re-asks
         self.heat = heat_for(self.config.tasks)  # None: a fixed sampling temperature
+        self.peers = peer_questions_for(self.config)  # None: no peers' questions asked (questions/peers.py)
+        self.peer_asked: set[str] = set()  # the keys of this round's peers' questions
+        self.held_out_texts: set[str] | None = None  # the held-out questions' texts (an experiment sets its own)
         self.device: DeviceInfo | None = None
         self.backend: PolicyBackend | None = None
         self.threads: ThreadPolicy | None = None  # CPU threads for torch (cpu and cuda devices)
@@ -174,6 +163,7 @@ class Node:
         self.curriculum = curriculum_for(self.config, self.taskset.specialties, found.state.get("curriculum"))
         self.frontier = frontier_for(self.config, self.taskset.seed, found.state.get("frontier"))
         self.heat = heat_for(self.config.tasks, found.state.get("heat"))
+        self.peers = peer_questions_for(self.config, found.state.get("peer_questions"))
         if found.state.get("config_hash") != self.config.config_hash():
             log.warning("Settings changed since round %d; continuing with the new ones.", found.round)
         metrics = found.state.get("metrics")
@@ -238,6 +228,7 @@ class Node:
                                          self.curriculum and self.curriculum.to_state())
         self.frontier = frontier_for(new, self.taskset.seed, self.frontier and self.frontier.to_state())
         self.heat = heat_for(new.tasks, self.heat and self.heat.to_state())
+        self.peers = peer_questions_for(new, self.peers and self.peers.to_state())
         if self.backend is not None:
             self.backend.apply_settings(new.grpo, self.temperature)
         self.status(self._state, "Settings reloaded.")
@@ -303,6 +294,10 @@ class Node:
         B = cfg.tasks.questions_per_round  # up to reask_share of them asked again (questions/frontier.py), oldest first
         asked_again = int(round(cfg.tasks.reask_share * B, 6))
         refs = self.frontier.pick(asked_again, self.taskset.specialties) if self.frontier else []
+        # then up to swarm.peer_questions of them the swarm's teaching questions, newest first (questions/peers.py)
+        peer_refs = self.peers.take(min(wanted(cfg), B - len(refs)), self.taskset.specialties) if self.peers else []
+        self.peer_asked = {r.key() for r in peer_refs}
+        refs += peer_refs
         drawn = cfg.tasks.probe_questions if cfg.tasks.probe_answers else B  # probing draws more, completes B
         questions = [self.taskset.rebuild(r) for r in refs] + self.taskset.draw(round_index, drawn - len(refs),
                                                                                **plan)
@@ -369,7 +364,8 @@ class Node:
         metrics = self._round_metrics(groups, external, stats, gen_seconds, train_seconds, seconds)
         if swarm_report is not None:
             metrics["swarm"] = swarm_report
-        asked_again = self.frontier.keys() if self.frontier else set()  # chosen for teaching: no level's evidence
+        # chosen for teaching (re-asks, peers' questions): no evidence for a level or the temperature
+        asked_again = (self.frontier.keys() if self.frontier else set()) | self.peer_asked
         if self.curriculum is not None:  # levels move on this round's fresh own groups; its report joins the metrics
             metrics.update(self.curriculum.follow([(g.question.ref.dataset, g.rewards) for g in groups
                                                    if g.question.ref.key() not in asked_again], cfg.tasks.specialties))
@@ -377,6 +373,10 @@ class Node:
             metrics.update(self.heat.follow([g.rewards for g in groups if g.question.ref.key() not in asked_again]))
         if self.frontier is not None:  # re-asks that came back all-same or used up leave, fresh mixed ones join
             metrics.update(self.frontier.follow(round_index, groups))
+        if self.peers is not None:  # how often a peer's teaching question taught this node too
+            asked = [g for g in groups if g.question.ref.key() in self.peer_asked]
+            metrics.update(peer_asked=len(asked), peer_asked_informative=sum(g.informative for g in asked),
+                           peer_questions_waiting=len(self.peers))
         state = {
             "config_hash": cfg.config_hash(),
             "structure_hash": cfg.structure_hash(),
@@ -386,6 +386,7 @@ class Node:
             **({"curriculum": self.curriculum.to_state()} if self.curriculum else {}),
             **({"frontier": self.frontier.to_state()} if self.frontier else {}),
             **({"heat": self.heat.to_state()} if self.heat else {}),
+            **({"peer_questions": self.peers.to_state()} if self.peers else {}),
         }
         path = save_checkpoint(self.checkpoint_root, round_index, backend.save, state, cfg.run.keep_checkpoints)
         self.metrics.append(metrics)
@@ -401,14 +402,29 @@ class Node:
         self._lift_bans()
         if self.publishes():
             self.exchange.publish(round_index, groups)
+        J = self.external_wanted(round_index, groups)
+        asking = wanted(cfg) if self.peers is not None else 0  # and some only for their questions (questions/peers.py)
         offer = self.exchange.sample(
-            round_index, self.external_wanted(round_index, groups), self.taskset,
+            round_index, J + asking, self.taskset,
             exclude={g.question.ref.key() for g in groups}, seed=derive_seed(cfg.run.seed, round_index, 2),
         )
+        aside = offer.set_aside(J)  # verified, informative by this node's verifier; never trained on
+        if self.peers is not None:
+            self.peers.offer(round_index, [item.question for item in aside], self.held_out())
         own = [(g.question.ref.dataset, len(c.token_ids), r)
                for g in groups for c, r in zip(g.completions, g.rewards, strict=True)]
         external, verdicts = self._admit(offer, [c.logprobs for g in groups for c in g.completions], own)
         return external, self.exchange.settle(offer, verdicts)
+
+    def held_out(self) -> set[str]:
+        """The texts of this node's held-out questions (drawn once): a peer's question among them is never asked."""
+        if self.held_out_texts is None:
+            t = self.config.tasks
+            self.held_out_texts = {q.text for q in self.taskset.eval_set(t.eval_questions)}
+            if t.eval_harder:
+                harder = harder_configs(t, self.taskset.specialties)
+                self.held_out_texts |= {q.text for q in self.taskset.eval_set(t.eval_questions, harder)}
+        return self.held_out_texts
 
     def publishes(self) -> bool:
         """Whether this round's own groups go to the swarm: not while the adaptive temperature is high (heat.py)."""
@@ -431,85 +447,12 @@ class Node:
 
     def _admit(self, offer: Offer, own_logprobs: Sequence[Sequence[float]] = (),
                own_lengths: Sequence[tuple[str, int, float]] = ()) -> tuple[list[Group], dict[int, str]]:
-        """Tokenise verified external text for this node's policy and give it behaviour log-probs.
-
-        Another model's tokenizer splits the same text differently, so an
-        external completion may take up to EXTERNAL_LENGTH_SLACK times this
-        node's own length cap, in this node's tokens; longer is `too_long`, and
-        so is an answer that would be reinforced and is `swarm.length_ratio`
-        times longer than this round's own rewarded answers (`LengthCheck`,
-        from `own_lengths`: specialty, tokens, reward of each own completion).
-        With `swarm.plausibility_check`, an item with a completion that this
-        node's policy finds implausible (`engine.swarm.defence.Plausibility`, against
-        the floor set by `own_logprobs`, this round's own completions) is
-        `implausible`: the log-probs are the ones computed here anyway. Items
-        the exchange put in `offer.baselines` (a swarm of different models,
-        another model's label) are judged against their sender's own past
-        instead (`sender_verdict`): their worst window goes into `offer.worst`,
-        and those accepted on probation into `offer.probation`. Tokens of
-        accepted text get truncated importance weights (`token_weights`;
-        `trace_weights`, carried along the text, for those items).
-        Returns the groups to train on and the rejections, by offer index.
-        """
+        """The offer's items this node lets in, judged with its own model (engine/node/admission.py): the groups
+        to train on and the rejections, by offer index."""
         if self.backend is None:
             raise RuntimeError("setup() must run before _admit()")
-        backend, cfg = self.backend, self.config
-        sw = cfg.swarm
-        cap = EXTERNAL_LENGTH_SLACK * cfg.tasks.max_new_tokens + 1  # + the EOS the encoder appends
-        verdicts: dict[int, str] = {}
-        kept: list[tuple[int, ExternalItem, list[int], list[list[int]]]] = []
-        lengths = LengthCheck(ratio=sw.length_ratio)
-        limits = lengths.limits(own_lengths)
-        for index, item in enumerate(offer.items):
-            token_ids = [backend.encode_completion(text) for text in item.completions]
-            scale = EXTERNAL_LENGTH_SLACK if index in offer.baselines else 1  # another tokenizer: as for the cap
-            if any(len(ids) > cap for ids in token_ids) or not lengths.judge(
-                    item.question.ref.dataset, [len(ids) for ids in token_ids], item.rewards, limits, scale):
-                verdicts[index] = R_TOO_LONG
-                continue
-            kept.append((index, item, backend.encode_prompt(self.taskset.messages(item.question)), token_ids))
-        pairs = [(prompt, ids) for _, _, prompt, token_ids in kept for ids in token_ids]
-        logprobs = iter(backend.behaviour_logprobs(pairs, self.temperature) if pairs else [])
-        # Peers are judged at tasks.temperature (a node the adaptive temperature took hotter, against the fixed
-        # floor: judged at its own 1.3 it caught no poison; docs/swarm.md), and trained on at the node's own.
-        hot = self.temperature != cfg.tasks.temperature
-        judging = iter(backend.behaviour_logprobs(pairs, cfg.tasks.temperature) if pairs and hot else [])
-        test = Plausibility(window=sw.plausibility_window, absolute=sw.implausible_logprob)
-        floor = test.absolute if hot else test.floor(own_logprobs)
-        own = [lps[:-1] if len(lps) > 1 else lps for lps in own_logprobs]  # like the external text: no EOS
-        own_logloss = sum(map(mean_logloss, own)) / len(own) if own else 0.0
-        self.offpolicy_dropped = 0
-        groups = []
-        for index, item, prompt, token_ids in kept:
-            item_logprobs = [next(logprobs) for _ in token_ids]
-            judge_logprobs = [next(judging) for _ in token_ids] if hot else item_logprobs
-            # The last token is the EOS this node's encoder appends, not the sender's text: after a completion
-            # the sender cut at its length cap it is very unlikely (log-prob -15 to -45 measured), and judged
-            # with it an honest item read as implausible. Its training weight is truncated like any other token's.
-            judged = [lps[:-1] for lps in judge_logprobs]
-            if index in offer.baselines:  # another model's text: against its sender's usual text, no absolute floor
-                worst = offer.worst[index] = item_floor(judged, test.window)
-                verdict = sender_verdict(worst, offer.baselines[index], sw.probation_items, sw.sender_spreads)
-                if sw.plausibility_check and verdict == IMPLAUSIBLE:
-                    verdicts[index] = R_IMPLAUSIBLE
-                    continue
-                if verdict == PROBATION:
-                    offer.probation.add(index)
-            elif sw.plausibility_check and not test.judge(judged, floor):
-                verdicts[index] = R_IMPLAUSIBLE
-                continue
-            # Another model's text (in offer.baselines) is weighted along the text: nothing after a word this
-            # node would never write teaches it much, however probable it is after that word.
-            weigh = trace_weights if index in offer.baselines else token_weights
-            completions = [Completion(text, ids, lps, finished=True, weights=weigh(lps, sw.token_weight_logprob))
-                           for text, ids, lps in zip(item.completions, token_ids, item_logprobs, strict=True)]
-            rewards = list(item.rewards)
-            advantages = group_advantages(rewards, cfg.grpo.adv_eps)
-            for i in offpolicy_negatives([lps[:-1] for lps in item_logprobs], advantages, own_logloss,
-                                         sw.offpolicy_negative_kl):
-                advantages[i] = 0.0  # left out of the loss (train_items skips zero advantages)
-                self.offpolicy_dropped += 1
-            groups.append(Group(item.question, prompt, completions, rewards, advantages, source=item.peer))
+        groups, verdicts, self.offpolicy_dropped = admit(self.backend, self.config, self.taskset, self.temperature,
+                                                         offer, own_logprobs, own_lengths)
         return groups, verdicts
 
     def _round_metrics(

@@ -5,6 +5,7 @@
 - `scores`: what scores say: an answer passed, answers differ, a group teaches (grpo.train_on);
 - `curriculum`: difficulty that follows the model (`tasks.difficulty = "adaptive"`);
 - `frontier`: re-asking the questions that taught (`tasks.reask_share`);
+- `peers`: asking the questions that taught a peer (`swarm.peer_questions`);
 - `probe`: a few answers of each question first, the rest only for those kept (`tasks.probe_answers`);
 - `heat`: a sampling temperature that follows the model (`tasks.adaptive_temperature`).
 

@@ -65,6 +65,9 @@ class ExternalItem:
         return hashlib.sha256(blob.encode("utf-8", "surrogatepass")).hexdigest()[:32]
 
 
+NOT_PICKED = "not_picked"  # an item verified or received but not trained on: what its receipt says
+
+
 @dataclass
 class Offer:
     """What `sample` found this round: verified items, and how every other item was counted."""
@@ -88,3 +91,15 @@ class Offer:
     # (informative). The first J are what a trainer that keeps uniform peer groups unfiltered would train on, as
     # the paper's public trainer does; its logged batch mean averages them (engine/experiment/batch_mean.py).
     scored: list[tuple[float, bool]] = field(default_factory=list)
+
+    def set_aside(self, keep: int) -> list[ExternalItem]:
+        """Keep the first `keep` verified items to be judged and trained on; the others leave the offer, counted
+        and receipted as not picked (never as used: nothing of their text is learned), and are returned (their
+        questions asked again by this node: engine/questions/peers.py)."""
+        aside, self.items = self.items[keep:], self.items[:keep]
+        ids, self.item_ids = self.item_ids[keep:], self.item_ids[:keep]
+        self.not_picked.extend(item.peer for item in aside)
+        self.settled.extend((item_id, NOT_PICKED) for item_id in ids)
+        for index in [i for i in self.baselines if i >= keep]:
+            del self.baselines[index]
+        return aside

@@ -22,10 +22,10 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from engine.rollouts.offers import NOT_PICKED
 from engine.swarm import protocol
 
 USED = "used"
-NOT_PICKED = "not_picked"
 OTHER = "other"  # what the relay counts a rejection reason it does not know as
 # The rejection reasons a receipt may name and the relay counts under their own name; any other
 # well-formed reason is counted as `other`, so a receiver cannot grow the relay's counters at will.

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from engine.common.config_file import build_config
-from engine.node.loop import EXTERNAL_LENGTH_SLACK
+from engine.node.admission import EXTERNAL_LENGTH_SLACK
 from engine.rollouts.offers import R_TOO_LONG
 from engine.swarm.defence import LengthCheck
 from engine.swarm.identity import Identity
