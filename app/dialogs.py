@@ -143,6 +143,10 @@ class SettingsForm(QWidget):
         swarm.addWidget(self.invite)
         swarm.addWidget(self.nearby)
         swarm.addWidget(self.swarm_solo)
+        self.refuse_datasets = QCheckBox("Never join a swarm that publishes the answers shared in it as a dataset")
+        self.refuse_datasets.setToolTip("A relay can keep what its swarm shares and publish it as a dataset; its "
+                                        "information says so and under which license (the Join dialog shows it).")
+        swarm.addWidget(self.refuse_datasets)
         return box
 
     # -- values -------------------------------------------------------------------------
@@ -161,6 +165,7 @@ class SettingsForm(QWidget):
         self.saved_relay, self.saved_token = engine.relay_url, engine.join_token
         self.invite.set_text(engine.relay_url)
         self.lan.setChecked(engine.embedded_lan)
+        self.refuse_datasets.setChecked(engine.refuse_dataset_swarms)
         self.resources.set_values(engine, app)
         self._sync()
 
@@ -178,8 +183,9 @@ class SettingsForm(QWidget):
             source = "bundled"
         mode = "relay" if self.swarm_relay.isChecked() else "solo" if self.swarm_solo.isChecked() else "embedded"
         relay_url, token = self._swarm() if mode == "relay" else (self.saved_relay, self.saved_token)
-        new_engine = self.resources.engine_values(engine).replace(model_source=source, swarm_mode=mode,
-                             relay_url=relay_url, join_token=token, embedded_lan=self.lan.isChecked())
+        new_engine = self.resources.engine_values(engine).replace(
+            model_source=source, swarm_mode=mode, relay_url=relay_url, join_token=token,
+            embedded_lan=self.lan.isChecked(), refuse_dataset_swarms=self.refuse_datasets.isChecked())
         try:
             validate(new_engine)
         except SettingsError as exc:
@@ -221,6 +227,9 @@ class SettingsForm(QWidget):
             self._fail("Sapling is asking the relay who runs this swarm; save again once its details show below "
                        "the invite.", None)
         assert preview is not None
+        if self.refuse_datasets.isChecked() and preview.info.dataset_license is not None:
+            self._fail(f"{preview.name} publishes a dataset of the answers shared in it (license "
+                       f"{preview.info.dataset_license}), and you chose never to join such a swarm.", self.invite.edit)
         return preview.link(), ""
 
     def _pick_nearby(self, url: str) -> None:

@@ -161,6 +161,12 @@ class SwarmPreview(QFrame):
         self.status.show()
         self._details(False)
 
+    def show_refusal(self, sentence: str) -> None:
+        """The relay answered, and the swarm is one this node's settings refuse: the details stay, with why."""
+        self.status.setStyleSheet(f"color: {theme.ERROR}; font-weight: 600;")
+        self.status.setText(sentence)
+        self.status.show()
+
     def show_error(self, sentence: str) -> None:
         self.status.setStyleSheet(f"color: {theme.ERROR}; font-weight: 600;")
         self.status.setText(sentence)
@@ -197,9 +203,11 @@ class SwarmPreview(QFrame):
 class JoinDialog(QDialog):
     """"Join this swarm?": the invite's preview, then Join (accept) or Cancel (nothing changes)."""
 
-    def __init__(self, text: str, parent: QWidget | None = None) -> None:
+    def __init__(self, text: str, parent: QWidget | None = None, refuse_datasets: bool = False) -> None:
+        """`refuse_datasets`: swarm.refuse_dataset_swarms, so a swarm that keeps a dataset cannot be joined here."""
         super().__init__(parent)
         self.text = text
+        self.refuse_datasets = refuse_datasets
         self.preview: Preview | None = None
         self.setWindowTitle("Join this swarm?")
         self.setWindowIcon(theme.icon())
@@ -256,7 +264,12 @@ class JoinDialog(QDialog):
         self.fetcher.fetch(self.text)
 
     def _on_preview(self, result: object) -> None:
-        if isinstance(result, Preview):
+        if isinstance(result, Preview) and self.refuse_datasets and result.info.dataset_license is not None:
+            self.card.show_preview(result)
+            self.card.show_refusal(f"Your settings refuse swarms that publish a dataset of the answers shared in "
+                                   f"them, and this one does (license {result.info.dataset_license}). To join it, "
+                                   "turn that off in Settings first.")
+        elif isinstance(result, Preview):
             self.preview = result
             self.card.show_preview(result)
             self.join_button.setEnabled(True)

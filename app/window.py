@@ -401,7 +401,7 @@ class MainWindow(QMainWindow):
         self.bring_to_front()
         if self.join_dialog is not None:
             self.join_dialog.reject()
-        dialog = JoinDialog(text, self)
+        dialog = JoinDialog(text, self, refuse_datasets=bool(self.engine_settings.refuse_dataset_swarms))
         dialog.finished.connect(lambda result: self._invite_answered(dialog, result))
         self.join_dialog = dialog
         dialog.open()

@@ -357,6 +357,12 @@ class SwarmConfig:
     embedded_lan: bool = _help("Let other computers on this network join the embedded relay: it listens on every "
                                "interface and announces itself (mDNS, `sapling-node discover`). Off: nothing is "
                                "announced.", False, label="Let this network's computers join", applies="restart")
+    refuse_dataset_swarms: bool = _help(
+        "Never join a swarm whose relay says it keeps a dataset of the answers shared in it (its information "
+        "document's dataset field; docs/relay-operators.md): the app's Join refuses it, and a node in relay mode "
+        "asks the relay first and does not connect when it does, or when it cannot tell.", False,
+        label="Refuse swarms that publish a dataset", applies="restart",
+    )
     local_groups: int = _help(
         "I: own rollouts (a question with its G completions) in each round's training batch; 0 means all of them.",
         0,
@@ -461,7 +467,8 @@ class SwarmConfig:
     def __post_init__(self) -> None:
         s = "swarm"
         _check_bounds(s, self)
-        for key in ("plausibility_check", "persist_bans", "local_informative_first", "embedded_lan"):
+        for key in ("plausibility_check", "persist_bans", "local_informative_first", "embedded_lan",
+                    "refuse_dataset_swarms"):
             if not isinstance(getattr(self, key), bool):
                 raise ConfigError(f"{s}.{key} must be true or false, got {getattr(self, key)!r}.")
         _number(s, "implausible_logprob", self.implausible_logprob, -100.0, 0.0)

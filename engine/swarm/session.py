@@ -16,7 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from engine.common.config import NodeConfig, SwarmConfig
+from engine.common.errors import ConfigError, RelayError
 from engine.common.events import Event, make_event
+from engine.common.joining import preview_invite
 from engine.common.rules import parse_invite
 from engine.swarm.client import LinkState, RelayMemory, SwarmClient
 from engine.swarm.contribution import CREDIT_FILE, Contribution, swarm_key
@@ -62,6 +64,21 @@ def defence_state(sw: SwarmConfig, state_dir: Path | None, run_name: str) -> tup
     return bans, replay
 
 
+def refuse_a_dataset_swarm(relay_url: str) -> None:
+    """swarm.refuse_dataset_swarms: ConfigError when the swarm's relay says it keeps a dataset of what is shared,
+    or when no relay of the invite answers (the node cannot tell, so it does not join)."""
+    try:
+        preview = preview_invite(relay_url)
+    except (RelayError, ConfigError) as exc:
+        raise ConfigError(f"Sapling could not ask the swarm's relay whether it keeps a dataset ({exc}), and "
+                          "swarm.refuse_dataset_swarms is on: the node does not join until it can tell.") from None
+    license_id = preview.info.dataset_license
+    if license_id is not None:
+        raise ConfigError(f"{preview.name or 'This swarm'} keeps a dataset of the answers shared in it (license "
+                          f"{license_id}), and swarm.refuse_dataset_swarms is on: the node does not join it. Turn "
+                          "it off in Settings, or choose another swarm.")
+
+
 def open_swarm(config: NodeConfig, identity_file: Any, emit: Callable[[Event], None],
                state_dir: Path | None = None, *, host_relay: HostRelay | None = None) -> SwarmSession:
     """Start what `swarm.mode` asks for. Solo (or J = 0) gives a session without exchange.
@@ -101,6 +118,8 @@ def open_swarm(config: NodeConfig, identity_file: Any, emit: Callable[[Event], N
         # An invite (sapling://join?relay=...&relay=...) or a bare relay address: the relays are tried in
         # order of last success, and the node moves to the next one when its relay fails.
         invite = parse_invite(sw.relay_url)
+        if sw.refuse_dataset_swarms:
+            refuse_a_dataset_swarm(sw.relay_url)
         token = invite.token or token
         swarm_name = invite.name
         memory = RelayMemory(state_dir / RELAYS_FILE)
