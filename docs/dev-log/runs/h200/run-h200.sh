@@ -1,7 +1,8 @@
 #!/bin/bash
 # The paper's horizon: the default joined node (8/4, swarm.train_groups=4) against the same 4 nodes alone (8/0),
 # 200 rounds, held-out every 25 rounds (each node's best checkpoint kept), fp32 (the bf16 step was in question on
-# AMX CPUs when this began), the two arms side by side with one thread each at nice 10, seeds in turn.
+# AMX CPUs when this began), every arm of every seed named at once, one thread each, at nice 10 (on 2 cores, seed 0 to
+# round 200 and seed 1 to round 100 take about 150 minutes with nothing else running; docs/swarm.md).
 # From a frozen worktree (FROZEN: `git worktree add /work/frozen-h200 5e28b79`); re-running resumes where each
 # arm stopped (the folders under X must still be there; on a fresh machine it starts again).
 #   bash run-h200.sh 0 1
@@ -18,5 +19,5 @@ for SEED in ${@:-0 1}; do
       --mixes $MIX --rounds 200 --threads 1 --set run.priority=normal --set grpo.precision=fp32 \
       --set tasks.eval_every=25 >> $OUT.log 2>&1 &
   done
-  wait
 done
+wait
