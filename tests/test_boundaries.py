@@ -110,19 +110,24 @@ def test_app_imports_only_engine_common() -> None:
 # extra); the relay that serves never loads them (tests/swarm/test_relay_only.py).
 RESCORING_EXPORT = os.path.join("engine", "relay", "dataset_export.py")
 RESCORING_IMPORTS = frozenset({"engine.questions.tasks", "engine.questions.configs", "engine.swarm.exchange"})
+# And the relay's results table (issue 53) re-scores evaluation answers the same way: it rebuilds the hour's
+# questions (engine.questions.seeded) inside its functions only, from the same extra.
+RESCORING_RESULTS = os.path.join("engine", "relay", "results.py")
 
 
 def test_the_swarm_and_the_relay_never_import_the_training_loop() -> None:
-    """engine/relay imports engine.common, itself and the swarm's wire (protocol, identity, rate, receipts);
-    engine/swarm imports engine.common, itself and engine.rollouts (a round's plain data): no round loop,
+    """engine/relay imports engine.common, itself and the swarm's wire (protocol, identity, rate, receipts,
+    results); engine/swarm imports engine.common, itself and engine.rollouts (a round's plain data): no round loop,
     backend, question or model module, and not the relay either (a node hosts this computer's relay through the
     `host_relay` function its caller hands in). The questions a peer's text is re-scored with are named in the
     swarm's annotations only (`if TYPE_CHECKING:`), never imported when it runs."""
     relay = _engine_imports(ROOT / "engine" / "relay")
     bad = sorted((p, m) for p, m in relay if m != "engine" and not _within(m, "engine.common", "engine.relay")
-                 and m not in {f"engine.swarm.{wire}" for wire in ("protocol", "identity", "rate", "receipts")}
+                 and m not in {f"engine.swarm.{wire}" for wire in ("protocol", "identity", "rate", "receipts",
+                                                                   "results")}
                  and m != "engine.swarm"  # `from engine.swarm import protocol`
-                 and not (p.endswith(RESCORING_EXPORT) and m in RESCORING_IMPORTS))
+                 and not (p.endswith(RESCORING_EXPORT) and m in RESCORING_IMPORTS)
+                 and not (p.endswith(RESCORING_RESULTS) and m == "engine.questions.seeded"))
     assert not bad, f"the relay reaches past the swarm's wire: {bad}"
     swarm = _engine_imports(ROOT / "engine" / "swarm", runtime_only=True)
     bad = sorted((p, m) for p, m in swarm

@@ -363,6 +363,13 @@ class SwarmConfig:
         "asks the relay first and does not connect when it does, or when it cannot tell.", False,
         label="Refuse swarms that publish a dataset", applies="restart",
     )
+    report_results: bool = _help(
+        "At each held-out evaluation (tasks.eval_every), also answer the relay's evaluation questions of the hour "
+        "greedily and send the answers, signed with the model's label and a hash of the checkpoint; the relay "
+        "re-scores them and lists this node's latest and best on its results table (GET /stats/results.json, its "
+        "status page). Off: nothing is sent and the node is not on the table.", True,
+        label="Put my model on the swarm's results table",
+    )
     local_groups: int = _help(
         "I: own rollouts (a question with its G completions) in each round's training batch; 0 means all of them.",
         0,
@@ -468,7 +475,7 @@ class SwarmConfig:
         s = "swarm"
         _check_bounds(s, self)
         for key in ("plausibility_check", "persist_bans", "local_informative_first", "embedded_lan",
-                    "refuse_dataset_swarms"):
+                    "refuse_dataset_swarms", "report_results"):
             if not isinstance(getattr(self, key), bool):
                 raise ConfigError(f"{s}.{key} must be true or false, got {getattr(self, key)!r}.")
         _number(s, "implausible_logprob", self.implausible_logprob, -100.0, 0.0)

@@ -28,6 +28,9 @@ Event types and their required fields:
     checkpoint  round, path
     contribution peer_id, credit, message  (+ warning, at, swarm, history): what the relay counted from
                 other peers' receipts about this node's rollouts (engine/swarm/contribution.py)
+    standing    peer_id, message, result: where this node's model stands on the relay's results table, from
+                the relay's own score of its evaluation answers (engine/swarm/results.py); result holds checked,
+                and when checked place, of, correct, questions, round, seed, model
 
 Commands: ``{"cmd": "pause" | "resume" | "stop" | "reload", "v": 1}`` and
 ``{"cmd": "unban", "v": 1, "peer": "<peer id>"}``.
@@ -69,6 +72,7 @@ EVENT_FIELDS: Mapping[str, tuple[str, ...]] = {
     "error": ("kind", "message", "fatal"),
     "checkpoint": ("round", "path"),
     "contribution": ("peer_id", "credit", "message"),
+    "standing": ("peer_id", "message", "result"),
 }
 COMMANDS = ("pause", "resume", "stop", "reload", "unban")
 # Fields a command must carry, with their type.

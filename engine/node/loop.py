@@ -43,6 +43,7 @@ from engine.node.checkpoint import latest_good, save_checkpoint
 from engine.node.clock import Clock, Control, Pacing, RoundAborted
 from engine.node.metrics import MetricsLog, held_out_summary, round_summary, rss_bytes
 from engine.node.priority import ThreadPolicy
+from engine.node.results import report_results
 from engine.node.round import run_round
 from engine.node.seeds import derive_seed, node_seed, run_seed
 from engine.questions.curriculum import curriculum_for, harder_configs
@@ -492,6 +493,7 @@ class Node:
             "eval", round=self.round, accuracy=record["accuracy"], reward_mean=record["reward_mean"],
             questions=record["questions"], by_specialty=record["by_specialty"], harder=record.get("harder"),
         ))
+        report_results(self)  # the relay's evaluation questions of the hour, re-scored by the relay (node/results.py)
         return record
 
     def _held_out(self, questions: Sequence[Question]) -> dict[str, Any]:

@@ -49,6 +49,7 @@ from engine.relay.credit import CREDIT_PUSH_S, CreditBook
 from engine.relay.dataset import DatasetKeeper
 from engine.relay.info import dataset_policy, relay_identity
 from engine.relay.limits import RejectionLog
+from engine.relay.results import ResultsBook
 from engine.relay.settings import RelaySettings
 from engine.relay.stats import LiveStats
 from engine.relay.web import RelayPages
@@ -213,6 +214,8 @@ class Relay:
         self.proxies = settings.trusted_proxies()  # whose X-Forwarded-For names the client (proxy.py)
         self.credit = CreditBook(settings.redis, settings.swarm, settings.credit_per_round, settings.receipt_window,
                                  client=shared)
+        # How far each model got (engine/relay/results.py): the hour's evaluation seed and re-scored answers.
+        self.results = ResultsBook(settings.redis, settings.swarm, settings.results_questions, client=shared)
         # The swarm's dataset (engine/relay/dataset.py): every stored batch and the counted `used` receipts.
         self.dataset = (DatasetKeeper(settings.dataset_dir, settings.dataset_max_mb,
                                       {**(dataset_policy(settings) or {}), "name": settings.name})
@@ -239,6 +242,7 @@ class Relay:
         await self.broker.start()
         await self.live.start()
         await self.credit.start()
+        await self.results.start()
         self._tasks = [
             asyncio.create_task(self._every(STATS_PERIOD_S, self._push_stats), name="relay-stats"),
             asyncio.create_task(self._every(self.settings.heartbeat, self._heartbeat), name="relay-heartbeat"),
@@ -266,6 +270,7 @@ class Relay:
             with contextlib.suppress(Exception):  # Redis gone at shutdown: the last seconds of counts are lost
                 await self.live.close()
                 await self.credit.close()
+                await self.results.close()
             await self.broker.close()
 
         # A stop request is answered within seconds, whatever Redis does (gone, or not answering: a connection
@@ -295,10 +300,11 @@ class Relay:
         now = time.monotonic()  # each peer's own credit goes with every CREDIT_PUSH_S-th second's push
         due = {c for c in self.connections if c.peer and c.credit_due <= now}
         credits = await self.credit.credits([c.peer for c in due if c.peer])
+        asking = await self.results.asking()  # the hour's evaluation seed
         for conn in list(self.connections):
             if conn.peer:
                 conn.credit_due = now + CREDIT_PUSH_S if conn in due else conn.credit_due
-                conn.send(protocol.msg_stats(self.online, self.broker.window_size(), credits.get(conn.peer)))
+                conn.send(protocol.msg_stats(self.online, self.broker.window_size(), credits.get(conn.peer), asking))
 
     async def _heartbeat(self) -> None:
         for conn in list(self.connections):
@@ -467,13 +473,16 @@ class Relay:
             await self.credit.handed(conn.peer, [(e.peer, e.seq, e.items) for e in entries])
         elif decoded["type"] == "stats":  # with this peer's credit, read now
             credit = (await self.credit.credits([conn.peer] if conn.peer else [])).get(conn.peer or "")
-            conn.send(protocol.msg_stats(self.online, self.broker.window_size(), credit))
+            conn.send(protocol.msg_stats(self.online, self.broker.window_size(), credit, await self.results.asking()))
         elif decoded["type"] == "receipts":
             assert conn.peer is not None and conn.key is not None
             answer = await self.credit.receive(conn.peer, conn.key, decoded["signed"], decoded["id"], conn.ip)
             self.rejection_log.add_counts(conn.peer, conn.ip, answer["refused"], "receipt_")  # items refused
             self._keep_used(conn.peer, decoded["signed"], answer["refused"])
             conn.send(answer)
+        elif decoded["type"] == "results":  # evaluation answers, re-scored here (engine/relay/results.py)
+            assert conn.peer is not None and conn.key is not None
+            conn.send(await self.results.receive(conn.peer, conn.key, decoded["signed"], decoded["id"]))
         else:
             raise protocol.ProtocolError(protocol.E_BAD_SCHEMA, "hello is only valid as the first message")
 

@@ -27,6 +27,7 @@ from engine.common.model_policy import ModelPolicy, parse_models_setting
 from engine.common.rules import check_relay_url
 from engine.relay.proxy import TrustedProxies
 from engine.swarm import protocol
+from engine.swarm.results import MAX_RESULT_QUESTIONS
 
 MAX_NAME_CHARS = 80  # the relay's name, as nodes and the status page show it
 MAX_DESCRIPTION_CHARS = 1000
@@ -36,6 +37,7 @@ RELAY_DIR_NAME = "sapling-relay"  # the relay's own data folder under the user's
 KEY_FILE_NAME = "relay.key"
 DEFAULT_DATASET_MAX_MB = 1024.0  # the kept batches' bound on disk (engine/relay/dataset.py)
 DEFAULT_DATASET_LICENSE = "cc-by-4.0"
+DEFAULT_RESULTS_QUESTIONS = 36  # the hourly evaluation's questions: 4 of each of the nine specialties
 LICENSE_PATTERN = re.compile(r"^[a-z0-9][a-z0-9.+-]{0,63}$")  # a Hugging Face license id: cc-by-4.0, apache-2.0
 # Settings that are lists; the key lists are read from files named on the command line.
 KEY_LISTS = ("allow_keys", "ban_keys")
@@ -125,6 +127,11 @@ class RelaySettings:
     dataset_url: str = field(default="",
                              metadata={"help": "where the latest export of the dataset is published (an https:// "
                                                "address); the status page links to it (empty: no link)"})
+    results_questions: int = field(default=DEFAULT_RESULTS_QUESTIONS,
+                                   metadata={"help": "questions of the hourly evaluation seed that nodes answer and "
+                                                     "the relay re-scores for its results table (GET "
+                                                     f"/stats/results.json; 0 to {MAX_RESULT_QUESTIONS}, 0: no "
+                                                     "table); re-scoring needs the relay-dataset extra"})
     log_level: str = field(default="info", metadata={"help": "debug, info, warning or error"})
     advertise: bool = field(default=False,
                             metadata={"help": "announce this relay on the local network (mDNS/DNS-SD, _sapling._tcp) "
@@ -153,6 +160,8 @@ class RelaySettings:
             allowed = "\n" if key == "description" else ""
             if any((ord(c) < 32 or ord(c) == 127) and c not in allowed for c in value):
                 raise ValueError(f"{key} must not contain control characters")
+        if not 0 <= self.results_questions <= MAX_RESULT_QUESTIONS:
+            raise ValueError(f"results-questions must be 0 to {MAX_RESULT_QUESTIONS}, got {self.results_questions}")
         if not self.dataset_max_mb > 0:
             raise ValueError(f"dataset-max-mb must be above 0, got {self.dataset_max_mb:g}")
         if not LICENSE_PATTERN.match(self.dataset_license):

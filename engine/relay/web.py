@@ -4,6 +4,7 @@
     GET /.well-known/sapling-relay the information document, always JSON (engine/relay/info.py)
     GET /stats.json                live numbers and the last day per minute, polled by the status page
     GET /stats/peers.json          the peers whose rollouts others used most today, with their credit
+    GET /stats/results.json        each key's latest and best evaluation result, re-scored by the relay
     GET /join?relay=...&token=...  "Open in Sapling" for an invite to this relay, and how to install Sapling;
                                    an invite to another relay gets "this page does not vouch for that relay"
     GET /static/NAME               the page's own script, style sheet and vendored chart library
@@ -36,6 +37,7 @@ from engine.common.errors import ConfigError
 from engine.common.rules import Invite, check_relay_url, parse_invite
 from engine.relay.credit import CreditBook
 from engine.relay.info import SOFTWARE, WELL_KNOWN_PATH, info_document
+from engine.relay.results import ResultsBook
 from engine.relay.settings import RelaySettings
 from engine.relay.stats import LiveStats
 from engine.swarm import protocol
@@ -73,6 +75,7 @@ class RelayView(Protocol):
     identity: Identity
     live: LiveStats
     credit: CreditBook
+    results: ResultsBook
     metrics: Counter[str]
     rejections: Counter[str]
     started: float
@@ -169,6 +172,7 @@ class RelayPages:
         app.router.add_get(WELL_KNOWN_PATH, self.handle_info)
         app.router.add_get("/stats.json", self.handle_stats)
         app.router.add_get("/stats/peers.json", self.handle_peers)
+        app.router.add_get("/stats/results.json", self.handle_results)
         app.router.add_get("/join", self.handle_join)
         app.router.add_get("/static/{name}", self.handle_static)
         app.router.add_get("/favicon.ico", self.handle_favicon)  # asked for by browsers that skip the <link>
@@ -238,12 +242,20 @@ class RelayPages:
 
     async def handle_peers(self, request: web.Request) -> web.Response:
         """The credit board (engine/relay/credit.py): public names and peer ids, never addresses."""
+        return await self._board(request, self.relay.credit.board, self.relay.credit.store.errors)
+
+    async def handle_results(self, request: web.Request) -> web.Response:
+        """The results table (engine/relay/results.py): names, peer ids and re-scored results, never addresses."""
+        return await self._board(request, self.relay.results.board, self.relay.results.errors)
+
+    async def _board(self, request: web.Request, board: Callable[[], Awaitable[dict[str, Any]]],
+                     errors: tuple[type[BaseException], ...]) -> web.Response:
         accept = self._accept_json(request)
         if isinstance(accept, web.Response):
             return accept
         try:
-            return self._json(await self.relay.credit.board())
-        except self.relay.credit.store.errors:
+            return self._json(await board())
+        except errors:
             return web.json_response({"error": "the relay cannot read its store now; try again shortly"}, status=503,
                                      headers={"Cache-Control": "no-store"})
 
@@ -424,12 +436,16 @@ class RelayPages:
         lines += [f'sapling_relay_receipt_items_total{{result="{name}"}} {relay.credit.metrics[name]}'
                   for name in RECEIPT_OUTCOMES]
         dataset = getattr(relay, "dataset", None)
-        if dataset is not None:
-            lines += ["# HELP sapling_relay_dataset_kept_total Batches, used items, failed writes and pruned "
-                      "segments of the swarm's dataset (engine/relay/dataset.py).",
-                      "# TYPE sapling_relay_dataset_kept_total counter"]
-            lines += [f'sapling_relay_dataset_kept_total{{kind="{name}"}} {dataset.metrics[name]}'
-                      for name in ("batches", "used", "write_errors", "pruned")]
+        for metric, counts, kinds, help_text in (
+            ("results", relay.results.metrics, ("results", "results_unchecked"), "Evaluation reports re-scored "
+             "and kept, and those taken unchecked for want of reasoning-gym (engine/relay/results.py)."),
+            ("dataset_kept", dataset and dataset.metrics, ("batches", "used", "write_errors", "pruned"), "Batches, "
+             "used items, failed writes and pruned segments of the swarm's dataset (engine/relay/dataset.py)."),
+        ):
+            if counts is not None:
+                lines += [f"# HELP sapling_relay_{metric}_total {help_text}",
+                          f"# TYPE sapling_relay_{metric}_total counter"]
+                lines += [f'sapling_relay_{metric}_total{{kind="{k}"}} {counts[k]}' for k in kinds]
         lines += [
             "# HELP sapling_relay_rejections_total Messages or connections refused, by error code.",
             "# TYPE sapling_relay_rejections_total counter",

@@ -60,6 +60,7 @@ from engine.swarm.heartbeat import close_socket, listen
 from engine.swarm.identity import Identity
 from engine.swarm.link import LinkSilent, LinkState, RelayMemory, Unacked, duration_text, pace
 from engine.swarm.rate import TokenBucket
+from engine.swarm.results import msg_results
 
 log = logging.getLogger(__name__)
 
@@ -342,6 +343,9 @@ class SwarmClient:
             self._set(online=msg["online"], window=msg["window"])
             if msg["credit"] is not None:
                 self._set(credit=msg["credit"], credit_at=time.time())
+            self.state.evaluation = msg["eval"]  # the hour's evaluation seed (engine/swarm/results.py)
+        elif type_ == "scored":
+            self.state.scored, self.state.scored_at = msg, time.time()
         elif type_ == "receipted":
             self.state.receipts_counted += msg["counted"]
             self.state.receipts_refused.update(msg["refused"])
@@ -458,6 +462,10 @@ class SwarmClient:
     def send_receipts(self, payload: str) -> bool:
         """Sign and send a receipts payload (engine/swarm/receipts.py); False when the relay is not connected."""
         return self._send(protocol.msg_receipts(self.identity.signed(payload)), "receipts")
+
+    def send_results(self, payload: str) -> bool:
+        """Sign and send evaluation answers (engine/swarm/results.py); the relay's `scored` lands in `state.scored`."""
+        return self._send(msg_results(self.identity.signed(payload)), "results")
 
     def ask_stats(self) -> bool:
         """Ask for a stats message now: it carries this node's credit, kept in `state.credit` when it comes."""

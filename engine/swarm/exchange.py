@@ -82,6 +82,7 @@ from engine.swarm.datacap import MB, DataMeter
 from engine.swarm.defence import Ban, BanBook, ReplayMemory, SenderBaselines
 from engine.swarm.identity import Identity, readable_name, verify_signed
 from engine.swarm.receipts import NOT_PICKED, receipts_payload
+from engine.swarm.results import ResultsLink
 
 if TYPE_CHECKING:  # names in annotations only: the exchange never loads reasoning-gym; the taskset is the caller's
     from engine.questions.tasks import TaskSet
@@ -234,6 +235,7 @@ class SwarmExchange:
         self.received = 0
         self._seen: OrderedDict[tuple[str, int], None] = OrderedDict()
         self.contribution: Contribution | None = None  # this node's credit, from the relay (open_swarm sets it)
+        self.results = ResultsLink(client, identity, emit)  # evaluation answers for the relay's table (results.py)
         self._announced: bool | None = None
         self.meter: DataMeter | None = None  # today's traffic and the daily caps (open_swarm sets it)
         self._capped = ""  # the sentence said when a daily cap was reached ("" while under the caps)
@@ -474,6 +476,7 @@ class SwarmExchange:
         """Tell the relay what became of each item it handed this node, then ask for this node's own credit."""
         if self.contribution is not None:  # the numbers the relay sent since the last round
             self.contribution.update(self.client.state.credit, self.client.state.credit_at)
+        self.results.check()  # the relay's score of the last evaluation answers: a `standing` event when new
         receipts = receipt_verdicts(offer, verdicts)
         if self.meter is not None and self.meter.upload_blocked():
             return  # past today's upload cap: nothing more goes out

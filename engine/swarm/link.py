@@ -70,6 +70,9 @@ class LinkState:
     models: Any = None  # the welcome's `models`: the swarm's model policy (engine/common/model_policy.py reads it)
     credit: dict[str, Any] | None = None  # this node's credit as the relay last sent it (engine/relay/credit.py)
     credit_at: float = 0.0  # when it came
+    evaluation: dict[str, Any] | None = None  # the stats' `eval`: the evaluation seed the relay asks now
+    scored: dict[str, Any] | None = None  # the relay's last `scored` answer to this node's results, and when it came
+    scored_at: float = 0.0
     receipts_counted: int = 0  # receipt items the relay counted, and those it refused, by why
     receipts_refused: Counter[str] = field(default_factory=Counter)
     resent: int = 0  # batches sent again on a new link because the old one died before the relay acknowledged them

@@ -82,16 +82,18 @@ E_HEARTBEAT = "heartbeat_timeout"
 E_SHUTDOWN = "shutting_down"
 E_INTERNAL = "internal"
 E_WRONG_MODEL = "wrong_model"  # a swarm of one model: a batch labelled with another one
+E_WRONG_SEED = "wrong_seed"  # evaluation answers for a seed the relay does not ask now (engine/swarm/results.py)
+E_WRONG_QUESTIONS = "wrong_questions"  # evaluation answers to other questions than the seed's
 ERROR_CODES = (
     E_BAD_JSON, E_BAD_SCHEMA, E_VERSION, E_TOO_LARGE, E_TOO_MANY_ITEMS, E_TOO_LONG, E_BAD_SIGNATURE,
     E_REPLAY, E_STALE, E_RATE, E_AUTH, E_FORBIDDEN, E_BANNED, E_CONN_LIMIT, E_SLOW, E_HEARTBEAT, E_SHUTDOWN,
-    E_INTERNAL, E_WRONG_MODEL,
+    E_INTERNAL, E_WRONG_MODEL, E_WRONG_SEED, E_WRONG_QUESTIONS,
 )
 # Codes after which the relay closes the connection (the rest only reject one message).
 FATAL_CODES = frozenset({E_VERSION, E_AUTH, E_FORBIDDEN, E_BANNED, E_CONN_LIMIT, E_SLOW, E_HEARTBEAT, E_SHUTDOWN})
 
-CLIENT_TYPES = ("hello", "publish", "sample", "stats", "receipts")
-RELAY_TYPES = ("challenge", "welcome", "published", "batches", "stats", "error", "receipted")
+CLIENT_TYPES = ("hello", "publish", "sample", "stats", "receipts", "results")
+RELAY_TYPES = ("challenge", "welcome", "published", "batches", "stats", "error", "receipted", "scored")
 
 
 class ProtocolError(Exception):
@@ -406,7 +408,7 @@ def decode_client(frame: str | bytes) -> dict[str, Any]:
     try:
         obj = _envelope(obj, CLIENT_TYPES)
         type_ = obj["type"]
-        if type_ in ("hello", "publish", "receipts"):  # receipts: engine/swarm/receipts.py reads the payload
+        if type_ in ("hello", "publish", "receipts", "results"):  # receipts.py and results.py read theirs
             return {"type": type_, "signed": _signed(obj), "id": request_id}
         if type_ == "sample":
             return {"type": type_, "id": _int(obj, "id", 0, MAX_REQUEST_ID), "n": _int(obj, "n", 1, MAX_SAMPLE_BATCHES),
@@ -459,9 +461,12 @@ def decode_relay(text: str | bytes) -> dict[str, Any]:
             batches.append(_signed(entry))
         return {"type": type_, "id": _int(obj, "id", 0, MAX_REQUEST_ID), "batches": batches,
                 "cursor": _cursor(obj, "cursor")}
-    if type_ == "stats":  # `credit`: this peer's own numbers (engine/relay/credit.py), absent in most pushes
+    if type_ == "stats":  # `credit`: this peer's own numbers (engine/relay/credit.py), absent in most pushes;
+        # `eval`: the evaluation seed the relay asks now (engine/swarm/results.py reads it)
         return {"type": type_, "online": _int(obj, "online", 0, 10**9), "window": _int(obj, "window", 0, 10**9),
-                "credit": obj.get("credit") if isinstance(obj.get("credit"), dict) else None}
+                **{k: obj.get(k) if isinstance(obj.get(k), dict) else None for k in ("credit", "eval")}}
+    if type_ == "scored":  # the relay's own score of this node's evaluation answers (engine/swarm/results.py)
+        return {**obj, "id": _request_id(obj)}
     if type_ == "receipted":
         refused = obj.get("refused")
         return {"type": type_, "id": _request_id(obj), "counted": _int(obj, "counted", 0, 10**9),
@@ -508,10 +513,13 @@ def msg_batches(request_id: int, batches: list[dict[str, str]], cursor: str) -> 
     return {"type": "batches", "v": VERSION, "id": request_id, "batches": batches, "cursor": cursor}
 
 
-def msg_stats(online: int, window: int, credit: dict[str, Any] | None = None) -> dict[str, Any]:
+def msg_stats(online: int, window: int, credit: dict[str, Any] | None = None,
+              evaluation: dict[str, Any] | None = None) -> dict[str, Any]:
     out: dict[str, Any] = {"type": "stats", "v": VERSION, "online": online, "window": window}
     if credit is not None:
         out["credit"] = credit
+    if evaluation is not None:
+        out["eval"] = evaluation
     return out
 
 

@@ -1,6 +1,7 @@
 /* The status page's live part (engine/relay/web.py serves it at /static/status.js).
    Every few seconds it reads /stats.json and redraws the numbers and the two charts; every
-   half minute it reads /stats/peers.json and lists the day's top contributors.
+   half minute it reads /stats/peers.json and lists the day's top contributors, and /stats/results.json and
+   fills the table of how far each model got.
    Text from the server is only ever set with textContent: nothing is parsed as HTML. */
 (function () {
   "use strict";
@@ -8,6 +9,7 @@
   var POLL_MS = 3000;
   var BOARD_MS = 30000;
   var BOARD_SHOWN = 10;
+  var RESULTS_SHOWN = 25;
   var HOUR_S = 3600;
   var DAY_S = 24 * HOUR_S;
   var CHART_HEIGHT = 180;
@@ -132,6 +134,59 @@
     });
   }
 
+  function percent(x) {
+    return Math.round(Number(x) * 100) + "%";
+  }
+
+  function cell(row, text, className) {
+    var td = document.createElement("td");
+    td.textContent = String(text);
+    if (className) {
+      td.className = className;
+    }
+    row.appendChild(td);
+    return td;
+  }
+
+  // The results table: each key's best result, re-scored by the relay (its latest below it when it differs).
+  function showResults(data) {
+    var body = document.querySelector("#results tbody");
+    if (body === null || !data || !Array.isArray(data.results) || data.results.length === 0) {
+      return;  // keep the page's own "no results yet" line
+    }
+    setText("results-checked", String(data.checked || "") + " " + String(data.not_checked || ""));
+    while (body.firstChild) {
+      body.removeChild(body.firstChild);
+    }
+    data.results.slice(0, RESULTS_SHOWN).forEach(function (entry) {
+      var best = entry.best || {}, latest = entry.latest || {};
+      var row = document.createElement("tr");
+      cell(row, entry.name || String(entry.peer).slice(0, 8));
+      var acc = cell(row, percent(best.accuracy) + " (" + percent(best.low) + "–" + percent(best.high) + ")",
+        "number");
+      if (latest.ts !== best.ts) {
+        var note = document.createElement("div");
+        note.className = "latest";
+        note.textContent = "latest " + percent(latest.accuracy) + " at round " + latest.round;
+        acc.appendChild(note);
+      }
+      cell(row, best.correct + " of " + best.questions, "number");
+      cell(row, best.round, "number");
+      cell(row, best.model || "not said");
+      body.appendChild(row);
+    });
+  }
+
+  function pollResults() {
+    fetch("/stats/results.json", { cache: "no-store", headers: { Accept: "application/json" } })
+      .then(function (response) { return response.ok ? response.json() : null; })
+      .then(showResults)
+      .catch(function () { /* the numbers above say when the relay is away */ })
+      .then(function () {
+        window.setTimeout(pollResults, BOARD_MS);
+      });
+  }
+
   function pollBoard() {
     fetch("/stats/peers.json", { cache: "no-store", headers: { Accept: "application/json" } })
       .then(function (response) { return response.ok ? response.json() : null; })
@@ -165,4 +220,5 @@
   charts.reward = chart("chart-reward", "reward", "#1565c0", function () { return [0, 1]; }, false);
   poll();
   pollBoard();
+  pollResults();
 })();
