@@ -1,19 +1,21 @@
 #!/bin/bash
 # Issue 51's swarm-only lever (a), swarm.peer_questions: the default joined node (8/4, swarm.train_groups=4) with
 # a quarter of its questions (2 of 8) taken from the swarm's teaching questions, against the same default without
-# it and the same 4 nodes alone (8/0); 25 rounds, held-out every 10 rounds, fp32, one thread each, nice 5, two
-# seeds. From a frozen worktree (FROZEN: `git worktree add /work/frozen-lever 1c15393`); re-running resumes.
+# it; 25 rounds, held-out every 10 rounds, fp32, one thread each, nice 5, two seeds. Alone (8/0) is mixes-sK's 8/0
+# (run-mixes.sh): the same seeds and settings, and the code of 1c15393 reproduces it bit for bit (eval-start and
+# rounds 1-2 of seed 0 compared), so it is not run again. From a frozen worktree (FROZEN: `git worktree add
+# /work/frozen-lever 1c15393`); re-running resumes.
 #   bash run-lever.sh 0 1
 FROZEN=${FROZEN:-/work/frozen-lever}
 X=${X:-$HOME/sapling-experiments}
 cd "$FROZEN" || exit 1
 C="--nodes 4 --rounds 25 --threads 1 --set run.priority=normal --set grpo.precision=fp32 --set tasks.eval_every=10"
 for SEED in ${@:-0 1}; do
-  for ARM in base peer; do
+  for ARM in default peer; do
     OUT=$X/lever-$ARM-s$SEED
     R=""; [ -f $OUT/experiment.json ] && R="--resume"
-    if [ $ARM = base ]; then MIXES=8/0,8/4; EXTRA=""; else MIXES=8/4; EXTRA="--set swarm.peer_questions=0.25"; fi
-    nice -n 5 /work/main/.venv/bin/python -m engine.cli experiment --out $OUT $R --seed $SEED --mixes $MIXES $C \
+    EXTRA=""; [ $ARM = peer ] && EXTRA="--set swarm.peer_questions=0.25"
+    nice -n 5 /work/main/.venv/bin/python -m engine.cli experiment --out $OUT $R --seed $SEED --mixes 8/4 $C \
       $EXTRA >> $OUT.log 2>&1 &
   done
 done
