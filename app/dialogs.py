@@ -143,10 +143,16 @@ class SettingsForm(QWidget):
         swarm.addWidget(self.invite)
         swarm.addWidget(self.nearby)
         swarm.addWidget(self.swarm_solo)
-        self.refuse_datasets = QCheckBox("Never join a swarm that publishes the answers shared in it as a dataset")
+        self.refuse_datasets = QCheckBox(f"{setting('refuse_dataset_swarms').label}: never join one that "
+                                         "publishes the answers shared in it")
         self.refuse_datasets.setToolTip("A relay can keep what its swarm shares and publish it as a dataset; its "
                                         "information says so and under which license (the Join dialog shows it).")
         swarm.addWidget(self.refuse_datasets)
+        self.report_results = QCheckBox(setting("report_results").label)
+        self.report_results.setToolTip("At each evaluation, also answer the relay's questions of the hour and send "
+                                       "the answers; the relay scores them itself and lists your model's latest "
+                                       "and best on its status page (Your contribution shows your place).")
+        swarm.addWidget(self.report_results)
         return box
 
     # -- values -------------------------------------------------------------------------
@@ -166,6 +172,7 @@ class SettingsForm(QWidget):
         self.invite.set_text(engine.relay_url)
         self.lan.setChecked(engine.embedded_lan)
         self.refuse_datasets.setChecked(engine.refuse_dataset_swarms)
+        self.report_results.setChecked(engine.report_results)
         self.resources.set_values(engine, app)
         self._sync()
 
@@ -185,7 +192,8 @@ class SettingsForm(QWidget):
         relay_url, token = self._swarm() if mode == "relay" else (self.saved_relay, self.saved_token)
         new_engine = self.resources.engine_values(engine).replace(
             model_source=source, swarm_mode=mode, relay_url=relay_url, join_token=token,
-            embedded_lan=self.lan.isChecked(), refuse_dataset_swarms=self.refuse_datasets.isChecked())
+            embedded_lan=self.lan.isChecked(), refuse_dataset_swarms=self.refuse_datasets.isChecked(),
+            report_results=self.report_results.isChecked())
         try:
             validate(new_engine)
         except SettingsError as exc:
@@ -279,7 +287,8 @@ class ProtectionForm(QWidget):
         box = QGroupBox("Answers from other peers")
         check = QVBoxLayout(box)
         check.setSpacing(2)
-        self.check = QCheckBox("Refuse answers your model finds implausible (recommended)")
+        self.check = QCheckBox(f"{setting('plausibility_check').label} (recommended): those your model finds "
+                               "implausible")
         check.addWidget(self.check)
         check.addWidget(theme.hint("Catches answers that are correct but carry injected text, such as an advert "
                               "after the answer, before your model learns from them. Every answer is also "
@@ -313,7 +322,7 @@ class ProtectionForm(QWidget):
         length.addWidget(self.hours)
         length.addStretch(1)
         bans.addLayout(length)
-        self.persist = QCheckBox("Remember bans when Sapling restarts")
+        self.persist = QCheckBox(f"{setting('persist_bans').label} when Sapling restarts")
         bans.addWidget(self.persist)
         bans.addWidget(theme.hint("A ban shows in the Swarm panel; double-click the peer there to lift it."))
         bans.addWidget(QLabel("Never train on these peers:"))

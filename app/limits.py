@@ -81,8 +81,10 @@ class ResourcesBox(QGroupBox):
     def __init__(self, idle_supported: bool, ac_supported: bool, parent: QWidget | None = None) -> None:
         super().__init__("Resources", parent)
         limits = QVBoxLayout(self)
-        power_label, threads_label, priority_label = QLabel("Power:"), QLabel("CPU threads for training:"), \
-            QLabel("Priority:")
+        # each row's label is its setting's, as the engine declares it (engine/common/config.py)
+        power_label = QLabel(f"{setting('power').label}:")
+        threads_label = QLabel(f"{setting('threads').label}:")
+        priority_label = QLabel(f"{setting('priority').label}:")
         for label in (power_label, priority_label):
             label.setMinimumWidth(threads_label.sizeHint().width())
         self.power = QComboBox()
