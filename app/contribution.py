@@ -11,6 +11,10 @@ peers reject more than a quarter of what they judged, a warning naming the
 main reason and what to do. Both sentences are the engine's
 (engine/swarm/contribution.py): the app only shows them. The chart is the
 event's history: rollouts used by others, all time, over the last two days.
+
+Below the numbers, where this node's model stands on the swarm's results
+table: the engine's sentence from the relay's own score of its evaluation
+answers (`standing` events, engine/swarm/results.py), with the place.
 """
 
 from __future__ import annotations
@@ -125,8 +129,13 @@ class ContributionCard(QFrame):
         self.warning.hide()
         self.source = QLabel("")
         self.source.setObjectName("muted")
+        self.standing = QLabel("")  # where this node's model stands on the relay's results table (`standing`)
+        self.standing.setObjectName("standing")
+        self.standing.setWordWrap(True)
+        self.standing.hide()
+        self.place: tuple[int, int] | None = None  # (place, of) on the table, once the relay checked the answers
         self.chart = Sparkline()
-        for widget in (title, self.message, self.numbers, self.warning):
+        for widget in (title, self.message, self.numbers, self.warning, self.standing):
             text.addWidget(widget)
         text.addSpacing(8)
         text.addWidget(self.chart, 1)
@@ -135,13 +144,29 @@ class ContributionCard(QFrame):
         text.addStretch(1)
 
     def handle(self, event: Mapping[str, Any]) -> None:
-        """An engine event: `contribution` fills the card, the others are not its business."""
-        if event.get("type") != "contribution":
+        """An engine event: `contribution` fills the card, `standing` its results line; the others are not its
+        business."""
+        kind = event.get("type")
+        if kind not in ("contribution", "standing"):
             return
         try:
-            self.show_credit(event)
+            if kind == "contribution":
+                self.show_credit(event)
+            else:
+                self.show_standing(event)
         except (TypeError, ValueError, KeyError, AttributeError) as exc:
-            log.warning("skipped a contribution event with a bad shape: %s", exc)
+            log.warning("skipped a %s event with a bad shape: %s", kind, exc)
+
+    def show_standing(self, event: Mapping[str, Any]) -> None:
+        """The engine's sentence on where this node's model stands; the place, when the relay checked it."""
+        result = event["result"]
+        if not isinstance(result, dict):
+            raise TypeError("result must be an object")
+        checked = result.get("checked") is True
+        self.place = (_n(result["place"]), _n(result["of"])) if checked else None
+        self.standing.setText(f"Results table: {event['message']}")
+        self.standing.show()
+        self.changed.emit()
 
     def show_credit(self, event: Mapping[str, Any]) -> None:
         credit = event["credit"]

@@ -209,6 +209,8 @@ class MainWindow(QMainWindow):
         index = self.tabs.indexOf(self.contribution)
         used = self.contribution.used_today()
         title = CONTRIBUTION_TAB if used is None else f"{CONTRIBUTION_TAB} · {used:,} used today"
+        if self.contribution.place is not None:  # where this node's model stands on the relay's results table
+            title += f" · place {self.contribution.place[0]} of {self.contribution.place[1]}"
         warned = not self.contribution.warning.isHidden()
         self.tabs.setTabText(index, f"⚠ {title}" if warned else title)
         self.tabs.setTabToolTip(index, self.contribution.warning.text() if warned else self.contribution.message.text())
