@@ -241,3 +241,28 @@ def test_the_node_answers_the_relays_seed_at_its_evaluation(tiny_model_dir: Path
         assert row["best"]["model"] == session.exchange.model_label and row["best"]["checkpoint"] == ""
     finally:
         session.close()
+
+
+async def across_two(first: str, second: str) -> dict[str, Any]:
+    """a on the first relay process, b on the second: the same seed, one table."""
+    a, b = DocPeer(first), DocPeer(second)
+    for peer in (a, b):
+        assert (await peer.connect())["type"] == "welcome"
+    seeds = [(await _seed(a))["seed"], (await _seed(b))["seed"]]
+    got = [await report(a, payload(a, seeds[0], answers(seeds[0], 6))),
+           await report(b, payload(b, seeds[1], answers(seeds[1], 7)))]
+    for peer in (a, b):
+        await peer.close()
+    return {"seeds": seeds, "scored": got, "peers": [a.peer_id, b.peer_id]}
+
+
+def test_relay_processes_on_one_redis_ask_one_seed_and_keep_one_table(start_relay: StartRelay,
+                                                                      redis_server: Any) -> None:
+    first, second = (start_relay(rate=1000.0, burst=1000.0, results_questions=N, redis=redis_server.url,
+                                 swarm="results") for _ in range(2))
+    out = asyncio.run(across_two(first.url, second.url))
+    assert out["seeds"][0] == out["seeds"][1]
+    assert [(s["place"], s["of"]) for s in out["scored"]] == [(1, 1), (1, 2)]
+    for relay in (first, second):
+        rows = _get(relay, "/stats/results.json")["results"]
+        assert [(r["peer"], r["best"]["correct"]) for r in rows] == [(out["peers"][1], 7), (out["peers"][0], 6)]
