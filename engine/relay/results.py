@@ -93,6 +93,12 @@ def better(new: dict[str, Any], old: dict[str, Any] | None) -> bool:
                                                                    old["questions"])
 
 
+def _with_interval(result: dict[str, Any]) -> dict[str, Any]:
+    """A result with `low` and `high`, the 95 % interval of its accuracy from its number of questions."""
+    low, high = interval(result["correct"], result["questions"])
+    return {**result, "low": round(low, 4), "high": round(high, 4)}
+
+
 class ResultsBook:
     """The relay's side of evaluation results (engine/relay/server.py calls it)."""
 
@@ -224,12 +230,11 @@ class ResultsBook:
     # -- the table --------------------------------------------------------------------------
     async def board(self) -> dict[str, Any]:
         """GET /stats/results.json: each key's latest and best, best first, with 95 % intervals."""
-        entries = sorted(await self._entries(), key=lambda e: (-e["best"]["correct"] / e["best"]["questions"],
-                                                                -e["best"]["questions"], -e["latest"]["ts"]))
-        for entry in entries:
-            for which in ("latest", "best"):
-                r = entry[which]
-                r["low"], r["high"] = (round(x, 4) for x in interval(r["correct"], r["questions"]))
+        everyone = await self._entries()
+        ranked = sorted(everyone, key=lambda e: (-e["best"]["correct"] / e["best"]["questions"],
+                                                 -e["best"]["questions"], -e["latest"]["ts"]))
+        entries = [{**e, "latest": _with_interval(e["latest"]), "best": _with_interval(e["best"])}
+                   for e in ranked[:BOARD_SIZE]]
         return {"generated": round(self.clock(), 3), "questions_per_seed": self.questions,
                 "seed_period_s": self.period_s, "rescoring": not self.scorer.missing, "checked": CHECKED,
-                "not_checked": NOT_CHECKED, "keys": len(entries), "results": entries[:BOARD_SIZE]}
+                "not_checked": NOT_CHECKED, "keys": len(everyone), "results": entries}
