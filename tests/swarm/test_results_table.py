@@ -266,3 +266,45 @@ def test_relay_processes_on_one_redis_ask_one_seed_and_keep_one_table(start_rela
     for relay in (first, second):
         rows = _get(relay, "/stats/results.json")["results"]
         assert [(r["peer"], r["best"]["correct"]) for r in rows] == [(out["peers"][1], 7), (out["peers"][0], 6)]
+
+
+def test_three_real_nodes_answers_are_on_the_status_page_in_chromium(chromium: Any, tiny_model_dir: Path,  # noqa: F811
+                                                                    tmp_path: Path, start_relay: StartRelay) -> None:
+    """Three tiny nodes answer at their evaluation; the relay re-scores them; the page lists the three, each with
+    the model label its node sent, and each node was told its own place."""
+    from playwright.sync_api import expect
+
+    from tests.swarm.test_mix import relay_node
+
+    relay = start_relay(rate=1000.0, burst=1000.0, results_questions=N)
+    names, labels, places = [], set(), []
+    for k in range(3):
+        events: list[dict[str, Any]] = []
+        node, session = relay_node(tiny_model_dir, tmp_path / f"n{k}", relay.url, "tasks.eval_questions=3",
+                                   f"run.seed={k + 1}", events=events)
+        try:
+            client = session.exchange.client
+            assert client.wait_connected(10)
+            deadline = time.monotonic() + 15
+            while client.state.evaluation is None and time.monotonic() < deadline:
+                client.ask_stats()
+                time.sleep(0.2)
+            node.evaluate()
+            [standing] = [e for e in events if e["type"] == "standing"]
+            places.append((standing["result"]["of"], standing["result"]["questions"]))
+            names.append(session.exchange.identity.name)
+            labels.add(session.exchange.model_label)
+        finally:
+            session.close()
+    assert places == [(1, N), (2, N), (3, N)]
+    table = _get(relay, "/stats/results.json")
+    assert table["keys"] == 3 and {r["best"]["model"] for r in table["results"]} == labels
+    page = chromium.new_page()
+    watch = PageWatch(page)
+    page.goto(_base(relay) + "/")
+    rows = page.locator("#results tbody tr")
+    expect(rows).to_have_count(3, timeout=20_000)
+    shown = sorted(rows.nth(i).locator("td").nth(0).text_content() or "" for i in range(3))
+    assert shown == sorted(names)
+    assert all((rows.nth(i).locator("td").nth(2).text_content() or "").endswith(f" of {N}") for i in range(3))
+    assert watch.problems == []
