@@ -172,7 +172,7 @@
       }
       cell(row, best.correct + " of " + best.questions, "number");
       cell(row, best.round, "number");
-      cell(row, best.model || "not said");
+      cell(row, best.model || "not said", "model");
       body.appendChild(row);
     });
   }
