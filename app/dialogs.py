@@ -143,8 +143,7 @@ class SettingsForm(QWidget):
         swarm.addWidget(self.invite)
         swarm.addWidget(self.nearby)
         swarm.addWidget(self.swarm_solo)
-        self.refuse_datasets = QCheckBox(f"{setting('refuse_dataset_swarms').label}: never join one that "
-                                         "publishes the answers shared in it")
+        self.refuse_datasets = QCheckBox(f"{setting('refuse_dataset_swarms').label} of the answers shared in them")
         self.refuse_datasets.setToolTip("A relay can keep what its swarm shares and publish it as a dataset; its "
                                         "information says so and under which license (the Join dialog shows it).")
         swarm.addWidget(self.refuse_datasets)
@@ -287,8 +286,7 @@ class ProtectionForm(QWidget):
         box = QGroupBox("Answers from other peers")
         check = QVBoxLayout(box)
         check.setSpacing(2)
-        self.check = QCheckBox(f"{setting('plausibility_check').label} (recommended): those your model finds "
-                               "implausible")
+        self.check = QCheckBox(f"{setting('plausibility_check').label} (recommended)")
         check.addWidget(self.check)
         check.addWidget(theme.hint("Catches answers that are correct but carry injected text, such as an advert "
                               "after the answer, before your model learns from them. Every answer is also "
