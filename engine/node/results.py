@@ -23,6 +23,7 @@ from typing import Any
 
 from engine.node.checkpoint import STATE_FILE, checkpoint_name
 from engine.questions.seeded import seed_questions
+from engine.swarm.protocol import ProtocolError
 from engine.swarm.results import Answer
 
 log = logging.getLogger(__name__)
@@ -58,7 +59,12 @@ def report_results(node: Any) -> bool:
     client = link.client
     before = client.state.scored_at
     model = str(getattr(node.exchange, "model_label", ""))
-    if not link.send(seed, node.round, model, checkpoint_hash(node.checkpoint_root, node.round), answers):
+    try:
+        sent = link.send(seed, node.round, model, checkpoint_hash(node.checkpoint_root, node.round), answers)
+    except ProtocolError as exc:  # answers the wire cannot carry: this evaluation is not on the table
+        log.warning("Evaluation answers not sent: %s", exc)
+        return False
+    if not sent:
         log.info("Evaluation answers not sent: the relay is not connected.")
         return False
     deadline = time.monotonic() + SCORE_WAIT_S

@@ -33,6 +33,7 @@ MAX_RESULT_ANSWER_CHARS = 4096  # one answer; a node sends the end of a longer o
 CHECKPOINT_HEX = 64  # sha256 of the checkpoint's weights, lowercase hex ("" before the first checkpoint)
 MAX_EVAL_SEED = 2**53 - 1  # seeds fit a JSON double exactly
 MAX_ROUND = 10**9
+FRAME_MARGIN = 1024  # the envelope and the signature around a payload in one frame
 Z95 = 1.959963984540054  # the normal quantile of a two-sided 95 % interval
 
 
@@ -107,19 +108,23 @@ def decode_results(payload: str) -> Results:
                    str(checkpoint), tuple(answers))
 
 
-def fit_answer(text: str) -> str:
-    """An answer as it travels: its last MAX_RESULT_ANSWER_CHARS characters (the last <answer> tag is scored)."""
-    return text[-MAX_RESULT_ANSWER_CHARS:]
+def fit_answer(text: str, limit: int = MAX_RESULT_ANSWER_CHARS) -> str:
+    """An answer as it travels: its last `limit` characters (the last <answer> tag is what is scored)."""
+    return text[-limit:]
 
 
 def results_payload(key: bytes, ts: float, seed: int, round_index: int, model: str, checkpoint: str,
                     answers: list[Answer]) -> str:
-    """The payload string a node signs and sends; checked against the limits before it leaves."""
-    payload = protocol.encode({
-        "kind": "results", "key": protocol.b64encode(key), "ts": ts, "seed": seed, "round": round_index,
-        "model": model[: protocol.MAX_MODEL_CHARS], "checkpoint": checkpoint,
-        "answers": [{"task": a.task, "answer": fit_answer(a.text)} for a in answers],
-    })
+    """The payload string a node signs and sends, within the limits: each answer its last 4096 characters, or
+    fewer where the whole message would not fit one frame (long answers in a script of several UTF-8 bytes)."""
+    for limit in (MAX_RESULT_ANSWER_CHARS, 2048, 1024, 512, 256):
+        payload = protocol.encode({
+            "kind": "results", "key": protocol.b64encode(key), "ts": ts, "seed": seed, "round": round_index,
+            "model": model[: protocol.MAX_MODEL_CHARS], "checkpoint": checkpoint,
+            "answers": [{"task": a.task, "answer": fit_answer(a.text, limit)} for a in answers],
+        })
+        if len(payload.encode("utf-8")) <= protocol.MAX_FRAME_BYTES - FRAME_MARGIN:
+            break
     decode_results(payload)
     return payload
 

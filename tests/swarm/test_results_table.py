@@ -308,3 +308,18 @@ def test_three_real_nodes_answers_are_on_the_status_page_in_chromium(chromium: A
     assert shown == sorted(names)
     assert all((rows.nth(i).locator("td").nth(2).text_content() or "").endswith(f" of {N}") for i in range(3))
     assert watch.problems == []
+
+
+def test_long_answers_in_a_wide_script_are_cut_to_their_ends_so_the_message_fits_one_frame() -> None:
+    from engine.swarm import protocol
+    from engine.swarm.identity import Identity
+    from engine.swarm.results import MAX_RESULT_QUESTIONS, Answer, decode_results, results_payload
+
+    identity = Identity.generate()
+    long = "思" * 9000 + "<answer>7</answer>"
+    text = results_payload(identity.public_key, time.time(), 5, 1, "m", "", [
+        Answer(ref.to_json(), long) for ref in seed_refs(5, MAX_RESULT_QUESTIONS)])
+    frame = protocol.encode(protocol.msg_publish(identity.signed(text)))
+    assert len(frame.encode("utf-8")) <= protocol.MAX_FRAME_BYTES
+    report_ = decode_results(text)
+    assert all(a.text.endswith("<answer>7</answer>") and len(a.text) < 4096 for a in report_.answers)
