@@ -9,7 +9,7 @@ A `NodeConfig` has five sections, the same as the TOML file
     [run]    device = "auto"           seed = -1       run_name = "default"
     [swarm]  mode = "embedded"         external_groups = 4
 
-Each setting is declared once, as a dataclass field (`_help`) whose metadata
+Each setting is declared once, as a dataclass field (`declare`) whose metadata
 holds its help text; for one a person picks in the app, its label; where it
 takes effect (live with a reload, at the next start, or only in a new run);
 and a number's bounds. Every value is checked in ``__post_init__``; a bad one
@@ -26,91 +26,22 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
-from dataclasses import MISSING, asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from engine.common.errors import ConfigError
+from engine.common.fields import check_bounds, choice, declare, number, peer_reference, positive_int
 from engine.common.presets import DEFAULT_WEIGHTS, POWER_PRESETS, PRIORITIES, SAPO_SPECIALTIES, TRAIN_ON
 from engine.common.rules import INVITE_MAX_CHARS, parse_invite
 from engine.common.schedule import Schedule
 
-# -- the checks: a setting's help text as its field, and the one sentence a bad value gets ----------------
-# Where a setting takes effect (engine/common/schema.py, `restart_changes`): "live" with a reload between rounds;
-# "restart" when the node starts again (the rest of a reload still applies); "new_run": what the run's weights
-# and their checkpoint depend on, so a reload that changes it is not applied at all.
-APPLIES = ("live", "restart", "new_run")
-
-
-def _help(text: str, default: Any = MISSING, factory: Any = MISSING, *, label: str = "", name: str = "",
-          applies: str = "live", low: float | None = None, high: float | None = None, open_low: bool = False) -> Any:
-    """A setting: its help; for one a person picks in the app, its `label` (and the `name` the app's settings
-    call it, where the key alone would not say); where it takes effect; for a number, its bounds, which
-    `_check_bounds` enforces and the app's fields take as their range."""
-    assert applies in APPLIES, applies
-    metadata = {"help": text, "label": label, "name": name, "applies": applies, "low": low, "high": high,
-                "open_low": open_low}
-    if factory is not MISSING:
-        return field(default_factory=factory, metadata=metadata)
-    return field(default=default, metadata=metadata)
-
-
-def _check_bounds(section: str, settings: Any) -> None:
-    """Every field of `settings` declared with bounds: a whole number for an int field, a finite number for a
-    float one, from low (excluded with open_low) to high."""
-    for f in fields(settings):
-        low, high = f.metadata.get("low"), f.metadata.get("high")
-        if low is None or high is None:
-            continue
-        value = getattr(settings, f.name)
-        if f.type in ("int", int):
-            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-                raise ConfigError(f"{section}.{f.name} must be a whole number from {int(low)} to {int(high)}, "
-                                  f"got {value!r}.")
-        else:
-            _number(section, f.name, value, low, high, open_low=f.metadata.get("open_low", False))
-
-
-def _positive_int(section: str, key: str, value: object, upper: int | None = None) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"{section}.{key} must be a whole number of at least 1, got {value!r}.")
-    if upper is not None and value > upper:
-        raise ConfigError(f"{section}.{key} must be at most {upper}, got {value}.")
-
-
-def _number(section: str, key: str, value: object, low: float, high: float, *, open_low: bool = False) -> None:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    if ok and (value < low or value > high or (open_low and value == low)):  # type: ignore[operator]
-        ok = False
-    if not ok:
-        bound = f"greater than {low}" if open_low else f"at least {low}"
-        raise ConfigError(f"{section}.{key} must be a number {bound} and at most {high}, got {value!r}.")
-
-
-def _peer_reference(text: str) -> bool:
-    """A peer id (20 lowercase hex characters) or a base64 Ed25519 public key (32 bytes)."""
-    import base64
-    import binascii
-
-    if len(text) == 20 and all(c in "0123456789abcdef" for c in text):
-        return True
-    try:
-        return len(base64.b64decode(text, validate=True)) == 32
-    except (binascii.Error, ValueError):
-        return False
-
-
-def _choice(section: str, key: str, value: object, allowed: tuple[str, ...]) -> None:
-    if value not in allowed:
-        raise ConfigError(f"{section}.{key} must be one of {', '.join(allowed)}; got {value!r}.")
-
 
 @dataclass
 class ModelConfig:
-    source: str = _help("'bundled' (SmolLM2-135M-Instruct), a local HF folder, or a HF hub id.", "bundled",
-                        label="Model to train", name="model_source", applies="new_run")
-    revision: str = _help("Hub revision (branch, tag or commit) for a hub id; empty for the default.", "",
-                          applies="new_run")
+    source: str = declare("'bundled' (SmolLM2-135M-Instruct), a local HF folder, or a HF hub id.", "bundled",
+                          label="Model to train", name="model_source", applies="new_run")
+    revision: str = declare("Hub revision (branch, tag or commit) for a hub id; empty for the default.", "",
+                            applies="new_run")
 
     def __post_init__(self) -> None:
         if not isinstance(self.source, str) or not self.source.strip():
@@ -121,33 +52,33 @@ class ModelConfig:
 
 @dataclass
 class TaskConfig:
-    specialties: dict[str, float] = _help(
+    specialties: dict[str, float] = declare(
         "ReasoningGYM specialties and their relative weights (0 disables one).",
         factory=lambda: dict(DEFAULT_WEIGHTS),
     )
-    dataset_configs: dict[str, dict[str, Any]] = _help(
+    dataset_configs: dict[str, dict[str, Any]] = declare(
         "Per-specialty ReasoningGYM config overrides, e.g. {basic_arithmetic = {max_terms = 3}}.",
         factory=dict,
     )
-    questions_per_round: int = _help("Questions drawn per round (B).", 8)
-    completions_per_question: int = _help("Completions sampled per question (G).", 8)
-    max_new_tokens: int = _help("Cap on completion length, in tokens.", 48)
-    temperature: float = _help(
+    questions_per_round: int = declare("Questions drawn per round (B).", 8)
+    completions_per_question: int = declare("Completions sampled per question (G).", 8)
+    max_new_tokens: int = declare("Cap on completion length, in tokens.", 48)
+    temperature: float = declare(
         "Sampling temperature for rollouts; with adaptive_temperature, where a node starts and the lowest it goes.",
         0.7,
     )
-    adaptive_temperature: bool = _help(
+    adaptive_temperature: bool = declare(
         "Let the sampling temperature follow the model: up a step when, of the last 24 own groups, more than 1 in 8 "
         "gave every answer the same score above 0 (the policy has sharpened: such a group teaches nothing), down "
         "a step when almost none did, between temperature and temperature_max (engine/questions/heat.py).", False,
     )
-    temperature_max: float = _help("With adaptive_temperature: the highest sampling temperature.", 1.4)
-    eval_every: int = _help("Run the held-out evaluation every N rounds (0: never).", 10)
-    eval_questions: int = _help(
+    temperature_max: float = declare("With adaptive_temperature: the highest sampling temperature.", 1.4)
+    eval_every: int = declare("Run the held-out evaluation every N rounds (0: never).", 10)
+    eval_questions: int = declare(
         "Size of the fixed held-out evaluation set (greedy pass@1), drawn evenly over the specialties; what an "
         "evaluation costs: docs/results.md 'Rollout speed'.", 108,
     )
-    difficulty: str = _help(
+    difficulty: str = declare(
         "'fixed': every specialty at its default config, drawn by the weights above. 'adaptive': each specialty "
         "moves down a level of its curriculum when most of its recent groups had every answer fail, up when most "
         "had every answer pass; the weights follow where groups are informative (never below a floor), kinds "
@@ -156,23 +87,23 @@ class TaskConfig:
         "dataset_configs entry keeps that config. The held-out set stays at the default level.",
         "fixed",
     )
-    eval_harder: bool = _help(
+    eval_harder: bool = declare(
         "Also measure a second fixed held-out set one level harder than the default (as many questions, about as "
         "much time again), so progress beyond the default level shows.", False,
     )
-    reask_share: float = _help(
+    reask_share: float = declare(
         "Share (0 to 1) of each round's questions that ask again the node's own recent questions whose answers "
         "scored differently, each up to reask_max times; the rest are drawn fresh. 0: off "
         "(engine/questions/frontier.py).", 0.0,
     )
-    reask_max: int = _help("Most times one question is asked again (see reask_share).", 3)
-    probe_answers: int = _help(
+    reask_max: int = declare("Most times one question is asked again (see reask_share).", 3)
+    probe_answers: int = declare(
         "Answers sampled first for each of probe_questions questions (0: off). The round then completes to G "
         "answers only questions_per_round of them: re-asked ones first, then those whose first answers scored "
         "differently (their group will teach), then the others in the order drawn. A question whose answers all "
         "agree costs this many answers instead of G (docs/architecture.md, 'Probing').", 0,
     )
-    probe_questions: int = _help(
+    probe_questions: int = declare(
         "With probe_answers above 0: questions drawn and probed each round, re-asked ones included; at least "
         "questions_per_round.", 24,
     )
@@ -187,7 +118,7 @@ class TaskConfig:
                 raise ConfigError(
                     f"{s}.specialties has unknown specialty {name!r}; allowed: {', '.join(SAPO_SPECIALTIES)}."
                 )
-            _number(s, f"specialties.{name}", weight, 0.0, 1e6)
+            number(s, f"specialties.{name}", weight, 0.0, 1e6)
         if not any(w > 0 for w in self.specialties.values()):
             raise ConfigError(f"{s}.specialties must give at least one specialty a weight above 0.")
         if not isinstance(self.dataset_configs, dict):
@@ -197,31 +128,31 @@ class TaskConfig:
                 raise ConfigError(
                     f"{s}.dataset_configs.{name} must be a table for one of: {', '.join(SAPO_SPECIALTIES)}."
                 )
-        _positive_int(s, "questions_per_round", self.questions_per_round, 1024)
-        _positive_int(s, "completions_per_question", self.completions_per_question, 256)
+        positive_int(s, "questions_per_round", self.questions_per_round, 1024)
+        positive_int(s, "completions_per_question", self.completions_per_question, 256)
         if self.completions_per_question < 2:
             raise ConfigError(f"{s}.completions_per_question must be at least 2: GRPO compares completions.")
-        _positive_int(s, "max_new_tokens", self.max_new_tokens, 2048)
-        _number(s, "temperature", self.temperature, 0.0, 5.0, open_low=True)
+        positive_int(s, "max_new_tokens", self.max_new_tokens, 2048)
+        number(s, "temperature", self.temperature, 0.0, 5.0, open_low=True)
         if not isinstance(self.adaptive_temperature, bool):
             raise ConfigError(f"{s}.adaptive_temperature must be true or false, got {self.adaptive_temperature!r}.")
-        _number(s, "temperature_max", self.temperature_max, 0.0, 5.0, open_low=True)
+        number(s, "temperature_max", self.temperature_max, 0.0, 5.0, open_low=True)
         if self.adaptive_temperature and self.temperature_max < self.temperature:
             raise ConfigError(f"{s}.temperature_max ({self.temperature_max}) must be at least temperature "
                               f"({self.temperature}): the adaptive temperature moves between them.")
         if isinstance(self.eval_every, bool) or not isinstance(self.eval_every, int) or self.eval_every < 0:
             raise ConfigError(f"{s}.eval_every must be a whole number of rounds, 0 to turn evaluation off.")
-        _positive_int(s, "eval_questions", self.eval_questions, 10_000)
-        _choice(s, "difficulty", self.difficulty, ("fixed", "adaptive"))
+        positive_int(s, "eval_questions", self.eval_questions, 10_000)
+        choice(s, "difficulty", self.difficulty, ("fixed", "adaptive"))
         if not isinstance(self.eval_harder, bool):
             raise ConfigError(f"{s}.eval_harder must be true or false, got {self.eval_harder!r}.")
-        _number(s, "reask_share", self.reask_share, 0.0, 1.0)
-        _positive_int(s, "reask_max", self.reask_max, 1000)
+        number(s, "reask_share", self.reask_share, 0.0, 1.0)
+        positive_int(s, "reask_max", self.reask_max, 1000)
         if (isinstance(self.probe_answers, bool) or not isinstance(self.probe_answers, int)
                 or not 0 <= self.probe_answers < self.completions_per_question):
             raise ConfigError(f"{s}.probe_answers must be a whole number from 0 (off) to completions_per_question - 1 "
                               f"({self.completions_per_question - 1}), got {self.probe_answers!r}.")
-        _positive_int(s, "probe_questions", self.probe_questions, 1024)
+        positive_int(s, "probe_questions", self.probe_questions, 1024)
         if self.probe_answers and self.probe_questions < self.questions_per_round:
             raise ConfigError(f"{s}.probe_questions ({self.probe_questions}) must be at least questions_per_round "
                               f"({self.questions_per_round}): the round completes that many of them.")
@@ -229,97 +160,97 @@ class TaskConfig:
 
 @dataclass
 class GRPOConfig:
-    learning_rate: float = _help(
+    learning_rate: float = declare(
         "AdamW learning rate of the trained weights (the LoRA adapters, or every weight with finetune = 'full'); "
         "how the default was chosen: docs/results.md 'Learning'.", 3e-4,
     )
-    eps_low: float = _help("Lower clip range of the importance ratio (1 - eps_low).", 0.2)
-    eps_high: float = _help("Upper clip range of the importance ratio (1 + eps_high).", 0.28)
-    kl_beta: float = _help("Weight of the KL penalty to the reference model (0: none, no reference kept).", 0.0,
-                           applies="new_run")
-    adv_eps: float = _help("Added to the group std in (r - mean) / (std + eps).", 1e-4)
-    train_on: str = _help(
+    eps_low: float = declare("Lower clip range of the importance ratio (1 - eps_low).", 0.2)
+    eps_high: float = declare("Upper clip range of the importance ratio (1 + eps_high).", 0.28)
+    kl_beta: float = declare("Weight of the KL penalty to the reference model (0: none, no reference kept).", 0.0,
+                             applies="new_run")
+    adv_eps: float = declare("Added to the group std in (r - mean) / (std + eps).", 1e-4)
+    train_on: str = declare(
         "Which groups a round trains on: 'passed' (those in which an answer scored full marks) or 'informative' "
         "(every group whose answers scored differently, as in the SAPO paper). Normalised by the group's spread, "
         "a difference of partial credit alone weighs like a right answer: trained on, the model learned to repeat "
         "the question's fraction, which scores 0.1 (docs/results.md 'Learning').", "passed")
-    pg_steps: int = _help("Policy-gradient steps per round on the same rollouts.", 1)
-    micro_batch: int = _help("Most sequences per forward/backward pass (gradient accumulation).", 8)
-    micro_batch_tokens: int = _help("Most padded tokens per forward/backward pass; bounds activation memory.", 1024)
-    max_grad_norm: float = _help("Gradient clipping norm (0: off).", 1.0)
-    weight_decay: float = _help("AdamW weight decay.", 0.0)
-    finetune: str = _help("'lora' (adapters via peft) or 'full' (all weights).", "lora", applies="new_run")
-    lora_rank: int = _help("LoRA rank.", 16, applies="new_run")
-    lora_alpha: int = _help("LoRA alpha (scale = alpha / rank).", 32, applies="new_run")
-    lora_dropout: float = _help("LoRA dropout.", 0.0, applies="new_run")
-    precision: str = _help("'auto' (bf16 autocast where the hardware has bf16), 'bf16' or 'fp32'.", "auto")
+    pg_steps: int = declare("Policy-gradient steps per round on the same rollouts.", 1)
+    micro_batch: int = declare("Most sequences per forward/backward pass (gradient accumulation).", 8)
+    micro_batch_tokens: int = declare("Most padded tokens per forward/backward pass; bounds activation memory.", 1024)
+    max_grad_norm: float = declare("Gradient clipping norm (0: off).", 1.0)
+    weight_decay: float = declare("AdamW weight decay.", 0.0)
+    finetune: str = declare("'lora' (adapters via peft) or 'full' (all weights).", "lora", applies="new_run")
+    lora_rank: int = declare("LoRA rank.", 16, applies="new_run")
+    lora_alpha: int = declare("LoRA alpha (scale = alpha / rank).", 32, applies="new_run")
+    lora_dropout: float = declare("LoRA dropout.", 0.0, applies="new_run")
+    precision: str = declare("'auto' (bf16 autocast where the hardware has bf16), 'bf16' or 'fp32'.", "auto")
 
     def __post_init__(self) -> None:
         s = "grpo"
-        _number(s, "learning_rate", self.learning_rate, 0.0, 1.0, open_low=True)
-        _number(s, "eps_low", self.eps_low, 0.0, 1.0)
-        _number(s, "eps_high", self.eps_high, 0.0, 10.0)
-        _number(s, "kl_beta", self.kl_beta, 0.0, 100.0)
-        _number(s, "adv_eps", self.adv_eps, 0.0, 1.0, open_low=True)
-        _positive_int(s, "pg_steps", self.pg_steps, 64)
-        _positive_int(s, "micro_batch", self.micro_batch, 4096)
-        _positive_int(s, "micro_batch_tokens", self.micro_batch_tokens, 1 << 24)
-        _number(s, "max_grad_norm", self.max_grad_norm, 0.0, 1e6)
-        _number(s, "weight_decay", self.weight_decay, 0.0, 1.0)
-        _choice(s, "finetune", self.finetune, ("lora", "full"))
-        _positive_int(s, "lora_rank", self.lora_rank, 1024)
-        _positive_int(s, "lora_alpha", self.lora_alpha, 10_000)
-        _number(s, "lora_dropout", self.lora_dropout, 0.0, 0.9)
-        _choice(s, "precision", self.precision, ("auto", "bf16", "fp32"))
-        _choice(s, "train_on", self.train_on, TRAIN_ON)
+        number(s, "learning_rate", self.learning_rate, 0.0, 1.0, open_low=True)
+        number(s, "eps_low", self.eps_low, 0.0, 1.0)
+        number(s, "eps_high", self.eps_high, 0.0, 10.0)
+        number(s, "kl_beta", self.kl_beta, 0.0, 100.0)
+        number(s, "adv_eps", self.adv_eps, 0.0, 1.0, open_low=True)
+        positive_int(s, "pg_steps", self.pg_steps, 64)
+        positive_int(s, "micro_batch", self.micro_batch, 4096)
+        positive_int(s, "micro_batch_tokens", self.micro_batch_tokens, 1 << 24)
+        number(s, "max_grad_norm", self.max_grad_norm, 0.0, 1e6)
+        number(s, "weight_decay", self.weight_decay, 0.0, 1.0)
+        choice(s, "finetune", self.finetune, ("lora", "full"))
+        positive_int(s, "lora_rank", self.lora_rank, 1024)
+        positive_int(s, "lora_alpha", self.lora_alpha, 10_000)
+        number(s, "lora_dropout", self.lora_dropout, 0.0, 0.9)
+        choice(s, "precision", self.precision, ("auto", "bf16", "fp32"))
+        choice(s, "train_on", self.train_on, TRAIN_ON)
 
 
 @dataclass
 class RunConfig:
-    run_name: str = _help("Name of this training run; checkpoints live under checkpoints/<run_name>.", "default",
-                          applies="new_run")
-    seed: int = _help(
+    run_name: str = declare("Name of this training run; checkpoints live under checkpoints/<run_name>.", "default",
+                            applies="new_run")
+    seed: int = declare(
         "Node seed: fixes which questions each round draws and the sampling. -1: this install's own seed, drawn at "
         "random once and kept in the data dir (node-seed), so that no two computers draw the same questions and "
         "samples; 0 or more: that seed, which reproduces a run exactly. A run keeps the seed it began with.",
         -1, applies="new_run",
     )
-    device: str = _help("'auto' (CUDA > MLX > CPU), 'cuda', 'mlx' or 'cpu'.", "auto", applies="new_run")
-    threads: int = _help(
+    device: str = declare("'auto' (CUDA > MLX > CPU), 'cuda', 'mlx' or 'cpu'.", "auto", applies="new_run")
+    threads: int = declare(
         "CPU threads for PyTorch (0: automatic, the cores other programs leave free, re-measured every few seconds).",
         0, label="CPU threads for training", low=0, high=1024,
     )
-    priority: str = _help(
+    priority: str = declare(
         "'background': the lowest OS priority (nice 19; Windows idle class; macOS background QoS), so your own "
         "programs always come first and training uses what they leave; 'normal': compete equally with them "
         "(training is faster while the computer is busy, and your programs slower).",
         "background", label="Priority", applies="restart",  # a process cannot raise its own priority again
     )
-    power: str = _help(
+    power: str = declare(
         "'low', 'standard' or 'maximum': a bundle of threads, priority and duty_cycle (and in the app, the idle and "
         "AC-power pauses). low: 1 thread, background priority, training at most half of each minute, only when "
         "idle and plugged in; standard: automatic threads at background priority; maximum: automatic threads at "
         "normal priority. A key you set yourself wins over the bundle.", "standard", label="Power",
     )
-    duty_cycle: float = _help(
+    duty_cycle: float = declare(
         "Share of the time training may use (0.5: at most half of each minute, resting between steps); 1: all.", 1.0,
         label="Share of each minute for training", low=0.0, high=1.0, open_low=True,
     )
-    schedule: str = _help(
+    schedule: str = declare(
         "Hours when training runs, local time: '22:00-07:00', 'weekdays 22:00-07:00' or 'weekends 09:00-18:00'; "
         "empty: at any hour. Outside them the node finishes its round, keeps its checkpoint and sleeps.", "",
         label="Hours for training",
     )
-    max_rounds: int = _help("Stop after this round number (0: train until stopped).", 0)
-    keep_checkpoints: int = _help("How many recent good checkpoints to keep.", 3)
-    metrics_max_kb: int = _help(
+    max_rounds: int = declare("Stop after this round number (0: train until stopped).", 0)
+    keep_checkpoints: int = declare("How many recent good checkpoints to keep.", 3)
+    metrics_max_kb: int = declare(
         "Most kilobytes metrics.jsonl may hold; past it the oldest half of its lines is dropped (a round's line is "
         "1.5 kB, up to some 8 kB with many peers listed: the default keeps days to weeks of rounds).", 32768,
         applies="restart")
 
     def __post_init__(self) -> None:
         s = "run"
-        _check_bounds(s, self)
+        check_bounds(s, self)
         name = self.run_name
         if (not isinstance(name, str) or not name or len(name) > 64 or not all(c.isalnum() or c in "-_." for c in name)
             or name.startswith(".")):
@@ -327,77 +258,77 @@ class RunConfig:
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not -1 <= self.seed < 2**31:
             raise ConfigError(f"{s}.seed must be -1 (this install's own) or a whole number from 0 to 2147483647, "
                               f"got {self.seed!r}.")
-        _choice(s, "device", self.device, ("auto", "cuda", "mlx", "cpu"))
-        _choice(s, "priority", self.priority, PRIORITIES)
-        _choice(s, "power", self.power, tuple(POWER_PRESETS))
+        choice(s, "device", self.device, ("auto", "cuda", "mlx", "cpu"))
+        choice(s, "priority", self.priority, PRIORITIES)
+        choice(s, "power", self.power, tuple(POWER_PRESETS))
         Schedule.parse(self.schedule)  # ConfigError naming run.schedule and what to write
         if isinstance(self.max_rounds, bool) or not isinstance(self.max_rounds, int) or self.max_rounds < 0:
             raise ConfigError(f"{s}.max_rounds must be 0 (no limit) or a positive round number.")
-        _positive_int(s, "keep_checkpoints", self.keep_checkpoints, 1000)
-        _positive_int(s, "metrics_max_kb", self.metrics_max_kb, 1 << 22)
+        positive_int(s, "keep_checkpoints", self.keep_checkpoints, 1000)
+        positive_int(s, "metrics_max_kb", self.metrics_max_kb, 1 << 22)
 
 
 @dataclass
 class SwarmConfig:
-    mode: str = _help(
+    mode: str = declare(
         "'embedded' (start a relay in this process that local nodes can join), 'relay' (join relay_url) or 'solo'.",
         "embedded", label="Swarm", name="swarm_mode", applies="restart",
     )
-    relay_url: str = _help(
+    relay_url: str = declare(
         "For mode 'relay': an invite link (sapling://join?relay=...&relay=...&token=...&name=..., or the "
         "https://HOST/join?... page) or a bare relay address (wss://relay.example.org/ws). With several relays "
         "the node uses the one that last worked and moves to the next when it fails.",
         "", label="Invite", applies="restart",
     )
-    join_token: str = _help("Join token of a private swarm, when relay_url does not carry one (an invite does).", "",
-                            label="Join token", applies="restart")
-    embedded_host: str = _help("Address the embedded relay listens on ('127.0.0.1': this computer only).", "127.0.0.1",
-                               applies="restart")
-    embedded_port: int = _help("Port of the embedded relay (0: pick a free one).", 8765, applies="restart")
-    embedded_lan: bool = _help("Let other computers on this network join the embedded relay: it listens on every "
-                               "interface and announces itself (mDNS, `sapling-node discover`). Off: nothing is "
-                               "announced.", False, label="Let this network's computers join", applies="restart")
-    refuse_dataset_swarms: bool = _help(
+    join_token: str = declare("Join token of a private swarm, when relay_url does not carry one (an invite does).", "",
+                              label="Join token", applies="restart")
+    embedded_host: str = declare("Address the embedded relay listens on ('127.0.0.1': this computer only).",
+                                 "127.0.0.1", applies="restart")
+    embedded_port: int = declare("Port of the embedded relay (0: pick a free one).", 8765, applies="restart")
+    embedded_lan: bool = declare("Let other computers on this network join the embedded relay: it listens on every "
+                                 "interface and announces itself (mDNS, `sapling-node discover`). Off: nothing is "
+                                 "announced.", False, label="Let this network's computers join", applies="restart")
+    refuse_dataset_swarms: bool = declare(
         "Never join a swarm whose relay says it keeps a dataset of the answers shared in it (its information "
         "document's dataset field; docs/relay-operators.md): the app's Join refuses it, and a node in relay mode "
         "asks the relay first and does not connect when it does, or when it cannot tell.", False,
         label="Refuse swarms that publish a dataset", applies="restart",
     )
-    report_results: bool = _help(
+    report_results: bool = declare(
         "At each held-out evaluation (tasks.eval_every), also answer the relay's evaluation questions of the hour "
         "greedily and send the answers, signed with the model's label and a hash of the checkpoint; the relay "
         "re-scores them and lists this node's latest and best on its results table (GET /stats/results.json, its "
         "status page). Off: nothing is sent and the node is not on the table.", True,
         label="Put my model on the swarm's results table",
     )
-    local_groups: int = _help(
+    local_groups: int = declare(
         "I: own rollouts (a question with its G completions) in each round's training batch; 0 means all of them.",
         0,
     )
-    external_groups: int = _help(
+    external_groups: int = declare(
         "J: rollouts sampled from the swarm for each round's training batch (0: solo). docs/results.md 'Swarm' "
         "measures what joining does, per round and per hour.",
         4,
     )
-    train_groups: int = _help(
+    train_groups: int = declare(
         "A cap on each round's training batch, in groups trained on (0: none, all yours that grpo.train_on keeps "
         "plus J from the swarm). Swarm rollouts only fill the batch up to it after your own, so a "
         "round in which your own questions taught enough takes none and trains no more than a round alone "
         "(docs/results.md 'Swarm' compares the settings per hour). Your own groups are never left out for it.",
         4,
     )
-    peer_questions: float = _help(
+    peer_questions: float = declare(
         "Share (0 to 1) of each round's B questions taken from the swarm's teaching questions: questions whose "
         "answers scored differently for a peer, verified here, which this node then answers itself (its own G "
         "answers, trained on as its own group; the peer's text is not trained on). 0: off "
         "(engine/questions/peers.py; what it does per hour: docs/results.md 'Swarm').", 0.0, low=0.0, high=1.0,
     )
-    local_informative_first: bool = _help(
+    local_informative_first: bool = declare(
         "With local_groups below the round's questions: fill the I own slots first with rollouts that are trained "
         "on (rewards that differ; with grpo.train_on 'passed', one answer passed), not I at random (docs/swarm.md).",
         False,
     )
-    plausibility_check: bool = _help(
+    plausibility_check: bool = declare(
         "Refuse answers your model finds implausible (injected text, docs/swarm.md 'Poisoning'); they are counted "
         "as 'implausible'. The node applies the swarm's model policy, which its relay declares: in a swarm of one "
         "model (also any relay that declares nothing, and the local one) every answer is tested against this "
@@ -405,67 +336,67 @@ class SwarmConfig:
         "its sender's usual answers instead, so honest peers of other models are not refused.",
         True, label="Refuse implausible answers",
     )
-    implausible_logprob: float = _help(
+    implausible_logprob: float = declare(
         "The plausibility floor: an external item is 'implausible' when one of its completions has "
         "plausibility_window consecutive tokens whose mean log-prob under this node's policy is below it "
         "(lowered below this round's own least likely text; thresholds measured in docs/results.md).",
         -7.0,
     )
-    plausibility_window: int = _help("Tokens in the window of the plausibility test (1: single tokens).", 4)
-    length_ratio: float = _help(
+    plausibility_window: int = declare("Tokens in the window of the plausibility test (1: single tokens).", 4)
+    length_ratio: float = declare(
         "Refuse as 'too_long' an external answer that would be reinforced and is longer than this many times this "
         "node's own rewarded answers of the round (90th percentile, at least 4 tokens more; docs/swarm.md "
         "'Poisoning': correct answers padded to be long). 0: off.", 1.5)
-    probation_items: int = _help(
+    probation_items: int = declare(
         "In a swarm of different models: how many accepted answers of a sender of another model (per sender and "
         "model label) make its baseline. Until then its answers are trained on with truncated token weights only, "
         "never refused as implausible, and counted as 'probation' in the peers panel.",
         8,
     )
-    sender_spreads: float = _help(
+    sender_spreads: float = declare(
         "In a swarm of different models: an answer labelled with another model is 'implausible' when its least "
         "likely plausibility_window tokens lie more than this many spreads (median absolute deviation x 1.4826, "
         "at least 1 nat) below the median of its sender's accepted answers. Never a ban strike.",
         4.0,
     )
-    token_weight_logprob: float = _help(
+    token_weight_logprob: float = declare(
         "Tokens of accepted external text below this log-prob under this node's policy get a truncated "
         "importance weight p / exp(floor) < 1 in the loss, so one odd token cannot dominate a step "
         "(-100: weigh every token fully).",
         -6.0,
     )
-    offpolicy_negative_kl: float = _help(
+    offpolicy_negative_kl: float = declare(
         "F-TIS filter (off at 0): leave out of training an external completion with negative advantage when its "
         "mean per-token log-loss under this node's policy exceeds that of this round's own completions by more "
         "than this many nats (an estimate of how far off-policy it is; docs/swarm.md). Where it was measured to "
         "help, and where not: docs/results.md 'Swarm'. A value to try: 0.5.",
         0.0,
     )
-    ban_strikes: int = _help(
+    ban_strikes: int = declare(
         "Ban a peer here when this many of its last ban_window judged items were rejected as forged_reward or "
         "implausible (0: never ban automatically).",
         6, label="Strikes before a ban", low=0, high=10_000,
     )
-    ban_window: int = _help("How many of a peer's most recent judged items the ban rule looks at.", 12,
-                            label="Judged answers the ban rule looks at", low=1, high=10_000)
-    ban_hours: float = _help("How long an automatic ban lasts, in hours (0: until lifted by hand).", 24.0,
-                             label="Ban length (hours)", low=0.0, high=24.0 * 365 * 100)
-    persist_bans: bool = _help(
+    ban_window: int = declare("How many of a peer's most recent judged items the ban rule looks at.", 12,
+                              label="Judged answers the ban rule looks at", low=1, high=10_000)
+    ban_hours: float = declare("How long an automatic ban lasts, in hours (0: until lifted by hand).", 24.0,
+                               label="Ban length (hours)", low=0.0, high=24.0 * 365 * 100)
+    persist_bans: bool = declare(
         "Keep automatic bans in the data dir (swarm/bans.json) across restarts; false: for this session only.", True,
         label="Remember bans", applies="restart",
     )
-    banned_peers: list[str] = _help(
+    banned_peers: list[str] = declare(
         "Peers this node never trains on: peer ids (20 hex characters, as shown in the peers panel) or public "
         "keys (base64). Bans listed here can only be lifted here.",
         factory=list, label="Banned peers", applies="restart",
     )
-    daily_upload_mb: float = _help("Most megabytes sent to the swarm a day, local time (0: no cap); at the cap "
-                                   "the node stops sharing until midnight and trains on its own rollouts.", 0.0,
-                                   label="Swarm data sent a day (MB)", low=0.0, high=1e9)
-    daily_download_mb: float = _help("Most megabytes received from the swarm a day (0: no cap); at the cap the "
-                                     "node takes no more rollouts until midnight.", 0.0,
-                                     label="Swarm data received a day (MB)", low=0.0, high=1e9)
-    replay_memory: int = _help(
+    daily_upload_mb: float = declare("Most megabytes sent to the swarm a day, local time (0: no cap); at the cap "
+                                     "the node stops sharing until midnight and trains on its own rollouts.", 0.0,
+                                     label="Swarm data sent a day (MB)", low=0.0, high=1e9)
+    daily_download_mb: float = declare("Most megabytes received from the swarm a day (0: no cap); at the cap the "
+                                       "node takes no more rollouts until midnight.", 0.0,
+                                       label="Swarm data received a day (MB)", low=0.0, high=1e9)
+    replay_memory: int = declare(
         "External items already trained on that are remembered (by content, across restarts, in the data dir) "
         "and dropped as 'duplicate' when sent again under any sequence number (0: off).",
         20000, applies="restart",
@@ -473,21 +404,21 @@ class SwarmConfig:
 
     def __post_init__(self) -> None:
         s = "swarm"
-        _check_bounds(s, self)
+        check_bounds(s, self)
         for key in ("plausibility_check", "persist_bans", "local_informative_first", "embedded_lan",
                     "refuse_dataset_swarms", "report_results"):
             if not isinstance(getattr(self, key), bool):
                 raise ConfigError(f"{s}.{key} must be true or false, got {getattr(self, key)!r}.")
-        _number(s, "implausible_logprob", self.implausible_logprob, -100.0, 0.0)
-        _positive_int(s, "plausibility_window", self.plausibility_window, 256)
-        _number(s, "length_ratio", self.length_ratio, 0.0, 100.0)
+        number(s, "implausible_logprob", self.implausible_logprob, -100.0, 0.0)
+        positive_int(s, "plausibility_window", self.plausibility_window, 256)
+        number(s, "length_ratio", self.length_ratio, 0.0, 100.0)
         if (isinstance(self.probation_items, bool) or not isinstance(self.probation_items, int)
             or not 1 <= self.probation_items <= 10_000):
             raise ConfigError(f"{s}.probation_items must be a whole number from 1 to 10000, got "
                               f"{self.probation_items!r}.")
-        _number(s, "sender_spreads", self.sender_spreads, 0.0, 100.0, open_low=True)
-        _number(s, "token_weight_logprob", self.token_weight_logprob, -100.0, 0.0)
-        _number(s, "offpolicy_negative_kl", self.offpolicy_negative_kl, 0.0, 100.0)
+        number(s, "sender_spreads", self.sender_spreads, 0.0, 100.0, open_low=True)
+        number(s, "token_weight_logprob", self.token_weight_logprob, -100.0, 0.0)
+        number(s, "offpolicy_negative_kl", self.offpolicy_negative_kl, 0.0, 100.0)
         if self.ban_strikes > self.ban_window:
             raise ConfigError(f"{s}.ban_strikes ({self.ban_strikes}) must be at most swarm.ban_window "
                               f"({self.ban_window}).")
@@ -495,7 +426,7 @@ class SwarmConfig:
             raise ConfigError(f"{s}.banned_peers must be a list of peer ids or public keys, e.g. "
                               "[\"3750d8d5a1b2c3d4e5f6\"].")
         for peer in self.banned_peers:
-            if not _peer_reference(peer):
+            if not peer_reference(peer):
                 raise ConfigError(
                     f"{s}.banned_peers has {peer!r}: use a peer id (20 hex characters) or a public key (base64 of 32 "
                     "bytes)."
@@ -504,7 +435,7 @@ class SwarmConfig:
             or not 0 <= self.replay_memory <= 10_000_000):
             raise ConfigError(f"{s}.replay_memory must be a whole number from 0 (off) to 10000000, got "
                               f"{self.replay_memory!r}.")
-        _choice(s, "mode", self.mode, ("embedded", "relay", "solo"))
+        choice(s, "mode", self.mode, ("embedded", "relay", "solo"))
         if not isinstance(self.relay_url, str) or len(self.relay_url) > INVITE_MAX_CHARS:
             raise ConfigError(f"{s}.relay_url must be an invite link or a ws:// or wss:// URL of at most "
                               f"{INVITE_MAX_CHARS} characters.")

@@ -1,6 +1,6 @@
 """The settings as people meet them: one entry per engine setting, read from the config dataclasses.
 
-Each setting is declared once, in engine/common/config.py (`_help`): its help,
+Each setting is declared once, in engine/common/config.py (`engine.common.fields.declare`): its help,
 its label where a person picks it in the app, where it takes effect, and a
 number's bounds. This module reads those declarations; nothing here declares a
 setting again.
