@@ -10,6 +10,6 @@ for NAME in "$@"; do
   [ -d "$SRC" ] || { echo "no run $SRC" >&2; exit 1; }
   rm -rf "$DST" && mkdir -p "$DST"
   (cd "$SRC" && find . \( -name checkpoints -o -name best-held-out -o -name config -o -name cache \) -prune -o \
-      -type f \( -name '*.json' -o -name '*.jsonl' -o -name '*.log' \) -print | cpio -pdm --quiet "$DST")
+      -type f \( -name '*.json' -o -name '*.jsonl' -o -name '*.log' \) -print0 | xargs -0 cp --parents -t "$DST")
   (cd "$RUNS/../../.." && .venv/bin/python -m bench.records pack "docs/dev-log/runs/$NAME") || exit 1
 done
