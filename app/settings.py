@@ -63,10 +63,11 @@ class EngineSettings:
     __slots__ = ("_values",)
 
     def __init__(self, **values: Any) -> None:
-        unknown = set(values) - set(person_defaults())
+        defaults = person_defaults()
+        unknown = set(values) - set(defaults)
         if unknown:
             raise TypeError(f"not a setting the app picks: {', '.join(sorted(unknown))}")
-        object.__setattr__(self, "_values", {**person_defaults(), **values})
+        object.__setattr__(self, "_values", {**defaults, **values})
 
     def __getattr__(self, name: str) -> Any:
         if name == "_values":  # not set yet (a copy being made): no recursion
