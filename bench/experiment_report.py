@@ -9,6 +9,8 @@ newcomers of a veterans experiment):
     python -m bench.experiment_report --compare DIR_A DIR_B MIX [MIX_B]    # A's MIX against B's MIX_B, same seeds
     python -m bench.experiment_report --pool MIX MIX_B DIR_A,DIR_B ...     # that, pooled over seeds (one pair each)
     python -m bench.experiment_report --paper-metric MIX MIX_B DIR_A,DIR_B ...  # three figures, the paper's beside ours
+    python -m bench.experiment_report --horizon OUT.png MIX MIX_B DIR_A,DIR_B ... [--every 25] [--window 25]
+                                                                           # --pool read after every 25 rounds, drawn
     python -m bench.experiment_report --plot OUT.png LABEL=DIR:MIX ...     # several folders' mixes in one plot
     python -m bench.experiment_report --plot-hours OUT.png LABEL=DIR:MIX ...  # the same, reward against hours
     python -m bench.experiment_report --plot-held-out OUT.png LABEL=DIR:MIX ...  # held-out accuracy against hours
@@ -27,6 +29,11 @@ definition its text and code allow (engine/experiment/batch_mean.py); the
 own-rollout reward (Sapling's); held-out accuracy at equal time.
 Definitions: docs/swarm.md, "The experiment".
 
+`--horizon` reads a long pair at every horizon N (engine/experiment/horizon.py): reward per round (rounds 1
+to N, and the last rounds only), per CPU hour, held-out at equal time and after round N, each pooled and with
+its interval; it writes OUT.png (those against N) and OUT.json, and prints the table in markdown. A seed counts
+at a horizon only once both its folders have reached it.
+
 Each DIR may be packed (DIR/records.tar.xz, `python -m bench.records pack DIR`): its records are
 read from the archive, unpacked once into the cache (engine/experiment/records.py), and the output names
 DIR as given. Rebuilding a packed DIR's report writes it, with its plots, into that unpacked folder.
@@ -41,6 +48,7 @@ from pathlib import Path
 from engine.common.atomicio import atomic_write_bytes
 from engine.experiment.batch_mean import paper_metric
 from engine.experiment.compare import compare, held_out_plot, hours_plot, pooled_compare, variants_plot
+from engine.experiment.horizon import EVERY, WINDOW, horizon_markdown, horizon_plot, horizon_table
 from engine.experiment.plan import START_EVAL_FILE, plan_config, read_json, saved_plan
 from engine.experiment.records import default_cache, experiment_folder, named_back
 from engine.experiment.report import build_report, stratified_bootstrap, write_report
@@ -51,6 +59,7 @@ USAGE = (
     "       python -m bench.experiment_report --compare DIR_A DIR_B MIX [MIX_B] [--nodes K,...] [--upto N]\n"
     "       python -m bench.experiment_report --pool MIX MIX_B DIR_A,DIR_B ... [--nodes K,...] [--upto N]\n"
     "       python -m bench.experiment_report --paper-metric MIX MIX_B DIR_A,DIR_B ... [--nodes K,...] [--upto N]\n"
+    "       python -m bench.experiment_report --horizon OUT.png MIX MIX_B DIR_A,DIR_B ... [--every N] [--window N]\n"
     "       python -m bench.experiment_report --plot OUT.png LABEL=DIR:MIX ...\n"
     "       python -m bench.experiment_report --plot-hours OUT.png LABEL=DIR:MIX ...\n"
     "       python -m bench.experiment_report --plot-held-out OUT.png LABEL=DIR:MIX ..."
@@ -84,6 +93,50 @@ def _upto(args: list[str]) -> tuple[list[str], int | None]:
     return args[:at] + args[at + 2 :], rounds
 
 
+def _count(args: list[str], flag: str, default: int) -> tuple[list[str], int]:
+    """The arguments without `FLAG N`, and N (`default` when the flag is not given)."""
+    if flag not in args:
+        return args, default
+    at = args.index(flag)
+    try:
+        value = int(args[at + 1])
+    except (IndexError, ValueError):
+        raise ValueError(f"{flag} needs a number of rounds, like {flag} {default}.") from None
+    return args[:at] + args[at + 2 :], value
+
+
+def _pairs(specs: list[str]) -> list[tuple[Path, Path]]:
+    """DIR_A,DIR_B arguments as (A, B) paths."""
+    pairs = []
+    for spec in specs:
+        a_dir, comma, b_dir = spec.partition(",")
+        if not comma or not a_dir or not b_dir:
+            raise ValueError(f"{spec!r} is not DIR_A,DIR_B.")
+        pairs.append((Path(a_dir), Path(b_dir)))
+    return pairs
+
+
+def _horizon(args: list[str], nodes: list[int] | None) -> int:
+    """--horizon OUT.png MIX MIX_B DIR_A,DIR_B ... [--every N] [--window N]"""
+    args, every = _count(args, "--every", EVERY)
+    args, window = _count(args, "--window", WINDOW)
+    if len(args) < 5:
+        print(USAGE, file=sys.stderr)
+        return 2
+    out, label, label_b, given = Path(args[1]), args[2], args[3], _pairs(args[4:])
+    pairs, _ = _readable(given)
+    rows = horizon_table(pairs, label, label_b, lambda folder, n: records_upto(folder, n, default_cache() / "upto"),
+                         every, window, nodes)
+    names = [a.name for a, _ in given]
+    atomic_write_bytes(out, horizon_plot(rows, label, label_b, names))
+    atomic_write_bytes(out.with_suffix(".json"), json.dumps(
+        {"mix": label, "mix_b": label_b, "pairs": [[str(a), str(b)] for a, b in given], "rows": rows},
+        indent=1).encode())
+    print(horizon_markdown(rows, names), end="")
+    print(f"wrote {out} and {out.with_suffix('.json')}", file=sys.stderr)
+    return 0
+
+
 def _readable(pairs: list[tuple[Path, Path]], upto: int | None = None) -> tuple[list[tuple[Path, Path]],
                                                                                  dict[Path, Path]]:
     """The pairs' folders where the readers can read them (packed records unpacked; with `upto`, cut after that
@@ -106,19 +159,18 @@ def _readable_variant(spec: str) -> str:
 def _run(args: list[str]) -> int:
     args, nodes = _nodes(args)
     args, upto = _upto(args)
+    if args[:1] == ["--horizon"]:
+        if upto is not None:
+            raise ValueError("--horizon reads every horizon itself; --upto goes with --compare, --pool or "
+                             "--paper-metric.")
+        return _horizon(args, nodes)
     if len(args) in (4, 5) and args[0] == "--compare":
         label_b = args[4] if len(args) == 5 else None
         [(folder_a, folder_b)], names = _readable([(Path(args[1]), Path(args[2]))], upto)
         print(json.dumps(named_back(compare(folder_a, folder_b, args[3], label_b, nodes), names), indent=1))
         return 0
     if len(args) >= 4 and args[0] in ("--pool", "--paper-metric"):
-        pairs = []
-        for spec in args[3:]:
-            a_dir, comma, b_dir = spec.partition(",")
-            if not comma or not a_dir or not b_dir:
-                raise ValueError(f"{spec!r} is not DIR_A,DIR_B.")
-            pairs.append((Path(a_dir), Path(b_dir)))
-        pairs, names = _readable(pairs, upto)
+        pairs, names = _readable(_pairs(args[3:]), upto)
         pooled = named_back(pooled_compare(pairs, args[1], args[2], nodes), names)
         if args[0] == "--pool":
             print(json.dumps(pooled, indent=1))

@@ -55,7 +55,7 @@ def compare(a_dir: Path, b_dir: Path, label: str, label_b: str | None = None,
     bootstrap as a mix against 8/0, and the first round where any node's reward
     differs says when the runs parted.
     """
-    a, b = _paired_tables(Path(a_dir), Path(b_dir), label, label_b or label, nodes)
+    a, b = paired_tables(Path(a_dir), Path(b_dir), label, label_b or label, nodes)
     folders = [(Path(a_dir) / mix_slug(label), Path(b_dir) / mix_slug(label_b or label))]
     common, count = len(a[0]) if a else 0, len(a)
     parted = next((r + 1 for r in range(common) if any(a[k][r] != b[k][r] for k in range(count))), None)
@@ -68,7 +68,7 @@ def compare(a_dir: Path, b_dir: Path, label: str, label_b: str | None = None,
             "round_cost": round_cost(folders, nodes, stratified_bootstrap)}
 
 
-def _paired_tables(a_dir: Path, b_dir: Path, label: str, label_b: str,
+def paired_tables(a_dir: Path, b_dir: Path, label: str, label_b: str,
                    nodes: Sequence[int] | None = None) -> tuple[list[list[float]], list[list[float]]]:
     """The [node][round] rewards of A's mix and B's over the rounds both have finished.
 
@@ -97,7 +97,7 @@ def pooled_compare(pairs: Sequence[tuple[Path, Path]], label: str, label_b: str,
     strata = []
     each = []
     for a_dir, b_dir in pairs:
-        a, b = _paired_tables(Path(a_dir), Path(b_dir), label, label_b, nodes)
+        a, b = paired_tables(Path(a_dir), Path(b_dir), label, label_b, nodes)
         if not a or not a[0]:
             raise ValueError(f"{a_dir} ({label}) and {b_dir} ({label_b}) have no finished round in common.")
         strata.append((a, b))
