@@ -12,12 +12,15 @@ bytes or UTF-16 units; only ``MAX_FRAME_BYTES`` counts bytes (UTF-8).
 
 Decoding never raises anything but `ProtocolError`, whose ``code`` is one of
 the ``E_*`` constants; the relay sends that code back in an ``error`` message.
+Both, and how each value of a message is read (strict JSON, a string within
+its limit, a whole number within bounds, base64 or hex of a size), live in
+engine/swarm/wire.py, which the other signed payloads (receipts, evaluation
+results) read with too; `payload_object` is the head they all share.
 """
 
 from __future__ import annotations
 
 import base64
-import binascii
 import hashlib
 import json
 import math
@@ -26,6 +29,36 @@ from typing import Any
 
 from engine.common.rules import MAX_COMPLETION_CHARS
 from engine.common.rules import PROTOCOL_VERSION as VERSION
+from engine.swarm import wire
+
+# What breaks the protocol is named in engine/swarm/wire.py, beside how a value is read; the modules that speak
+# the protocol name the codes through this one.
+from engine.swarm.wire import (  # noqa: F401
+    E_AUTH,
+    E_BAD_JSON,
+    E_BAD_SCHEMA,
+    E_BAD_SIGNATURE,
+    E_BANNED,
+    E_CONN_LIMIT,
+    E_FORBIDDEN,
+    E_HEARTBEAT,
+    E_INTERNAL,
+    E_RATE,
+    E_REPLAY,
+    E_SHUTDOWN,
+    E_SLOW,
+    E_STALE,
+    E_TOO_LARGE,
+    E_TOO_LONG,
+    E_TOO_MANY_ITEMS,
+    E_VERSION,
+    E_WRONG_MODEL,
+    E_WRONG_QUESTIONS,
+    E_WRONG_SEED,
+    ERROR_CODES,
+    FATAL_CODES,
+    ProtocolError,
+)
 
 # VERSION and MAX_COMPLETION_CHARS are written in engine/common/rules.py, where the app's join check and a
 # question's scorer read them too; they are this protocol's as much as the limits below.
@@ -62,112 +95,11 @@ DEFAULT_SEND_QUEUE = 32  # messages queued to one connection before it counts as
 DEFAULT_CREDIT_PER_ROUND = 8  # `used` items of one sender that one receiver's receipts credit per sample answer
 DEFAULT_RECEIPT_WINDOW_S = 3600.0  # how long after a sample the relay takes receipts for what it handed
 
-# -- error codes ---------------------------------------------------------------------------
-E_BAD_JSON = "bad_json"
-E_BAD_SCHEMA = "bad_schema"
-E_VERSION = "unsupported_version"
-E_TOO_LARGE = "too_large"
-E_TOO_MANY_ITEMS = "too_many_items"
-E_TOO_LONG = "completion_too_long"
-E_BAD_SIGNATURE = "bad_signature"
-E_REPLAY = "replayed_sequence"
-E_STALE = "stale_timestamp"
-E_RATE = "rate_limited"
-E_AUTH = "not_authenticated"
-E_FORBIDDEN = "forbidden"
-E_BANNED = "banned"
-E_CONN_LIMIT = "too_many_connections"
-E_SLOW = "slow_consumer"
-E_HEARTBEAT = "heartbeat_timeout"
-E_SHUTDOWN = "shutting_down"
-E_INTERNAL = "internal"
-E_WRONG_MODEL = "wrong_model"  # a swarm of one model: a batch labelled with another one
-E_WRONG_SEED = "wrong_seed"  # evaluation answers for a seed the relay does not ask now (engine/swarm/results.py)
-E_WRONG_QUESTIONS = "wrong_questions"  # evaluation answers to other questions than the seed's
-ERROR_CODES = (
-    E_BAD_JSON, E_BAD_SCHEMA, E_VERSION, E_TOO_LARGE, E_TOO_MANY_ITEMS, E_TOO_LONG, E_BAD_SIGNATURE,
-    E_REPLAY, E_STALE, E_RATE, E_AUTH, E_FORBIDDEN, E_BANNED, E_CONN_LIMIT, E_SLOW, E_HEARTBEAT, E_SHUTDOWN,
-    E_INTERNAL, E_WRONG_MODEL, E_WRONG_SEED, E_WRONG_QUESTIONS,
-)
-# Codes after which the relay closes the connection (the rest only reject one message).
-FATAL_CODES = frozenset({E_VERSION, E_AUTH, E_FORBIDDEN, E_BANNED, E_CONN_LIMIT, E_SLOW, E_HEARTBEAT, E_SHUTDOWN})
 
 CLIENT_TYPES = ("hello", "publish", "sample", "stats", "receipts", "results")
 RELAY_TYPES = ("challenge", "welcome", "published", "batches", "stats", "error", "receipted", "scored")
 
 
-class ProtocolError(Exception):
-    """A message that breaks the protocol; ``code`` is one of ERROR_CODES.
-
-    ``request_id`` is the message's own ``id`` when it carried a valid one, so
-    the error about it can name the request.
-    """
-
-    def __init__(self, code: str, message: str, request_id: int | None = None) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.request_id = request_id
-
-    def __str__(self) -> str:
-        return f"{self.code}: {self.message}"
-
-
-# -- small checks ----------------------------------------------------------------------------
-def _fail(code: str, message: str) -> ProtocolError:
-    return ProtocolError(code, message)
-
-
-def _str(obj: dict[str, Any], key: str, limit: int, *, code: str = E_BAD_SCHEMA, allow_empty: bool = True) -> str:
-    value = obj.get(key)
-    if not isinstance(value, str):
-        raise _fail(E_BAD_SCHEMA, f"'{key}' must be a string")
-    if len(value) > limit:
-        raise _fail(code, f"'{key}' is longer than {limit} characters")
-    if not allow_empty and not value:
-        raise _fail(E_BAD_SCHEMA, f"'{key}' must not be empty")
-    _check_unicode(value, key)
-    return value
-
-
-def _check_unicode(value: str, what: str) -> None:
-    """JSON escapes can smuggle lone surrogates, which no tokenizer or UTF-8 encoder accepts."""
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise _fail(E_BAD_SCHEMA, f"'{what}' is not valid Unicode text") from exc
-
-
-def _int(obj: dict[str, Any], key: str, low: int, high: int) -> int:
-    value = obj.get(key)
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise _fail(E_BAD_SCHEMA, f"'{key}' must be a whole number from {low} to {high}")
-    return value
-
-
-def _float(obj: dict[str, Any], key: str) -> float:
-    value = obj.get(key)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise _fail(E_BAD_SCHEMA, f"'{key}' must be a finite number")
-    return float(value)
-
-
-def _b64(obj: dict[str, Any], key: str, size: int) -> bytes:
-    text = _str(obj, key, 4 * size)
-    try:
-        raw = base64.b64decode(text.encode("ascii"), validate=True)
-    except (binascii.Error, UnicodeEncodeError, ValueError) as exc:
-        raise _fail(E_BAD_SCHEMA, f"'{key}' is not base64") from exc
-    if len(raw) != size:
-        raise _fail(E_BAD_SCHEMA, f"'{key}' must decode to {size} bytes")
-    return raw
-
-
-def _hex(obj: dict[str, Any], key: str, size: int) -> str:
-    text = _str(obj, key, 2 * size)
-    if len(text) != 2 * size or any(c not in "0123456789abcdef" for c in text):
-        raise _fail(E_BAD_SCHEMA, f"'{key}' must be {2 * size} lowercase hex characters")
-    return text
 
 
 def b64encode(raw: bytes) -> str:
@@ -184,39 +116,24 @@ def encode(message: dict[str, Any]) -> str:
     return json.dumps(message, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
-def _reject_constant(name: str) -> None:
-    raise ValueError(f"{name} is not valid JSON")
-
-
-def _finite_float(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):  # 1e999 parses to inf: no more a number than Infinity is
-        raise ValueError(f"{text[:20]} is not a finite number")
-    return value
 
 
 def _frame_text(frame: str | bytes) -> str:
     """A websocket message as text, at most MAX_FRAME_BYTES of UTF-8 (binary frames are read as UTF-8 too)."""
     if isinstance(frame, (bytes, bytearray)):
         if len(frame) > MAX_FRAME_BYTES:
-            raise _fail(E_TOO_LARGE, f"message is larger than {MAX_FRAME_BYTES} bytes")
+            raise wire.fail(E_TOO_LARGE, f"message is larger than {MAX_FRAME_BYTES} bytes")
         try:
             return bytes(frame).decode("utf-8")
         except UnicodeDecodeError as exc:
-            raise _fail(E_BAD_JSON, "message is not UTF-8") from exc
+            raise wire.fail(E_BAD_JSON, "message is not UTF-8") from exc
     if not isinstance(frame, str):
-        raise _fail(E_BAD_JSON, "message is not text")
+        raise wire.fail(E_BAD_JSON, "message is not text")
     if len(frame) > MAX_FRAME_BYTES or len(frame.encode("utf-8", "surrogatepass")) > MAX_FRAME_BYTES:
-        raise _fail(E_TOO_LARGE, f"message is larger than {MAX_FRAME_BYTES} bytes")
+        raise wire.fail(E_TOO_LARGE, f"message is larger than {MAX_FRAME_BYTES} bytes")
     return frame
 
 
-def _loads(text: str) -> Any:
-    """JSON without NaN, Infinity or numbers that overflow to them (all `bad_json`)."""
-    try:
-        return json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
-    except (ValueError, RecursionError) as exc:
-        raise _fail(E_BAD_JSON, f"message is not JSON: {str(exc)[:120]}") from exc
 
 
 def _request_id(obj: dict[str, Any]) -> int | None:
@@ -228,15 +145,15 @@ def _request_id(obj: dict[str, Any]) -> int | None:
 
 def _envelope(obj: Any, allowed: tuple[str, ...]) -> dict[str, Any]:
     if not isinstance(obj, dict):
-        raise _fail(E_BAD_SCHEMA, "message must be a JSON object")
+        raise wire.fail(E_BAD_SCHEMA, "message must be a JSON object")
     v = obj.get("v")
     if isinstance(v, bool) or not isinstance(v, int):
-        raise _fail(E_BAD_SCHEMA, "message has no integer 'v'")
+        raise wire.fail(E_BAD_SCHEMA, "message has no integer 'v'")
     if v != VERSION:
-        raise _fail(E_VERSION, f"protocol version {v} is not supported; this side speaks {VERSION}")
+        raise wire.fail(E_VERSION, f"protocol version {v} is not supported; this side speaks {VERSION}")
     type_ = obj.get("type")
     if type_ not in allowed:
-        raise _fail(E_BAD_SCHEMA, f"unknown message type {str(type_)[:40]!r}; expected one of {', '.join(allowed)}")
+        raise wire.fail(E_BAD_SCHEMA, f"unknown message type {str(type_)[:40]!r}; expected one of {', '.join(allowed)}")
     return obj
 
 
@@ -279,64 +196,65 @@ class Hello:
         return peer_id(self.key)
 
 
-def _payload_object(payload: str, kind: str) -> dict[str, Any]:
+def payload_object(payload: str, kind: str) -> dict[str, Any]:
+    """A signed payload string as its JSON object: within MAX_PAYLOAD_CHARS, an object, of `kind`."""
     if len(payload) > MAX_PAYLOAD_CHARS:
-        raise _fail(E_TOO_LARGE, f"the payload is longer than {MAX_PAYLOAD_CHARS} characters")
-    obj = _loads(payload)
+        raise wire.fail(E_TOO_LARGE, f"the payload is longer than {MAX_PAYLOAD_CHARS} characters")
+    obj = wire.load_json(payload)
     if not isinstance(obj, dict):
-        raise _fail(E_BAD_SCHEMA, "payload must be a JSON object")
+        raise wire.fail(E_BAD_SCHEMA, "payload must be a JSON object")
     if obj.get("kind") != kind:
-        raise _fail(E_BAD_SCHEMA, f"payload kind must be {kind!r}")
+        raise wire.fail(E_BAD_SCHEMA, f"payload kind must be {kind!r}")
     return obj
 
 
 def _item(raw: object, index: int) -> Item:
     if not isinstance(raw, dict):
-        raise _fail(E_BAD_SCHEMA, f"item {index} must be an object")
+        raise wire.fail(E_BAD_SCHEMA, f"item {index} must be an object")
     task = raw.get("task")
     if not isinstance(task, dict) or len(task) > MAX_TASK_KEYS:
-        raise _fail(E_BAD_SCHEMA, f"item {index}: 'task' must be an object of at most {MAX_TASK_KEYS} keys")
+        raise wire.fail(E_BAD_SCHEMA, f"item {index}: 'task' must be an object of at most {MAX_TASK_KEYS} keys")
     try:
         task_text = encode(task)
         task_text.encode("utf-8")
     except (UnicodeEncodeError, ValueError) as exc:
-        raise _fail(E_BAD_SCHEMA, f"item {index}: 'task' is not valid text") from exc
+        raise wire.fail(E_BAD_SCHEMA, f"item {index}: 'task' is not valid text") from exc
     task_chars = len(task_text)
     if task_chars > MAX_TASK_CHARS:
-        raise _fail(E_TOO_LARGE, f"item {index}: 'task' is longer than {MAX_TASK_CHARS} characters")
-    question = _str(raw, "question", MAX_QUESTION_CHARS, code=E_TOO_LARGE)
+        raise wire.fail(E_TOO_LARGE, f"item {index}: 'task' is longer than {MAX_TASK_CHARS} characters")
+    question = wire.string(raw, "question", MAX_QUESTION_CHARS, code=E_TOO_LARGE)
     completions = raw.get("completions")
     if not isinstance(completions, list) or not completions:
-        raise _fail(E_BAD_SCHEMA, f"item {index}: 'completions' must be a non-empty list")
+        raise wire.fail(E_BAD_SCHEMA, f"item {index}: 'completions' must be a non-empty list")
     if len(completions) > MAX_COMPLETIONS_PER_ITEM:
-        raise _fail(E_TOO_MANY_ITEMS, f"item {index} has more than {MAX_COMPLETIONS_PER_ITEM} completions")
+        raise wire.fail(E_TOO_MANY_ITEMS, f"item {index} has more than {MAX_COMPLETIONS_PER_ITEM} completions")
     for text in completions:
         if not isinstance(text, str):
-            raise _fail(E_BAD_SCHEMA, f"item {index}: every completion must be a string")
+            raise wire.fail(E_BAD_SCHEMA, f"item {index}: every completion must be a string")
         if len(text) > MAX_COMPLETION_CHARS:
-            raise _fail(E_TOO_LONG, f"item {index}: a completion is longer than {MAX_COMPLETION_CHARS} characters")
-        _check_unicode(text, f"item {index} completion")
+            raise wire.fail(E_TOO_LONG, f"item {index}: a completion is longer than {MAX_COMPLETION_CHARS} characters")
+        wire.check_unicode(text, f"item {index} completion")
     rewards = raw.get("rewards")
     if not isinstance(rewards, list) or len(rewards) != len(completions):
-        raise _fail(E_BAD_SCHEMA, f"item {index}: 'rewards' must list one number or null per completion")
+        raise wire.fail(E_BAD_SCHEMA, f"item {index}: 'rewards' must list one number or null per completion")
     for r in rewards:
         if r is not None and (isinstance(r, bool) or not isinstance(r, (int, float)) or not math.isfinite(r)):
-            raise _fail(E_BAD_SCHEMA, f"item {index}: rewards must be finite numbers or null")
+            raise wire.fail(E_BAD_SCHEMA, f"item {index}: rewards must be finite numbers or null")
     return Item(dict(task), question, tuple(completions), tuple(None if r is None else float(r) for r in rewards))
 
 
 def decode_batch(payload: str) -> Batch:
     """Parse and check a publish payload string (signature not checked here)."""
-    obj = _payload_object(payload, "batch")
-    key = _b64(obj, "key", PUBLIC_KEY_BYTES)
-    seq = _int(obj, "seq", 1, MAX_SEQ)
-    ts = _float(obj, "ts")
-    model = _str(obj, "model", MAX_MODEL_CHARS, code=E_TOO_LARGE)
+    obj = payload_object(payload, "batch")
+    key = wire.b64(obj, "key", PUBLIC_KEY_BYTES)
+    seq = wire.whole(obj, "seq", 1, MAX_SEQ)
+    ts = wire.number(obj, "ts")
+    model = wire.string(obj, "model", MAX_MODEL_CHARS, code=E_TOO_LARGE)
     items = obj.get("items")
     if not isinstance(items, list) or not items:
-        raise _fail(E_BAD_SCHEMA, "'items' must be a non-empty list")
+        raise wire.fail(E_BAD_SCHEMA, "'items' must be a non-empty list")
     if len(items) > MAX_ITEMS_PER_BATCH:
-        raise _fail(E_TOO_MANY_ITEMS, f"a batch holds at most {MAX_ITEMS_PER_BATCH} items, got {len(items)}")
+        raise wire.fail(E_TOO_MANY_ITEMS, f"a batch holds at most {MAX_ITEMS_PER_BATCH} items, got {len(items)}")
     return Batch(key, seq, ts, model, tuple(_item(raw, i) for i, raw in enumerate(items)))
 
 
@@ -358,13 +276,13 @@ def batch_payload(key: bytes, seq: int, ts: float, model: str, items: list[Item]
 
 
 def decode_hello_payload(payload: str) -> Hello:
-    obj = _payload_object(payload, "hello")
+    obj = payload_object(payload, "hello")
     return Hello(
-        key=_b64(obj, "key", PUBLIC_KEY_BYTES),
-        nonce=_hex(obj, "nonce", NONCE_BYTES),
-        ts=_float(obj, "ts"),
-        token=_str(obj, "token", MAX_TOKEN_CHARS, code=E_TOO_LARGE),
-        software=_str(obj, "software", MAX_SOFTWARE_CHARS, code=E_TOO_LARGE),
+        key=wire.b64(obj, "key", PUBLIC_KEY_BYTES),
+        nonce=wire.hex_text(obj, "nonce", NONCE_BYTES),
+        ts=wire.number(obj, "ts"),
+        token=wire.string(obj, "token", MAX_TOKEN_CHARS, code=E_TOO_LARGE),
+        software=wire.string(obj, "software", MAX_SOFTWARE_CHARS, code=E_TOO_LARGE),
     )
 
 
@@ -375,7 +293,7 @@ def hello_payload(key: bytes, nonce: str, ts: float, token: str, software: str) 
 
 def check_timestamp(ts: float, now: float) -> None:
     if abs(ts - now) > TIMESTAMP_WINDOW_S:
-        raise _fail(E_STALE,
+        raise wire.fail(E_STALE,
                     f"timestamp is {ts - now:+.0f} s from this side's clock (window ±{TIMESTAMP_WINDOW_S:.0f} s)")
 
 
@@ -392,8 +310,8 @@ class Signed:
 
 
 def _signed(obj: dict[str, Any]) -> Signed:
-    payload = _str(obj, "payload", MAX_PAYLOAD_CHARS, code=E_TOO_LARGE)
-    return Signed(payload, _b64(obj, "sig", SIGNATURE_BYTES))
+    payload = wire.string(obj, "payload", MAX_PAYLOAD_CHARS, code=E_TOO_LARGE)
+    return Signed(payload, wire.b64(obj, "sig", SIGNATURE_BYTES))
 
 
 def decode_client(frame: str | bytes) -> dict[str, Any]:
@@ -403,7 +321,7 @@ def decode_client(frame: str | bytes) -> dict[str, Any]:
     cursor string or None; other types carry ``id`` too, None unless the message had a
     valid one. Every error carries the message's ``id`` when it had a valid one.
     """
-    obj = _loads(_frame_text(frame))
+    obj = wire.load_json(_frame_text(frame))
     request_id = _request_id(obj) if isinstance(obj, dict) else None
     try:
         obj = _envelope(obj, CLIENT_TYPES)
@@ -411,8 +329,8 @@ def decode_client(frame: str | bytes) -> dict[str, Any]:
         if type_ in ("hello", "publish", "receipts", "results"):  # receipts.py and results.py read theirs
             return {"type": type_, "signed": _signed(obj), "id": request_id}
         if type_ == "sample":
-            return {"type": type_, "id": _int(obj, "id", 0, MAX_REQUEST_ID), "n": _int(obj, "n", 1, MAX_SAMPLE_BATCHES),
-                    "after": _cursor(obj, "after")}
+            return {"type": type_, "id": wire.whole(obj, "id", 0, MAX_REQUEST_ID),
+                    "n": wire.whole(obj, "n", 1, MAX_SAMPLE_BATCHES), "after": _cursor(obj, "after")}
         return {"type": type_, "id": request_id}
     except ProtocolError as exc:
         exc.request_id = request_id
@@ -423,7 +341,7 @@ def _cursor(obj: dict[str, Any], key: str) -> str | None:
     value = obj.get(key)
     if value is None:
         return None
-    return _str(obj, key, MAX_CURSOR_CHARS, code=E_TOO_LARGE)
+    return wire.string(obj, key, MAX_CURSOR_CHARS, code=E_TOO_LARGE)
 
 
 def decode_relay(text: str | bytes) -> dict[str, Any]:
@@ -432,51 +350,53 @@ def decode_relay(text: str | bytes) -> dict[str, Any]:
         try:
             text = bytes(text).decode("utf-8")
         except UnicodeDecodeError as exc:
-            raise _fail(E_BAD_JSON, "message is not UTF-8") from exc
+            raise wire.fail(E_BAD_JSON, "message is not UTF-8") from exc
     if not isinstance(text, str):
-        raise _fail(E_BAD_JSON, "message is not text")
+        raise wire.fail(E_BAD_JSON, "message is not text")
     if len(text) > MAX_RESPONSE_BYTES:
-        raise _fail(E_TOO_LARGE, f"message is larger than {MAX_RESPONSE_BYTES} bytes")
-    obj = _envelope(_loads(text), RELAY_TYPES)
+        raise wire.fail(E_TOO_LARGE, f"message is larger than {MAX_RESPONSE_BYTES} bytes")
+    obj = _envelope(wire.load_json(text), RELAY_TYPES)
     type_ = obj["type"]
     if type_ == "challenge":
-        return {"type": type_, "nonce": _hex(obj, "nonce", NONCE_BYTES), "relay": _str(obj, "relay", 128),
-                "time": _float(obj, "time")}
+        return {"type": type_, "nonce": wire.hex_text(obj, "nonce", NONCE_BYTES),
+                "relay": wire.string(obj, "relay", 128), "time": wire.number(obj, "time")}
     if type_ == "welcome":
         # `models`: the swarm's model policy (engine/common/model_policy.py reads it); absent or not an object: not
         # declared
-        return {"type": type_, "peer": _str(obj, "peer", PEER_ID_HEX), "online": _int(obj, "online", 0, 10**9),
+        return {"type": type_, "peer": wire.string(obj, "peer", PEER_ID_HEX),
+                "online": wire.whole(obj, "online", 0, 10**9),
                 "limits": obj.get("limits") if isinstance(obj.get("limits"), dict) else {},
                 "models": obj.get("models") if isinstance(obj.get("models"), dict) else None}
     if type_ == "published":
-        return {"type": type_, "seq": _int(obj, "seq", 1, MAX_SEQ)}
+        return {"type": type_, "seq": wire.whole(obj, "seq", 1, MAX_SEQ)}
     if type_ == "batches":
         raw = obj.get("batches")
         if not isinstance(raw, list) or len(raw) > MAX_SAMPLE_BATCHES:
-            raise _fail(E_BAD_SCHEMA, f"'batches' must be a list of at most {MAX_SAMPLE_BATCHES}")
+            raise wire.fail(E_BAD_SCHEMA, f"'batches' must be a list of at most {MAX_SAMPLE_BATCHES}")
         batches = []
         for entry in raw:
             if not isinstance(entry, dict):
-                raise _fail(E_BAD_SCHEMA, "each batch must be an object")
+                raise wire.fail(E_BAD_SCHEMA, "each batch must be an object")
             batches.append(_signed(entry))
-        return {"type": type_, "id": _int(obj, "id", 0, MAX_REQUEST_ID), "batches": batches,
+        return {"type": type_, "id": wire.whole(obj, "id", 0, MAX_REQUEST_ID), "batches": batches,
                 "cursor": _cursor(obj, "cursor")}
     if type_ == "stats":  # `credit`: this peer's own numbers (engine/relay/credit.py), absent in most pushes;
         # `eval`: the evaluation seed the relay asks now (engine/swarm/results.py reads it)
-        return {"type": type_, "online": _int(obj, "online", 0, 10**9), "window": _int(obj, "window", 0, 10**9),
+        return {"type": type_, "online": wire.whole(obj, "online", 0, 10**9),
+                "window": wire.whole(obj, "window", 0, 10**9),
                 **{k: obj.get(k) if isinstance(obj.get(k), dict) else None for k in ("credit", "eval")}}
     if type_ == "scored":  # the relay's own score of this node's evaluation answers (engine/swarm/results.py)
         return {**obj, "id": _request_id(obj)}
     if type_ == "receipted":
         refused = obj.get("refused")
-        return {"type": type_, "id": _request_id(obj), "counted": _int(obj, "counted", 0, 10**9),
+        return {"type": type_, "id": _request_id(obj), "counted": wire.whole(obj, "counted", 0, 10**9),
                 "refused": {str(k): v for k, v in refused.items() if isinstance(v, int)} if isinstance(refused, dict)
                 else {}}
     code = obj.get("code")
     return {
         "type": "error",
         "code": code if code in ERROR_CODES else E_INTERNAL,
-        "message": _str(obj, "message", 1024),
+        "message": wire.string(obj, "message", 1024),
         "id": obj.get("id") if isinstance(obj.get("id"), int) else None,
     }
 
@@ -577,6 +497,3 @@ def limits(*, rate_per_s: float, burst: float, max_conn_per_ip: int, send_queue:
         "receipt_window_s": receipt_window_s,
     }
 
-
-# The checks of this module, for the modules that decode other signed payloads (engine/swarm/receipts.py).
-load_json, check_b64, check_float, check_hex = _loads, _b64, _float, _hex

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.rollouts.offers import NOT_PICKED
-from engine.swarm import protocol
+from engine.swarm import protocol, wire
 
 USED = "used"
 OTHER = "other"  # what the relay counts a rejection reason it does not know as
@@ -77,64 +77,50 @@ class Receipts:
         return protocol.peer_id(self.key)
 
 
-def _fail(code: str, message: str) -> protocol.ProtocolError:
-    return protocol.ProtocolError(code, message)
-
-
-def _whole(obj: dict[str, Any], key: str, low: int, high: int, where: str) -> int:
-    value = obj.get(key)
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise _fail(protocol.E_BAD_SCHEMA, f"{where}: '{key}' must be a whole number from {low} to {high}")
-    return value
 
 
 def _verdicts(sender: str, raw: object, where: str) -> list[Verdict]:
     if not isinstance(raw, list) or not raw:
-        raise _fail(protocol.E_BAD_SCHEMA, f"{where}: 'items' must be a non-empty list")
+        raise wire.fail(protocol.E_BAD_SCHEMA, f"{where}: 'items' must be a non-empty list")
     out = []
     for n, entry in enumerate(raw):
         at = f"{where} item {n}"
         if not isinstance(entry, dict):
-            raise _fail(protocol.E_BAD_SCHEMA, f"{at} must be an object")
-        seq = _whole(entry, "seq", 1, protocol.MAX_SEQ, at)
-        index = _whole(entry, "i", 0, protocol.MAX_ITEMS_PER_BATCH - 1, at)
+            raise wire.fail(protocol.E_BAD_SCHEMA, f"{at} must be an object")
+        seq = wire.whole(entry, "seq", 1, protocol.MAX_SEQ, at)
+        index = wire.whole(entry, "i", 0, protocol.MAX_ITEMS_PER_BATCH - 1, at)
         verdict = entry.get("verdict")
         if not isinstance(verdict, str) or not VERDICT_PATTERN.match(verdict):
-            raise _fail(protocol.E_BAD_SCHEMA, f"{at}: 'verdict' must be 'used', 'not_picked' or a reason "
+            raise wire.fail(protocol.E_BAD_SCHEMA, f"{at}: 'verdict' must be 'used', 'not_picked' or a reason "
                                                "(a-z, 0-9 and _, at most 32 characters)")
         positive = 0
         if verdict == USED:
-            positive = _whole(entry, "positive", 0, protocol.MAX_COMPLETIONS_PER_ITEM, at)
+            positive = wire.whole(entry, "positive", 0, protocol.MAX_COMPLETIONS_PER_ITEM, at)
         out.append(Verdict(sender, seq, index, verdict, positive))
     return out
 
 
 def decode_receipts(payload: str) -> Receipts:
     """Parse and check a receipts payload string (the signature is not checked here)."""
-    if len(payload) > protocol.MAX_PAYLOAD_CHARS:
-        raise _fail(protocol.E_TOO_LARGE, f"the payload is longer than {protocol.MAX_PAYLOAD_CHARS} characters")
-    obj = protocol.load_json(payload)
-    if not isinstance(obj, dict) or obj.get("kind") != "receipts":
-        raise _fail(protocol.E_BAD_SCHEMA, "payload must be a JSON object of kind 'receipts'")
-    key = protocol.check_b64(obj, "key", protocol.PUBLIC_KEY_BYTES)
-    ts = protocol.check_float(obj, "ts")
+    obj = protocol.payload_object(payload, "receipts")
+    key, ts = wire.b64(obj, "key", protocol.PUBLIC_KEY_BYTES), wire.number(obj, "ts")
     senders = obj.get("senders")
     if not isinstance(senders, list):
-        raise _fail(protocol.E_BAD_SCHEMA, "'senders' must be a list")
+        raise wire.fail(protocol.E_BAD_SCHEMA, "'senders' must be a list")
     if len(senders) > MAX_RECEIPT_SENDERS:
-        raise _fail(protocol.E_TOO_MANY_ITEMS, f"receipts name at most {MAX_RECEIPT_SENDERS} senders")
+        raise wire.fail(protocol.E_TOO_MANY_ITEMS, f"receipts name at most {MAX_RECEIPT_SENDERS} senders")
     verdicts: list[Verdict] = []
     seen: set[str] = set()
     for n, entry in enumerate(senders):
         if not isinstance(entry, dict):
-            raise _fail(protocol.E_BAD_SCHEMA, f"sender {n} must be an object")
-        peer = protocol.check_hex(entry, "peer", protocol.PEER_ID_HEX // 2)
+            raise wire.fail(protocol.E_BAD_SCHEMA, f"sender {n} must be an object")
+        peer = wire.hex_text(entry, "peer", protocol.PEER_ID_HEX // 2)
         if peer in seen:
-            raise _fail(protocol.E_BAD_SCHEMA, f"sender {peer} is listed twice")
+            raise wire.fail(protocol.E_BAD_SCHEMA, f"sender {peer} is listed twice")
         seen.add(peer)
         items = entry.get("items")
         if isinstance(items, list) and len(verdicts) + len(items) > MAX_RECEIPT_ITEMS:
-            raise _fail(protocol.E_TOO_MANY_ITEMS, f"receipts cover at most {MAX_RECEIPT_ITEMS} items")
+            raise wire.fail(protocol.E_TOO_MANY_ITEMS, f"receipts cover at most {MAX_RECEIPT_ITEMS} items")
         verdicts.extend(_verdicts(peer, items, f"sender {n}"))
     return Receipts(key, ts, tuple(verdicts))
 

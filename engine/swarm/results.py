@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.common.events import make_event
-from engine.swarm import protocol
+from engine.swarm import protocol, wire
 
 MAX_RESULT_QUESTIONS = 48  # answers in one results message (and the most questions a relay may ask)
 MAX_RESULT_ANSWER_CHARS = 4096  # one answer; a node sends the end of a longer one (its last <answer> tag counts)
@@ -60,51 +60,37 @@ class Results:
         return protocol.peer_id(self.key)
 
 
-def _fail(code: str, message: str) -> protocol.ProtocolError:
-    return protocol.ProtocolError(code, message)
-
-
-def _whole(obj: dict[str, Any], key: str, high: int) -> int:
-    value = obj.get(key)
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= high:
-        raise _fail(protocol.E_BAD_SCHEMA, f"'{key}' must be a whole number from 0 to {high}")
-    return value
 
 
 def decode_results(payload: str) -> Results:
     """Parse and check a results payload string (the signature is not checked here)."""
-    if len(payload) > protocol.MAX_PAYLOAD_CHARS:
-        raise _fail(protocol.E_TOO_LARGE, f"the payload is longer than {protocol.MAX_PAYLOAD_CHARS} characters")
-    obj = protocol.load_json(payload)
-    if not isinstance(obj, dict) or obj.get("kind") != "results":
-        raise _fail(protocol.E_BAD_SCHEMA, "payload must be a JSON object of kind 'results'")
-    key = protocol.check_b64(obj, "key", protocol.PUBLIC_KEY_BYTES)
-    ts = protocol.check_float(obj, "ts")
+    obj = protocol.payload_object(payload, "results")
+    key, ts = wire.b64(obj, "key", protocol.PUBLIC_KEY_BYTES), wire.number(obj, "ts")
     model, checkpoint = obj.get("model"), obj.get("checkpoint")
     if not isinstance(model, str) or len(model) > protocol.MAX_MODEL_CHARS:
-        raise _fail(protocol.E_BAD_SCHEMA, f"'model' must be a string of at most {protocol.MAX_MODEL_CHARS} "
+        raise wire.fail(protocol.E_BAD_SCHEMA, f"'model' must be a string of at most {protocol.MAX_MODEL_CHARS} "
                                            "characters")
     if checkpoint != "":
-        checkpoint = protocol.check_hex(obj, "checkpoint", CHECKPOINT_HEX // 2)
+        checkpoint = wire.hex_text(obj, "checkpoint", CHECKPOINT_HEX // 2)
     raw = obj.get("answers")
     if not isinstance(raw, list) or not raw:
-        raise _fail(protocol.E_BAD_SCHEMA, "'answers' must be a non-empty list")
+        raise wire.fail(protocol.E_BAD_SCHEMA, "'answers' must be a non-empty list")
     if len(raw) > MAX_RESULT_QUESTIONS:
-        raise _fail(protocol.E_TOO_MANY_ITEMS, f"a results message holds at most {MAX_RESULT_QUESTIONS} answers")
+        raise wire.fail(protocol.E_TOO_MANY_ITEMS, f"a results message holds at most {MAX_RESULT_QUESTIONS} answers")
     answers = []
     for n, entry in enumerate(raw):
         if not isinstance(entry, dict) or not isinstance(entry.get("task"), dict) \
                 or len(entry["task"]) > protocol.MAX_TASK_KEYS or not isinstance(entry.get("answer"), str):
-            raise _fail(protocol.E_BAD_SCHEMA, f"answer {n} must be an object with a 'task' object and an 'answer' "
+            raise wire.fail(protocol.E_BAD_SCHEMA, f"answer {n} must be an object with a 'task' object and an 'answer' "
                                                "string")
         if len(entry["answer"]) > MAX_RESULT_ANSWER_CHARS:
-            raise _fail(protocol.E_TOO_LONG, f"answer {n} is longer than {MAX_RESULT_ANSWER_CHARS} characters")
+            raise wire.fail(protocol.E_TOO_LONG, f"answer {n} is longer than {MAX_RESULT_ANSWER_CHARS} characters")
         try:
             entry["answer"].encode("utf-8")
         except UnicodeEncodeError:
-            raise _fail(protocol.E_BAD_SCHEMA, f"answer {n} is not valid Unicode text") from None
+            raise wire.fail(protocol.E_BAD_SCHEMA, f"answer {n} is not valid Unicode text") from None
         answers.append(Answer(dict(entry["task"]), entry["answer"]))
-    return Results(key, ts, _whole(obj, "seed", MAX_EVAL_SEED), _whole(obj, "round", MAX_ROUND), model,
+    return Results(key, ts, wire.whole(obj, "seed", 0, MAX_EVAL_SEED), wire.whole(obj, "round", 0, MAX_ROUND), model,
                    str(checkpoint), tuple(answers))
 
 
