@@ -1,13 +1,14 @@
 #!/bin/bash
 # The paper's four mixes (8/0, 6/2, 4/4, 2/6) with today's code: 4 nodes, 25 rounds, held-out every 10 rounds,
 # no cap on the batch (swarm.train_groups=0: I own and J swarm groups, as the paper), fp32, one thread each,
-# the two seeds side by side at nice 5. From a frozen worktree (FROZEN: `git worktree add /work/frozen-mixes
-# 6e0e22d`); re-running resumes.
-#   bash run-mixes.sh
+# the seeds named side by side at nice 5. From a frozen worktree (FROZEN: `git worktree add /work/frozen-mixes
+# 6e0e22d`); re-running resumes (a mix already finished is not run again).
+#   bash run-mixes.sh          # seeds 0 and 1
+#   bash run-mixes.sh 1        # seed 1 only
 FROZEN=${FROZEN:-/work/frozen-mixes}
 X=${X:-$HOME/sapling-experiments}
 cd "$FROZEN" || exit 1
-for SEED in 0 1; do
+for SEED in ${@:-0 1}; do
   OUT=$X/mixes-s$SEED
   R=""; [ -f $OUT/experiment.json ] && R="--resume"
   nice -n 5 /work/main/.venv/bin/python -m engine.cli experiment --out $OUT $R --seed $SEED --nodes 4 \
