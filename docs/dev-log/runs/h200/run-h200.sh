@@ -8,9 +8,10 @@
 #                                --resume --rounds 200 lengthens a run; the learning rate is constant, so nothing
 #                                a round does depends on how many rounds were planned)
 # The arms run in the order named (each seed's joined arm, then its alone arm), LANES at once (default 2, one a
-# core): four single-thread runs time-sliced on two cores cost about 1.5x the CPU-seconds a node-round (cache and
-# memory traffic), so two lanes finish sooner. With nothing else running, `0 1:100` takes about 150 minutes on
-# 2 cores (docs/swarm.md). The order and the lanes change only the wall time, never a number.
+# core: more runs than cores cost more CPU-seconds a node-round; on 2026-12-06 a joined node-round took 15 CPU-s
+# with six runs on two cores, 9.2 with two). On the Xeon (AMX), later that day, two lanes, rounds 35-65 of seed 0:
+# 7.8 CPU-s a node-round alone, 11.7 joined; `0 1:100` is then about 190 minutes of both cores (docs/swarm.md).
+# The order and the lanes change only the wall time, never a number.
 FROZEN=${FROZEN:-/work/frozen-h200}
 X=${X:-$HOME/sapling-experiments}
 LANES=${LANES:-2}
