@@ -103,6 +103,9 @@ class PublishFirst:
         self.exchange.publish(round_index, groups)
         self.published_round = round_index
 
+    def rewind(self, round_index: int) -> None:
+        self.exchange.rewind(round_index)
+
     def sample(self, round_index: int, n: int, taskset: Any, *, exclude: Any, seed: int) -> Offer:
         offer: Offer = self.exchange.sample(round_index, n, taskset, exclude=exclude, seed=seed)
         return offer

@@ -438,6 +438,8 @@ class Experiment:
         adapter and optimizer, still training) or from a new adapter, its round counter at `round_index`.
         """
         node.round = round_index
+        if node.exchange is not None:  # what a round after this one trained on was never learned (defence.py)
+            node.exchange.rewind(round_index)
         if fresh and start is None:
             return
         path = start if start is not None else node.checkpoint_root / checkpoint_name(round_index)

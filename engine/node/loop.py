@@ -152,6 +152,8 @@ class Node:
             raise RuntimeError("a backend must be set before resume()")
         run = self.config.run
         found = latest_good(self.checkpoint_root, self.config.structure_hash(), self.backend.load)
+        if self.exchange is not None:  # what a round after the checkpoint trained on was never learned
+            self.exchange.rewind(found.round if found is not None else 0)
         if found is None:
             self.round = 0
             self.status("loading", "No checkpoint yet: starting a new run.")

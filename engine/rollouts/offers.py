@@ -74,6 +74,7 @@ class Offer:
 
     items: list[ExternalItem] = field(default_factory=list)
     received: int = 0
+    round_index: int = 0  # the round it was drawn in: what the replay memory remembers its items by
     rejected: list[tuple[str, str]] = field(default_factory=list)  # (peer, reason), one per item
     not_picked: list[str] = field(default_factory=list)  # peer of each item left unverified past n
     connected: bool = False

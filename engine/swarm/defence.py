@@ -309,22 +309,32 @@ def offpolicy_negatives(logprobs: Sequence[Sequence[float]], advantages: Sequenc
 
 # -- content replay --------------------------------------------------------------------------------
 class ReplayMemory:
-    """Content keys of external items already trained on: the oldest forgotten past `capacity`.
+    """Content keys of external items already trained on, each with the round that trained on it; the oldest
+    forgotten past `capacity`.
 
     Kept in `path` (JSON, written atomically after each `remember`), so a
     restarted node still refuses content it trained on before the restart.
+    A node that carries on from its checkpoint of round R calls
+    `forget_after(R)`: what a later round trained on was lost with that
+    round's update (a round stopped before its checkpoint), so it is no
+    replay, and the round run again sees the same items as the first time.
     """
 
     def __init__(self, path: Path | None, capacity: int) -> None:
         self.path = path
         self.capacity = capacity
-        self._keys: OrderedDict[str, None] = OrderedDict()
+        self._keys: OrderedDict[str, int] = OrderedDict()
         if path is not None and path.is_file():
             try:
                 data = json.loads(path.read_text(encoding="utf-8"))
                 keys = data.get("keys", []) if isinstance(data, dict) else []
-                self._keys.update((str(k), None) for k in keys[-capacity:])
-            except (OSError, ValueError, UnicodeDecodeError) as exc:
+                rounds = data.get("rounds", []) if isinstance(data, dict) else []
+                if not isinstance(rounds, list) or len(rounds) != len(keys):
+                    rounds = [0] * len(keys)  # a file from before rounds were kept: never rewound
+                pairs = [(str(k), r if isinstance(r, int) and not isinstance(r, bool) else 0)
+                         for k, r in zip(keys, rounds, strict=True)]
+                self._keys.update(pairs[-capacity:])
+            except (OSError, ValueError, UnicodeDecodeError, TypeError) as exc:
                 log.warning("Could not read the replay memory %s (%s); starting an empty one.", path, exc)
 
     def __contains__(self, key: object) -> bool:
@@ -333,16 +343,31 @@ class ReplayMemory:
     def __len__(self) -> int:
         return len(self._keys)
 
-    def remember(self, keys: Iterable[str]) -> None:
+    def remember(self, keys: Iterable[str], round_index: int = 0) -> None:
         added = False
         for key in keys:
-            self._keys[key] = None
+            self._keys[key] = round_index
             self._keys.move_to_end(key)
             added = True
         while len(self._keys) > self.capacity:
             self._keys.popitem(last=False)
-        if added and self.path is not None:
-            atomic_write_json(self.path, {"keys": list(self._keys)})
+        if added:
+            self._write()
+
+    def forget_after(self, round_index: int) -> int:
+        """Forget the keys remembered by rounds after `round_index`; how many were forgotten."""
+        later = [key for key, r in self._keys.items() if r > round_index]
+        for key in later:
+            del self._keys[key]
+        if later:
+            log.info("Forgot %d items trained on after round %d (that training was not kept).", len(later),
+                     round_index)
+            self._write()
+        return len(later)
+
+    def _write(self) -> None:
+        if self.path is not None:
+            atomic_write_json(self.path, {"keys": list(self._keys), "rounds": list(self._keys.values())})
 
 
 # -- local bans ------------------------------------------------------------------------------------

@@ -198,6 +198,10 @@ class RolloutExchange(Protocol):
         """Lift a local ban on `peer` (serve's `unban` command): "lifted", "not_banned" or "configured"."""
         ...
 
+    def rewind(self, round_index: int) -> None:
+        """The node carries on from its checkpoint of `round_index`: forget what rounds after it trained on."""
+        ...
+
     def apply_settings(self, swarm: Any) -> None:
         """A settings reload: the swarm settings declared to apply live (a `SwarmConfig`, engine/common/config.py)."""
         ...
@@ -349,7 +353,7 @@ class SwarmExchange:
                seed: int = 0) -> Offer:
         """Up to n verified external items, drawn uniformly (by `seed`) from what the relay sent."""
         self._check_link()
-        offer = Offer(connected=self.client.state.connected)
+        offer = Offer(connected=self.client.state.connected, round_index=round_index)
         if n <= 0 or (self.meter is not None and self.meter.download_blocked()):
             return offer
         signed_batches = self.client.sample(min(protocol.MAX_SAMPLE_BATCHES, n))
@@ -449,7 +453,7 @@ class SwarmExchange:
                 verdict = None  # another model's text, judged against its sender's past: never a strike
             self._judge(item.peer, verdict or None)
         if self.replay is not None and trained:
-            self.replay.remember(trained)
+            self.replay.remember(trained, offer.round_index)
         if learned:
             self.senders.record(learned)
         for peer in offer.not_picked:
@@ -499,6 +503,12 @@ class SwarmExchange:
         self.bans.strikes, self.bans.window, self.bans.hours = swarm.ban_strikes, swarm.ban_window, swarm.ban_hours
         if self.meter is not None:
             self.meter.set_caps(int(swarm.daily_upload_mb * MB), int(swarm.daily_download_mb * MB))
+
+    def rewind(self, round_index: int) -> None:
+        """The node carries on from its checkpoint of `round_index`: the items that rounds after it trained on (a
+        round cut short, or one whose checkpoint was lost) were never learned, so they are not replays."""
+        if self.replay is not None:
+            self.replay.forget_after(round_index)
 
     def unban(self, peer: str) -> str:
         """Lift an earned ban on `peer`: "lifted", "not_banned" or "configured"; a `peers` event follows."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -134,6 +135,35 @@ def test_a_resumed_experiment_ends_with_the_same_numbers_and_weights(tiny_model_
         for k in range(3):
             assert reports(tmp_path / "straight", k) == reports(tmp_path / "stopped", k)
         assert any(r["pass_rate"] is not None for r in reports(tmp_path / "straight", 0)[-1].values())
+
+
+@pytest.mark.integration  # a real loopback relay
+def test_a_round_cut_short_after_it_trained_on_peers_items_resumes_as_if_it_never_ran(tiny_model_dir: Path,
+                                                                                     tmp_path: Path) -> None:
+    """A round stopped between training on peers' items and its checkpoint left them in the replay memory (written
+    at once, engine/swarm/defence.py); its update was lost, so the round run again must not refuse them as replays.
+    The replay files of the uninterrupted run's later rounds, put beside the checkpoint of round 1, are that state."""
+    plan = make_plan("default", 3, "1/2", 3, fast(tiny_model_dir))
+    _, straight = run(plan, tmp_path / "straight", tmp_path / "home")
+    control = Control()
+
+    def stop_after_round_1(mix: Mix, record: dict[str, Any]) -> None:
+        if record["round"] == 1:
+            control.stop()
+
+    run(plan, tmp_path / "stopped", tmp_path / "home", control, round_done=stop_after_round_1)
+    ahead = sorted((tmp_path / "straight" / "mix-1-2").glob("node-*/swarm/trained-*.json"))
+    assert ahead and any(json.loads(p.read_text())["rounds"].count(3) for p in ahead)  # keys of rounds after 1
+    for path in ahead:
+        shutil.copyfile(path, tmp_path / "stopped" / path.relative_to(tmp_path / "straight"))
+    _, resumed = run(plan, tmp_path / "stopped", tmp_path / "home")
+    a, b = straight["mixes"]["1/2"], resumed["mixes"]["1/2"]
+    assert a["external_groups_per_node_round"] > 0
+    for key in ("cumulative_reward", "reward_by_round", "external_groups_per_node_round", "rejected_external_items"):
+        assert a[key] == b[key], key
+    for x, y in zip(adapters(tmp_path / "straight", Mix(1, 2), 3, 3), adapters(tmp_path / "stopped", Mix(1, 2), 3, 3),
+                    strict=True):
+        assert all(torch.equal(x[k], y[k]) for k in x)
 
 
 def test_each_node_trains_only_its_own_adapter_over_the_one_base(tiny_model_dir: Path, tmp_path: Path) -> None:

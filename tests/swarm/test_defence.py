@@ -8,6 +8,7 @@ tests/swarm/test_defence_receiver.py.
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -165,6 +166,28 @@ def test_replay_memory_survives_a_restart_and_forgets_the_oldest(tmp_path: Path)
     memory.remember(["c", "d"])
     again = ReplayMemory(path, capacity=3)
     assert "a" not in again and all(k in again for k in "bcd") and len(again) == 3
+
+
+def test_replay_memory_forgets_what_rounds_after_a_checkpoint_trained_on(tmp_path: Path) -> None:
+    path = tmp_path / "trained.json"
+    memory = ReplayMemory(path, capacity=10)
+    memory.remember(["a", "b"], 1)
+    memory.remember(["c"], 2)
+    memory.remember(["d", "a"], 3)  # "a" trained on again in round 3: remembered by round 3 now
+    assert memory.forget_after(2) == 2
+    assert "c" in memory and "b" in memory and "a" not in memory and "d" not in memory
+    again = ReplayMemory(path, capacity=10)  # the rewind is on disk
+    assert len(again) == 2 and again.forget_after(5) == 0
+    assert again.forget_after(1) == 1 and "b" in again and "c" not in again  # each key kept its round
+
+
+def test_a_replay_file_from_before_rounds_were_kept_is_never_rewound(tmp_path: Path) -> None:
+    path = tmp_path / "trained.json"
+    path.write_text(json.dumps({"keys": ["a", "b"]}))
+    memory = ReplayMemory(path, capacity=10)
+    assert memory.forget_after(0) == 0 and "a" in memory and "b" in memory
+    path.write_text(json.dumps({"keys": ["a", "b"], "rounds": [1]}))  # damaged: rounds do not match the keys
+    assert ReplayMemory(path, capacity=10).forget_after(0) == 0
 
 
 def test_a_damaged_replay_file_starts_an_empty_memory(tmp_path: Path) -> None:
