@@ -2,8 +2,11 @@
 # The paper's horizon: the default joined node (8/4, swarm.train_groups=4) against the same 4 nodes alone (8/0),
 # 200 rounds, held-out every 25 rounds (each node's best checkpoint kept), fp32 (the bf16 step was in question on
 # AMX CPUs when this began), one thread each.
-# From a frozen worktree (FROZEN: `git worktree add /work/frozen-h200 5e28b79`); re-running resumes where each
-# arm stopped (the folders under X must still be there; on a fresh machine it starts again).
+# From a frozen worktree (FROZEN: `git worktree add /work/frozen-h200 5e28b79 && git -C /work/frozen-h200 apply
+# $PWD/docs/dev-log/runs/h200/rewind.patch`: the replay memory rewinds on resume, main's 6e15677; without it a
+# joined arm resumed after a round cut short refuses, in that round, the peers' items its lost attempt trained on);
+# re-running resumes where each arm stopped (the folders under X must still be there; on a fresh machine it starts
+# again).
 #   bash run-h200.sh 0 1:100     seed 0 to round 200, seed 1 to round 100 (run again with `1` to take it to 200:
 #                                --resume --rounds 200 lengthens a run; the learning rate is constant, so nothing
 #                                a round does depends on how many rounds were planned)
