@@ -2,7 +2,8 @@
 # The paper's four mixes (8/0, 6/2, 4/4, 2/6) with today's code: 4 nodes, 25 rounds, held-out every 10 rounds,
 # no cap on the batch (swarm.train_groups=0: I own and J swarm groups, as the paper), fp32, one thread each,
 # the seeds named side by side at nice 5. From a frozen worktree (FROZEN: `git worktree add /work/frozen-mixes
-# 6e0e22d`); re-running resumes (a mix already finished is not run again).
+# 6e0e22d`, and from 4/4 on `git -C /work/frozen-mixes apply $PWD/docs/dev-log/runs/h200/rewind.patch`: a resume
+# after a round cut short runs it as if it never ran); re-running resumes (a mix already finished is not run again).
 #   bash run-mixes.sh          # seeds 0 and 1
 #   bash run-mixes.sh 1        # seed 1 only
 FROZEN=${FROZEN:-/work/frozen-mixes}
