@@ -92,14 +92,10 @@ def test_three_nodes_share_through_a_real_relay_and_the_report_compares_the_mixe
     assert isinstance(experiment.shared, object) and experiment.shared.grpo.finetune == "lora"
 
 
-@pytest.mark.integration  # a real loopback relay
-@pytest.mark.parametrize("difficulty", ["fixed", "adaptive"])  # adaptive: levels, windows and re-asks resume too
-def test_a_resumed_experiment_ends_with_the_same_numbers_and_weights(tiny_model_dir: Path, tmp_path: Path,
-                                                                       difficulty: str) -> None:
-    reask = ["tasks.reask_share=0.5"] if difficulty == "adaptive" else []  # one of the two questions re-asked
-    plan = make_plan("default", 3, "1/2", 3, [*fast(tiny_model_dir), f"tasks.difficulty='{difficulty}'", *reask])
+def straight_then_stopped(plan: Any, tmp_path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The plan run straight into tmp_path/straight, and again into tmp_path/stopped, stopped after round 1:
+    the two reports."""
     _, straight = run(plan, tmp_path / "straight", tmp_path / "home")
-
     control = Control()
 
     def stop_after_round_1(mix: Mix, record: dict[str, Any]) -> None:
@@ -107,6 +103,16 @@ def test_a_resumed_experiment_ends_with_the_same_numbers_and_weights(tiny_model_
             control.stop()
 
     _, partial = run(plan, tmp_path / "stopped", tmp_path / "home", control, round_done=stop_after_round_1)
+    return straight, partial
+
+
+@pytest.mark.integration  # a real loopback relay
+@pytest.mark.parametrize("difficulty", ["fixed", "adaptive"])  # adaptive: levels, windows and re-asks resume too
+def test_a_resumed_experiment_ends_with_the_same_numbers_and_weights(tiny_model_dir: Path, tmp_path: Path,
+                                                                       difficulty: str) -> None:
+    reask = ["tasks.reask_share=0.5"] if difficulty == "adaptive" else []  # one of the two questions re-asked
+    plan = make_plan("default", 3, "1/2", 3, [*fast(tiny_model_dir), f"tasks.difficulty='{difficulty}'", *reask])
+    straight, partial = straight_then_stopped(plan, tmp_path)
     assert partial["mixes"]["1/2"]["rounds_done"] == 1 and not partial["complete"]
     _, resumed = run(plan, tmp_path / "stopped", tmp_path / "home")  # a new process would do the same
 
@@ -144,14 +150,7 @@ def test_a_round_cut_short_after_it_trained_on_peers_items_resumes_as_if_it_neve
     at once, engine/swarm/defence.py); its update was lost, so the round run again must not refuse them as replays.
     The replay files of the uninterrupted run's later rounds, put beside the checkpoint of round 1, are that state."""
     plan = make_plan("default", 3, "1/2", 3, fast(tiny_model_dir))
-    _, straight = run(plan, tmp_path / "straight", tmp_path / "home")
-    control = Control()
-
-    def stop_after_round_1(mix: Mix, record: dict[str, Any]) -> None:
-        if record["round"] == 1:
-            control.stop()
-
-    run(plan, tmp_path / "stopped", tmp_path / "home", control, round_done=stop_after_round_1)
+    straight, _ = straight_then_stopped(plan, tmp_path)
     ahead = sorted((tmp_path / "straight" / "mix-1-2").glob("node-*/swarm/trained-*.json"))
     assert ahead and any(json.loads(p.read_text())["rounds"].count(3) for p in ahead)  # keys of rounds after 1
     for path in ahead:
@@ -429,14 +428,7 @@ def test_veterans_start_from_their_own_training_and_the_newcomer_starts_fresh(ti
 @pytest.mark.integration  # a real loopback relay
 def test_veterans_resume_mid_mix_from_the_mix_checkpoints(tiny_model_dir: Path, tmp_path: Path) -> None:
     plan = make_plan("default", 3, "2/2", 2, fast(tiny_model_dir), veterans=2, veteran_rounds=1)
-    _, straight = run(plan, tmp_path / "straight", tmp_path / "home")
-    control = Control()
-
-    def stop_after_round_1(mix: Mix, record: dict[str, Any]) -> None:
-        if record["round"] == 1:
-            control.stop()
-
-    run(plan, tmp_path / "stopped", tmp_path / "home", control, round_done=stop_after_round_1)
+    straight, _ = straight_then_stopped(plan, tmp_path)
     _, resumed = run(plan, tmp_path / "stopped", tmp_path / "home")
     assert straight["mixes"]["2/2"]["reward_by_round"] == resumed["mixes"]["2/2"]["reward_by_round"]
     newcomers = [report["mixes"]["2/2"]["newcomers"]["cumulative_reward"] for report in (straight, resumed)]
