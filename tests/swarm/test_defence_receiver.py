@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import torch
 
+from engine.node.checkpoint import save_checkpoint
 from engine.rollouts.offers import R_FORGED_REWARD, R_IMPLAUSIBLE
 from engine.swarm import protocol
 from engine.swarm.defence import Plausibility, SenderBaselines, token_weights, trace_weights
@@ -291,14 +292,23 @@ def test_replayed_content_is_dropped_across_a_restart(tiny_model_dir: Path, tmp_
     relay.batches = [batch(sender, [item], 1)]
     external, _ = node.share_and_sample(1, [])
     assert len(external) == 1
+    cfg = node.config  # round 1 is kept: its checkpoint is written (what training on the item left)
+    save_checkpoint(node.checkpoint_root, 1, node.backend.save, {"config_hash": cfg.config_hash(),
+                    "structure_hash": cfg.structure_hash(), "seed": cfg.run.seed}, cfg.run.keep_checkpoints)
     # a restart: a new node and exchange over the same data dir; the same content under a new seq
     again, _exchange2, relay2, _ = receiver_node(tiny_model_dir, tmp_path / "r", "swarm.plausibility_check=false")
+    assert again.round == 1
     relay2.batches = [batch(sender, [item], 2)]
-    external, report = again.share_and_sample(1, [])
+    external, report = again.share_and_sample(2, [])
     assert external == [] and report["rejected"] == {"duplicate": 1}
     other = item_with(node, ("ab", "abcde"))  # different content, same question: trained on
     relay2.batches = [batch(sender, [other], 3)]
     assert len(again.share_and_sample(2, [])[0]) == 1
+    # round 2 is cut short (no checkpoint): after a restart, what it trained on was never learned and is taken again
+    third, _exchange3, relay3, _ = receiver_node(tiny_model_dir, tmp_path / "r", "swarm.plausibility_check=false")
+    relay3.batches = [batch(sender, [other], 4), batch(sender, [item], 5)]
+    external, report = third.share_and_sample(2, [])
+    assert len(external) == 1 and report["rejected"] == {"duplicate": 1}
 
 
 @pytest.mark.integration
