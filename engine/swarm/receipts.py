@@ -77,8 +77,6 @@ class Receipts:
         return protocol.peer_id(self.key)
 
 
-
-
 def _verdicts(sender: str, raw: object, where: str) -> list[Verdict]:
     if not isinstance(raw, list) or not raw:
         raise wire.fail(protocol.E_BAD_SCHEMA, f"{where}: 'items' must be a non-empty list")
@@ -92,7 +90,7 @@ def _verdicts(sender: str, raw: object, where: str) -> list[Verdict]:
         verdict = entry.get("verdict")
         if not isinstance(verdict, str) or not VERDICT_PATTERN.match(verdict):
             raise wire.fail(protocol.E_BAD_SCHEMA, f"{at}: 'verdict' must be 'used', 'not_picked' or a reason "
-                                               "(a-z, 0-9 and _, at most 32 characters)")
+                                                   "(a-z, 0-9 and _, at most 32 characters)")
         positive = 0
         if verdict == USED:
             positive = wire.whole(entry, "positive", 0, protocol.MAX_COMPLETIONS_PER_ITEM, at)

@@ -60,8 +60,6 @@ class Results:
         return protocol.peer_id(self.key)
 
 
-
-
 def decode_results(payload: str) -> Results:
     """Parse and check a results payload string (the signature is not checked here)."""
     obj = protocol.payload_object(payload, "results")
@@ -69,7 +67,7 @@ def decode_results(payload: str) -> Results:
     model, checkpoint = obj.get("model"), obj.get("checkpoint")
     if not isinstance(model, str) or len(model) > protocol.MAX_MODEL_CHARS:
         raise wire.fail(protocol.E_BAD_SCHEMA, f"'model' must be a string of at most {protocol.MAX_MODEL_CHARS} "
-                                           "characters")
+                                               "characters")
     if checkpoint != "":
         checkpoint = wire.hex_text(obj, "checkpoint", CHECKPOINT_HEX // 2)
     raw = obj.get("answers")
@@ -81,14 +79,11 @@ def decode_results(payload: str) -> Results:
     for n, entry in enumerate(raw):
         if not isinstance(entry, dict) or not isinstance(entry.get("task"), dict) \
                 or len(entry["task"]) > protocol.MAX_TASK_KEYS or not isinstance(entry.get("answer"), str):
-            raise wire.fail(protocol.E_BAD_SCHEMA, f"answer {n} must be an object with a 'task' object and an 'answer' "
-                                               "string")
+            raise wire.fail(protocol.E_BAD_SCHEMA, f"answer {n} must be an object with a 'task' object and an "
+                                                   "'answer' string")
         if len(entry["answer"]) > MAX_RESULT_ANSWER_CHARS:
             raise wire.fail(protocol.E_TOO_LONG, f"answer {n} is longer than {MAX_RESULT_ANSWER_CHARS} characters")
-        try:
-            entry["answer"].encode("utf-8")
-        except UnicodeEncodeError:
-            raise wire.fail(protocol.E_BAD_SCHEMA, f"answer {n} is not valid Unicode text") from None
+        wire.check_unicode(entry["answer"], f"answer {n}")
         answers.append(Answer(dict(entry["task"]), entry["answer"]))
     return Results(key, ts, wire.whole(obj, "seed", 0, MAX_EVAL_SEED), wire.whole(obj, "round", 0, MAX_ROUND), model,
                    str(checkpoint), tuple(answers))

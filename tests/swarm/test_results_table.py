@@ -323,3 +323,22 @@ def test_long_answers_in_a_wide_script_are_cut_to_their_ends_so_the_message_fits
     assert len(frame.encode("utf-8")) <= protocol.MAX_FRAME_BYTES
     report_ = decode_results(text)
     assert all(a.text.endswith("<answer>7</answer>") and len(a.text) < 4096 for a in report_.answers)
+
+
+def test_a_results_payload_that_breaks_a_field_is_one_sentence_with_its_code() -> None:
+    from engine.swarm import protocol
+    from engine.swarm.results import decode_results
+
+    head = {"kind": "results", "key": protocol.b64encode(b"k" * 32), "ts": 1.0, "seed": 5, "round": 1, "model": "m",
+            "checkpoint": ""}
+    for answers, code, words in (
+        ([{"task": {"a": 1}, "answer": "\ud800"}], protocol.E_BAD_SCHEMA, "'answer 0' is not valid Unicode text"),
+        ([{"task": {"a": 1}, "answer": 7}], protocol.E_BAD_SCHEMA, "answer 0 must be an object"),
+        ([], protocol.E_BAD_SCHEMA, "'answers' must be a non-empty list"),
+    ):
+        payload = json.dumps({**head, "answers": answers})  # json escapes the lone surrogate as \ud800
+        with pytest.raises(protocol.ProtocolError) as caught:
+            decode_results(payload)
+        assert caught.value.code == code and words in caught.value.message
+    with pytest.raises(protocol.ProtocolError, match="payload kind must be 'results'"):
+        decode_results(json.dumps({**head, "kind": "receipts", "answers": []}))
