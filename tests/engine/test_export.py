@@ -12,18 +12,15 @@ import json
 import shutil
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from engine.common.config import NodeConfig
-from engine.common.config_file import build_config
 from engine.common.errors import CheckpointError, ConfigError, ModelError
 from engine.common.paths import EXPORT_MARKER, Paths
 from engine.gguf.export import export_model, find_checkpoint
 from engine.gguf.merge import merge_lora, tensor_table
 from engine.models.convert import CONVERTER_ENV
-from engine.node.checkpoint import save_checkpoint
+from tests.engine.gguf_models import gguf_config, lora_checkpoint
 
 # Every test here converts the bundled model (the `smol_dir` fixture) or starts `sapling-node export`.
 pytestmark = pytest.mark.integration
@@ -41,58 +38,6 @@ FIXED_PROMPTS = [
     "Count from one to five.",
 ]
 MAX_TOKENS = 24
-
-
-@pytest.fixture(scope="session")
-def smol_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The bundled SmolLM2-135M-Instruct, converted once for the session."""
-    from engine.models.sources import bundled_model_dir
-
-    return bundled_model_dir(tmp_path_factory.mktemp("models"))
-
-
-@pytest.fixture(scope="session")
-def tiny_smol_dir(smol_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A 2-layer llama built from a config, with sharp random weights and the bundled tokenizer."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
-
-    folder = tmp_path_factory.mktemp("tiny-smol")
-    tok = AutoTokenizer.from_pretrained(str(smol_dir))
-    config = LlamaConfig(
-        vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=1024, bos_token_id=tok.bos_token_id,
-        eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, tie_word_embeddings=True, initializer_range=0.3,
-    )
-    torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
-    tok.save_pretrained(folder)
-    return folder
-
-
-def _config(model: Path, *extra: str) -> NodeConfig:
-    return build_config("default", None,
-                        [f"model.source='{model}'", "run.device='cpu'", "grpo.precision='fp32'", *extra])
-
-
-def _make_checkpoint(config: NodeConfig, paths: Paths, round_index: int, seed: int = 1) -> Any:
-    """A LoRA checkpoint whose adapters are not zero (peft starts B at zero), as training leaves them."""
-    import torch
-
-    from engine.backends.torch_backend import TorchBackend
-    from engine.common.device import pick_device
-    from engine.models.sources import resolve_model_dir
-
-    backend = TorchBackend(resolve_model_dir(config.model.source, paths.models_cache), pick_device("cpu"),
-                           config.grpo, seed=0, temperature=1.0)
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, param in backend.model.named_parameters():
-            if "lora_B" in name:
-                param.copy_(torch.randn(param.shape, generator=generator) * 0.05)
-    state = {"structure_hash": config.structure_hash(), "config_hash": config.config_hash(), "metrics": {}}
-    save_checkpoint(paths.checkpoints(config.run.run_name), round_index, backend.save, state, keep=3)
-    return backend
 
 
 def _torch_greedy(folder: Path, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
@@ -144,8 +89,8 @@ def test_gguf_export_loads_in_llama_cpp_and_answers_greedily_like_torch(tiny_smo
     """f32, so that equality is exact: a random tiny model has near-ties that bf16 rounding flips
     (bf16 agreed for the first 10 of 24 tokens here); the bf16 target is the bundled model's, below."""
     paths = Paths.under(tmp_path / "home")
-    config = _config(tiny_smol_dir)
-    _make_checkpoint(config, paths, 3)
+    config = gguf_config(tiny_smol_dir)
+    lora_checkpoint(config, paths, 3)
     reports: list[str] = []
     result = export_model(config, paths, tmp_path / "out" / "model.gguf", "gguf", "f32", report=reports.append)
     assert result.round == 3 and result.path.is_file() and result.bytes > 1_000_000
@@ -166,7 +111,7 @@ def test_gguf_carries_the_tokenizer_and_chat_template(tiny_smol_dir: Path, tmp_p
     from engine.gguf.chat import prompt_tokens
 
     paths = Paths.under(tmp_path / "home")
-    config = _config(tiny_smol_dir)
+    config = gguf_config(tiny_smol_dir)
     out = export_model(config, paths, tmp_path / "base.gguf", "gguf", round_index=0).path
     llm = Llama(model_path=str(out), n_ctx=512, n_threads=1, verbose=False)
     assert "<|im_start|>" in llm.metadata["tokenizer.chat_template"]
@@ -186,8 +131,8 @@ def test_gguf_lora_applies_in_llama_cpp_like_the_merged_export(tiny_smol_dir: Pa
     from gguf import GGUFReader
 
     paths = Paths.under(tmp_path / "home")
-    config = _config(tiny_smol_dir)
-    _make_checkpoint(config, paths, 2)
+    config = gguf_config(tiny_smol_dir)
+    lora_checkpoint(config, paths, 2)
     adapter = export_model(config, paths, tmp_path / "adapter.gguf", "gguf-lora", "f32").path
     reader = GGUFReader(str(adapter))
     kind = reader.fields["general.type"]
@@ -209,8 +154,8 @@ def test_merging_an_adapter_into_the_base_gguf_gives_the_merged_export(tiny_smol
     from engine.common.errors import SaplingError
 
     paths = Paths.under(tmp_path / "home")
-    config = _config(tiny_smol_dir)
-    _make_checkpoint(config, paths, 2)
+    config = gguf_config(tiny_smol_dir)
+    lora_checkpoint(config, paths, 2)
     adapter = export_model(config, paths, tmp_path / "adapter.gguf", "gguf-lora", "f32").path
     base = export_model(config, paths, tmp_path / "base.gguf", "gguf", "f32", round_index=0).path
     want = export_model(config, paths, tmp_path / "want.gguf", "gguf", "f32").path
@@ -256,8 +201,8 @@ def test_merging_an_adapter_that_does_not_fit_or_a_quantized_base_is_one_sentenc
     from engine.common.errors import SaplingError
 
     paths = Paths.under(tmp_path / "home")
-    config = _config(tiny_smol_dir)
-    _make_checkpoint(config, paths, 1)
+    config = gguf_config(tiny_smol_dir)
+    lora_checkpoint(config, paths, 1)
     adapter = export_model(config, paths, tmp_path / "adapter.gguf", "gguf-lora", "f32").path
     base = export_model(config, paths, tmp_path / "base.gguf", "gguf", "f32", round_index=0).path
     q8 = export_model(config, paths, tmp_path / "q8.gguf", "gguf", "q8_0", round_index=0).path
@@ -278,7 +223,7 @@ def test_merging_an_adapter_that_does_not_fit_or_a_quantized_base_is_one_sentenc
 
 def test_q8_0_export_is_smaller_and_loads(tiny_smol_dir: Path, tmp_path: Path) -> None:
     paths = Paths.under(tmp_path / "home")
-    config = _config(tiny_smol_dir)
+    config = gguf_config(tiny_smol_dir)
     bf16 = export_model(config, paths, tmp_path / "bf16.gguf", "gguf", "bf16", round_index=0)
     q8 = export_model(config, paths, tmp_path / "q8.gguf", "gguf", "q8_0", round_index=0)
     assert q8.bytes < 0.7 * bf16.bytes
@@ -288,7 +233,7 @@ def test_q8_0_export_is_smaller_and_loads(tiny_smol_dir: Path, tmp_path: Path) -
 def test_export_names_the_checkpoint_or_says_what_is_missing(tiny_smol_dir: Path, tmp_path: Path,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     paths = Paths.under(tmp_path / "home")
-    config = _config(tiny_smol_dir)
+    config = gguf_config(tiny_smol_dir)
     with pytest.raises(CheckpointError, match="no checkpoint yet"):
         find_checkpoint(config, paths, None)
     with monkeypatch.context() as patch:  # no checkpoint: said before the model is resolved (or converted)
@@ -296,8 +241,8 @@ def test_export_names_the_checkpoint_or_says_what_is_missing(tiny_smol_dir: Path
                       lambda *a, **k: pytest.fail("resolved the model first"))
         with pytest.raises(CheckpointError, match="no checkpoint yet"):
             export_model(config, paths, tmp_path / "a.gguf", "gguf-lora", "f32")
-    _make_checkpoint(config, paths, 1)
-    _make_checkpoint(config, paths, 2, seed=2)
+    lora_checkpoint(config, paths, 1)
+    lora_checkpoint(config, paths, 2, seed=2)
     assert find_checkpoint(config, paths, None).round == 2
     assert find_checkpoint(config, paths, 1).round == 1
     with pytest.raises(CheckpointError, match=r"round 7 \(kept: 2, 1\)"):
@@ -306,7 +251,7 @@ def test_export_names_the_checkpoint_or_says_what_is_missing(tiny_smol_dir: Path
         export_model(config, paths, tmp_path / "a.gguf", "gguf-lora", round_index=0)
     with pytest.raises(ConfigError, match="GGUF exports only"):
         export_model(config, paths, tmp_path / "hf", "hf", "q8_0")
-    other = _config(tiny_smol_dir, "grpo.lora_rank=4")
+    other = gguf_config(tiny_smol_dir, "grpo.lora_rank=4")
     with pytest.raises(CheckpointError, match="different model or fine-tuning"):
         find_checkpoint(other, paths, None)
 
@@ -314,8 +259,8 @@ def test_export_names_the_checkpoint_or_says_what_is_missing(tiny_smol_dir: Path
 def test_an_export_replaces_only_an_earlier_export_never_a_users_folder_or_file(
         tiny_smol_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     paths = Paths.under(tmp_path / "home")
-    config = _config(tiny_smol_dir)
-    _make_checkpoint(config, paths, 1)
+    config = gguf_config(tiny_smol_dir)
+    lora_checkpoint(config, paths, 1)
     documents = tmp_path / "Documents"
     documents.mkdir()
     (documents / "thesis.odt").write_text("years of work")
@@ -343,7 +288,7 @@ def test_an_export_replaces_only_an_earlier_export_never_a_users_folder_or_file(
     marker = json.loads((out / EXPORT_MARKER).read_text())
     assert first.round == marker["round"] == 1 and marker["run"] == "default"
     assert (out / "model.safetensors").is_file() and out.stat().st_mode & 0o777 == 0o755
-    _make_checkpoint(config, paths, 2, seed=2)
+    lora_checkpoint(config, paths, 2, seed=2)
     assert export_model(config, paths, out, "hf").round == 2  # an earlier export is replaced whole
     assert json.loads((out / EXPORT_MARKER).read_text())["round"] == 2
     empty = tmp_path / "empty"
@@ -357,7 +302,7 @@ def test_a_full_disk_or_a_folder_that_cannot_be_made_is_one_sentence_and_leaves_
     from engine.cli import main
 
     home = tmp_path / "home"
-    _make_checkpoint(_config(tiny_smol_dir), Paths.under(home), 1)
+    lora_checkpoint(gguf_config(tiny_smol_dir), Paths.under(home), 1)
     flags = ["export", "--home", str(home), "--model", str(tiny_smol_dir), "--device", "cpu", "--set",
              "grpo.precision='fp32'"]
     (tmp_path / "afile").write_text("mine")
@@ -383,7 +328,7 @@ def test_a_full_disk_or_a_folder_that_cannot_be_made_is_one_sentence_and_leaves_
 def test_a_tokenizer_llama_cpp_does_not_know_is_one_sentence(tiny_model_dir: Path, tmp_path: Path) -> None:
     paths = Paths.under(tmp_path / "home")
     with pytest.raises(ModelError, match=r"does not support this model.*--format hf"):
-        export_model(_config(tiny_model_dir), paths, tmp_path / "x.gguf", "gguf", round_index=0)
+        export_model(gguf_config(tiny_model_dir), paths, tmp_path / "x.gguf", "gguf", round_index=0)
     assert not (tmp_path / "x.gguf").exists() and not list(tmp_path.glob(".x.gguf*"))
 
 
@@ -392,7 +337,8 @@ def test_a_missing_converter_says_how_to_install_it(tmp_path: Path, monkeypatch:
     monkeypatch.setenv(CONVERTER_ENV, str(tmp_path / "nowhere"))
     monkeypatch.setattr(sys, "prefix", str(tmp_path / "venv"))
     with pytest.raises(ModelError, match="make run"):
-        export_model(_config(tiny_smol_dir), Paths.under(tmp_path / "home"), tmp_path / "x.gguf", "gguf", round_index=0)
+        export_model(gguf_config(tiny_smol_dir), Paths.under(tmp_path / "home"), tmp_path / "x.gguf", "gguf",
+                     round_index=0)
 
 
 def test_cli_exports_gguf_and_reports_what_it_wrote(tiny_smol_dir: Path, tmp_path: Path,
@@ -401,7 +347,7 @@ def test_cli_exports_gguf_and_reports_what_it_wrote(tiny_smol_dir: Path, tmp_pat
 
     home = tmp_path / "home"
     paths = Paths.under(home)
-    _make_checkpoint(_config(tiny_smol_dir), paths, 4)
+    lora_checkpoint(gguf_config(tiny_smol_dir), paths, 4)
     out = tmp_path / "cli.gguf"
     code = main(["export", "--home", str(home), "--model", str(tiny_smol_dir), "--device", "cpu", "--set",
                  "grpo.precision='fp32'", "--format", "gguf", "--quant", "q8_0", "--out", str(out)])
@@ -431,8 +377,8 @@ def test_bundled_model_gguf_answers_ten_questions_like_torch(smol_dir: Path, tmp
     (`python -m bench.gguf_agreement`, docs/exporting.md), so their equality is not something to assert.
     """
     paths = Paths.under(tmp_path / "home")
-    config = _config(smol_dir)
-    _make_checkpoint(config, paths, 1)
+    config = gguf_config(smol_dir)
+    lora_checkpoint(config, paths, 1)
     gguf = export_model(config, paths, tmp_path / "smol.gguf", "gguf").path
     merged = export_model(config, paths, tmp_path / "hf", "hf").path
     prompts = _prompts(merged, FIXED_PROMPTS)
@@ -446,80 +392,6 @@ def test_bundled_model_gguf_answers_ten_questions_like_torch(smol_dir: Path, tmp
     assert _llama_greedy(base, prompts[:5], 48, lora=adapter) == want[:5]
     assert _llama_greedy(merge_lora(base, adapter, tmp_path / "merged.gguf"), prompts[:5], 48) == want[:5]
     shutil.rmtree(merged)
-
-
-def test_try_it_answers_with_the_cached_checkpoint_while_the_newest_is_exported_in_the_background(
-    tiny_smol_dir: Path, tmp_path: Path
-) -> None:
-    """While training runs a checkpoint comes every round; only the first question waits for an export."""
-    from engine.gguf.chat import ChatServer
-
-    home = tmp_path / "home"
-    paths = Paths.under(home)
-    config = _config(tiny_smol_dir)
-    flags = ["--home", str(home), "--model", str(tiny_smol_dir), "--device", "cpu", "--set", "grpo.precision='fp32'"]
-    sent: list[dict[str, Any]] = []
-    server = ChatServer(config, paths, flags, sent.append, budget=1)
-    exports = server.exports  # the GGUF files it answers from (engine/gguf/cache.py)
-    assert not server.problem
-
-    def ask(ask_id: int) -> dict[str, Any]:
-        server.handle({"cmd": "ask", "id": ask_id, "text": "What is 17 + 25?"})
-        assert not [m for m in sent if m["type"] == "error"], sent
-        return next(m for m in sent if m["type"] == "answer" and m["id"] == ask_id and m["side"] == "trained")
-
-    _make_checkpoint(config, paths, 1)
-    assert ask(1)["round"] == 1  # nothing cached: this one waits for the adapter's export ...
-    assert exports._background is not None and exports._background_rounds == (1,)  # ... and its merge follows
-    exports._background.join(timeout=300)
-    assert exports.merged_path(1).is_file()
-    _make_checkpoint(config, paths, 2, seed=2)
-    first = exports._background
-    assert ask(2)["round"] == 1 and exports._background is first  # round 1's export is fresh: no new export yet
-    assert server.models["trained"].path == exports.merged_path(1) and server.models["trained"].lora is None
-    exports.refresh_s = 0.0
-    assert ask(3)["round"] == 1  # at once, with round 1; round 2 is exported meanwhile
-    assert any(m["type"] == "status" and m["id"] == 3 and "round 2 is being prepared" in m["message"] for m in sent)
-    assert exports._background is not None
-    exports._background.join(timeout=300)
-    assert ask(4)["round"] == 2
-    server.handle({"cmd": "ask", "id": 5, "text": "hello " * 3000})  # a long paste: one sentence, then on as before
-    assert [m["message"] for m in sent if m["id"] == 5] == [
-        "That question is too long for Try it: 3,030 tokens, and the model reads at most 1,792. Shorten it and ask "
-        "again."]
-    sent.clear()
-    assert ask(6)["round"] == 2
-
-
-def test_try_it_recovers_when_the_cached_export_vanishes_or_a_background_export_fails(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
-    """Neither is a crash of the chat child: the answer still comes, the failure is logged."""
-    from engine.gguf.chat import ChatServer
-
-    paths = Paths.under(tmp_path / "home")
-    server = ChatServer(build_config("default", None, ["run.device='cpu'"]), paths, [], lambda m: None, budget=1)
-    exports = server.exports  # the GGUF files it answers from (engine/gguf/cache.py)
-    exported: list[int] = []
-
-    def fake_export(ask_id: int | None, round_index: int) -> Path:
-        exported.append(round_index)
-        return tmp_path / f"round-{round_index}.gguf"
-
-    monkeypatch.setattr(exports, "newest_round", lambda: 2)
-    monkeypatch.setattr(exports, "ensure_export", fake_export)
-    # round 1's export was listed, then pruned before it could be used: round 2 is exported now instead
-    monkeypatch.setattr(exports, "_newest_cached", lambda below: (1, tmp_path / "pruned.gguf"))
-    assert exports.trained_export(7) == (2, tmp_path / "round-2.gguf") and exported == [2]
-
-    def failing_export(ask_id: int | None, round_index: int) -> Path:
-        raise OSError(28, "No space left on device")
-
-    monkeypatch.setattr(exports, "ensure_export", failing_export)
-    exports._export_in_background(3)
-    assert exports._background is not None
-    exports._background.join(timeout=10)
-    assert "background export of round 3 failed" in caplog.text and "No space left" in caplog.text
 
 
 def test_converting_the_bundled_model_prepares_its_base_gguf_and_round_0_exports_copy_it(
@@ -544,49 +416,6 @@ def test_converting_the_bundled_model_prepares_its_base_gguf_and_round_0_exports
     prepared = base_gguf(folder)
     assert prepared is not None
     said: list[str] = []
-    out = export_model(_config(folder), Paths.under(tmp_path / "home"), tmp_path / "base.gguf", "gguf", round_index=0,
-                       report=said.append).path
+    out = export_model(gguf_config(folder), Paths.under(tmp_path / "home"), tmp_path / "base.gguf", "gguf",
+                       round_index=0, report=said.append).path
     assert out.read_bytes() == prepared.read_bytes() and said == [said[0]] and said[0].startswith("Copying")
-
-
-def test_try_it_exports_the_newest_checkpoint_when_it_opens_and_a_question_waits_for_that_export(
-    tiny_smol_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    """`prepare` runs at the chat child's start; a question asked meanwhile joins it instead of exporting again."""
-    import logging
-
-    from engine.gguf.chat import ChatServer
-
-    home = tmp_path / "home"
-    paths = Paths.under(home)
-    config = _config(tiny_smol_dir)
-    flags = ["--home", str(home), "--model", str(tiny_smol_dir), "--device", "cpu", "--set", "grpo.precision='fp32'"]
-    _make_checkpoint(config, paths, 1)
-    sent: list[dict[str, Any]] = []
-    server = ChatServer(config, paths, flags, sent.append, budget=1)
-    exports = server.exports  # the GGUF files it answers from (engine/gguf/cache.py)
-    caplog.set_level(logging.INFO, logger="engine.gguf")  # for the whole test: the merge logs from its thread later
-    server.prepare()
-    assert exports._background_rounds == (0, 1) and exports._background is not None
-    server.handle({"cmd": "ask", "id": 1, "text": "What is 17 + 25?"})
-    assert not [m for m in sent if m["type"] == "error"], sent
-    trained = next(m for m in sent if m["type"] == "answer" and m["side"] == "trained")
-    assert trained["round"] == 1
-    assert caplog.text.count("exporting for Try it") == 2  # the base model and round 1, once each
-    # Round 1 was exported as its adapter alone, then merged into the base GGUF; the first answer
-    # came from one of the two (the adapter at run time when the merge was not done yet).
-    adapter, base, merged = exports.export_path(1), exports.export_path(0), exports.merged_path(1)
-    assert adapter.name.endswith(".lora-f32.gguf") and "'gguf-lora'" in caplog.text
-    assert exports._background is not None
-    exports._background.join()
-    assert merged.is_file() and merged.stat().st_size == base.stat().st_size
-    assert "merged round 1 into the base model" in caplog.text
-    assert exports.trained_model(1, adapter) == (merged, None)
-    stale = adapter.with_name("round-000001.lora-f16.gguf")  # what an older version cached
-    stale.write_bytes(b"old")
-    exports._prune(adapter.parent)
-    assert not stale.exists() and adapter.is_file() and merged.is_file()
-    assert any(m["type"] == "status" and "begun when Try it opened" in m["message"] for m in sent)
-    again = ChatServer(config, paths, flags, sent.append, budget=1)
-    again.prepare()
-    assert again.exports._background is None  # both cached: nothing left to prepare
