@@ -47,7 +47,14 @@ from pathlib import Path
 
 from engine.common.atomicio import atomic_write_bytes
 from engine.experiment.batch_mean import paper_metric
-from engine.experiment.compare import compare, held_out_plot, hours_plot, pooled_compare, variants_plot
+from engine.experiment.compare import (
+    compare,
+    held_out_plot,
+    hours_plot,
+    pooled_compare,
+    variants_plot,
+    what_it_measures,
+)
 from engine.experiment.horizon import EVERY, WINDOW, horizon_markdown, horizon_plot, horizon_table
 from engine.experiment.plan import START_EVAL_FILE, plan_config, read_json, saved_plan
 from engine.experiment.records import default_cache, experiment_folder, named_back
@@ -128,10 +135,12 @@ def _horizon(args: list[str], nodes: list[int] | None) -> int:
     rows = horizon_table(pairs, label, label_b, lambda folder, n: records_upto(folder, n, default_cache() / "upto"),
                          every, window, nodes)
     names = [a.name for a, _ in given]
+    measures = {"a": what_it_measures(pairs[0][0], label), "b": what_it_measures(pairs[0][1], label_b)}
     atomic_write_bytes(out, horizon_plot(rows, label, label_b, names))
     atomic_write_bytes(out.with_suffix(".json"), json.dumps(
-        {"mix": label, "mix_b": label_b, "pairs": [[str(a), str(b)] for a, b in given], "rows": rows},
-        indent=1).encode())
+        {"mix": label, "mix_b": label_b, "measures": measures, "pairs": [[str(a), str(b)] for a, b in given],
+         "rows": rows}, indent=1).encode())
+    print(f"A = {measures['a']}\nB = {measures['b']}\n")
     print(horizon_markdown(rows, names), end="")
     print(f"wrote {out} and {out.with_suffix('.json')}", file=sys.stderr)
     return 0

@@ -16,12 +16,14 @@ that were run apart.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from engine.common.config import SwarmConfig
 from engine.experiment.heldout import held_out_at_equal_time, read_evaluations
 from engine.experiment.hours import clock_for, per_hour, reward_by_hour, round_cost
-from engine.experiment.plan import ROUNDS_FILE, parse_mixes, read_rounds, rounds_done, saved_plan
+from engine.experiment.plan import ROUNDS_FILE, parse_mixes, plan_config, read_rounds, rounds_done, saved_plan
 from engine.experiment.report import (
     mix_slug,
     plot_hours,
@@ -44,6 +46,34 @@ def _mix_rounds(folder: Path, label: str) -> tuple[Any, list[dict[str, Any]]]:
     return plan, read_rounds(folder / mix.slug / ROUNDS_FILE, rounds_done(folder / mix.slug))
 
 
+def what_it_measures(folder: Path, label: str) -> str:
+    """What a mix of an experiment stands for, in words: alone, the app's default joined node, or a mix with
+    exactly J swarm groups a round. The experiment's preset turns the node's cap on the training batch off
+    (swarm.train_groups=0, so that I/J means exactly J), so an 8/4 is the app's default only when the cap was
+    set; a comparison says which it is, so that a table cannot call one the other."""
+    plan, _ = _mix_rounds(folder, label)
+    mix = parse_mixes(label)[0]
+    if mix.external == 0:
+        return f"{label}: alone (own groups only)"
+    cap, default = plan_config(plan).swarm.train_groups, SwarmConfig().train_groups
+    if cap == 0:
+        return (f"{label}: all own groups and exactly {mix.external} swarm groups a round (swarm.train_groups=0, "
+                f"no cap; the app's default node caps the batch at {default})")
+    who = "the app's default joined node" if cap == default else "a joined node"
+    return (f"{label}: {who}, swarm groups only to fill the batch up to {cap} groups trained on "
+            f"(swarm.train_groups={cap})")
+
+
+def settings_that_differ(a_dir: Path, b_dir: Path) -> dict[str, list[Any]]:
+    """The settings of two experiments that differ (section.key: [A's, B's]); the mixes are named apart."""
+    plans = [saved_plan(Path(folder)) for folder in (a_dir, b_dir)]
+    if None in plans:
+        return {}
+    a, b = (asdict(plan_config(plan)) for plan in plans)
+    return {f"{section}.{key}": [a[section][key], b[section].get(key)]
+            for section in a for key in a[section] if a[section][key] != b[section].get(key)}
+
+
 def compare(a_dir: Path, b_dir: Path, label: str, label_b: str | None = None,
             nodes: Sequence[int] | None = None) -> dict[str, Any]:
     """A mix in two experiment folders run on the same seeds (a setting changed): A against B.
@@ -61,6 +91,9 @@ def compare(a_dir: Path, b_dir: Path, label: str, label_b: str | None = None,
     parted = next((r + 1 for r in range(common) if any(a[k][r] != b[k][r] for k in range(count))), None)
     return {"mix": label, **({"mix_b": label_b} if label_b else {}), "a": str(a_dir), "b": str(b_dir), "rounds": common,
             "nodes": count, **({"only_nodes": list(nodes)} if nodes is not None else {}),
+            "measures": {"a": what_it_measures(Path(a_dir), label),
+                         "b": what_it_measures(Path(b_dir), label_b or label)},
+            "settings_that_differ": settings_that_differ(Path(a_dir), Path(b_dir)),
             "cumulative_a": sum(map(sum, a)), "cumulative_b": sum(map(sum, b)), "first_round_that_differs": parted,
             **two_way_bootstrap(a, b),
             "per_hour": per_hour(folders, nodes, stratified_bootstrap),
@@ -103,9 +136,17 @@ def pooled_compare(pairs: Sequence[tuple[Path, Path]], label: str, label_b: str,
         strata.append((a, b))
         one = two_way_bootstrap(a, b)
         each.append({"a": str(a_dir), "b": str(b_dir), "rounds": len(a[0]), "cumulative_a": sum(map(sum, a)),
-                     "cumulative_b": sum(map(sum, b)), "ratio": one["ratio"], "ratio_ci95": one["ratio_ci95"]})
+                     "cumulative_b": sum(map(sum, b)), "ratio": one["ratio"], "ratio_ci95": one["ratio_ci95"],
+                     "measures": {"a": what_it_measures(Path(a_dir), label),
+                                  "b": what_it_measures(Path(b_dir), label_b)},
+                     "settings_that_differ": settings_that_differ(Path(a_dir), Path(b_dir))})
+    measured = {(p["measures"]["a"], p["measures"]["b"]) for p in each}
+    if len(measured) > 1:
+        raise ValueError("the pairs do not measure the same arms, so they do not pool: "
+                         + "; ".join(f"{p['a']}: {p['measures']['a']}; {p['b']}: {p['measures']['b']}" for p in each))
     folders = [(Path(a) / mix_slug(label), Path(b) / mix_slug(label_b)) for a, b in pairs]
-    return {"mix": label, "mix_b": label_b, "pairs": each, "cumulative_a": sum(p["cumulative_a"] for p in each),
+    return {"mix": label, "mix_b": label_b, "measures": each[0]["measures"], "pairs": each,
+            "cumulative_a": sum(p["cumulative_a"] for p in each),
             "cumulative_b": sum(p["cumulative_b"] for p in each), **stratified_bootstrap(strata),
             "per_hour": per_hour(folders, nodes, stratified_bootstrap),
             "held_out_per_hour": held_out_at_equal_time(folders, nodes, stratified_bootstrap),

@@ -308,12 +308,13 @@ def test_the_baseline_of_a_mix_is_the_all_local_mix_of_the_same_size() -> None:
     assert baseline_of("1/2", ["2/0", "1/2"]) is None
 
 
-def _fake_experiment(folder: Path, rewards: list[list[float]], mix: str = "4/4") -> None:
+def _fake_experiment(folder: Path, rewards: list[list[float]], mix: str = "4/4",
+                     overrides: tuple[str, ...] = ()) -> None:
     """An experiment folder with one mix whose rounds carry these [round][node] rewards."""
     slug = folder / ("mix-" + mix.replace("/", "-"))
     slug.mkdir(parents=True)
     (folder / "experiment.json").write_text(json.dumps(
-        {"nodes": 2, "mixes": [mix], "rounds": len(rewards), "preset": "default", "overrides": []}))
+        {"nodes": 2, "mixes": [mix], "rounds": len(rewards), "preset": "default", "overrides": list(overrides)}))
     (slug / "progress.json").write_text(json.dumps({"round": len(rewards)}))
     (slug / "rounds.jsonl").write_text(
         "".join(json.dumps({"round": r + 1, "rewards": row}) + "\n" for r, row in enumerate(rewards)))
@@ -350,6 +351,28 @@ def test_compare_can_pair_a_mix_with_another_folders_baseline(tmp_path: Path) ->
     assert result["mix_b"] == "8/0" and result["ratio"] == pytest.approx(1.2 / 0.8)
     with pytest.raises(ValueError, match="not a mix"):
         compare(tmp_path / "a", tmp_path / "b", "4/4", "eight")
+
+
+def test_a_comparison_says_what_each_arm_measures_and_will_not_pool_different_arms(tmp_path: Path) -> None:
+    # The experiment's preset lifts the node's cap on the training batch (a mix I/J is exactly J swarm groups), so
+    # an 8/4 is the app's default joined node only when swarm.train_groups was set: the 200-round pair of
+    # 2026-12-05 was called the default for two days while it ran without the cap.
+    rounds = [[0.2, 0.4], [0.3, 0.3]]
+    _fake_experiment(tmp_path / "alone", rounds, mix="8/0")
+    _fake_experiment(tmp_path / "capped", rounds, mix="8/4", overrides=("swarm.train_groups=4",))
+    _fake_experiment(tmp_path / "uncapped", rounds, mix="8/4")
+    _fake_experiment(tmp_path / "capped-lever", rounds, mix="8/4",
+                     overrides=("swarm.train_groups=4", "swarm.peer_questions=0.25"))
+    capped = compare(tmp_path / "capped", tmp_path / "alone", "8/4", "8/0")
+    assert "the app's default joined node" in capped["measures"]["a"] and "alone" in capped["measures"]["b"]
+    assert capped["settings_that_differ"] == {"swarm.train_groups": [4, 0]}
+    uncapped = compare(tmp_path / "uncapped", tmp_path / "alone", "8/4", "8/0")["measures"]["a"]
+    assert "exactly 4 swarm groups" in uncapped and "no cap" in uncapped and "default joined node" not in uncapped
+    lever = compare(tmp_path / "capped-lever", tmp_path / "capped", "8/4")
+    assert lever["settings_that_differ"] == {"swarm.peer_questions": [0.25, 0.0]}
+    with pytest.raises(ValueError, match="do not measure the same arms"):
+        pooled_compare([(tmp_path / "capped", tmp_path / "alone"), (tmp_path / "uncapped", tmp_path / "alone")],
+                       "8/4", "8/0")
 
 
 def test_the_stratified_bootstrap_of_one_stratum_is_the_two_way_bootstrap() -> None:
