@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.common.atomicio import atomic_write_bytes, atomic_write_json, atomic_write_text
-from engine.common.config import NodeConfig
+from engine.common.config import NodeConfig, SwarmConfig
 from engine.experiment.hours import clock_for, per_hour, reward_by_hour, timed
 from engine.experiment.plan import (
     EVAL_FILE,
@@ -232,6 +232,7 @@ def build_report(plan: Any, config: NodeConfig, out: Path, start_eval: dict[str,
             "completions_per_question": t.completions_per_question, "max_new_tokens": t.max_new_tokens,
             "temperature": t.temperature, "eval_questions": t.eval_questions if t.eval_every > 0 else 0,
             "learning_rate": config.grpo.learning_rate, "lora_rank": config.grpo.lora_rank, "seed": config.run.seed,
+            "train_groups": config.swarm.train_groups,
         },
         "complete": all(m["complete"] for m in mixes.values()),
         "mixes": mixes,
@@ -256,6 +257,21 @@ def _pct(evaluation: dict[str, Any] | None) -> str:
     return "-" if not evaluation else f"{100 * evaluation['accuracy']:.1f}%"
 
 
+def _swarm_groups_line(report: dict[str, Any]) -> list[str]:
+    """What a joined mix's J means here: exactly J swarm groups (no cap, the experiment's own setting) or swarm
+    groups only up to the node's cap on its batch (the app's default node); none for a report without a joined
+    mix, or one written before the cap was recorded."""
+    cap = report["settings"].get("train_groups")
+    if cap is None or all(label.endswith("/0") for label in report["plan"]["mixes"]):
+        return []
+    if cap == 0:
+        default = SwarmConfig().train_groups
+        return ["A mix I/J trains on all its own groups and exactly J swarm groups a round (swarm.train_groups=0, "
+                f"no cap): not the app's default node, which is `--set swarm.train_groups={default}`."]
+    return [f"A mix I/J trains on its own groups and takes swarm groups only to fill the batch up to {cap} groups "
+            f"trained on (swarm.train_groups={cap})."]
+
+
 def report_markdown(report: dict[str, Any]) -> str:
     plan, s = report["plan"], report["settings"]
     lines = [
@@ -264,6 +280,7 @@ def report_markdown(report: dict[str, Any]) -> str:
         f"Model {s['model']}; B = {s['questions_per_round']} questions x G = {s['completions_per_question']} "
         f"completions per node per round; seed {s['seed']}; preset {plan['preset']}"
         + (f"; --set {' '.join(plan['overrides'])}" if plan["overrides"] else "") + ".",
+        *_swarm_groups_line(report),
         "" if report["complete"] else "**Partial: not every mix has run all its rounds.**",
         "",
         "| mix | rounds | cumulative reward | mean reward / round | first 10 | last 10 | held-out start -> end | "

@@ -18,7 +18,7 @@ from engine.common.paths import Paths
 from engine.experiment.compare import compare, pooled_compare
 from engine.experiment.nodes import NodeBackend
 from engine.experiment.plan import Mix, lengthen, make_plan, parse_mixes
-from engine.experiment.report import baseline_of, stratified_bootstrap, two_way_bootstrap
+from engine.experiment.report import baseline_of, report_markdown, stratified_bootstrap, two_way_bootstrap
 from engine.experiment.runner import Experiment, Hooks
 from engine.node.clock import Control
 
@@ -373,6 +373,16 @@ def test_a_comparison_says_what_each_arm_measures_and_will_not_pool_different_ar
     with pytest.raises(ValueError, match="do not measure the same arms"):
         pooled_compare([(tmp_path / "capped", tmp_path / "alone"), (tmp_path / "uncapped", tmp_path / "alone")],
                        "8/4", "8/0")
+    # and each folder's own report says it in its head
+    plan = {"nodes": 2, "mixes": ["8/0", "8/4"], "rounds": 2, "preset": "default", "overrides": []}
+    settings = {"model": "bundled", "questions_per_round": 8, "completions_per_question": 8, "seed": 0}
+    for cap, says in ((0, "exactly J swarm groups"), (4, "only to fill the batch up to 4")):
+        head = report_markdown({"plan": plan, "settings": {**settings, "train_groups": cap}, "complete": True,
+                                "mixes": {}})
+        assert says in head
+    alone = report_markdown({"plan": {**plan, "mixes": ["8/0"]}, "settings": {**settings, "train_groups": 0},
+                             "complete": True, "mixes": {}})
+    assert "swarm groups" not in alone
 
 
 def test_the_stratified_bootstrap_of_one_stratum_is_the_two_way_bootstrap() -> None:

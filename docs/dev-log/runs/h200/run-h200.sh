@@ -1,5 +1,7 @@
 #!/bin/bash
-# The paper's horizon: the default joined node (8/4, swarm.train_groups=4) against the same 4 nodes alone (8/0),
+# The paper's horizon: a joined node, 8/4 with no cap (the experiment preset's swarm.train_groups=0: all own groups
+# and exactly 4 swarm groups a round; meant as the app's default, which caps at 4, but the cap was not set and seed 1
+# runs as seed 0 did so that they pool) against the same 4 nodes alone (8/0),
 # 200 rounds, held-out every 25 rounds (each node's best checkpoint kept), fp32 (the bf16 step was in question on
 # AMX CPUs when this began), one thread each.
 # From a frozen worktree (FROZEN: `git worktree add /work/frozen-h200 5e28b79 && git -C /work/frozen-h200 apply

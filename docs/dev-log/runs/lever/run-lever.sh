@@ -1,5 +1,6 @@
 #!/bin/bash
-# Issue 51's swarm-only lever (a), swarm.peer_questions: the default joined node (8/4, swarm.train_groups=4) with
+# Issue 51's swarm-only lever (a), swarm.peer_questions: a joined node, 8/4 with no cap (the experiment preset's
+# swarm.train_groups=0; meant as the app's default, whose cap this script did not set: run-lever-cap.sh sets it) with
 # a quarter of its questions (2 of 8) taken from the swarm's teaching questions, against the same default without
 # it; 25 rounds, held-out every 10 rounds, fp32, one thread each, nice 5, two seeds. Alone (8/0) is mixes-sK's 8/0
 # (run-mixes.sh): the same seeds and settings, and the code of 1c15393 reproduces it bit for bit (eval-start and
