@@ -20,8 +20,9 @@ processes and measures, in one run: the CPU per delivered batch with Redis
 against the in-memory broker, what following the swarm's stream costs a
 process, a process killed with SIGKILL (its peers move on, no acknowledged
 batch lost), a Redis restart (the relays reconnect and say so), and the
-peers one process holds; bench/relay_scaleout.py says how, and the relay and
-peer parts are in bench/relay_peers.py.
+peers one process holds; bench/relay_scaleout.py says how (its fault phase,
+the kill and the restart, is bench/relay_faults.py), and the relay and peer
+parts are in bench/relay_peers.py.
 """
 
 from __future__ import annotations

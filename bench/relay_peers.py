@@ -1,6 +1,6 @@
 """The parts the relay benches share: relay subprocesses, peers that speak the real protocol.
 
-    from bench.relay_peers import Peer, RelayProcess, connect_all, drive    # bench/relay_load.py, relay_scaleout.py
+    from bench.relay_peers import Peer, RelayProcess, connect_all, drive    # bench/relay_{load,scaleout,faults}.py
 
 A `RelayProcess` is `python -m engine.relay` on a free loopback port with
 its JSON log in a file and its CPU and memory read by psutil; redis-server is

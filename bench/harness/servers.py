@@ -8,8 +8,8 @@ accepts connections on its port; a `RedisServer` is a redis-server on a free
 loopback port without persistence (as the deployment kit runs it) that can be
 stopped and started again on that port. The `redis_server` fixture in
 tests/conftest.py starts one for a test. The benches (bench/relay_peers.py,
-bench/relay_scaleout.py) use them too; everything here is blocking, so async
-code calls it through `asyncio.to_thread`.
+bench/relay_scaleout.py, bench/relay_faults.py) use them too; everything here
+is blocking, so async code calls it through `asyncio.to_thread`.
 """
 
 from __future__ import annotations
