@@ -66,10 +66,10 @@ def what_it_measures(folder: Path, label: str) -> str:
 
 def settings_that_differ(a_dir: Path, b_dir: Path) -> dict[str, list[Any]]:
     """The settings of two experiments that differ (section.key: [A's, B's]); the mixes are named apart."""
-    plans = [saved_plan(Path(folder)) for folder in (a_dir, b_dir)]
-    if None in plans:
+    plan_a, plan_b = saved_plan(Path(a_dir)), saved_plan(Path(b_dir))
+    if plan_a is None or plan_b is None:
         return {}
-    a, b = (asdict(plan_config(plan)) for plan in plans)
+    a, b = asdict(plan_config(plan_a)), asdict(plan_config(plan_b))
     return {f"{section}.{key}": [a[section][key], b[section].get(key)]
             for section in a for key in a[section] if a[section][key] != b[section].get(key)}
 
