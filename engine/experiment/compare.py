@@ -51,7 +51,9 @@ def what_it_measures(folder: Path, label: str) -> str:
     exactly J swarm groups a round. The experiment's preset turns the node's cap on the training batch off
     (swarm.train_groups=0, so that I/J means exactly J), so an 8/4 is the app's default only when the cap was
     set; a comparison says which it is, so that a table cannot call one the other."""
-    plan, _ = _mix_rounds(folder, label)
+    plan = saved_plan(folder)  # the plan only: the round records are read where they are paired
+    if plan is None or label not in [m.label for m in plan.mixes]:
+        raise ValueError(f"{folder} holds no experiment with mix {label}.")
     mix = parse_mixes(label)[0]
     if mix.external == 0:
         return f"{label}: alone (own groups only)"
