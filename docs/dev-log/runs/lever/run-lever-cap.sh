@@ -9,12 +9,16 @@
 # /work/frozen-lever 1c15393 && git -C /work/frozen-lever apply $PWD/docs/dev-log/runs/lever/rewind-1c15393.patch`,
 # the lever's code with main's replay-memory rewind); re-running resumes; LANES at once (default 2).
 #   bash run-lever-cap.sh 1:default 1:peer 0:alone 0:default 0:peer
+# A third field lengthens an arm (--resume --rounds N; the learning rate is constant, so nothing a round does depends
+# on how many rounds were planned): the app's real default against alone at the paper's horizon, seed 0:
+#   bash run-lever-cap.sh 0:default:200 0:alone:200
 FROZEN=${FROZEN:-/work/frozen-lever}
 X=${X:-$HOME/sapling-experiments}
 LANES=${LANES:-2}
 cd "$FROZEN" || exit 1
 for SPEC in "$@"; do
-  SEED=${SPEC%%:*}; ARM=${SPEC#*:}
+  SEED=${SPEC%%:*}; ARM=${SPEC#*:}; ROUNDS=25
+  case $ARM in *:*) ROUNDS=${ARM#*:}; ARM=${ARM%%:*} ;; esac
   OUT=$X/cap-$ARM-s$SEED
   case $ARM in
     alone) A="--mixes 8/0" ;;
@@ -24,9 +28,9 @@ for SPEC in "$@"; do
   esac
   R=""; [ -f $OUT/experiment.json ] && R="--resume"
   while [ "$(jobs -rp | wc -l)" -ge "$LANES" ]; do wait -n; done
-  echo "$(date -u +%FT%TZ) start $ARM s$SEED"
+  echo "$(date -u +%FT%TZ) start $ARM s$SEED to round $ROUNDS"
   nice -n 10 /work/main/.venv/bin/python -m engine.cli experiment --out $OUT $R --seed $SEED --nodes 4 $A \
-    --rounds 25 --threads 1 --set run.priority=normal --set grpo.precision=fp32 --set tasks.eval_every=25 \
+    --rounds $ROUNDS --threads 1 --set run.priority=normal --set grpo.precision=fp32 --set tasks.eval_every=25 \
     >> $OUT.log 2>&1 &
 done
 wait
