@@ -33,7 +33,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from engine.experiment.plan import ROUNDS_FILE, parse_mixes, read_rounds, rounds_done, saved_plan
+from engine.experiment.plan import ROUNDS_FILE, parse_mixes, plan_with_mix, read_rounds, rounds_done
 
 DEFINITIONS: tuple[tuple[str, str], ...] = (("all", "all"), ("all", "informative"), ("informative", "all"),
                                             ("informative", "informative"))
@@ -68,9 +68,7 @@ def batch_table(records: Sequence[dict[str, Any]], nodes: Sequence[int], externa
 def _records(folder: Path, label: str) -> tuple[int, int, list[dict[str, Any]]]:
     """(nodes, J, the round records finished so far) of mix `label` in experiment folder `folder`."""
     mix = parse_mixes(label)[0]
-    plan = saved_plan(folder)
-    if plan is None or label not in [m.label for m in plan.mixes]:
-        raise ValueError(f"{folder} holds no experiment with mix {label}.")
+    plan = plan_with_mix(folder, label)
     return plan.nodes, mix.external, read_rounds(folder / mix.slug / ROUNDS_FILE, rounds_done(folder / mix.slug))
 
 

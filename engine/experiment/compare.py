@@ -23,7 +23,15 @@ from typing import Any
 from engine.common.config import SwarmConfig
 from engine.experiment.heldout import held_out_at_equal_time, read_evaluations
 from engine.experiment.hours import clock_for, per_hour, reward_by_hour, round_cost
-from engine.experiment.plan import ROUNDS_FILE, parse_mixes, plan_config, read_rounds, rounds_done, saved_plan
+from engine.experiment.plan import (
+    ROUNDS_FILE,
+    parse_mixes,
+    plan_config,
+    plan_with_mix,
+    read_rounds,
+    rounds_done,
+    saved_plan,
+)
 from engine.experiment.report import (
     mix_slug,
     plot_hours,
@@ -40,9 +48,7 @@ def _mix_rounds(folder: Path, label: str) -> tuple[Any, list[dict[str, Any]]]:
         mix = parse_mixes(label)[0]
     except ValueError:
         raise ValueError(f"{label!r} is not a mix of two whole numbers like 4/4.") from None
-    plan = saved_plan(folder)
-    if plan is None or label not in [m.label for m in plan.mixes]:
-        raise ValueError(f"{folder} holds no experiment with mix {label}.")
+    plan = plan_with_mix(folder, label)
     return plan, read_rounds(folder / mix.slug / ROUNDS_FILE, rounds_done(folder / mix.slug))
 
 
@@ -51,9 +57,7 @@ def what_it_measures(folder: Path, label: str) -> str:
     exactly J swarm groups a round. The experiment's preset turns the node's cap on the training batch off
     (swarm.train_groups=0, so that I/J means exactly J), so an 8/4 is the app's default only when the cap was
     set; a comparison says which it is, so that a table cannot call one the other."""
-    plan = saved_plan(folder)  # the plan only: the round records are read where they are paired
-    if plan is None or label not in [m.label for m in plan.mixes]:
-        raise ValueError(f"{folder} holds no experiment with mix {label}.")
+    plan = plan_with_mix(folder, label)  # the plan only: the round records are read where they are paired
     mix = parse_mixes(label)[0]
     if mix.external == 0:
         return f"{label}: alone (own groups only)"

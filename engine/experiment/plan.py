@@ -277,6 +277,14 @@ def saved_plan(out: Path) -> Plan | None:
         raise ConfigError(f"{Path(out) / PLAN_FILE} is not an experiment plan ({exc}); use another --out.") from exc
 
 
+
+def plan_with_mix(folder: Path, label: str) -> Plan:
+    """The plan saved in `folder`, which must hold mix `label`; a ValueError in one sentence when it does not."""
+    plan = saved_plan(folder)
+    if plan is None or label not in [m.label for m in plan.mixes]:
+        raise ValueError(f"{folder} holds no experiment with mix {label}.")
+    return plan
+
 def rounds_done(folder: Path) -> int:
     """The last round that every node of a mix finished (its progress.json)."""
     return int((read_json(Path(folder) / PROGRESS_FILE) or {}).get("round", 0))
